@@ -1,0 +1,113 @@
+"""The package's single error hierarchy.
+
+Every error the package raises on purpose derives from :class:`AirflowCkptError`, so
+callers can catch one type. Messages are written for the person who has to act on
+them: they say what was wrong and what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class AirflowCkptError(Exception):
+    """Root of every error raised by airflow-ckpt."""
+
+
+class ConfigError(AirflowCkptError, ValueError):
+    """Invalid options (checkpoint config, restart strategy, DAG params, storage URI).
+
+    ``problems`` maps each bad key to what is wrong with it, so one error names every
+    bad key at once instead of failing on the first.
+    """
+
+    def __init__(self, what: str, problems: Mapping[str, str]) -> None:
+        self.what = what
+        self.problems = dict(problems)
+        lines = "\n".join(f"  - {key}: {msg}" for key, msg in sorted(self.problems.items()))
+        super().__init__(f"invalid {what}:\n{lines}")
+
+
+# --------------------------------------------------------------------------- storage
+
+
+class StorageError(AirflowCkptError):
+    """A checkpoint storage operation failed."""
+
+
+class InvalidStorageUriError(StorageError, ValueError):
+    """The storage URI has an unknown scheme or a malformed bucket/path."""
+
+
+class BucketNotFoundError(StorageError):
+    """The S3 bucket does not exist (create it, or fix the URI)."""
+
+
+class StorageAccessDeniedError(StorageError):
+    """The credentials were refused or lack permission for the operation."""
+
+
+class EndpointUnreachableError(StorageError):
+    """The S3-compatible endpoint could not be reached (after retries)."""
+
+
+class ObjectAlreadyExistsError(StorageError):
+    """A create-only write found the object already present."""
+
+
+class ObjectNotFoundError(StorageError):
+    """The requested object does not exist."""
+
+
+# --------------------------------------------------------------------------- metadata
+
+
+class MetadataError(AirflowCkptError):
+    """A ``_metadata`` manifest, history event or control request is unreadable."""
+
+
+class UnsupportedSchemaVersionError(MetadataError):
+    """The manifest was written by a newer (or unknown) schema version."""
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+class CheckpointError(AirflowCkptError):
+    """A checkpoint could not be taken."""
+
+
+class CheckpointDeclinedError(CheckpointError):
+    """One checkpoint was declined (timeout, upload failure, ...). The job goes on."""
+
+
+class CheckpointFailureLimitError(CheckpointError):
+    """More consecutive checkpoint failures than ``tolerable-failed-checkpoints``."""
+
+
+class RestoreError(AirflowCkptError):
+    """Nothing restorable was found, or the chosen checkpoint/savepoint is damaged."""
+
+
+class NoCheckpointError(RestoreError):
+    """``restore=latest`` found no completed checkpoint (nothing to restore from)."""
+
+
+class CorruptCheckpointError(RestoreError):
+    """A checkpoint's files are missing or do not match their recorded size/checksum."""
+
+
+class IncompatibleStateError(RestoreError):
+    """The restored state does not fit the query (Spark's state schema check failed)."""
+
+
+class ConcurrentDriverError(AirflowCkptError):
+    """Another driver is writing checkpoints for the same job."""
+
+
+class SavepointError(AirflowCkptError):
+    """A savepoint request failed, timed out, or its job is not running."""
+
+
+class RestartsExhaustedError(AirflowCkptError):
+    """The restart strategy declined to restart the job again."""

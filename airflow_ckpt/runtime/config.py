@@ -1,0 +1,132 @@
+"""CheckpointConfig: Flink's checkpointing options, validated once, frozen.
+
+Keys are Flink's (``execution.checkpointing.interval`` ...); the
+``execution.checkpointing.`` prefix may be left out. Defaults are Flink 2.x's, with
+two documented exceptions: ``interval`` defaults to 10 s (Flink leaves checkpointing
+off, which would make this library pointless) and ``externalized-checkpoint-retention``
+defaults to RETAIN_ON_CANCELLATION (checkpoints here are always externalized).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_ckpt.durations import DURATION_FORMS, format_duration, parse_duration
+from airflow_ckpt.errors import ConfigError
+
+PREFIX = "execution.checkpointing."
+MODES = ("EXACTLY_ONCE", "AT_LEAST_ONCE")
+RETENTIONS = ("RETAIN_ON_CANCELLATION", "DELETE_ON_CANCELLATION")
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"expected true or false, got {value!r}")
+
+
+def _int(minimum: int) -> Any:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool):
+            raise ValueError(f"expected an integer >= {minimum}, got {value!r}")
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected an integer >= {minimum}, got {value!r}") from None
+        if isinstance(value, float) and value != number or number < minimum:
+            raise ValueError(f"expected an integer >= {minimum}, got {value!r}")
+        return number
+
+    return parse
+
+
+def _choice(allowed: tuple[str, ...]) -> Any:
+    def parse(value: Any) -> str:
+        if isinstance(value, str) and value.strip().upper() in allowed:
+            return value.strip().upper()
+        raise ValueError(f"expected one of {', '.join(allowed)}, got {value!r}")
+
+    return parse
+
+
+def _positive_duration(value: Any) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(f"expected a duration > 0 ({DURATION_FORMS}), got {value!r}")
+    return seconds
+
+
+# option suffix -> (field name, parser)
+_OPTIONS: dict[str, tuple[str, Any]] = {
+    "interval": ("interval_s", _positive_duration),
+    "min-pause": ("min_pause_s", parse_duration),
+    "timeout": ("timeout_s", _positive_duration),
+    "max-concurrent-checkpoints": ("max_concurrent", _int(1)),
+    "tolerable-failed-checkpoints": ("tolerable_failed", _int(0)),
+    "num-retained": ("num_retained", _int(1)),
+    "mode": ("mode", _choice(MODES)),
+    "incremental": ("incremental", _bool),
+    "externalized-checkpoint-retention": ("retention", _choice(RETENTIONS)),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointConfig:
+    """Validated checkpointing options. Build with :meth:`from_dict`."""
+
+    interval_s: float = 10.0
+    min_pause_s: float = 0.0
+    timeout_s: float = 600.0
+    max_concurrent: int = 1
+    tolerable_failed: int = 0
+    num_retained: int = 1
+    mode: str = "EXACTLY_ONCE"
+    incremental: bool = False
+    retention: str = "RETAIN_ON_CANCELLATION"
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.mode == "EXACTLY_ONCE"
+
+    @classmethod
+    def from_dict(cls, options: Mapping[str, Any] | None) -> CheckpointConfig:
+        """Validate Flink-named options; one ``ConfigError`` names every bad key."""
+        values: dict[str, Any] = {}
+        problems: dict[str, str] = {}
+        for key, raw in (options or {}).items():
+            suffix = key[len(PREFIX):] if key.startswith(PREFIX) else key
+            if suffix not in _OPTIONS:
+                allowed = ", ".join(PREFIX + name for name in _OPTIONS)
+                problems[key] = f"unknown option; allowed: {allowed}"
+                continue
+            field_name, parse = _OPTIONS[suffix]
+            try:
+                values[field_name] = parse(raw)
+            except ValueError as exc:
+                problems[key] = str(exc)
+        if problems:
+            raise ConfigError("checkpoint config", problems)
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, text: str) -> CheckpointConfig:
+        try:
+            options = json.loads(text) if text.strip() else {}
+        except ValueError as exc:
+            raise ConfigError("checkpoint config", {"<json>": str(exc)}) from exc
+        if not isinstance(options, dict):
+            raise ConfigError("checkpoint config", {"<json>": "must be a JSON object"})
+        return cls.from_dict(options)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flink-named options (durations rendered as Flink strings)."""
+        out: dict[str, Any] = {}
+        for suffix, (field_name, _) in _OPTIONS.items():
+            value = getattr(self, field_name)
+            out[PREFIX + suffix] = format_duration(value) if field_name.endswith("_s") else value
+        return out

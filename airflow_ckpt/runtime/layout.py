@@ -1,0 +1,123 @@
+"""The storage layout: every key the runtime writes and Airflow reads, in one place.
+
+This layout is a public contract (see docs/storage-layout.md)::
+
+    <root>/<job>/
+      chk-<n>/_metadata            completion marker + manifest, written last
+      chk-<n>/...                  files exclusive to checkpoint n
+      shared/<aa>/<sha256>         immutable files shared by incremental checkpoints
+      savepoints/sp-<id>/_metadata self-contained savepoint (+ its files)
+      control/<request-id>.json    requests to the running job
+      control/<request-id>.result.json  the job's answer to a request
+      history/<ms>-<uid>.json      append-only events
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from airflow_ckpt.errors import ConfigError
+
+METADATA_NAME = "_metadata"
+_JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SAVEPOINT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_CHK_RE = re.compile(r"^chk-(\d+)$")
+_SP_RE = re.compile(r"^sp-(.+)$")
+
+
+def validate_job_name(job: str) -> str:
+    """Return ``job`` if it is a valid job name, else raise ``ConfigError``."""
+    if not isinstance(job, str) or not _JOB_RE.match(job):
+        raise ConfigError(
+            "job name",
+            {"job": f"{job!r} must be 1-128 characters of letters, digits, '.', '_', '-' "
+                    "and start with a letter or digit"},
+        )
+    return job
+
+
+def validate_savepoint_id(savepoint_id: str) -> str:
+    """Return ``savepoint_id`` if usable in a key, else raise ``ConfigError``."""
+    if not isinstance(savepoint_id, str) or not _SAVEPOINT_ID_RE.match(savepoint_id):
+        raise ConfigError("savepoint id", {"savepoint_id": f"{savepoint_id!r} is not valid"})
+    return savepoint_id
+
+
+def parse_checkpoint_dir(name: str) -> int | None:
+    """``"chk-12"`` -> 12; anything else -> None."""
+    match = _CHK_RE.match(name.rstrip("/"))
+    return int(match.group(1)) if match else None
+
+
+def parse_savepoint_dir(name: str) -> str | None:
+    """``"sp-abc"`` -> ``"abc"``; anything else -> None."""
+    match = _SP_RE.match(name.rstrip("/"))
+    return match.group(1) if match else None
+
+
+@dataclass(frozen=True, slots=True)
+class JobLayout:
+    """Keys of one job's objects, relative to the storage root."""
+
+    job: str
+
+    def __post_init__(self) -> None:
+        validate_job_name(self.job)
+
+    @property
+    def root(self) -> str:
+        return f"{self.job}/"
+
+    # checkpoints ---------------------------------------------------------------
+    def checkpoint_dir(self, checkpoint_id: int) -> str:
+        return f"{self.job}/chk-{checkpoint_id}/"
+
+    def checkpoint_metadata(self, checkpoint_id: int) -> str:
+        return f"{self.checkpoint_dir(checkpoint_id)}{METADATA_NAME}"
+
+    def checkpoint_file(self, checkpoint_id: int, relpath: str) -> str:
+        return f"{self.checkpoint_dir(checkpoint_id)}{relpath}"
+
+    # incremental shared files ----------------------------------------------------
+    @property
+    def shared_prefix(self) -> str:
+        return f"{self.job}/shared/"
+
+    def shared_file(self, sha256: str) -> str:
+        """Content-addressed: the same bytes always land at the same key."""
+        return f"{self.shared_prefix}{sha256[:2]}/{sha256}"
+
+    # savepoints ------------------------------------------------------------------
+    @property
+    def savepoints_prefix(self) -> str:
+        return f"{self.job}/savepoints/"
+
+    def savepoint_dir(self, savepoint_id: str) -> str:
+        return f"{self.savepoints_prefix}sp-{validate_savepoint_id(savepoint_id)}/"
+
+    def savepoint_metadata(self, savepoint_id: str) -> str:
+        return f"{self.savepoint_dir(savepoint_id)}{METADATA_NAME}"
+
+    def savepoint_file(self, savepoint_id: str, relpath: str) -> str:
+        return f"{self.savepoint_dir(savepoint_id)}{relpath}"
+
+    # control requests --------------------------------------------------------------
+    @property
+    def control_prefix(self) -> str:
+        return f"{self.job}/control/"
+
+    def control_request(self, request_id: str) -> str:
+        return f"{self.control_prefix}{request_id}.json"
+
+    def control_result(self, request_id: str) -> str:
+        return f"{self.control_prefix}{request_id}.result.json"
+
+    # history -----------------------------------------------------------------------
+    @property
+    def history_prefix(self) -> str:
+        return f"{self.job}/history/"
+
+    def history_event(self, timestamp_ms: int, uid: str) -> str:
+        """Keys sort chronologically: 13-digit epoch milliseconds, then a unique suffix."""
+        return f"{self.history_prefix}{timestamp_ms:013d}-{uid}.json"

@@ -1,0 +1,224 @@
+"""The ``_metadata`` manifest: completion marker and table of contents of a checkpoint.
+
+The manifest is versioned JSON (``schema_version``). The reader is strict: corrupt
+JSON, a missing or mistyped field, or an unknown schema version raise a typed
+:class:`~airflow_ckpt.errors.MetadataError`; it never returns a half-read object.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from airflow_ckpt.errors import MetadataError, UnsupportedSchemaVersionError
+
+SCHEMA_VERSION = 1
+
+Kind = Literal["checkpoint", "savepoint"]
+Trigger = Literal["periodic", "manual", "stop", "final"]
+_KINDS = ("checkpoint", "savepoint")
+_TRIGGERS = ("periodic", "manual", "stop", "final")
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """One file of the Spark working directory captured by a checkpoint.
+
+    ``path`` is relative to the working directory (where restore puts it back);
+    ``key`` is the storage key relative to the job root (``shared/..``, ``chk-n/..``
+    or ``savepoints/sp-x/..``).
+    """
+
+    path: str
+    key: str
+    size: int
+    sha256: str
+    shared: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorInfo:
+    """A stateful operator: its id, state store names and number of partitions."""
+
+    operator_id: int
+    num_partitions: int
+    store_names: tuple[str, ...] = ("default",)
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Phase timings (epoch seconds / milliseconds), after Flink's checkpoint stats."""
+
+    trigger_ts: float
+    barrier_ts: float
+    completed_ts: float
+    start_delay_ms: int
+    sync_duration_ms: int
+    async_duration_ms: int
+    end_to_end_duration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A completed checkpoint or savepoint. Exists in storage only once complete."""
+
+    job: str
+    checkpoint_id: int
+    kind: Kind
+    trigger: Trigger
+    batch_id: int
+    spark_version: str
+    query_id: str
+    mode: str
+    source_offsets: list[Any]
+    operators: tuple[OperatorInfo, ...]
+    files: tuple[FileEntry, ...]
+    state_size: int
+    checkpointed_size: int
+    num_subtasks: int
+    num_acknowledged_subtasks: int
+    timings: Timings
+    savepoint_id: str | None = None
+    pending_transactions: tuple[int, ...] = ()
+    restored_from: str | None = None
+    schema_version: int = SCHEMA_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_savepoint(self) -> bool:
+        return self.kind == "savepoint"
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
+
+    def history_entry(self) -> dict[str, Any]:
+        """The Flink REST ``/jobs/:id/checkpoints`` history entry for this manifest."""
+        return {
+            "id": self.checkpoint_id,
+            "status": "COMPLETED",
+            "is_savepoint": self.is_savepoint,
+            "savepoint_id": self.savepoint_id,
+            "trigger": self.trigger,
+            "batch_id": self.batch_id,
+            "trigger_timestamp": int(self.timings.trigger_ts * 1000),
+            "latest_ack_timestamp": int(self.timings.completed_ts * 1000),
+            "state_size": self.state_size,
+            "checkpointed_size": self.checkpointed_size,
+            "end_to_end_duration": self.timings.end_to_end_duration_ms,
+            "num_subtasks": self.num_subtasks,
+            "num_acknowledged_subtasks": self.num_acknowledged_subtasks,
+            "failure_message": None,
+        }
+
+
+def _require(obj: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
+    if key not in obj:
+        raise MetadataError(f"{where}: missing field {key!r}")
+    value = obj[key]
+    if isinstance(value, bool) and typ is not bool and bool not in (
+        typ if isinstance(typ, tuple) else (typ,)
+    ):
+        raise MetadataError(f"{where}: field {key!r} has the wrong type (bool)")
+    if not isinstance(value, typ):
+        raise MetadataError(
+            f"{where}: field {key!r} has the wrong type ({type(value).__name__})"
+        )
+    return value
+
+
+def _file(obj: Any, where: str) -> FileEntry:
+    if not isinstance(obj, dict):
+        raise MetadataError(f"{where}: a file entry is not an object")
+    return FileEntry(
+        path=_require(obj, "path", str, where),
+        key=_require(obj, "key", str, where),
+        size=_require(obj, "size", int, where),
+        sha256=_require(obj, "sha256", str, where),
+        shared=_require(obj, "shared", bool, where),
+    )
+
+
+def _operator(obj: Any, where: str) -> OperatorInfo:
+    if not isinstance(obj, dict):
+        raise MetadataError(f"{where}: an operator entry is not an object")
+    names = _require(obj, "store_names", list, where)
+    return OperatorInfo(
+        operator_id=_require(obj, "operator_id", int, where),
+        num_partitions=_require(obj, "num_partitions", int, where),
+        store_names=tuple(str(n) for n in names),
+    )
+
+
+def _timings(obj: Any, where: str) -> Timings:
+    if not isinstance(obj, dict):
+        raise MetadataError(f"{where}: 'timings' is not an object")
+    num = (int, float)
+    return Timings(
+        trigger_ts=float(_require(obj, "trigger_ts", num, where)),
+        barrier_ts=float(_require(obj, "barrier_ts", num, where)),
+        completed_ts=float(_require(obj, "completed_ts", num, where)),
+        start_delay_ms=_require(obj, "start_delay_ms", int, where),
+        sync_duration_ms=_require(obj, "sync_duration_ms", int, where),
+        async_duration_ms=_require(obj, "async_duration_ms", int, where),
+        end_to_end_duration_ms=_require(obj, "end_to_end_duration_ms", int, where),
+    )
+
+
+def parse_manifest(data: bytes, where: str = "_metadata") -> Manifest:
+    """Parse a manifest strictly. ``where`` names the object in error messages."""
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MetadataError(f"{where}: not valid JSON ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise MetadataError(f"{where}: not a JSON object")
+    version = _require(obj, "schema_version", int, where)
+    if version != SCHEMA_VERSION:
+        raise UnsupportedSchemaVersionError(
+            f"{where}: schema version {version} is not supported (this airflow-ckpt reads "
+            f"version {SCHEMA_VERSION}); upgrade airflow-ckpt to read it"
+        )
+    kind = _require(obj, "kind", str, where)
+    if kind not in _KINDS:
+        raise MetadataError(f"{where}: kind {kind!r} is not one of {_KINDS}")
+    trigger = _require(obj, "trigger", str, where)
+    if trigger not in _TRIGGERS:
+        raise MetadataError(f"{where}: trigger {trigger!r} is not one of {_TRIGGERS}")
+    savepoint_id = obj.get("savepoint_id")
+    restored_from = obj.get("restored_from")
+    if savepoint_id is not None and not isinstance(savepoint_id, str):
+        raise MetadataError(f"{where}: field 'savepoint_id' has the wrong type")
+    if restored_from is not None and not isinstance(restored_from, str):
+        raise MetadataError(f"{where}: field 'restored_from' has the wrong type")
+    pending = obj.get("pending_transactions", [])
+    if not isinstance(pending, list) or not all(
+        isinstance(p, int) and not isinstance(p, bool) for p in pending
+    ):
+        raise MetadataError(f"{where}: 'pending_transactions' must be a list of batch ids")
+    extra = obj.get("extra", {})
+    if not isinstance(extra, dict):
+        raise MetadataError(f"{where}: 'extra' must be an object")
+    return Manifest(
+        schema_version=version,
+        job=_require(obj, "job", str, where),
+        checkpoint_id=_require(obj, "checkpoint_id", int, where),
+        kind=kind,  # type: ignore[arg-type]
+        trigger=trigger,  # type: ignore[arg-type]
+        batch_id=_require(obj, "batch_id", int, where),
+        spark_version=_require(obj, "spark_version", str, where),
+        query_id=_require(obj, "query_id", str, where),
+        mode=_require(obj, "mode", str, where),
+        source_offsets=_require(obj, "source_offsets", list, where),
+        operators=tuple(_operator(o, where) for o in _require(obj, "operators", list, where)),
+        files=tuple(_file(f, where) for f in _require(obj, "files", list, where)),
+        state_size=_require(obj, "state_size", int, where),
+        checkpointed_size=_require(obj, "checkpointed_size", int, where),
+        num_subtasks=_require(obj, "num_subtasks", int, where),
+        num_acknowledged_subtasks=_require(obj, "num_acknowledged_subtasks", int, where),
+        timings=_timings(_require(obj, "timings", dict, where), where),
+        savepoint_id=savepoint_id,
+        pending_transactions=tuple(pending),
+        restored_from=restored_from,
+        extra=extra,
+    )

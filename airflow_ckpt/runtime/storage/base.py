@@ -1,0 +1,83 @@
+"""The checkpoint storage interface every backend implements.
+
+Keys are ``/``-separated paths relative to the storage root (``s3://bucket/prefix`` or
+``file:///path``); they never start with ``/``. A "prefix" is a key prefix, normally
+ending in ``/``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One stored object: its key (relative to the root), size in bytes, mtime (epoch s)."""
+
+    key: str
+    size: int
+    last_modified: float
+
+
+class CheckpointStorage(ABC):
+    """Durable object storage for checkpoints, savepoints, control requests and history.
+
+    Contract of every method: when it returns, what it wrote is durable and visible to
+    every later reader (S3 is strongly read-after-write consistent; the file backend
+    fsyncs). Errors are :class:`airflow_ckpt.errors.StorageError` subclasses.
+    """
+
+    #: the URI this storage was opened with, e.g. ``s3://bucket/prefix``
+    uri: str
+
+    @abstractmethod
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> None:
+        """Write ``data`` at ``key``.
+
+        With ``create_only`` the write is atomic and exclusive (S3 ``If-None-Match: *``,
+        ``O_EXCL`` + rename on files): if ``key`` exists it raises
+        ``ObjectAlreadyExistsError`` and leaves the existing object untouched.
+        Without it, an existing object is replaced atomically.
+        """
+
+    @abstractmethod
+    def get_bytes(self, key: str) -> bytes:
+        """Read the whole object. Raises ``ObjectNotFoundError`` if absent."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether an object is stored at exactly ``key``."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with ``prefix`` (recursive), sorted by key."""
+
+    @abstractmethod
+    def list_dirs(self, prefix: str = "") -> list[str]:
+        """The immediate "sub-directories" under ``prefix``: names without ``/``, sorted."""
+
+    @abstractmethod
+    def upload_file(self, path: Path, key: str) -> None:
+        """Upload a local file (multipart for large files). Replaces an existing object."""
+
+    @abstractmethod
+    def download_file(self, key: str, path: Path) -> None:
+        """Download ``key`` to ``path`` (parents are created; written atomically)."""
+
+    @abstractmethod
+    def copy(self, src_key: str, dst_key: str) -> None:
+        """Copy one object to another key (server side where the backend can)."""
+
+    @abstractmethod
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete the given keys; absent keys are ignored."""
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every object under ``prefix``."""
+        self.delete_many(info.key for info in self.list(prefix))
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
+        """Release clients and thread pools."""
