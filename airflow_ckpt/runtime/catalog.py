@@ -1,0 +1,149 @@
+"""Read-side view of the storage contract: jobs, completed checkpoints, savepoints.
+
+Used by restore, the CLI, the Airflow hook, sensors and triggers. Only objects with a
+``_metadata`` manifest are completed; a directory without one is an in-flight or
+abandoned checkpoint and is never offered for restore.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from airflow_ckpt.errors import ObjectNotFoundError, RestoreError
+from airflow_ckpt.runtime.layout import (
+    METADATA_NAME,
+    JobLayout,
+    parse_checkpoint_dir,
+    parse_savepoint_dir,
+)
+from airflow_ckpt.runtime.metadata import Manifest, parse_manifest
+from airflow_ckpt.runtime.storage.base import CheckpointStorage
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedRef:
+    """Where a completed checkpoint or savepoint lives (its directory key)."""
+
+    job: str
+    kind: str  # "checkpoint" | "savepoint"
+    dir_key: str  # e.g. "job/chk-7/" or "job/savepoints/sp-x/"
+    checkpoint_id: int | None
+    savepoint_id: str | None
+
+    @property
+    def metadata_key(self) -> str:
+        return self.dir_key + METADATA_NAME
+
+
+class CheckpointCatalog:
+    """Lists and reads what is stored for one job (or, with :meth:`jobs`, all jobs)."""
+
+    def __init__(self, storage: CheckpointStorage, job: str) -> None:
+        self.storage = storage
+        self.layout = JobLayout(job)
+
+    @staticmethod
+    def jobs(storage: CheckpointStorage) -> list[str]:
+        """Names of the jobs under the storage root."""
+        return storage.list_dirs("")
+
+    def checkpoint_ids(self, completed_only: bool = True) -> list[int]:
+        """Checkpoint ids, ascending; with ``completed_only`` only those with ``_metadata``."""
+        if completed_only:
+            ids = set()
+            for info in self.storage.list(self.layout.root):
+                rest = info.key[len(self.layout.root):]
+                head, _, tail = rest.partition("/")
+                n = parse_checkpoint_dir(head)
+                if n is not None and tail == METADATA_NAME:
+                    ids.add(n)
+            return sorted(ids)
+        return sorted(
+            n for name in self.storage.list_dirs(self.layout.root)
+            if (n := parse_checkpoint_dir(name)) is not None
+        )
+
+    def savepoint_ids(self) -> list[str]:
+        """Ids of completed savepoints (those with ``_metadata``), oldest key first."""
+        out = []
+        for name in self.storage.list_dirs(self.layout.savepoints_prefix):
+            sp = parse_savepoint_dir(name)
+            if sp is not None and self.storage.exists(self.layout.savepoint_metadata(sp)):
+                out.append(sp)
+        return out
+
+    def checkpoint(self, checkpoint_id: int) -> Manifest:
+        """The manifest of a completed checkpoint (``RestoreError`` if not completed)."""
+        return self._read(self.layout.checkpoint_metadata(checkpoint_id))
+
+    def savepoint(self, savepoint_id: str) -> Manifest:
+        """The manifest of a completed savepoint (``RestoreError`` if absent)."""
+        return self._read(self.layout.savepoint_metadata(savepoint_id))
+
+    def completed_checkpoints(self) -> list[Manifest]:
+        """Manifests of every completed checkpoint, oldest first."""
+        return [self.checkpoint(n) for n in self.checkpoint_ids()]
+
+    def savepoints(self) -> list[Manifest]:
+        """Manifests of every completed savepoint, oldest first (by completion time)."""
+        found = [self.savepoint(sp) for sp in self.savepoint_ids()]
+        return sorted(found, key=lambda m: m.timings.completed_ts)
+
+    def latest_checkpoint(self) -> Manifest | None:
+        """The newest completed checkpoint, or None."""
+        ids = self.checkpoint_ids()
+        return self.checkpoint(ids[-1]) if ids else None
+
+    def resolve(self, path: str) -> CompletedRef:
+        """Resolve ``chk-7``, ``7``, ``sp-x``, ``<job>/chk-7`` or a full URI to a reference.
+
+        A full URI must start with this storage's URI. Raises ``RestoreError`` when the
+        path does not name a checkpoint or savepoint directory of this storage.
+        """
+        text = path.strip().rstrip("/")
+        if text.endswith("/" + METADATA_NAME):
+            text = text[: -len(METADATA_NAME) - 1]
+        root = self.storage.uri.rstrip("/") + "/"
+        if "://" in text:
+            if not text.startswith(root):
+                raise RestoreError(
+                    f"{path!r} is not in this job's storage ({self.storage.uri}); "
+                    "copy it there or point the job at that storage"
+                )
+            text = text[len(root):]
+        parts = text.split("/")
+        if text.isdigit():
+            parts = [self.layout.job, f"chk-{text}"]
+        elif len(parts) == 1:
+            parts = [self.layout.job, *parts]
+        elif len(parts) == 2 and parts[0] == "savepoints":
+            parts = [self.layout.job, *parts]
+        if len(parts) == 2 and (n := parse_checkpoint_dir(parts[1])) is not None:
+            return CompletedRef(parts[0], "checkpoint", f"{parts[0]}/{parts[1]}/", n, None)
+        if len(parts) == 2 and (sp := parse_savepoint_dir(parts[1])) is not None:
+            parts = [parts[0], "savepoints", parts[1]]
+        if len(parts) == 3 and parts[1] == "savepoints":
+            sp = parse_savepoint_dir(parts[2])
+            if sp is not None:
+                return CompletedRef(parts[0], "savepoint", "/".join(parts) + "/", None, sp)
+        raise RestoreError(
+            f"{path!r} does not name a checkpoint (chk-<n>) or savepoint (savepoints/sp-<id>)"
+        )
+
+    def read(self, ref: CompletedRef) -> Manifest:
+        """The manifest at ``ref`` (``RestoreError`` if not completed)."""
+        return self._read(ref.metadata_key)
+
+    def uri_of(self, ref: CompletedRef) -> str:
+        """The full URI of a checkpoint/savepoint directory (what users pass to restore)."""
+        return self.storage.uri.rstrip("/") + "/" + ref.dir_key.rstrip("/")
+
+    def _read(self, key: str) -> Manifest:
+        try:
+            raw = self.storage.get_bytes(key)
+        except ObjectNotFoundError as exc:
+            raise RestoreError(
+                f"{key} does not exist: the checkpoint/savepoint is not completed or was "
+                "deleted"
+            ) from exc
+        return parse_manifest(raw, where=key)

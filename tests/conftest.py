@@ -1,0 +1,5 @@
+"""Shared pytest setup. Fixtures live in tests/fixtures/ (one module per concern)."""
+
+pytest_plugins = [
+    "tests.fixtures.s3",
+]
