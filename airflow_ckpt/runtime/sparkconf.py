@@ -19,3 +19,4 @@ RESTORE = CONF_PREFIX + "restore"  # latest | none | <checkpoint or savepoint pa
 WORKDIR = CONF_PREFIX + "workdir"  # local working directory (Spark checkpointLocation)
 RESCALE_PARTITIONS = CONF_PREFIX + "restore.state_partitions"  # rescale on restore
 ATTEMPT = CONF_PREFIX + "attempt"  # supervisor's submission attempt number (for logs)
+RUN_ID = CONF_PREFIX + "run_id"  # supervisor run: restart-strategy state is scoped to it
