@@ -114,9 +114,7 @@ class CheckpointCatalog:
         parts = text.split("/")
         if text.isdigit():
             parts = [self.layout.job, f"chk-{text}"]
-        elif len(parts) == 1:
-            parts = [self.layout.job, *parts]
-        elif len(parts) == 2 and parts[0] == "savepoints":
+        elif len(parts) == 1 or (len(parts) == 2 and parts[0] == "savepoints"):
             parts = [self.layout.job, *parts]
         if len(parts) == 2 and (n := parse_checkpoint_dir(parts[1])) is not None:
             return CompletedRef(parts[0], "checkpoint", f"{parts[0]}/{parts[1]}/", n, None)

@@ -38,7 +38,7 @@ def _int(minimum: int) -> Any:
             number = int(value)
         except (TypeError, ValueError):
             raise ValueError(f"expected an integer >= {minimum}, got {value!r}") from None
-        if isinstance(value, float) and value != number or number < minimum:
+        if (isinstance(value, float) and value != number) or number < minimum:
             raise ValueError(f"expected an integer >= {minimum}, got {value!r}")
         return number
 

@@ -7,6 +7,7 @@ ending in ``/``.
 
 from __future__ import annotations
 
+import builtins
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ class CheckpointStorage(ABC):
         """Every object whose key starts with ``prefix`` (recursive), sorted by key."""
 
     @abstractmethod
-    def list_dirs(self, prefix: str = "") -> list[str]:
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """The immediate "sub-directories" under ``prefix``: names without ``/``, sorted."""
 
     @abstractmethod

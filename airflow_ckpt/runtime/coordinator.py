@@ -1,0 +1,398 @@
+"""CheckpointCoordinator: triggers checkpoints, places barriers at batch boundaries,
+drives the sync and async phases, and completes checkpoints by writing ``_metadata``.
+
+Flink's coordinator injects barrier ``n`` into the sources; a micro-batch engine
+already has barriers: the end of every batch. At trigger time the coordinator looks
+at the working directory: if batch ``o`` is running (``offsets/o`` without
+``commits/o``) the barrier is the end of ``o``; if the query is idle the barrier is
+the last committed batch. The time from trigger to that boundary is the checkpoint's
+*start delay* (Flink's alignment metric).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from airflow_ckpt.errors import (
+    CheckpointDeclinedError,
+    CheckpointFailureLimitError,
+    ConcurrentDriverError,
+    ObjectAlreadyExistsError,
+)
+from airflow_ckpt.runtime import history as ev
+from airflow_ckpt.runtime.config import CheckpointConfig
+from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.layout import JobLayout
+from airflow_ckpt.runtime.metadata import Manifest, Timings, Trigger
+from airflow_ckpt.runtime.snapshot import CapturedSnapshot, capture, latest_batch
+from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.upload import DigestCache, UploadTarget, upload_snapshot
+
+log = logging.getLogger("airflow_ckpt.checkpoint")
+
+
+@dataclass
+class PendingCheckpoint:
+    """A triggered checkpoint or savepoint that has not completed or failed yet."""
+
+    checkpoint_id: int
+    trigger: Trigger
+    trigger_ts: float
+    deadline: float
+    savepoint_id: str | None = None
+    request_id: str | None = None
+    barrier_batch: int | None = None
+    captured: bool = False
+    acked: set[str] = field(default_factory=set)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+    manifest: Manifest | None = None
+    failure: str | None = None
+
+    @property
+    def is_savepoint(self) -> bool:
+        return self.savepoint_id is not None
+
+
+class CheckpointFailureManager:
+    """Counts consecutive failed checkpoints; more than ``tolerable`` is fatal (Flink's)."""
+
+    def __init__(self, tolerable: int) -> None:
+        self.tolerable = tolerable
+        self.consecutive = 0
+        self.fatal: CheckpointFailureLimitError | ConcurrentDriverError | None = None
+
+    def on_success(self) -> None:
+        self.consecutive = 0
+
+    def on_failure(self, checkpoint_id: int, reason: str) -> None:
+        self.consecutive += 1
+        if self.consecutive > self.tolerable and self.fatal is None:
+            self.fatal = CheckpointFailureLimitError(
+                f"{self.consecutive} consecutive checkpoints failed (tolerable: "
+                f"{self.tolerable}); last: chk-{checkpoint_id}: {reason}"
+            )
+
+
+# Callbacks the job facade registers.
+CompletionListener = Callable[[Manifest], None]
+TransactionSource = Callable[[int], tuple[int, ...]]  # barrier batch -> pending txn ids
+
+
+class CheckpointCoordinator:
+    """One per running query. Start with :meth:`start`, end with :meth:`shutdown`."""
+
+    def __init__(
+        self,
+        *,
+        storage: CheckpointStorage,
+        job: str,
+        workdir: Path,
+        config: CheckpointConfig,
+        store: CompletedCheckpointStore,
+        history: JobHistory,
+        next_checkpoint_id: int,
+        spark_version: str,
+        last_checkpointed_batch: int | None = None,
+        restored_from: str | None = None,
+        upload_threads: int = 8,
+        poll_interval_s: float = 0.05,
+    ) -> None:
+        self.storage = storage
+        self.layout = JobLayout(job)
+        self.workdir = workdir
+        self.staging_root = workdir.parent / f".{workdir.name}.staging"
+        self.config = config
+        self.store = store
+        self.history = history
+        self.spark_version = spark_version
+        self.restored_from = restored_from
+        self.poll_interval_s = poll_interval_s
+        self.failures = CheckpointFailureManager(config.tolerable_failed)
+        self.listeners: list[CompletionListener] = []
+        self.transaction_source: TransactionSource = lambda _batch: ()
+        self._next_id = next_checkpoint_id
+        self._last_batch = last_checkpointed_batch
+        self._last_trigger = time.time()
+        self._last_completion = 0.0
+        self._lock = threading.Lock()
+        self._pending: list[PendingCheckpoint] = []
+        self._digests = DigestCache()
+        self._files = ThreadPoolExecutor(upload_threads, thread_name_prefix="ckpt-upload")
+        self._phases = ThreadPoolExecutor(
+            max(config.max_concurrent, 1) + 1, thread_name_prefix="ckpt-async"
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ckpt-coordinator", daemon=True)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread.start()
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop triggering; cancel pending checkpoints; wait for threads to end."""
+        self._stop.set()
+        with self._lock:
+            pending = list(self._pending)
+        for p in pending:
+            p.cancelled.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._phases.shutdown(wait=wait)
+        self._files.shutdown(wait=wait)
+
+    @property
+    def fatal(self) -> BaseException | None:
+        """Set when the job must fail (too many failed checkpoints, another driver)."""
+        return self.failures.fatal
+
+    @property
+    def pending_count(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    # ------------------------------------------------------------------ triggering
+    def trigger(
+        self,
+        trigger: Trigger,
+        *,
+        savepoint_id: str | None = None,
+        request_id: str | None = None,
+    ) -> PendingCheckpoint:
+        """Trigger a checkpoint (or, with ``savepoint_id``, a savepoint) now.
+
+        The barrier is placed at the next batch boundary (see module doc). Returns the
+        pending checkpoint; wait on ``pending.done``.
+        """
+        now = time.time()
+        with self._lock:
+            pending = PendingCheckpoint(
+                checkpoint_id=self._next_id,
+                trigger=trigger,
+                trigger_ts=now,
+                deadline=now + self.config.timeout_s,
+                savepoint_id=savepoint_id,
+                request_id=request_id,
+            )
+            self._next_id += 1
+            self._last_trigger = now
+            pending.barrier_batch = self._barrier_for_trigger(is_savepoint=savepoint_id is not None)
+            self._pending.append(pending)
+        log.info(
+            "triggered %s %d (%s) barrier at end of batch %s",
+            "savepoint" if savepoint_id else "checkpoint",
+            pending.checkpoint_id, trigger, pending.barrier_batch,
+        )
+        return pending
+
+    def _barrier_for_trigger(self, is_savepoint: bool) -> int:
+        committed = latest_batch(self.workdir, "commits")
+        offered = latest_batch(self.workdir, "offsets")
+        if offered is not None and (committed is None or offered > committed):
+            return offered  # batch `offered` is running: barrier at its end
+        if committed is None:
+            return 0  # nothing ran yet: the first batch
+        return committed
+
+    def _periodic_due(self, now: float) -> bool:
+        cfg = self.config
+        if now - self._last_trigger < cfg.interval_s:
+            return False
+        if now - self._last_completion < cfg.min_pause_s:
+            return False
+        if len(self._pending) >= cfg.max_concurrent:
+            return False
+        committed = latest_batch(self.workdir, "commits")
+        offered = latest_batch(self.workdir, "offsets")
+        newest = max(b for b in (committed, offered, -1) if b is not None)
+        # Nothing new since the last checkpoint: its state is still current.
+        return self._last_batch is None or newest > self._last_batch
+
+    # ------------------------------------------------------------------ main loop
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_interval_s):
+            try:
+                self._tick()
+            except Exception:  # keep the coordinator alive; the failure is logged
+                log.exception("checkpoint coordinator tick failed")
+
+    def _tick(self) -> None:
+        now = time.time()
+        with self._lock:
+            due = self._periodic_due(now)
+        if due:
+            self.trigger("periodic")
+        committed = latest_batch(self.workdir, "commits")
+        with self._lock:
+            pending = list(self._pending)
+        for p in pending:
+            if p.done.is_set() or (p.cancelled.is_set() and p.barrier_batch is None):
+                continue
+            if now > p.deadline and p.manifest is None:
+                self._fail(p, f"expired after {self.config.timeout_s:g} s before completing")
+                continue
+            if not p.captured and committed is not None and committed >= (p.barrier_batch or 0):
+                self._sync_phase(p, now)
+
+    def _sync_phase(self, p: PendingCheckpoint, barrier_ts: float) -> None:
+        p.captured = True
+        start = time.time()
+        staging = self.staging_root / f"chk-{p.checkpoint_id}-{uuid.uuid4().hex[:6]}"
+        try:
+            snap = capture(self.workdir, p.barrier_batch or 0, staging)
+        except CheckpointDeclinedError as exc:
+            self._fail(p, str(exc))
+            return
+        sync_ms = int((time.time() - start) * 1000)
+        self._phases.submit(self._async_phase, p, snap, barrier_ts, sync_ms)
+
+    def _async_phase(
+        self, p: PendingCheckpoint, snap: CapturedSnapshot, barrier_ts: float, sync_ms: int
+    ) -> None:
+        start = time.time()
+        if p.is_savepoint:
+            target = UploadTarget(p.checkpoint_id, f"savepoints/sp-{p.savepoint_id}/", False)
+        else:
+            target = UploadTarget(
+                p.checkpoint_id, f"chk-{p.checkpoint_id}/", self.config.incremental
+            )
+        try:
+            result = upload_snapshot(
+                self.storage, self.layout, snap, target,
+                executor=self._files, digests=self._digests, shared=self.store.shared,
+                deadline=p.deadline, on_ack=p.acked.add, cancelled=p.cancelled,
+            )
+            async_ms = int((time.time() - start) * 1000)
+            completed = time.time()
+            manifest = Manifest(
+                job=self.layout.job,
+                checkpoint_id=p.checkpoint_id,
+                kind="savepoint" if p.is_savepoint else "checkpoint",
+                trigger=p.trigger,
+                batch_id=snap.batch_id,
+                spark_version=self.spark_version,
+                query_id=self._query_id(),
+                mode=self.config.mode,
+                source_offsets=snap.source_offsets,
+                operators=snap.operators,
+                files=result.files,
+                state_size=result.state_size,
+                checkpointed_size=result.checkpointed_size,
+                num_subtasks=len(snap.subtasks),
+                num_acknowledged_subtasks=len(p.acked),
+                timings=Timings(
+                    trigger_ts=p.trigger_ts,
+                    barrier_ts=barrier_ts,
+                    completed_ts=completed,
+                    start_delay_ms=max(int((barrier_ts - p.trigger_ts) * 1000), 0),
+                    sync_duration_ms=sync_ms,
+                    async_duration_ms=async_ms,
+                    end_to_end_duration_ms=int((completed - p.trigger_ts) * 1000),
+                ),
+                savepoint_id=p.savepoint_id,
+                pending_transactions=self.transaction_source(snap.batch_id),
+                restored_from=self.restored_from,
+            )
+            if p.cancelled.is_set() or time.time() > p.deadline:
+                raise CheckpointDeclinedError("checkpoint expired or was cancelled")
+            metadata_key = (
+                self.layout.savepoint_metadata(p.savepoint_id) if p.savepoint_id
+                else self.layout.checkpoint_metadata(p.checkpoint_id)
+            )
+            try:
+                # The completion marker, written last and create-only.
+                self.storage.put_bytes(metadata_key, manifest.to_json(), create_only=True)
+            except ObjectAlreadyExistsError as exc:
+                self.failures.fatal = ConcurrentDriverError(
+                    f"{metadata_key} was written by someone else: another driver is running "
+                    f"job {self.layout.job!r}; stop one of them"
+                )
+                raise CheckpointDeclinedError(str(exc)) from exc
+        except CheckpointDeclinedError as exc:
+            self._fail(p, str(exc))
+            return
+        except Exception as exc:  # any storage error declines this checkpoint only
+            self._fail(p, f"{type(exc).__name__}: {exc}")
+            return
+        finally:
+            snap.discard()
+        self._complete(p, manifest)
+
+    def _complete(self, p: PendingCheckpoint, manifest: Manifest) -> None:
+        with self._lock:
+            if p in self._pending:
+                self._pending.remove(p)
+            if not p.is_savepoint:
+                self._last_batch = max(manifest.batch_id, self._last_batch or -1)
+            self._last_completion = time.time()
+        p.manifest = manifest
+        self.failures.on_success()
+        t = manifest.timings
+        log.info(
+            "completed %s %d: batch=%d state_size=%d uploaded=%d files=%d subtasks=%d/%d "
+            "start_delay=%dms sync=%dms async=%dms end_to_end=%dms",
+            manifest.kind, manifest.checkpoint_id, manifest.batch_id, manifest.state_size,
+            manifest.checkpointed_size, len(manifest.files),
+            manifest.num_acknowledged_subtasks, manifest.num_subtasks, t.start_delay_ms,
+            t.sync_duration_ms, t.async_duration_ms, t.end_to_end_duration_ms,
+        )
+        try:
+            if p.is_savepoint:
+                self.store.shared.release(p.checkpoint_id)
+                path = self.storage.uri.rstrip("/") + "/" + self.layout.savepoint_dir(
+                    p.savepoint_id or ""
+                ).rstrip("/")
+                self.history.append(ev.SAVEPOINT_COMPLETED, path=path,
+                                    request_id=p.request_id, **manifest.history_entry())
+            else:
+                self.store.add(manifest)
+                path = self.storage.uri.rstrip("/") + "/" + self.layout.checkpoint_dir(
+                    manifest.checkpoint_id
+                ).rstrip("/")
+                self.history.append(ev.CHECKPOINT_COMPLETED, path=path,
+                                    **manifest.history_entry())
+            for listener in self.listeners:
+                listener(manifest)
+        except Exception:
+            log.exception("post-completion work of %d failed", manifest.checkpoint_id)
+        finally:
+            p.done.set()
+
+    def _fail(self, p: PendingCheckpoint, reason: str) -> None:
+        with self._lock:
+            if p in self._pending:
+                self._pending.remove(p)
+            elif p.done.is_set():
+                return
+        p.cancelled.set()
+        p.failure = reason
+        self.store.shared.release(p.checkpoint_id)
+        if not self._stop.is_set() and not p.is_savepoint:
+            # Like Flink, only checkpoints count towards tolerable-failed-checkpoints.
+            self.failures.on_failure(p.checkpoint_id, reason)
+        kind = "savepoint" if p.is_savepoint else "checkpoint"
+        log.warning("%s %d failed: %s", kind, p.checkpoint_id, reason)
+        try:
+            self.history.append(
+                ev.SAVEPOINT_FAILED if p.is_savepoint else ev.CHECKPOINT_FAILED,
+                id=p.checkpoint_id, status="FAILED", is_savepoint=p.is_savepoint,
+                trigger=p.trigger, trigger_timestamp=int(p.trigger_ts * 1000),
+                failure_message=reason, request_id=p.request_id,
+            )
+        finally:
+            p.done.set()
+
+    def _query_id(self) -> str:
+        try:
+            return str(json.loads((self.workdir / "metadata").read_text())["id"])
+        except (OSError, ValueError, KeyError):
+            return ""

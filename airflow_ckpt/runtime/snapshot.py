@@ -1,0 +1,193 @@
+"""Sync phase of a checkpoint: capture the immutable files of batch ``b`` by hard link.
+
+A Spark working directory after batch ``b`` committed holds everything needed to
+resume at ``b + 1``:
+
+* ``metadata`` (the query id), ``offsets/<i>``, ``commits/<i>`` and the source logs
+  ``sources/<s>/<i>[.compact]`` for ``i <= b``;
+* state store files of versions ``v <= b + 1`` (Spark's state version is batch id + 1):
+  ``state/<op>/<part>/<v>.delta|.snapshot|.changelog|.zip``, RocksDB ``SSTs/*.sst``,
+  and the schema / operator metadata under ``_metadata`` and ``_stateSchema``.
+
+Spark writes each of those files once (temp file + rename) and never changes it, so
+a hard link taken now is a stable snapshot even while later batches run and Spark's
+maintenance deletes old versions. No bytes are copied here; the async phase reads
+the links. Files of later batches (``offsets/b+1``, ``v > b+1``) are excluded: they
+belong to batches the checkpoint does not cover.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from airflow_ckpt.errors import CheckpointDeclinedError
+from airflow_ckpt.runtime.metadata import OperatorInfo
+
+_LOG_DIRS = ("offsets", "commits")
+_BATCH_FILE = re.compile(r"^(\d+)(?:\.compact)?$")
+_STATE_VERSION = re.compile(r"^(\d+)(?:_[^.]*)?\.(delta|snapshot|changelog|zip)$")
+# Subtask name for the query-level files (logs, metadata): Flink's "source" subtask.
+LOG_SUBTASK = "logs"
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedFile:
+    """A file of the working directory, hard-linked into the staging directory."""
+
+    path: str  # relative to the working directory
+    staged: Path  # the hard link
+    size: int
+    subtask: str  # "logs" or "<operator>/<partition>"
+    is_state: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedSnapshot:
+    """What the sync phase captured for batch ``batch_id``."""
+
+    batch_id: int
+    files: tuple[CapturedFile, ...]
+    operators: tuple[OperatorInfo, ...]
+    source_offsets: list[Any]
+    subtasks: tuple[str, ...]
+    staging_dir: Path
+
+    def discard(self) -> None:
+        """Remove the staging links (the working directory is untouched)."""
+        shutil.rmtree(self.staging_dir, ignore_errors=True)
+
+
+def latest_batch(workdir: Path, log: str) -> int | None:
+    """The highest batch id in ``offsets`` or ``commits`` (None if empty)."""
+    try:
+        names = os.listdir(workdir / log)
+    except FileNotFoundError:
+        return None
+    ids = [int(n) for n in names if n.isdigit()]
+    return max(ids) if ids else None
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".") or name.endswith((".tmp", ".crc"))
+
+
+def _wanted(rel: Path, batch_id: int) -> tuple[bool, str, bool]:
+    """(include?, subtask, is_state) for a working-directory relative path."""
+    parts = rel.parts
+    if parts == ("metadata",):
+        return True, LOG_SUBTASK, False
+    if parts[0] in _LOG_DIRS and len(parts) == 2:
+        return parts[1].isdigit() and int(parts[1]) <= batch_id, LOG_SUBTASK, False
+    if parts[0] == "sources" and len(parts) == 3:
+        match = _BATCH_FILE.match(parts[2])
+        return match is not None and int(match.group(1)) <= batch_id, LOG_SUBTASK, False
+    if parts[0] == "state" and len(parts) >= 3:
+        op = parts[1]
+        if parts[2] in ("_metadata", "_stateSchema"):  # operator-level metadata
+            # v2 operator metadata and state schema files are per batch: "<b>[_<uuid>]"
+            match = re.match(r"^(\d+)(?:_|$)", parts[-1]) if len(parts) > 4 else None
+            return not match or int(match.group(1)) <= batch_id, f"{op}/_metadata", True
+        if len(parts) == 4:
+            match = _STATE_VERSION.match(parts[3])
+            if match:
+                return int(match.group(1)) <= batch_id + 1, f"{op}/{parts[2]}", True
+            return False, "", True
+        # state/<op>/<part>/_metadata/schema, state/<op>/<part>/SSTs/x.sst, ...
+        return True, f"{op}/{parts[2]}", True
+    return False, "", False
+
+
+def _operators(workdir: Path) -> tuple[OperatorInfo, ...]:
+    out = []
+    state = workdir / "state"
+    if not state.is_dir():
+        return ()
+    for op_dir in sorted(state.iterdir(), key=lambda p: p.name):
+        if not op_dir.name.isdigit():
+            continue
+        partitions = [p for p in op_dir.iterdir() if p.name.isdigit()]
+        names: tuple[str, ...] = ("default",)
+        meta = op_dir / "_metadata" / "metadata"
+        if meta.is_file():
+            try:
+                lines = meta.read_text().splitlines()
+                info = json.loads(lines[1])
+                names = tuple(s["storeName"] for s in info.get("stateStoreInfo", [])) or names
+                declared = max(
+                    (int(s.get("numPartitions", 0)) for s in info.get("stateStoreInfo", [])),
+                    default=0,
+                )
+                if declared:
+                    out.append(OperatorInfo(int(op_dir.name), declared, names))
+                    continue
+            except (ValueError, IndexError, KeyError, TypeError):
+                pass  # fall back to counting partition directories
+        out.append(OperatorInfo(int(op_dir.name), len(partitions), names))
+    return tuple(out)
+
+
+def _source_offsets(workdir: Path, batch_id: int) -> list[Any]:
+    """The end offsets of ``batch_id``: one JSON value per source (Spark's offset log)."""
+    path = workdir / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError as exc:
+        raise CheckpointDeclinedError(f"offset log entry for batch {batch_id} is missing") from exc
+    out: list[Any] = []
+    for line in lines[2:]:  # "v1", the batch metadata, then one line per source
+        try:
+            out.append(json.loads(line) if line != "-" else None)
+        except ValueError:
+            out.append(line)
+    return out
+
+
+def capture(workdir: Path, batch_id: int, staging_dir: Path) -> CapturedSnapshot:
+    """Hard-link every file of the snapshot at batch ``batch_id`` into ``staging_dir``.
+
+    Requires ``commits/<batch_id>`` to exist (the batch is durable in the working
+    directory). ``staging_dir`` must be on the same filesystem and not exist yet.
+    Raises ``CheckpointDeclinedError`` if the batch is not committed or a file
+    vanished while linking (Spark's maintenance removed it): the checkpoint is
+    declined, the job goes on.
+    """
+    if not (workdir / "commits" / str(batch_id)).exists():
+        raise CheckpointDeclinedError(f"batch {batch_id} is not committed")
+    staging_dir.mkdir(parents=True)
+    files: list[CapturedFile] = []
+    subtasks: set[str] = {LOG_SUBTASK}
+    try:
+        for dirpath, dirnames, filenames in os.walk(workdir):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            for name in filenames:
+                if _hidden(name):
+                    continue
+                src = Path(dirpath, name)
+                rel = src.relative_to(workdir)
+                include, subtask, is_state = _wanted(rel, batch_id)
+                if not include:
+                    continue
+                dst = staging_dir / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.link(src, dst)
+                files.append(CapturedFile(rel.as_posix(), dst, dst.stat().st_size,
+                                          subtask, is_state))
+                subtasks.add(subtask)
+    except FileNotFoundError as exc:
+        shutil.rmtree(staging_dir, ignore_errors=True)
+        raise CheckpointDeclinedError(f"a file vanished during the sync phase: {exc}") from exc
+    files.sort(key=lambda f: f.path)
+    return CapturedSnapshot(
+        batch_id=batch_id,
+        files=tuple(files),
+        operators=_operators(workdir),
+        source_offsets=_source_offsets(workdir, batch_id),
+        subtasks=tuple(sorted(subtasks)),
+        staging_dir=staging_dir,
+    )
