@@ -56,6 +56,7 @@ class PendingCheckpoint:
     cancelled: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
     manifest: Manifest | None = None
+    path: str | None = None  # URI of the completed checkpoint/savepoint directory
     failure: str | None = None
 
     @property
@@ -335,6 +336,11 @@ class CheckpointCoordinator:
                 self._last_batch = max(manifest.batch_id, self._last_batch or -1)
             self._last_completion = time.time()
         p.manifest = manifest
+        dir_key = (
+            self.layout.savepoint_dir(p.savepoint_id) if p.savepoint_id
+            else self.layout.checkpoint_dir(manifest.checkpoint_id)
+        )
+        p.path = path = self.storage.uri.rstrip("/") + "/" + dir_key.rstrip("/")
         self.failures.on_success()
         t = manifest.timings
         log.info(
@@ -348,16 +354,10 @@ class CheckpointCoordinator:
         try:
             if p.is_savepoint:
                 self.store.shared.release(p.checkpoint_id)
-                path = self.storage.uri.rstrip("/") + "/" + self.layout.savepoint_dir(
-                    p.savepoint_id or ""
-                ).rstrip("/")
                 self.history.append(ev.SAVEPOINT_COMPLETED, path=path,
                                     request_id=p.request_id, **manifest.history_entry())
             else:
                 self.store.add(manifest)
-                path = self.storage.uri.rstrip("/") + "/" + self.layout.checkpoint_dir(
-                    manifest.checkpoint_id
-                ).rstrip("/")
                 self.history.append(ev.CHECKPOINT_COMPLETED, path=path,
                                     **manifest.history_entry())
             for listener in self.listeners:

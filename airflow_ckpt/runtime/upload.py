@@ -7,7 +7,6 @@ file goes under the checkpoint's (or savepoint's) own directory.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
@@ -18,20 +17,11 @@ from pathlib import Path
 
 from airflow_ckpt.errors import CheckpointDeclinedError
 from airflow_ckpt.runtime.layout import JobLayout
+from airflow_ckpt.runtime.materialize import sha256_of
 from airflow_ckpt.runtime.metadata import FileEntry
 from airflow_ckpt.runtime.snapshot import CapturedFile, CapturedSnapshot
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.store import SharedFileRegistry
-
-_CHUNK = 1 << 20
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class DigestCache:
@@ -47,7 +37,7 @@ class DigestCache:
         with self._lock:
             known = self._cache.get(ident)
         if known is None:
-            known = sha256_file(path)
+            known = sha256_of(path)
             with self._lock:
                 self._cache[ident] = known
         return known

@@ -1,0 +1,336 @@
+"""CheckpointedJob: the facade a PySpark job wraps its streaming query in.
+
+    job = CheckpointedJob(spark)                 # settings from spark.airflow_ckpt.* confs
+    sink = JsonLinesSink(job.storage, "out/sums")
+    job.run(lambda: df.writeStream.foreachBatch(job.exactly_once(sink)))
+
+``run`` restores (latest retained checkpoint by default), starts the query on a
+working directory the runtime owns, takes checkpoints while it runs, answers
+savepoint requests, restarts a failed query in-process under the restart strategy,
+takes a final checkpoint when the query finishes, and returns or raises.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_ckpt.errors import AirflowCkptError, ConfigError, RestartsExhaustedError
+from airflow_ckpt.runtime import history as ev
+from airflow_ckpt.runtime import sparkconf as keys
+from airflow_ckpt.runtime.config import CheckpointConfig
+from airflow_ckpt.runtime.control import ControlChannel, ControlResult
+from airflow_ckpt.runtime.coordinator import CheckpointCoordinator, PendingCheckpoint
+from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.layout import validate_job_name
+from airflow_ckpt.runtime.metadata import Manifest
+from airflow_ckpt.runtime.restart_log import RestartLog
+from airflow_ckpt.runtime.restore import RestoreResult, restore
+from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
+from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.runtime.store import CompletedCheckpointStore
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+
+log = logging.getLogger("airflow_ckpt.job")
+
+CONTROL_POLL_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """How ``run`` ended: ``finished`` (source exhausted) or ``stopped`` (stop request)."""
+
+    outcome: str
+    last_checkpoint: Manifest | None
+    savepoint_path: str | None = None
+
+
+def _json_option(raw: object, what: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    try:
+        value = json.loads(str(raw)) if str(raw).strip() else {}
+    except ValueError as exc:
+        raise ConfigError(what, {"<json>": f"not valid JSON: {exc}"}) from exc
+    if not isinstance(value, dict):
+        raise ConfigError(what, {"<json>": "must be a JSON object"})
+    return value
+
+
+class CheckpointedJob:
+    """Runs one streaming query under Flink-style checkpointing.
+
+    Every argument left as None is read from the Spark conf key in
+    :mod:`airflow_ckpt.runtime.sparkconf`; settings are validated here, before any
+    query starts (a bad value raises ``ConfigError`` naming every bad key).
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        *,
+        job: str | None = None,
+        storage: str | CheckpointStorage | None = None,
+        checkpoint_config: Mapping[str, Any] | CheckpointConfig | None = None,
+        restart_strategy: Mapping[str, Any] | None = None,
+        restore: str | None = None,
+        workdir: str | Path | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        conf = spark.conf
+
+        def get(key: str) -> str | None:
+            return conf.get(key, None)
+
+        self.spark = spark
+        self.job = validate_job_name(job or get(keys.JOB) or "")
+        if isinstance(checkpoint_config, CheckpointConfig):
+            self.config = checkpoint_config
+        else:
+            raw = checkpoint_config if checkpoint_config is not None else get(
+                keys.CHECKPOINT_CONFIG)
+            self.config = CheckpointConfig.from_dict(_json_option(raw, "checkpoint config"))
+        raw_restart = restart_strategy if restart_strategy is not None else get(
+            keys.RESTART_STRATEGY)
+        self.restart_params = _json_option(raw_restart, "restart strategy") or {"type": "none"}
+        self.restore_target = restore or get(keys.RESTORE) or "latest"
+        self.run_id = run_id or get(keys.RUN_ID) or f"local-{uuid.uuid4().hex[:12]}"
+        self.attempt = int(get(keys.ATTEMPT) or 1)
+        if isinstance(storage, CheckpointStorage):
+            self.storage = storage
+        else:
+            uri = storage or get(keys.STORAGE)
+            if not uri:
+                raise ConfigError("job settings", {keys.STORAGE: "no checkpoint storage URI"})
+            self.storage = open_storage(
+                uri, endpoint_url=get(keys.ENDPOINT_URL), region_name=get(keys.REGION_NAME)
+            )
+        base = workdir or get(keys.WORKDIR)
+        self.workdir = (
+            Path(base) if base else Path(tempfile.gettempdir()) / "airflow_ckpt" / self.job
+        ) / "work"
+        self.history = JobHistory(self.storage, self.job)
+        self.control = ControlChannel(self.storage, self.job)
+        # Validates the restart strategy params now (ConfigError names bad keys).
+        self.restart_log = RestartLog(self.history, self.restart_params, self.run_id)
+        self.sinks: list[TwoPhaseCommitSink] = []
+        self._cancel = threading.Event()
+
+    # ------------------------------------------------------------------ sinks
+    def exactly_once(self, sink: TwoPhaseCommitSink) -> Callable[[DataFrame, int], None]:
+        """A ``foreachBatch`` function writing through ``sink`` as a two-phase commit.
+
+        In EXACTLY_ONCE mode a batch is pre-committed here and committed when a
+        checkpoint covering it completes; in AT_LEAST_ONCE mode it is committed at once.
+        """
+        self.sinks.append(sink)
+
+        def write(df: DataFrame, batch_id: int) -> None:
+            rows = [row.asDict(recursive=True) for row in df.collect()]
+            sink.pre_commit(batch_id, rows)
+            if not self.config.exactly_once:
+                sink.commit(batch_id)
+
+        return write
+
+    def _pending_transactions(self, batch_id: int) -> tuple[int, ...]:
+        return tuple(sorted({b for s in self.sinks for b in s.pending() if b <= batch_id}))
+
+    def _commit_transactions(self, manifest: Manifest) -> None:
+        if manifest.is_savepoint:
+            return  # savepoints never commit: a checkpoint covering the batch will
+        for sink in self.sinks:
+            for batch_id in sink.pending():
+                if batch_id <= manifest.batch_id:
+                    sink.commit(batch_id)
+
+    # ------------------------------------------------------------------ running
+    def run(self, build: Callable[[], DataStreamWriter]) -> JobResult:
+        """Run the query built by ``build`` until it finishes, is stopped, or fails for good.
+
+        ``build`` returns a fresh ``DataStreamWriter`` (it is called again after an
+        in-process restart); the runtime sets its ``checkpointLocation``. Returns a
+        :class:`JobResult`; raises ``RestartsExhaustedError`` (chained to the last
+        failure) when the restart strategy declines another restart.
+        """
+        self._install_sigterm()
+        self.history.append(
+            ev.JOB_STARTED, run_id=self.run_id, attempt=self.attempt,
+            spark_version=self.spark.version, restore=self.restore_target,
+            checkpoint_config=self.config.to_dict(), restart_strategy=self.restart_params,
+        )
+        target = self.restore_target
+        while True:
+            restored = restore(self.storage, self.job, target, self.workdir, self.history)
+            coordinator = self._start_coordinator(restored)
+            try:
+                result = self._run_once(build, coordinator)
+            except AirflowCkptError as exc:
+                if isinstance(exc, ConfigError):
+                    raise
+                failure: BaseException = exc
+            except Exception as exc:  # the query failed (StreamingQueryException, ...)
+                failure = exc
+            else:
+                return result
+            finally:
+                coordinator.shutdown()
+            cause = f"{type(failure).__name__}: {str(failure).splitlines()[0][:500]}"
+            decision = self.restart_log.record_failure("query", cause, attempt=self.attempt)
+            if not decision.restart:
+                self.history.append(ev.JOB_FAILED, run_id=self.run_id, cause=cause)
+                raise RestartsExhaustedError(
+                    f"job {self.job}: the restart strategy declined to restart after: {cause}"
+                ) from failure
+            log.warning("restarting the query in %.3f s after: %s", decision.delay_s, cause)
+            time.sleep(decision.delay_s)
+            target = "latest"
+
+    def _start_coordinator(self, restored: RestoreResult) -> CheckpointCoordinator:
+        store = CompletedCheckpointStore(self.storage, self.job, self.config.num_retained)
+        next_id = store.recover()
+        for sink in self.sinks:
+            sink.recover(restored.manifest.pending_transactions if restored.manifest else ())
+        coordinator = CheckpointCoordinator(
+            storage=self.storage, job=self.job, workdir=self.workdir, config=self.config,
+            store=store, history=self.history, next_checkpoint_id=next_id,
+            spark_version=self.spark.version, last_checkpointed_batch=restored.batch_id,
+            restored_from=restored.path,
+        )
+        coordinator.transaction_source = self._pending_transactions
+        coordinator.listeners.append(self._commit_transactions)
+        coordinator.start()
+        if not restored.from_latest:
+            # Record the starting point, so a restart with restore=latest resumes this
+            # run and never an older run's checkpoint.
+            self._await(coordinator.trigger("initial"), coordinator)
+        return coordinator
+
+    def _await(self, pending: PendingCheckpoint, coordinator: CheckpointCoordinator) -> Manifest:
+        pending.done.wait()
+        if pending.manifest is None:
+            raise coordinator.fatal or AirflowCkptError(
+                f"checkpoint {pending.checkpoint_id} failed: {pending.failure}"
+            )
+        return pending.manifest
+
+    def _run_once(
+        self, build: Callable[[], DataStreamWriter], coordinator: CheckpointCoordinator
+    ) -> JobResult:
+        writer = build().option("checkpointLocation", str(self.workdir))
+        query = writer.start()
+        requests: dict[str, tuple[PendingCheckpoint, bool]] = {}
+        next_control = 0.0
+        stopped_with: str | None = None
+        try:
+            while query.isActive:
+                if coordinator.fatal is not None:
+                    raise coordinator.fatal
+                if self._cancel.is_set():
+                    return self._cancelled(query, coordinator)
+                if time.time() >= next_control:
+                    next_control = time.time() + CONTROL_POLL_S
+                    self._poll_control(coordinator, requests)
+                stopped_with = self._answer_requests(requests)
+                if stopped_with is not None:
+                    query.stop()
+                    break
+                query.awaitTermination(0.1)  # type: ignore[arg-type]  # float s is fine
+            error = query.exception()
+            if error is not None:
+                raise error
+        except BaseException:
+            self._stop_quietly(query)
+            raise
+        if stopped_with is not None:
+            self.history.append(ev.JOB_STOPPED, run_id=self.run_id, savepoint=stopped_with)
+            return JobResult("stopped", coordinator.store.retained[-1:][0]
+                             if coordinator.store.retained else None, stopped_with)
+        final = self._await(coordinator.trigger("final"), coordinator)
+        self.history.append(ev.JOB_FINISHED, run_id=self.run_id, checkpoint_id=final.checkpoint_id,
+                            batch_id=final.batch_id)
+        return JobResult("finished", final)
+
+    def _poll_control(
+        self,
+        coordinator: CheckpointCoordinator,
+        requests: dict[str, tuple[PendingCheckpoint, bool]],
+    ) -> None:
+        for request in self.control.pending():
+            if request.request_id in requests:
+                continue
+            if time.time() > request.expires_ts:
+                self.control.answer(ControlResult(
+                    request.request_id, "failed", time.time(),
+                    failure_message="the request expired before the job picked it up",
+                ))
+                continue
+            savepoint_id = request.savepoint_id or request.request_id
+            pending = coordinator.trigger(
+                "stop" if request.stop else "manual",
+                savepoint_id=savepoint_id, request_id=request.request_id,
+            )
+            requests[request.request_id] = (pending, request.stop)
+
+    def _answer_requests(self, requests: dict[str, tuple[PendingCheckpoint, bool]]) -> str | None:
+        """Answer finished savepoint requests; return a path if the job must now stop."""
+        stop_path = None
+        for request_id, (pending, stop) in list(requests.items()):
+            if not pending.done.is_set():
+                continue
+            del requests[request_id]
+            manifest = pending.manifest
+            if manifest is None:
+                self.control.answer(ControlResult(
+                    request_id, "failed", time.time(), savepoint_id=pending.savepoint_id,
+                    failure_message=pending.failure,
+                ))
+                continue
+            path = pending.path
+            self.control.answer(ControlResult(
+                request_id, "completed", time.time(), savepoint_id=manifest.savepoint_id,
+                savepoint_path=path, checkpoint_id=manifest.checkpoint_id,
+                batch_id=manifest.batch_id,
+            ))
+            if stop:
+                stop_path = path
+        return stop_path
+
+    def _cancelled(self, query: StreamingQuery, coordinator: CheckpointCoordinator) -> JobResult:
+        self._stop_quietly(query)
+        if self.config.retention == "DELETE_ON_CANCELLATION":
+            coordinator.shutdown()
+            coordinator.store.discard_all()
+        self.history.append(ev.JOB_STOPPED, run_id=self.run_id, cancelled=True)
+        return JobResult("cancelled", None)
+
+    @staticmethod
+    def _stop_quietly(query: StreamingQuery) -> None:
+        try:
+            query.stop()
+        except Exception:  # the query may already be dead
+            log.debug("query.stop() failed", exc_info=True)
+
+    def _install_sigterm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def handler(signum: int, frame: object) -> None:
+            log.warning("SIGTERM: cancelling job %s", self.job)
+            self._cancel.set()
+
+        signal.signal(signal.SIGTERM, handler)

@@ -1,0 +1,126 @@
+"""Choose, verify and materialise the checkpoint or savepoint a run starts from.
+
+Restore only reads storage: the checkpoint it restores from is never modified.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from airflow_ckpt.errors import CorruptCheckpointError, MetadataError, RestoreError
+from airflow_ckpt.runtime import history as ev
+from airflow_ckpt.runtime.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.layout import JobLayout
+from airflow_ckpt.runtime.materialize import materialize
+from airflow_ckpt.runtime.metadata import Manifest
+from airflow_ckpt.runtime.storage.base import CheckpointStorage
+
+log = logging.getLogger("airflow_ckpt.restore")
+
+LATEST = "latest"
+NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreResult:
+    """What a run starts from. ``manifest`` is None for a fresh start."""
+
+    manifest: Manifest | None
+    path: str | None  # URI of the restored checkpoint/savepoint directory
+    from_latest: bool  # resumed the job's own latest checkpoint
+
+    @property
+    def batch_id(self) -> int | None:
+        return self.manifest.batch_id if self.manifest else None
+
+
+def reset_working_dir(workdir: Path) -> None:
+    """Empty the working directory (the runtime owns it; storage holds the truth)."""
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.parent.mkdir(parents=True, exist_ok=True)
+
+
+def _materialize_into(storage: CheckpointStorage, manifest: Manifest, workdir: Path) -> None:
+    tmp = workdir.parent / f".{workdir.name}.restore-{uuid.uuid4().hex[:6]}"
+    try:
+        materialize(storage, manifest, JobLayout(manifest.job).root, tmp)
+        reset_working_dir(workdir)
+        tmp.rename(workdir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def restore(
+    storage: CheckpointStorage,
+    job: str,
+    target: str,
+    workdir: Path,
+    history: JobHistory,
+) -> RestoreResult:
+    """Make ``workdir`` the Spark checkpoint location to start ``job`` from.
+
+    ``target``: ``latest`` (newest completed checkpoint whose files verify; if it is
+    damaged, fall back to the previous retained one and record why; none at all
+    means a fresh start), ``none`` (fresh start), or a checkpoint/savepoint path
+    (``chk-7``, ``7``, ``savepoints/sp-x``, ``<job>/chk-7`` or a full URI; another
+    job's savepoint may be restored into this job). A damaged explicit target
+    raises ``RestoreError``. When this returns, ``workdir`` holds logs up to batch
+    ``b`` and state up to version ``b + 1`` of the chosen checkpoint.
+    """
+    catalog = CheckpointCatalog(storage, job)
+    reset_working_dir(workdir)
+    target = (target or LATEST).strip()
+    if target.lower() == NONE:
+        log.info("restore=none: starting %s from scratch", job)
+        return RestoreResult(None, None, False)
+    if target.lower() == LATEST:
+        for checkpoint_id in reversed(catalog.checkpoint_ids()):
+            ref = catalog.resolve(f"chk-{checkpoint_id}")
+            path = catalog.uri_of(ref)
+            try:
+                manifest = catalog.read(ref)
+                _materialize_into(storage, manifest, workdir)
+            except (CorruptCheckpointError, MetadataError, RestoreError) as exc:
+                log.warning("checkpoint %s is not restorable, trying an older one: %s", path, exc)
+                history.append(ev.RESTORE_FALLBACK, path=path, reason=str(exc))
+                continue
+            return _restored(history, manifest, path, from_latest=True)
+        log.info("restore=latest: %s has no completed checkpoint; starting from scratch", job)
+        return RestoreResult(None, None, True)
+    ref = catalog.resolve(target)
+    source = CheckpointCatalog(storage, ref.job) if ref.job != job else catalog
+    path = source.uri_of(ref)
+    try:
+        manifest = source.read(ref)
+        _materialize_into(storage, manifest, workdir)
+    except (CorruptCheckpointError, MetadataError) as exc:
+        raise RestoreError(f"cannot restore from {path}: {exc}") from exc
+    return _restored(history, manifest, path, from_latest=False)
+
+
+def _restored(
+    history: JobHistory, manifest: Manifest, path: str, *, from_latest: bool
+) -> RestoreResult:
+    log.info(
+        "restored %s from %s %s (batch %d, %d files)",
+        manifest.job,
+        manifest.kind,
+        path,
+        manifest.batch_id,
+        len(manifest.files),
+    )
+    history.append(
+        ev.RESTORED,
+        path=path,
+        kind=manifest.kind,
+        checkpoint_id=manifest.checkpoint_id,
+        savepoint_id=manifest.savepoint_id,
+        batch_id=manifest.batch_id,
+        from_job=manifest.job,
+    )
+    return RestoreResult(manifest, path, from_latest)
