@@ -1,0 +1,270 @@
+"""The restart strategies' failure log, kept in the job's history so it spans both levels.
+
+A job can fail at two levels: a streaming query dies inside a live driver (the runtime
+restarts it in-process) or the driver itself dies (the Airflow supervisor resubmits it).
+Both levels apply the *same* restart strategy, and the strategy's state (failure-rate
+window, exponential backoff, attempts used) must survive driver deaths and Airflow worker
+restarts. So the state is not kept in memory: every decision is appended to the job's
+history as a ``RESTART`` event carrying ``strategy_state``, and every new decision starts
+from the newest such event of the same supervision.
+
+**Supervision scope.** One supervision is identified by ``run_id`` (the operator passes
+``<dag_id>/<run_id>/<task_id>[/<map_index>]``; Airflow task retries of the same run keep
+it). The state of a supervision is the ``strategy_state`` of its newest ``RESTART``
+event, unless a later event ended the supervision: any ``JOB_SUBMITTED`` /
+``JOB_STARTED`` / ``FAILURE`` / ``RESTART`` event of a *different* run id (one driver
+per job runs at a time, so a foreign run's event means ours ended), or - when a
+supervision *starts* (the first read) - a ``JOB_FINISHED``, ``JOB_STOPPED`` or
+``JOB_FAILED`` event: a cleared task that runs again after its job had finished or
+failed starts with a fresh strategy, while a task retry after a worker death continues
+the window and backoff.
+
+**Cost.** The first read scans the history backwards from the newest event and stops at
+the boundary above; later reads only fetch the events appended since (keys sort
+chronologically), so a long healthy run does not make each failure re-read the history.
+Events are read after the writer that could race with us is gone (the supervisor reads
+after the driver exited; the driver reads while the supervisor waits on it), so a key
+that appears "in the past" after we advanced is not a concern in practice.
+
+Nothing here imports Airflow: the runtime uses this module inside the Spark driver.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from airflow_ckpt.errors import AirflowCkptError, MetadataError
+from airflow_ckpt.restart import RestartDecision, RestartStrategy, restart_strategy_from_params
+from airflow_ckpt.runtime.history import (
+    FAILURE,
+    JOB_FAILED,
+    JOB_FINISHED,
+    JOB_STARTED,
+    JOB_STOPPED,
+    JOB_SUBMITTED,
+    RESTART,
+    RESTORED,
+    HistoryEvent,
+    JobHistory,
+)
+
+log = logging.getLogger(__name__)
+
+Level = Literal["query", "driver"]
+LEVELS: tuple[str, ...] = ("query", "driver")
+
+#: events that end every supervision of the job
+TERMINAL_EVENTS = frozenset({JOB_FINISHED, JOB_STOPPED, JOB_FAILED})
+#: events that belong to one supervision (they carry ``run_id``)
+RUN_EVENTS = frozenset({JOB_SUBMITTED, JOB_STARTED, FAILURE, RESTART})
+
+
+@dataclass(slots=True)
+class RunState:
+    """What the history says about the current supervision of ``run_id``.
+
+    ``last_restart`` is the payload of the newest ``RESTART`` event of the run (None
+    when the run has not failed yet); ``last_submit_attempt`` is the ``attempt`` of its
+    newest ``JOB_SUBMITTED`` event (0 before the first submit); ``restarts`` and
+    ``failures`` are the run's events, oldest first, as far as they were read.
+    Read going forward only (events appended since the first read): ``restored`` (the
+    job's ``RESTORED`` events) and ``last_terminal`` (its newest ``JOB_FINISHED`` /
+    ``JOB_STOPPED`` / ``JOB_FAILED``), which carry no run id.
+    """
+
+    last_restart: dict[str, Any] | None = None
+    last_submit_attempt: int = 0
+    restarts: list[HistoryEvent] = field(default_factory=list)
+    failures: list[HistoryEvent] = field(default_factory=list)
+    restored: list[HistoryEvent] = field(default_factory=list)
+    last_terminal: HistoryEvent | None = None
+
+
+class RestartLog:
+    """Records failures of one supervised run and decides, via the restart strategy, what next.
+
+    :param history: the job's history
+    :param params: restart strategy params (Flink option names); validated here, so a bad
+        key raises :class:`~airflow_ckpt.errors.ConfigError` at construction
+    :param run_id: the supervision the failures belong to (see the module docstring)
+    """
+
+    def __init__(self, history: JobHistory, params: Mapping[str, Any], run_id: str) -> None:
+        self.history = history
+        self.params = dict(params)
+        self.run_id = run_id
+        # validate now (raises ConfigError naming every bad key) and remember the identity
+        template = restart_strategy_from_params(self.params)
+        self.strategy_name: str = template.name
+        self.strategy_options: dict[str, Any] = _jsonable(template.options())
+        self._state = RunState()
+        self._cursor: str | None = None  # newest key folded into _state; None: never read
+
+    # ------------------------------------------------------------------ reading
+
+    def refresh(self) -> RunState:
+        """Bring the run state up to date with the history and return it."""
+        keys = [
+            info.key for info in self.history.storage.list(self.history.layout.history_prefix)
+            if info.key.endswith(".json")
+        ]
+        if self._cursor is None:
+            self._state = self._scan_backwards(keys)
+        else:
+            for key in keys:
+                if key > self._cursor:
+                    self._fold(self._read(key))
+        self._cursor = max(keys[-1] if keys else "", self._cursor or "")
+        return self._state
+
+    def _scan_backwards(self, keys: list[str]) -> RunState:
+        """Newest-first until the boundary of this supervision (see module docstring)."""
+        collected: list[HistoryEvent] = []
+        for key in reversed(keys):
+            event = self._read(key)
+            if self._ends_supervision(event):
+                break
+            collected.append(event)
+            if event.type == JOB_SUBMITTED and event.data.get("run_id") == self.run_id \
+                    and int(event.data.get("attempt") or 0) <= 1:
+                break  # the first submit of this run: nothing older belongs to it
+        state = RunState()
+        for event in reversed(collected):
+            self._fold_into(state, event)
+        return state
+
+    def _ends_supervision(self, event: HistoryEvent) -> bool:
+        if event.type in TERMINAL_EVENTS:
+            return True
+        run = event.data.get("run_id")
+        return event.type in RUN_EVENTS and run is not None and run != self.run_id
+
+    def _fold(self, event: HistoryEvent) -> None:
+        # Going forward, only a foreign run ends ours: a terminal event seen while we
+        # supervise is our own job's (e.g. the driver finished, then the task is retried).
+        run = event.data.get("run_id")
+        if event.type in RUN_EVENTS and run is not None and run != self.run_id:
+            self._state = RunState()
+        elif event.type in TERMINAL_EVENTS:
+            self._state.last_terminal = event
+        elif event.type == RESTORED:
+            self._state.restored.append(event)
+        else:
+            self._fold_into(self._state, event)
+
+    def _fold_into(self, state: RunState, event: HistoryEvent) -> None:
+        if event.data.get("run_id") != self.run_id:
+            return
+        if event.type == RESTART:
+            state.last_restart = event.data
+            state.restarts.append(event)
+        elif event.type == FAILURE:
+            state.failures.append(event)
+        elif event.type == JOB_SUBMITTED:
+            state.last_submit_attempt = max(
+                state.last_submit_attempt, int(event.data.get("attempt") or 0)
+            )
+
+    def _read(self, key: str) -> HistoryEvent:
+        raw = self.history.storage.get_bytes(key)
+        try:
+            body = json.loads(raw)
+            return HistoryEvent(str(body["type"]), float(body["ts"]), key, body)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MetadataError(f"history event {key} is unreadable: {exc}") from exc
+
+    # ------------------------------------------------------------------ deciding
+
+    def strategy(self) -> RestartStrategy:
+        """The strategy with the state of the newest decision of this supervision."""
+        last = self.refresh().last_restart
+        if last is None:
+            return restart_strategy_from_params(self.params)
+        if last.get("strategy") != self.strategy_name or \
+                _jsonable(last.get("options")) != self.strategy_options:
+            log.warning(
+                "restart strategy changed within run %s (%s %s -> %s %s): starting it fresh",
+                self.run_id, last.get("strategy"), last.get("options"),
+                self.strategy_name, self.strategy_options,
+            )
+            return restart_strategy_from_params(self.params)
+        try:
+            return restart_strategy_from_params(self.params, state=last.get("strategy_state"))
+        except (AirflowCkptError, ValueError, TypeError, KeyError) as exc:
+            log.warning("could not restore the restart strategy state (%s): starting it fresh", exc)
+            return restart_strategy_from_params(self.params)
+
+    def record_failure(
+        self, level: Level, cause: str, now: float | None = None, **details: Any
+    ) -> RestartDecision:
+        """Append ``FAILURE`` and ``RESTART`` events and return the strategy's decision.
+
+        ``details`` go into the ``FAILURE`` payload (e.g. ``exit_code``, ``error_lines``,
+        ``attempt``). The ``RESTART`` payload has ``level``, ``run_id``, ``strategy``,
+        ``options``, ``restart``, ``delay_s``, ``attempt``, ``strategy_state`` and
+        ``cause``. ``now`` (epoch seconds) defaults to the current time.
+        """
+        if level not in LEVELS:
+            raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+        now = time.time() if now is None else now
+        strategy = self.strategy()
+        decision = strategy.on_failure(now)
+        self.history.append(
+            FAILURE, level=level, run_id=self.run_id, cause=cause, failure_ts=now, **details
+        )
+        self.history.append(  # folded into the state by the next refresh
+            RESTART,
+            level=level,
+            run_id=self.run_id,
+            strategy=strategy.name,
+            options=_jsonable(strategy.options()),
+            restart=bool(decision.restart),
+            delay_s=float(decision.delay_s),
+            attempt=int(decision.attempt),
+            strategy_state=strategy.state_dict(),
+            cause=cause,
+            failure_ts=now,
+        )
+        log.info(
+            "%s failure of run %s (%s): strategy %s says %s (attempt %d, delay %.3f s)",
+            level, self.run_id, cause, strategy.describe(),
+            "restart" if decision.restart else "no restart", decision.attempt, decision.delay_s,
+        )
+        return decision
+
+    def restarts(self) -> list[HistoryEvent]:
+        """This supervision's ``RESTART`` events, oldest first."""
+        return list(self.refresh().restarts)
+
+    def failures(self) -> list[HistoryEvent]:
+        """This supervision's ``FAILURE`` events, oldest first."""
+        return list(self.refresh().failures)
+
+    def last_submit_attempt(self) -> int:
+        """The newest ``JOB_SUBMITTED`` attempt of this supervision (0 if none)."""
+        return self.refresh().last_submit_attempt
+
+
+def format_restart_history(events: list[HistoryEvent]) -> str:
+    """One line per ``RESTART`` event, for logs and error messages."""
+    lines = []
+    for event in events:
+        data = event.data
+        verdict = f"restart after {data.get('delay_s', 0):.3f} s" if data.get("restart") \
+            else "no restart"
+        lines.append(
+            f"  {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(event.ts))} "
+            f"[{data.get('level')}] attempt {data.get('attempt')}: {verdict} "
+            f"({data.get('strategy')}) - {data.get('cause')}"
+        )
+    return "\n".join(lines) if lines else "  (none)"
+
+
+def _jsonable(value: Any) -> Any:
+    """Round-trip through JSON so in-memory options compare equal to stored ones."""
+    return json.loads(json.dumps(value, default=str))
