@@ -1,0 +1,691 @@
+"""CheckpointedSparkSubmitOperator: submit a checkpointed PySpark job and supervise it.
+
+The operator is a :class:`SparkSubmitOperator` (every spark-submit option keeps working:
+connection, conf, py_files, deploy mode, env_vars, ...) that adds the checkpointing
+arguments and a supervision loop:
+
+1. **Validate before submitting.** ``job_name``, ``checkpoint_storage``,
+   ``checkpoint_config`` (Flink option names), ``restart_strategy`` (Flink option
+   names) and ``restore`` are validated first; a bad value fails the task with one
+   message naming every bad key, and nothing is submitted. This failure is
+   :class:`CheckpointedJobConfigError`, an ``AirflowFailException``: Airflow does not
+   retry it (a retry could not fix the arguments).
+2. **Submit** with ``spark.airflow_ckpt.*`` confs (job, storage, endpoint, config,
+   restart strategy, restore target, attempt, run id), the storage connection's
+   credentials as ``AWS_*`` environment variables (never as conf), and the runtime
+   shipped as a ``--py-files`` zip (see :func:`runtime_py_files`). A ``JOB_SUBMITTED``
+   event is written per submit.
+3. **Supervise.** When the driver exits non-zero, a ``FAILURE`` (level ``driver``,
+   exit code, last error lines) and a ``RESTART`` decision are appended to the job's
+   history through :class:`~airflow_ckpt.runtime.restart_log.RestartLog`, the
+   operator waits the strategy's delay and resubmits with ``restore=latest``. The
+   strategy state lives in the history, shared with the runtime's in-process (query
+   level) restarts and with later tries of this task, so Flink's window and backoff
+   hold across both levels and across worker restarts.
+4. **End.** Exit 0 (clean finish or stop-with-savepoint) ends the task successfully and
+   returns (XCom) the last completed checkpoint: ``{"job", "checkpoint_id",
+   "checkpoint_path", ...}``. When the strategy declines a restart (or the runtime's
+   in-process strategy already gave up), ``JOB_FAILED`` is written and the task fails
+   with :class:`CheckpointedJobFailedError` carrying the job's last error and the
+   restart history. That error is an ``AirflowFailException`` as well: the restart
+   strategy *is* the retry policy, and Airflow retries on top would double-count
+   failures. Airflow ``retries`` still matter for what the strategy cannot see - a
+   worker that died mid-supervision: the retried task continues the same supervision
+   (same run id, same strategy state, next attempt number).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import Context
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+import airflow_ckpt
+from airflow_ckpt.errors import (
+    AirflowCkptError,
+    ConfigError,
+    InvalidStorageUriError,
+    RestartsExhaustedError,
+)
+from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+from airflow_ckpt.restart import RestartStrategy, restart_strategy_from_params
+from airflow_ckpt.runtime import sparkconf
+from airflow_ckpt.runtime.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.config import CheckpointConfig
+from airflow_ckpt.runtime.history import JOB_FAILED, JOB_STOPPED, JOB_SUBMITTED, JobHistory
+from airflow_ckpt.runtime.layout import validate_job_name
+from airflow_ckpt.runtime.restart_log import RestartLog, format_restart_history
+from airflow_ckpt.runtime.storage.factory import parse_storage_uri
+
+RESTORE_LATEST = "latest"
+RESTORE_NONE = "none"
+#: spark-submit output lines kept per attempt to report the driver's last error
+OUTPUT_TAIL_LINES = 400
+#: error lines recorded in a FAILURE event / the task's error message
+ERROR_LINES = 40
+
+
+class CheckpointedJobConfigError(ConfigError, AirflowFailException):
+    """Invalid operator arguments; raised before anything is submitted (never retried)."""
+
+
+class CheckpointedJobFailedError(RestartsExhaustedError, AirflowFailException):
+    """The restart strategy declined another restart; the message has the last error."""
+
+
+@dataclass(frozen=True, slots=True)
+class ValidatedArgs:
+    """The operator's checkpointing arguments after validation."""
+
+    job: str
+    storage_uri: str
+    checkpoint_config: CheckpointConfig
+    restart_params: dict[str, Any]  # canonical: ``strategy.options()``
+    strategy: RestartStrategy
+    restore: str
+
+
+@dataclass(frozen=True, slots=True)
+class DriverFailure:
+    """One non-zero end of a submission: exit code (None if unknown), cause, error lines."""
+
+    attempt: int
+    exit_code: int | None
+    cause: str
+    error_lines: list[str]
+
+
+class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
+    """Submit a PySpark job that uses the airflow-ckpt runtime and supervise it.
+
+    All :class:`SparkSubmitOperator` arguments are accepted unchanged. Added arguments:
+
+    :param job_name: the job's name in the checkpoint storage (templated)
+    :param checkpoint_storage: ``s3://bucket/prefix`` or ``file:///path`` (templated)
+    :param checkpoint_config: Flink checkpointing options, e.g.
+        ``{"execution.checkpointing.interval": "10 s", "num-retained": 3}``; a dict or
+        its JSON (templated)
+    :param restart_strategy: Flink restart-strategy options, e.g.
+        ``{"type": "fixed-delay", "fixed-delay.attempts": 3, "fixed-delay.delay": "10 s"}``;
+        a dict, its JSON, or ``"{{ params.restart_strategy }}"`` with
+        ``render_template_as_native_obj=True`` (templated). Default: Flink's default
+        without checkpointing-specific tuning, i.e. ``exponential-delay``.
+    :param restore: where the *first* submission starts: ``latest`` (newest retained
+        checkpoint, if any), ``none`` (fresh state) or a checkpoint / savepoint path.
+        Resubmissions after a driver death always use ``latest`` (templated)
+    :param storage_conn_id: ``aws``-type connection for the storage (login = access key
+        id, password = secret, extra ``endpoint_url`` / ``region_name``)
+    :param workdir: the driver's local working directory (Spark's checkpointLocation);
+        by default the runtime picks one (templated)
+    :param master: overrides the Spark connection's master, e.g. ``local[*]`` or
+        ``spark://host:7077`` (templated; empty = use the connection)
+    :param ship_runtime: add a zip of the installed ``airflow_ckpt`` package to
+        ``--py-files`` (default True), so the driver and executors import the same
+        runtime version as this operator, wherever they run
+    """
+
+    template_fields: Sequence[str] = (
+        *SparkSubmitOperator.template_fields,
+        "job_name",
+        "checkpoint_storage",
+        "checkpoint_config",
+        "restart_strategy",
+        "restore",
+        "workdir",
+        "master",
+    )
+    template_fields_renderers = {
+        "checkpoint_config": "json",
+        "restart_strategy": "json",
+        "conf": "json",
+    }
+    ui_color = "#f4a460"
+
+    def __init__(
+        self,
+        *,
+        application: str,
+        job_name: str,
+        checkpoint_storage: str,
+        checkpoint_config: Mapping[str, Any] | str | None = None,
+        restart_strategy: Mapping[str, Any] | str | None = None,
+        restore: str = RESTORE_LATEST,
+        storage_conn_id: str | None = CheckpointStoreHook.default_conn_name,
+        workdir: str | None = None,
+        master: str | None = None,
+        ship_runtime: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("name", job_name)
+        super().__init__(application=application, **kwargs)
+        self.job_name = job_name
+        self.checkpoint_storage = checkpoint_storage
+        self.checkpoint_config = checkpoint_config
+        self.restart_strategy = restart_strategy
+        self.restore = restore
+        self.storage_conn_id = storage_conn_id
+        self.workdir = workdir
+        self.master = master
+        self.ship_runtime = ship_runtime
+        self._killed = threading.Event()
+        self._output: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
+
+    # ================================================================ validation
+
+    def validate_arguments(self) -> ValidatedArgs:
+        """Check every checkpointing argument; one error names every bad key.
+
+        Raises :class:`CheckpointedJobConfigError` (keys are prefixed with the argument
+        name, e.g. ``restart_strategy.fixed-delay.attempts``). Touches no storage.
+        """
+        problems: dict[str, str] = {}
+
+        def collect(argument: str, exc: ConfigError) -> None:
+            for key, message in exc.problems.items():
+                problems[f"{argument}.{key}" if key != argument else key] = message
+
+        job = str(self.job_name or "")
+        try:
+            validate_job_name(job)
+        except ConfigError as exc:
+            problems["job_name"] = next(iter(exc.problems.values()))
+        storage_uri = str(self.checkpoint_storage or "")
+        try:
+            storage_uri = parse_storage_uri(storage_uri).uri
+        except InvalidStorageUriError as exc:
+            problems["checkpoint_storage"] = str(exc)
+
+        config = CheckpointConfig()
+        try:
+            config = CheckpointConfig.from_dict(
+                _as_mapping(self.checkpoint_config, "checkpoint_config")
+            )
+        except ConfigError as exc:
+            collect("checkpoint_config", exc)
+        params: dict[str, Any] = {}
+        strategy: RestartStrategy | None = None
+        try:
+            params = dict(_as_mapping(self.restart_strategy, "restart_strategy"))
+            strategy = restart_strategy_from_params(params)
+        except ConfigError as exc:
+            collect("restart_strategy", exc)
+
+        restore = str(self.restore or "").strip() or RESTORE_LATEST  # "" = a blank param
+        if problems or strategy is None:
+            raise CheckpointedJobConfigError("CheckpointedSparkSubmitOperator arguments",
+                                             problems)
+        # The canonical options (every default filled in) go to the driver, so the
+        # runtime's in-process restarts and this supervisor run the very same strategy.
+        return ValidatedArgs(job, storage_uri, config, strategy.options(), strategy, restore)
+
+    def _check_restore_target(self, catalog: CheckpointCatalog, restore: str) -> str:
+        """A path must name a completed checkpoint/savepoint of this storage; returns a URI."""
+        if restore.lower() in (RESTORE_LATEST, RESTORE_NONE):
+            return restore.lower()
+        try:
+            ref = catalog.resolve(restore)
+            catalog.read(ref)
+        except AirflowCkptError as exc:
+            raise CheckpointedJobConfigError(
+                "CheckpointedSparkSubmitOperator arguments", {"restore": str(exc)}
+            ) from exc
+        return catalog.uri_of(ref)
+
+    # ================================================================ execution
+
+    def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
+        """Validate, then submit and supervise until a clean end or the strategy gives up."""
+        args = self.validate_arguments()
+        self.log.info(
+            "job %r, storage %s, checkpointing %s, restart strategy %s, restore %s",
+            args.job, args.storage_uri, args.checkpoint_config.to_dict(),
+            args.strategy.describe(), args.restore,
+        )
+        store = CheckpointStoreHook(args.storage_uri, conn_id=self.storage_conn_id)
+        catalog = store.catalog(args.job)
+        history = store.history(args.job)
+        first_restore = self._check_restore_target(catalog, args.restore)
+        run_id = supervision_id(context)
+        restart_log = RestartLog(history, args.restart_params, run_id)
+        user_conf = dict(self.conf or {})
+        user_env = dict(self.env_vars or {})
+        user_py_files = self.py_files
+        py_files = _join_csv(runtime_py_files() if self.ship_runtime else None, user_py_files)
+
+        attempt = restart_log.last_submit_attempt() + 1
+        restore = first_restore if attempt == 1 else self._resubmit_restore(catalog, first_restore)
+        if attempt > 1:
+            self.log.info("continuing supervision %s at submission attempt %d "
+                          "(earlier attempts are in the job's history)", run_id, attempt)
+        try:
+            while True:
+                self.conf = {**user_conf, **self._job_conf(args, store, restore, attempt, run_id)}
+                self.env_vars = {**self._job_env(store, user_conf, user_env)}
+                self.py_files = py_files
+                failure = self._submit(context, history, args, attempt, restore, run_id)
+                state = restart_log.refresh()
+                for event in state.restored[-1:]:
+                    self.log.info("attempt %d restored from %s", attempt,
+                                  event.data.get("path") or event.data)
+                if failure is None:
+                    return self._result(catalog, args.job, attempt, state.last_terminal)
+                if self._killed.is_set():
+                    raise AirflowException(f"job {args.job}: killed while attempt {attempt} ran")
+                restart, delay_s, reason, by_runtime = self._decide(restart_log, failure)
+                if not restart:
+                    self._fail(history, restart_log, args, failure, attempt, reason,
+                               write_job_failed=not by_runtime)
+                self.log.info(
+                    "job %s attempt %d failed (%s); restarting in %.3f s from the latest "
+                    "retained checkpoint (%s)", args.job, attempt, failure.cause, delay_s, reason,
+                )
+                if self._killed.wait(delay_s):
+                    raise AirflowException(f"job {args.job}: killed while waiting to restart")
+                attempt += 1
+                restore = self._resubmit_restore(catalog, first_restore)
+        finally:
+            self.conf, self.env_vars, self.py_files = user_conf, user_env, user_py_files
+
+    def _decide(
+        self, restart_log: RestartLog, failure: DriverFailure
+    ) -> tuple[bool, float, str, bool]:
+        """Record the driver failure and ask the strategy - unless the runtime already gave up.
+
+        Returns (restart, delay_s, reason, decided_by_runtime). When the driver exited
+        because its in-process (query-level) strategy declined a restart, that decision
+        stands: the failure was already counted and must not be counted twice.
+        """
+        last = restart_log.refresh().last_restart
+        if last is not None and last.get("level") == "query" and not last.get("restart"):
+            self.log.info("the runtime's in-process restart strategy already gave up: %s",
+                          last.get("cause"))
+            return False, 0.0, f"in-process restart declined ({last.get('cause')})", True
+        decision = restart_log.record_failure(
+            "driver",
+            failure.cause,
+            exit_code=failure.exit_code,
+            error_lines=failure.error_lines,
+            submit_attempt=failure.attempt,
+        )
+        return decision.restart, decision.delay_s, decision.reason or "", False
+
+    def _fail(
+        self,
+        history: JobHistory,
+        restart_log: RestartLog,
+        args: ValidatedArgs,
+        failure: DriverFailure,
+        attempt: int,
+        reason: str,
+        *,
+        write_job_failed: bool,
+    ) -> None:
+        restarts = restart_log.restarts()
+        if write_job_failed:
+            history.append(
+                JOB_FAILED, run_id=restart_log.run_id, cause=failure.cause,
+                exit_code=failure.exit_code, attempts=attempt, reason=reason,
+            )
+        message = (
+            f"job {args.job} failed after {attempt} submission(s): {reason}\n"
+            f"last error (exit code {failure.exit_code}): {failure.cause}\n"
+            + "\n".join(f"    {line}" for line in failure.error_lines)
+            + f"\nrestart history ({args.strategy.describe()}):\n"
+            + format_restart_history(restarts)
+        )
+        self.log.error("%s", message)
+        raise CheckpointedJobFailedError(message)
+
+    def _submit(
+        self,
+        context: Context,
+        history: JobHistory,
+        args: ValidatedArgs,
+        attempt: int,
+        restore: str,
+        run_id: str,
+    ) -> DriverFailure | None:
+        """Run one spark-submit; None on exit 0, else what went wrong.
+
+        Errors that are not a driver failure (spark-submit missing, bad connection, ...)
+        propagate unchanged.
+        """
+        self._hook = None
+        hook = self._get_hook()
+        self._hook = hook
+        self._output.clear()
+        _tee_submit_output(hook, self._output)
+        history.append(
+            JOB_SUBMITTED,
+            run_id=run_id,
+            attempt=attempt,
+            restore=restore,
+            master=hook._connection["master"],
+            deploy_mode=hook._connection["deploy_mode"] or "client",
+            application=self.application,
+            airflow=_airflow_ids(context),
+        )
+        self.log.info("submitting job %s, attempt %d, restore=%s, master %s", args.job,
+                      attempt, restore, hook._connection["master"])
+        try:
+            super().execute(context)
+        except (AirflowException, RuntimeError) as exc:
+            failure = self._driver_failure(hook, exc, attempt)
+            if failure is None:
+                raise
+            return failure
+        return None
+
+    def _driver_failure(
+        self, hook: SparkSubmitHook, exc: BaseException, attempt: int
+    ) -> DriverFailure | None:
+        """Classify an exception of one submission: a driver failure, or None (re-raise)."""
+        process = hook._submit_sp
+        exit_code = process.returncode if process is not None else None
+        driver_status = hook._driver_status
+        tracked = hook._should_track_driver_status or hook._is_yarn or hook._is_kubernetes
+        if exit_code in (None, 0) and not (tracked and isinstance(exc, RuntimeError)) \
+                and driver_status not in ("FAILED", "ERROR", "KILLED", "UNKNOWN"):
+            return None
+        lines = list(self._output) or list(hook._last_submit_log_lines)
+        cause, error_lines = summarize_driver_output(lines, exit_code)
+        if driver_status and driver_status != "FINISHED":
+            cause = f"{cause} (driver status {driver_status})"
+        return DriverFailure(attempt, exit_code, cause, error_lines)
+
+    def _resubmit_restore(self, catalog: CheckpointCatalog, first_restore: str) -> str:
+        """``latest`` once a checkpoint exists; before that, the original target again."""
+        if catalog.checkpoint_ids():
+            return RESTORE_LATEST
+        self.log.info("no completed checkpoint yet: resubmitting with restore=%s", first_restore)
+        return first_restore
+
+    def _job_conf(
+        self, args: ValidatedArgs, store: CheckpointStoreHook, restore: str, attempt: int,
+        run_id: str,
+    ) -> dict[str, str]:
+        conf = {
+            sparkconf.JOB: args.job,
+            sparkconf.STORAGE: args.storage_uri,
+            sparkconf.CHECKPOINT_CONFIG: json.dumps(args.checkpoint_config.to_dict()),
+            sparkconf.RESTART_STRATEGY: json.dumps(args.restart_params),
+            sparkconf.RESTORE: restore,
+            sparkconf.ATTEMPT: str(attempt),
+            sparkconf.RUN_ID: run_id,
+            **store.job_conf(),
+        }
+        if self.workdir:
+            conf[sparkconf.WORKDIR] = str(self.workdir)
+        return conf
+
+    def _job_env(
+        self, store: CheckpointStoreHook, user_conf: Mapping[str, Any], user_env: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """spark-submit's environment: the user's, AWS credentials, and the Python to use.
+
+        In client mode the driver runs here, so it defaults to this interpreter (which
+        has pyspark, boto3 and this package); executors default to it only with a
+        ``local`` master. Explicit ``PYSPARK_*`` variables, ``spark.pyspark.*`` confs or
+        the worker's own environment win. Standalone cluster mode does not accept
+        environment variables (a SparkSubmitHook limitation): there the driver host's
+        own AWS environment must provide the credentials.
+        """
+        probe = self._get_hook()
+        if probe._connection["deploy_mode"] == "cluster" and not (
+            probe._is_yarn or probe._is_kubernetes
+        ):
+            if store.job_env():
+                self.log.warning(
+                    "standalone cluster mode cannot pass environment variables: the driver "
+                    "must find S3 credentials in its own AWS environment"
+                )
+            return dict(user_env)
+        env: dict[str, Any] = {**store.job_env(), **user_env}
+        master = str(probe._connection["master"])
+        client = probe._connection["deploy_mode"] != "cluster"
+        if client and not _python_configured(
+            "PYSPARK_DRIVER_PYTHON", "spark.pyspark.driver.python", user_conf, env
+        ) and not _python_configured("PYSPARK_PYTHON", "spark.pyspark.python", user_conf, env):
+            env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        if master.startswith("local") and not _python_configured(
+            "PYSPARK_PYTHON", "spark.pyspark.python", user_conf, env
+        ):
+            env["PYSPARK_PYTHON"] = sys.executable
+        return env
+
+    def _get_hook(self) -> SparkSubmitHook:
+        hook = super()._get_hook()
+        if self.master:
+            _override_master(hook, str(self.master))
+        return hook
+
+    def _result(
+        self, catalog: CheckpointCatalog, job: str, attempt: int, terminal: Any
+    ) -> dict[str, Any]:
+        latest = catalog.latest_checkpoint()
+        result: dict[str, Any] = {
+            "job": job,
+            "checkpoint_id": latest.checkpoint_id if latest else None,
+            "checkpoint_path": (
+                catalog.uri_of(catalog.resolve(f"chk-{latest.checkpoint_id}")) if latest else None
+            ),
+            "batch_id": latest.batch_id if latest else None,
+            "attempts": attempt,
+            "outcome": "stopped" if terminal is not None and terminal.type == JOB_STOPPED
+            else "finished",
+        }
+        savepoint = terminal.data.get("savepoint") if terminal is not None else None
+        if savepoint:
+            result["savepoint_path"] = savepoint
+        self.log.info("job %s ended cleanly after %d submission(s); last checkpoint %s",
+                      job, attempt, result["checkpoint_path"])
+        return result
+
+    def on_kill(self) -> None:
+        """Stop supervising and kill the driver (spark-submit and its Python child)."""
+        self._killed.set()
+        hook = self._hook
+        process = hook._submit_sp if hook is not None else None
+        children = _child_processes(process.pid) if process is not None else []
+        if hook is not None:
+            super().on_kill()
+        for child in children:
+            with contextlib.suppress(Exception):  # already gone
+                child.kill()
+
+
+# ==================================================================== helpers
+
+
+def supervision_id(context: Context) -> str:
+    """``<dag_id>/<run_id>/<task_id>[/<map_index>]``: stable across retries of one task."""
+    ti = context["ti"]
+    parts = [ti.dag_id, ti.run_id, ti.task_id]
+    map_index = getattr(ti, "map_index", -1)
+    if map_index is not None and map_index >= 0:
+        parts.append(str(map_index))
+    return "/".join(str(p) for p in parts)
+
+
+def _airflow_ids(context: Context) -> dict[str, Any]:
+    ti = context["ti"]
+    return {
+        "dag_id": ti.dag_id,
+        "run_id": ti.run_id,
+        "task_id": ti.task_id,
+        "try_number": getattr(ti, "try_number", None),
+    }
+
+
+def _as_mapping(value: Any, argument: str) -> Mapping[str, Any]:
+    """A dict argument given as a dict, JSON text, or a Python dict literal (templating)."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, Mapping):
+        return value
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            try:  # "{{ params.x }}" rendered without native objects gives a Python repr
+                parsed = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                raise ConfigError(argument, {argument: f"not a JSON object: {value!r}"}) from None
+        if isinstance(parsed, Mapping):
+            return parsed
+    raise ConfigError(argument, {argument: f"must be a dict of options, got {value!r}"})
+
+
+def _join_csv(*parts: str | None) -> str | None:
+    joined = ",".join(p for p in parts if p)
+    return joined or None
+
+
+def _python_configured(
+    env_name: str, conf_key: str, conf: Mapping[str, Any], env: Mapping[str, Any]
+) -> bool:
+    return bool(env.get(env_name) or conf.get(conf_key) or os.environ.get(env_name))
+
+
+def _override_master(hook: SparkSubmitHook, master: str) -> None:
+    """Point a SparkSubmitHook at ``master`` instead of its connection's.
+
+    The hook derives these flags from the master in its constructor; they are
+    recomputed the same way here (covered by a unit test on the built command).
+    """
+    hook._connection["master"] = master
+    hook._connection["rest_endpoint"] = None
+    hook._is_yarn = "yarn" in master
+    hook._is_yarn_cluster_mode = hook._is_yarn and hook._connection["deploy_mode"] == "cluster"
+    hook._is_kubernetes = "k8s" in master
+    hook._should_track_driver_status = hook._resolve_should_track_driver_status()
+
+
+def _tee_submit_output(hook: SparkSubmitHook, sink: deque[str]) -> None:
+    """Keep our own tail of spark-submit's output (the hook keeps only ~20 lines)."""
+    original = hook._process_spark_submit_log
+
+    def capture(lines: Iterator[Any]) -> Iterator[Any]:
+        for line in lines:
+            sink.append(str(line).rstrip("\n"))
+            yield line
+
+    def process(itr: Iterator[Any]) -> None:
+        original(capture(itr))
+
+    hook._process_spark_submit_log = process  # type: ignore[method-assign]
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(:.*)?$")
+_JVM_EXCEPTION = re.compile(r'Exception in thread "[^"]*"')
+_SPARK_LOG_LINE = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR) ")
+
+
+def _last_index(lines: Sequence[str], match: Any) -> int | None:
+    found = [i for i, line in enumerate(lines) if match(line)]
+    return found[-1] if found else None
+
+
+def summarize_driver_output(lines: Sequence[str], exit_code: int | None) -> tuple[str, list[str]]:
+    """The driver's last error from spark-submit output: (one-line cause, error lines).
+
+    Takes the last Python traceback (or else the last JVM ``Exception in thread``) up
+    to its final ``SomeError: message`` line plus the message's continuation lines;
+    without either, the last lines of output. The cause is that final error line, or
+    "driver exited with code N" when the driver died without one (e.g. ``os._exit``
+    or a kill).
+    """
+    stripped = [line.strip() for line in lines]
+    start = _last_index(stripped, lambda line: line == _TRACEBACK)
+    if start is None:
+        start = _last_index(stripped, lambda line: bool(_JVM_EXCEPTION.search(line)))
+    cause = None
+    if start is None:
+        block = stripped[-20:]
+    else:
+        rest = stripped[start:]
+        error_at = _last_index(rest, lambda line: bool(_ERROR_LINE.match(line)))
+        if error_at is None:
+            block = rest[:ERROR_LINES]
+        else:
+            cause = rest[error_at]
+            end = error_at + 1
+            while end < len(rest) and end - error_at <= 15 and rest[end] \
+                    and not _SPARK_LOG_LINE.match(rest[end]):
+                end += 1
+            block = rest[:end]
+    if len(block) > ERROR_LINES:
+        block = [*block[:10], "...", *block[-(ERROR_LINES - 11):]]
+    if cause is None:
+        cause = "driver failed" if exit_code is None else f"driver exited with code {exit_code}"
+    elif exit_code is not None:
+        cause = f"{cause} (exit code {exit_code})"
+    return cause[:1000], [line[:500] for line in block]
+
+
+def _child_processes(pid: int) -> list[Any]:
+    try:
+        import psutil
+
+        return list(psutil.Process(pid).children(recursive=True))
+    except Exception:  # psutil missing or the process is gone
+        return []
+
+
+# ------------------------------------------------------------------ runtime shipping
+
+_ZIP_LOCK = threading.Lock()
+
+
+def runtime_py_files(cache_dir: Path | None = None) -> str:
+    """Path of a zip of the installed ``airflow_ckpt`` package, for ``--py-files``.
+
+    Why always ship it: in client mode the driver could import the installed package
+    (same interpreter), but executors on other hosts, standalone/YARN/K8s cluster-mode
+    drivers, and a driver started with another interpreter could not, or would import a
+    different version. One zip works everywhere and pins the runtime to the operator's
+    version. It is built once per content (version + every file's path, size and mtime,
+    so an editable install's edits are picked up) into a cache directory and reused;
+    the write is atomic, so concurrent tasks never see a half-written zip.
+    """
+    package_dir = Path(airflow_ckpt.__file__).resolve().parent
+    files = sorted(
+        p for p in package_dir.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".typed")
+    )
+    digest = hashlib.sha256(airflow_ckpt.__version__.encode())
+    for path in files:
+        stat = path.stat()
+        digest.update(f"{path.relative_to(package_dir)}\0{stat.st_size}\0{stat.st_mtime_ns}\n"
+                      .encode())
+    cache = cache_dir or Path(tempfile.gettempdir()) / "airflow-ckpt-py-files"
+    target = cache / f"airflow_ckpt-{airflow_ckpt.__version__}-{digest.hexdigest()[:16]}.zip"
+    with _ZIP_LOCK:
+        if target.exists():
+            return str(target)
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".{os.getpid()}.{time.monotonic_ns()}.tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in files:
+                archive.write(path, Path("airflow_ckpt") / path.relative_to(package_dir))
+        os.replace(tmp, target)
+    return str(target)
