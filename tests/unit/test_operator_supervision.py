@@ -1,0 +1,180 @@
+"""The supervision loop against a fake ``spark-submit`` (fast; the e2e tests use real Spark).
+
+The fake is a Python script put first on PATH. It behaves like a driver: it reads the
+``spark.airflow_ckpt.*`` confs it was given and exits non-zero (with a Python traceback
+on its output) on the attempts it is told to crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from airflow_ckpt.operators import CheckpointedJobFailedError, CheckpointedSparkSubmitOperator
+from airflow_ckpt.runtime.history import (
+    FAILURE,
+    JOB_FAILED,
+    JOB_SUBMITTED,
+    RESTART,
+    JobHistory,
+)
+from airflow_ckpt.runtime.storage import open_storage
+
+FAKE = textwrap.dedent(
+    """\
+    #!{python}
+    import sys, time
+    confs = dict(a.split("=", 1) for a in sys.argv if a.startswith("spark.") and "=" in a)
+    attempt = int(confs["spark.airflow_ckpt.attempt"])
+    print("25/01/01 10:00:00 INFO SparkContext: attempt", attempt, flush=True)
+    time.sleep(float(confs.get("spark.fake.sleep_s", "0")))
+    if confs.get("spark.fake.runtime_gives_up"):
+        from airflow_ckpt.runtime.history import JobHistory
+        from airflow_ckpt.runtime.restart_log import RestartLog
+        from airflow_ckpt.runtime.storage import open_storage
+        history = JobHistory(open_storage(confs["spark.airflow_ckpt.storage"]),
+                             confs["spark.airflow_ckpt.job"])
+        log = RestartLog(history, {{"type": "none"}}, confs["spark.airflow_ckpt.run_id"])
+        log.record_failure("query", "StreamingQueryException: query died")
+        sys.exit(1)
+    if attempt <= int(confs.get("spark.fake.crash_attempts", "0")):
+        print("Traceback (most recent call last):")
+        print('  File "job.py", line 1, in <module>')
+        print(f"RuntimeError: injected crash on attempt {{attempt}}")
+        print("25/01/01 10:00:01 INFO ShutdownHookManager: Shutdown hook called", flush=True)
+        sys.exit(17)
+    """
+)
+
+
+@pytest.fixture(autouse=True)
+def fake_spark_submit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "spark-submit"
+    script.write_text(FAKE.format(python=sys.executable))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_DEFAULT",
+                       json.dumps({"conn_type": "spark", "host": "local[1]"}))
+
+
+def run(tmp_path: Path, strategy: dict[str, Any], conf: dict[str, str],
+        run_id: str = "manual__1") -> tuple[Any, JobHistory]:
+    storage = (tmp_path / "ckpt").as_uri()
+    op = CheckpointedSparkSubmitOperator(
+        task_id="t", application="job.py", job_name="job-a", checkpoint_storage=storage,
+        restart_strategy=strategy, conf=conf, ship_runtime=False,
+    )
+    ti = SimpleNamespace(dag_id="d", run_id=run_id, task_id="t", map_index=-1, try_number=1)
+    history = JobHistory(open_storage(storage), "job-a")
+    return (lambda: op.execute({"ti": ti})), history  # type: ignore[arg-type]
+
+
+FIXED = {"type": "fixed-delay", "fixed-delay.attempts": 2, "fixed-delay.delay": "10 ms"}
+
+
+def test_recovers_after_crashes(tmp_path: Path) -> None:
+    execute, history = run(tmp_path, FIXED, {"spark.fake.crash_attempts": "2"})
+    result = execute()
+    assert result["attempts"] == 3 and result["outcome"] == "finished"
+    submits = history.events([JOB_SUBMITTED])
+    assert [e.data["attempt"] for e in submits] == [1, 2, 3]
+    assert [e.data["restore"] for e in submits] == ["latest"] * 3
+    failures = history.events([FAILURE])
+    assert [f.data["exit_code"] for f in failures] == [17, 17]
+    assert failures[0].data["cause"] == "RuntimeError: injected crash on attempt 1 (exit code 17)"
+    assert failures[0].data["error_lines"][-1] == "RuntimeError: injected crash on attempt 1"
+    assert [r.data["restart"] for r in history.events([RESTART])] == [True, True]
+    assert history.events([JOB_FAILED]) == []
+
+
+def test_fixed_delay_gives_up(tmp_path: Path) -> None:
+    execute, history = run(tmp_path, FIXED, {"spark.fake.crash_attempts": "9"})
+    with pytest.raises(CheckpointedJobFailedError) as err:
+        execute()
+    message = str(err.value)
+    assert "failed after 3 submission(s)" in message
+    assert "RuntimeError: injected crash on attempt 3" in message
+    assert "restart history" in message and message.count("[driver] attempt") == 3
+    assert len(history.events([JOB_SUBMITTED])) == 3
+    assert [r.data["restart"] for r in history.events([RESTART])] == [True, True, False]
+    (failed,) = history.events([JOB_FAILED])
+    assert failed.data["exit_code"] == 17 and failed.data["run_id"] == "d/manual__1/t"
+
+
+def test_exponential_delays_recorded(tmp_path: Path) -> None:
+    strategy = {"type": "exponential-delay", "exponential-delay.initial-backoff": "10 ms",
+                "exponential-delay.max-backoff": "40 ms",
+                "exponential-delay.backoff-multiplier": 2, "exponential-delay.jitter-factor": 0,
+                "exponential-delay.attempts-before-reset-backoff": 4}
+    execute, history = run(tmp_path, strategy, {"spark.fake.crash_attempts": "9"})
+    with pytest.raises(CheckpointedJobFailedError):
+        execute()
+    restarts = history.events([RESTART])
+    assert [r.data["delay_s"] for r in restarts] == [0.01, 0.02, 0.04, 0.04, 0.0]
+    assert [r.data["restart"] for r in restarts] == [True] * 4 + [False]
+
+
+def test_runtime_decision_is_not_counted_twice(tmp_path: Path) -> None:
+    execute, history = run(tmp_path, FIXED, {"spark.fake.runtime_gives_up": "1"})
+    with pytest.raises(CheckpointedJobFailedError) as err:
+        execute()
+    assert "in-process restart declined" in str(err.value)
+    assert len(history.events([JOB_SUBMITTED])) == 1  # not resubmitted
+    assert [r.data["level"] for r in history.events([RESTART])] == ["query"]
+
+
+def test_task_retry_continues_the_supervision(tmp_path: Path) -> None:
+    """A worker that died mid-supervision: the retried task continues count and attempts."""
+    execute, history = run(tmp_path, FIXED, {"spark.fake.crash_attempts": "1"})
+    # what the first try managed to record before its worker died
+    history.append(JOB_SUBMITTED, run_id="d/manual__1/t", attempt=1)
+    history.append(FAILURE, run_id="d/manual__1/t", level="driver", cause="x")
+    from airflow_ckpt.runtime.restart_log import RestartLog
+
+    RestartLog(history, FIXED, "d/manual__1/t").record_failure("driver", "x", now=time.time())
+    history.append(JOB_SUBMITTED, run_id="d/manual__1/t", attempt=2)
+    result = execute()
+    assert result["attempts"] == 3
+    assert [e.data["attempt"] for e in history.events([JOB_SUBMITTED])] == [1, 2, 3]
+
+
+def test_on_kill_stops_the_driver_and_the_loop(tmp_path: Path) -> None:
+    storage = (tmp_path / "ckpt").as_uri()
+    op = CheckpointedSparkSubmitOperator(
+        task_id="t", application="job.py", job_name="job-a", checkpoint_storage=storage,
+        restart_strategy=FIXED, conf={"spark.fake.sleep_s": "60"}, ship_runtime=False,
+    )
+    ti = SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1, try_number=1)
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            op.execute({"ti": ti})  # type: ignore[arg-type]
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target)
+    started = time.monotonic()
+    thread.start()
+    while op._hook is None or op._hook._submit_sp is None:
+        time.sleep(0.05)
+        assert time.monotonic() - started < 30
+    time.sleep(0.3)
+    op.on_kill()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert time.monotonic() - started < 20
+    assert errors and "killed" in str(errors[0])
+    history = JobHistory(open_storage(storage), "job-a")
+    assert history.events([RESTART]) == []  # a kill is not a failure to restart from
