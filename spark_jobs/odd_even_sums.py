@@ -57,11 +57,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     builder = SparkSession.builder.appName("odd_even_sums")
-    if "spark.master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", "") and not os.environ.get(
-        "SPARK_ENV_LOADED"
-    ):
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # run with python, not spark-submit
         builder = builder.master("local[2]")
     spark = (
         builder.config("spark.sql.shuffle.partitions", "4")
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     if args.state_store == "rocksdb":
         spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
         spark.conf.set(
@@ -108,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             .select(F.col("value").cast("long").alias("n"))
             .where(F.col("n").isNotNull())
         )
-        key = (F.col("n") % 10) if args.keyed else F.when(F.col("n") % 2 == 0, "even").otherwise("odd")
+        parity = F.when(F.col("n") % 2 == 0, "even").otherwise("odd")
+        key = (F.col("n") % 10).cast("string") if args.keyed else parity
         agg = numbers.groupBy(key.alias("key")).agg(
             F.count("*").alias("count"), F.sum("n").alias("sum")
         )

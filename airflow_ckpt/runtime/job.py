@@ -36,6 +36,7 @@ from airflow_ckpt.runtime.metadata import Manifest
 from airflow_ckpt.runtime.restart_log import RestartLog
 from airflow_ckpt.runtime.restore import RestoreResult, restore
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
+from airflow_ckpt.runtime.snapshot import latest_batch
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.store import CompletedCheckpointStore
 
@@ -260,10 +261,17 @@ class CheckpointedJob:
             self.history.append(ev.JOB_STOPPED, run_id=self.run_id, savepoint=stopped_with)
             return JobResult("stopped", coordinator.store.retained[-1:][0]
                              if coordinator.store.retained else None, stopped_with)
-        final = self._await(coordinator.trigger("final"), coordinator)
+        final = self._final_checkpoint(coordinator)
         self.history.append(ev.JOB_FINISHED, run_id=self.run_id, checkpoint_id=final.checkpoint_id,
                             batch_id=final.batch_id)
         return JobResult("finished", final)
+
+    def _final_checkpoint(self, coordinator: CheckpointCoordinator) -> Manifest:
+        """A checkpoint of the finished query; the latest one if it already covers the end."""
+        retained = coordinator.store.retained
+        if retained and retained[-1].batch_id == latest_batch(self.workdir, "commits"):
+            return retained[-1]
+        return self._await(coordinator.trigger("final"), coordinator)
 
     def _poll_control(
         self,

@@ -68,7 +68,7 @@ class JsonLinesSink(TwoPhaseCommitSink):
 
     def __init__(self, storage: CheckpointStorage, prefix: str) -> None:
         self.storage = storage
-        self.prefix = prefix.strip("/") + "/"
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self._lock = threading.Lock()
 
     def _pending_key(self, batch_id: int) -> str:
