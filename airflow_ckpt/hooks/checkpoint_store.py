@@ -16,6 +16,7 @@ from airflow.sdk import BaseHook
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.control import ControlChannel
 from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.savepoints import DisposedSavepoint, dispose_savepoint
 from airflow_ckpt.runtime.sparkconf import ENDPOINT_URL, REGION_NAME
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 
@@ -104,6 +105,16 @@ class CheckpointStoreHook(BaseHook):
     def list_jobs(self) -> list[str]:
         """Names of the jobs stored under ``storage_uri``."""
         return CheckpointCatalog.jobs(self.storage)
+
+    def dispose_savepoint(
+        self, job: str, savepoint_id_or_path: str, *, force: bool = False
+    ) -> DisposedSavepoint:
+        """Delete one savepoint of ``job`` on purpose (retention never deletes savepoints).
+
+        Accepts the savepoint id, ``sp-<id>`` or its path/URI; refuses checkpoints. See
+        :func:`airflow_ckpt.runtime.savepoints.dispose_savepoint`.
+        """
+        return dispose_savepoint(self.storage, savepoint_id_or_path, job=job, force=force)
 
     def close(self) -> None:
         """Release the storage's clients if it was opened."""

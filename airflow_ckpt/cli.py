@@ -1,0 +1,409 @@
+"""``airflow-ckpt``: the storage admin's command line.
+
+::
+
+    airflow-ckpt --storage s3://bucket/prefix jobs
+    airflow-ckpt --storage ... checkpoints <job>        # id, kind, trigger, batch, sizes, durations
+    airflow-ckpt --storage ... savepoints <job>
+    airflow-ckpt --storage ... describe <path-or-id> [--job J] [--json]
+    airflow-ckpt --storage ... history <job> [--type T] [--limit N] [--json]
+    airflow-ckpt --storage ... dispose <savepoint path> [--yes] [--force]
+    airflow-ckpt --storage ... state <savepoint path> [--json]   # needs pyspark
+
+The storage is ``--storage`` or ``$AIRFLOW_CKPT_STORAGE``; the S3 endpoint and region come
+from ``--endpoint-url`` / ``--region`` or the standard AWS environment
+(``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``, credentials from ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY``, profiles, instance roles). Nothing here imports Airflow;
+pyspark is imported only by ``state``.
+
+Exit codes: 0 success, 1 an operation failed (message on stderr), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from airflow_ckpt.errors import AirflowCkptError
+from airflow_ckpt.runtime.catalog import CheckpointCatalog, CompletedRef
+from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.layout import JobLayout
+from airflow_ckpt.runtime.materialize import materialize
+from airflow_ckpt.runtime.metadata import Manifest
+from airflow_ckpt.runtime.savepoints import (
+    dispose_savepoint,
+    last_lifecycle_event,
+    resolve_savepoint,
+    resolve_snapshot,
+)
+from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+
+STORAGE_ENV = "AIRFLOW_CKPT_STORAGE"
+
+
+class CliError(AirflowCkptError):
+    """A command could not do what was asked (exit code 1)."""
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def human_bytes(n: int) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(size) < 1024 or unit == "TiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_ms(ms: int) -> str:
+    return f"{ms} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def table(rows: Sequence[Sequence[object]], header: Sequence[str], out: TextIO) -> None:
+    """Print a left-aligned text table (numbers right-aligned)."""
+    cells = [[str(c) for c in header]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    numeric = [all(isinstance(r[i], int | float) for r in rows) and bool(rows)
+               for i in range(len(header))]
+    for n, row in enumerate(cells):
+        line = "  ".join(
+            (c.rjust(w) if numeric[i] and n else c.ljust(w))
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        out.write(line.rstrip() + "\n")
+        if n == 0:
+            out.write("  ".join("-" * w for w in widths) + "\n")
+
+
+def _snapshot_row(m: Manifest) -> list[object]:
+    t = m.timings
+    shared = sum(1 for f in m.files if f.shared)
+    return [
+        m.savepoint_id if m.savepoint_id else m.checkpoint_id,
+        m.kind, m.trigger, m.batch_id, iso(t.completed_ts),
+        human_bytes(m.state_size), human_bytes(m.checkpointed_size),
+        human_ms(t.end_to_end_duration_ms), human_ms(t.start_delay_ms),
+        human_ms(t.sync_duration_ms), human_ms(t.async_duration_ms),
+        f"{len(m.files)} ({shared} shared)" if shared else len(m.files),
+    ]
+
+
+SNAPSHOT_HEADER = ("id", "kind", "trigger", "batch", "completed (UTC)", "state size",
+                   "uploaded", "end-to-end", "start delay", "sync", "async", "files")
+
+
+def _print_json(obj: Any, out: TextIO) -> None:
+    out.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_jobs(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:
+    rows = []
+    for job in CheckpointCatalog.jobs(storage):
+        try:
+            catalog = CheckpointCatalog(storage, job)
+        except AirflowCkptError:  # a directory that is not a job (bad name)
+            continue
+        ids = catalog.checkpoint_ids()
+        event = last_lifecycle_event(storage, job)
+        rows.append({
+            "job": job,
+            "latest_checkpoint": ids[-1] if ids else None,
+            "checkpoints": len(ids),
+            "savepoints": len(catalog.savepoint_ids()),
+            "status": event.type if event else None,
+            "status_since": iso(event.ts) if event else None,
+        })
+    if args.json:
+        _print_json(rows, out)
+    elif not rows:
+        out.write(f"no jobs in {storage.uri}\n")
+    else:
+        table([list(r.values()) for r in rows],
+              ("job", "latest checkpoint", "checkpoints", "savepoints", "last event",
+               "since (UTC)"), out)
+    return 0
+
+
+def _list_snapshots(manifests: list[Manifest], what: str, job: str, args: argparse.Namespace,
+                    out: TextIO) -> int:
+    if args.json:
+        _print_json([{**m.history_entry(), "completed_ts": m.timings.completed_ts,
+                      "files": len(m.files)} for m in manifests], out)
+    elif not manifests:
+        out.write(f"job {job!r} has no completed {what}\n")
+    else:
+        table([_snapshot_row(m) for m in manifests], SNAPSHOT_HEADER, out)
+    return 0
+
+
+def cmd_checkpoints(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:
+    catalog = CheckpointCatalog(storage, args.job)
+    return _list_snapshots(catalog.completed_checkpoints(), "checkpoints", args.job, args, out)
+
+
+def cmd_savepoints(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:
+    catalog = CheckpointCatalog(storage, args.job)
+    return _list_snapshots(catalog.savepoints(), "savepoints", args.job, args, out)
+
+
+def _read(storage: CheckpointStorage, ref: CompletedRef) -> tuple[CheckpointCatalog, Manifest]:
+    catalog = CheckpointCatalog(storage, ref.job)
+    return catalog, catalog.read(ref)
+
+
+def cmd_describe(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:
+    ref = resolve_snapshot(storage, args.path, args.job)
+    catalog, m = _read(storage, ref)
+    if args.json:
+        _print_json({"uri": catalog.uri_of(ref), "stats": m.history_entry(),
+                     "manifest": asdict(m)}, out)
+        return 0
+    t = m.timings
+    shared = [f for f in m.files if f.shared]
+    lines = [
+        ("uri", catalog.uri_of(ref)),
+        ("kind", f"{m.kind} ({m.trigger})"),
+        ("checkpoint id", m.checkpoint_id),
+        ("savepoint id", m.savepoint_id or "-"),
+        ("batch id", m.batch_id),
+        ("job / query", f"{m.job} / {m.query_id}"),
+        ("mode", m.mode),
+        ("spark", m.spark_version),
+        ("restored from", m.restored_from or "-"),
+        ("triggered", iso(t.trigger_ts)),
+        ("completed", iso(t.completed_ts)),
+        ("end-to-end", human_ms(t.end_to_end_duration_ms)),
+        ("start delay", human_ms(t.start_delay_ms)),
+        ("sync / async", f"{human_ms(t.sync_duration_ms)} / {human_ms(t.async_duration_ms)}"),
+        ("state size", f"{human_bytes(m.state_size)} ({m.state_size} B)"),
+        ("uploaded", f"{human_bytes(m.checkpointed_size)} ({m.checkpointed_size} B)"),
+        ("subtasks", f"{m.num_acknowledged_subtasks}/{m.num_subtasks} acknowledged"),
+        ("files", f"{len(m.files)} ({len(shared)} shared, {len(m.files) - len(shared)} own)"),
+        ("pending 2PC batches", ", ".join(map(str, m.pending_transactions)) or "-"),
+    ]
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        out.write(f"{key.ljust(width)}  {value}\n")
+    if m.operators:
+        out.write("\nstateful operators:\n")
+        table([[o.operator_id, o.num_partitions, ", ".join(o.store_names)] for o in m.operators],
+              ("operator", "partitions", "stores"), out)
+    if m.source_offsets:
+        out.write("\nsource offsets:\n")
+        for offset in m.source_offsets:
+            out.write(f"  {json.dumps(offset, sort_keys=True)}\n")
+    return 0
+
+
+def cmd_history(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:
+    events = JobHistory(storage, args.job).events(args.type or None)
+    if args.limit:
+        events = events[-args.limit:]
+    if args.json:
+        _print_json([e.data for e in events], out)
+        return 0
+    if not events:
+        out.write(f"job {args.job!r} has no history events\n")
+        return 0
+    skip = {"type", "ts", "job"}
+    rows = []
+    for e in events:
+        details = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in e.data.items()
+                            if k not in skip)
+        rows.append([iso(e.ts), e.type, details[:160]])
+    table(rows, ("time (UTC)", "event", "details"), out)
+    return 0
+
+
+def cmd_dispose(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:
+    ref = resolve_savepoint(storage, args.path, args.job)
+    uri = CheckpointCatalog(storage, ref.job).uri_of(ref)
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CliError(f"refusing to delete {uri} without --yes (stdin is not a terminal)")
+        answer = input(f"Delete savepoint {uri} and all its files? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            out.write("not deleted\n")
+            return 1
+    done = dispose_savepoint(storage, args.path, job=args.job, force=args.force)
+    out.write(f"disposed {done.uri}: {done.num_objects} objects, "
+              f"{human_bytes(done.num_bytes)}\n")
+    return 0
+
+
+def summarize_state(checkpoint_dir: Path, manifest: Manifest) -> list[dict[str, Any]]:
+    """Per operator/store: partitions, batch range and row counts per partition.
+
+    Uses Spark's state data sources (``state-metadata`` for the operators, ``statestore``
+    for the rows) on a local checkpoint directory. Imports pyspark.
+    """
+    from pyspark.sql import SparkSession, functions
+
+    spark = (
+        SparkSession.builder.master("local[2]").appName("airflow-ckpt state")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    location = str(checkpoint_dir)
+    stores: list[dict[str, Any]] = []
+    try:
+        for row in spark.read.format("state-metadata").load(location).collect():
+            stores.append({"operator_id": row["operatorId"], "operator": row["operatorName"],
+                           "store": row["stateStoreName"], "partitions": row["numPartitions"],
+                           "min_batch": row["minBatchId"], "max_batch": row["maxBatchId"]})
+    except Exception as exc:  # no operator metadata (older checkpoint): use the manifest
+        if not manifest.operators:
+            raise CliError(f"Spark cannot read the state metadata: {exc}") from exc
+        stores = [{"operator_id": o.operator_id, "operator": None, "store": name,
+                   "partitions": o.num_partitions, "min_batch": None, "max_batch": None}
+                  for o in manifest.operators for name in o.store_names]
+    for store in stores:
+        try:
+            df = (spark.read.format("statestore")
+                  .option("operatorId", store["operator_id"])
+                  .option("storeName", store["store"]).load(location))
+            counts = {r["partition_id"]: r["count"]
+                      for r in df.groupBy("partition_id").agg(
+                          functions.count(functions.lit(1)).alias("count")).collect()}
+            store["rows"] = sum(counts.values())
+            store["rows_per_partition"] = {str(p): counts.get(p, 0)
+                                           for p in range(store["partitions"] or 0)}
+        except Exception as exc:
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            store["error"] = message[:300]
+    return stores
+
+
+def cmd_state(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:
+    ref = resolve_savepoint(storage, args.path, args.job)
+    catalog, manifest = _read(storage, ref)
+    with tempfile.TemporaryDirectory(prefix="airflow-ckpt-state-") as tmp:
+        target = Path(args.keep) if args.keep else Path(tmp) / "checkpoint"
+        materialize(storage, manifest, JobLayout(ref.job).root, target)
+        stores = summarize_state(target, manifest)
+    if args.json:
+        _print_json({"uri": catalog.uri_of(ref), "batch_id": manifest.batch_id,
+                     "stores": stores}, out)
+        return 0
+    out.write(f"{catalog.uri_of(ref)} (batch {manifest.batch_id})\n")
+    if not stores:
+        out.write("no stateful operators\n")
+        return 0
+    rows = []
+    for s in stores:
+        per = list((s.get("rows_per_partition") or {}).values())
+        spread = f"{min(per)}..{max(per)}" if per else "-"
+        rows.append([s["operator_id"], s["operator"] or "-", s["store"], s["partitions"],
+                     s.get("rows", "-") if "error" not in s else "error: " + s["error"],
+                     spread])
+    table(rows, ("operator", "name", "store", "partitions", "rows", "rows/partition"), out)
+    return 0
+
+
+# --------------------------------------------------------------------------- parser
+
+Command = Callable[[CheckpointStorage, argparse.Namespace, TextIO], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="airflow-ckpt",
+        description="Inspect and administer airflow-ckpt checkpoint storage.",
+    )
+    parser.add_argument("--storage", default=os.environ.get(STORAGE_ENV),
+                        help=f"storage root, s3://bucket/prefix or file:///path "
+                             f"(default: ${STORAGE_ENV})")
+    parser.add_argument("--endpoint-url", default=None,
+                        help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL / AWS)")
+    parser.add_argument("--region", default=None,
+                        help="S3 region (default: $AWS_DEFAULT_REGION / AWS config)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+
+    def add(name: str, func: Command, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(func=func)
+        return p
+
+    p = add("jobs", cmd_jobs, "list the jobs in the storage")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    for name, func, what in (("checkpoints", cmd_checkpoints, "retained checkpoints"),
+                             ("savepoints", cmd_savepoints, "savepoints")):
+        p = add(name, func, f"list a job's completed {what} with their stats")
+        p.add_argument("job")
+        p.add_argument("--json", action="store_true", help="print the Flink-style stats as JSON")
+    p = add("describe", cmd_describe, "show one checkpoint's or savepoint's manifest stats")
+    p.add_argument("path", help="full URI, <job>/chk-<n>, <job>/savepoints/sp-<id>; or with "
+                                "--job: <n>, chk-<n>, sp-<id>")
+    p.add_argument("--job", help="the job, when PATH is short")
+    p.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
+    p = add("history", cmd_history, "show a job's history events")
+    p.add_argument("job")
+    p.add_argument("--type", action="append", help="only events of this type (repeatable)")
+    p.add_argument("--limit", type=int, default=0, help="only the newest N events")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = add("dispose", cmd_dispose, "delete a savepoint (never a checkpoint)")
+    p.add_argument("path", help="the savepoint: full URI or <job>/savepoints/sp-<id>")
+    p.add_argument("--job", help="the job, when PATH is short (sp-<id>)")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    p.add_argument("--force", action="store_true",
+                   help="also delete an incomplete savepoint (no or unreadable _metadata)")
+    p = add("state", cmd_state,
+            "summarise a savepoint's state per operator (Spark state data source)")
+    p.add_argument("path", help="the savepoint: full URI or <job>/savepoints/sp-<id>")
+    p.add_argument("--job", help="the job, when PATH is short (sp-<id>)")
+    p.add_argument("--keep", metavar="DIR",
+                   help="materialise into DIR and keep it (default: a temporary directory)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def open_cli_storage(args: argparse.Namespace) -> CheckpointStorage:
+    options = {"endpoint_url": args.endpoint_url, "region_name": args.region}
+    return open_storage(args.storage, **{k: v for k, v in options.items() if v})
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the CLI; returns the exit code (argument errors exit 2 via argparse)."""
+    out = out or sys.stdout
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.storage:
+        parser.error(f"--storage is required (or set ${STORAGE_ENV})")
+    if getattr(args, "limit", 0) and args.limit < 0:
+        parser.error("--limit must be >= 0")
+    try:
+        storage = open_cli_storage(args)
+        try:
+            code: int = args.func(storage, args, out)
+            return code
+        finally:
+            storage.close()
+    except AirflowCkptError as exc:
+        sys.stderr.write(f"airflow-ckpt: error: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("airflow-ckpt: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""The airflow-ckpt CLI on a file:// storage: arguments, listings, describe, dispose."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from airflow_ckpt.cli import STORAGE_ENV, human_bytes, main
+from airflow_ckpt.runtime.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.history import CHECKPOINT_COMPLETED, JOB_STARTED, JobHistory
+from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from tests.fixtures.snapshots import write_snapshot
+
+JOB = "orders"
+
+
+def run(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    code = main(list(argv), out=out)
+    return code, out.getvalue()
+
+
+@pytest.fixture
+def store(file_storage: CheckpointStorage) -> CheckpointStorage:
+    for n in (1, 2, 3):
+        write_snapshot(file_storage, JOB, n, contents={f"offsets/{n}": b"o" * n,
+                                                       "state/0/0/1.delta": b"s" * 2048})
+    write_snapshot(file_storage, JOB, 3, savepoint_id="pre-upgrade")
+    history = JobHistory(file_storage, JOB)
+    history.append(JOB_STARTED, query="orders-q")
+    history.append(CHECKPOINT_COMPLETED, id=3)
+    return file_storage
+
+
+# ------------------------------------------------------------------ argument errors
+
+
+@pytest.mark.parametrize("argv", [
+    [],                                   # no command
+    ["--storage", "file:///x", "bogus"],  # unknown command
+    ["--storage", "file:///x", "checkpoints"],  # missing job
+    ["--storage", "file:///x", "history", "j", "--limit", "x"],
+    ["--storage", "file:///x", "history", "j", "--limit", "-1"],
+    ["jobs"],                             # no storage at all
+])
+def test_argument_errors_exit_2(argv: list[str], monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv(STORAGE_ENV, raising=False)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "usage: airflow-ckpt" in capsys.readouterr().err
+
+
+def test_bad_storage_uri_is_an_error_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _ = run("--storage", "s3://Bad_Bucket", "jobs")
+    assert code == 1
+    assert "invalid storage URI" in capsys.readouterr().err
+
+
+def test_storage_from_environment(store: CheckpointStorage,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(STORAGE_ENV, store.uri)
+    code, out = run("jobs")
+    assert code == 0 and "orders" in out and "job_started" in out
+
+
+# ------------------------------------------------------------------ listings
+
+
+def test_jobs_json(store: CheckpointStorage) -> None:
+    code, out = run("--storage", store.uri, "jobs", "--json")
+    assert code == 0
+    [job] = json.loads(out)
+    assert job["job"] == JOB and job["latest_checkpoint"] == 3
+    assert (job["checkpoints"], job["savepoints"], job["status"]) == (3, 1, "job_started")
+
+
+def test_checkpoints_table(store: CheckpointStorage) -> None:
+    code, out = run("--storage", store.uri, "checkpoints", JOB)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:4] == ["id", "kind", "trigger", "batch"]
+    assert [ln.split()[0] for ln in lines[2:]] == ["1", "2", "3"]
+    assert "2.0 KiB" in lines[2] and "1500 ms" in lines[2]
+
+
+def test_checkpoints_json_has_the_flink_stats(store: CheckpointStorage) -> None:
+    code, out = run("--storage", store.uri, "checkpoints", JOB, "--json")
+    stats = json.loads(out)
+    assert code == 0 and [s["id"] for s in stats] == [1, 2, 3]
+    assert {"status", "is_savepoint", "trigger_timestamp", "latest_ack_timestamp",
+            "state_size", "checkpointed_size", "end_to_end_duration", "num_subtasks",
+            "num_acknowledged_subtasks", "failure_message"} <= set(stats[0])
+    assert stats[0]["state_size"] == 2049
+
+
+def test_savepoints_and_empty_listings(store: CheckpointStorage) -> None:
+    code, out = run("--storage", store.uri, "savepoints", JOB)
+    assert code == 0 and "pre-upgrade" in out and "savepoint" in out
+    code, out = run("--storage", store.uri, "savepoints", "nobody")
+    assert code == 0 and "has no completed savepoints" in out
+
+
+def test_describe_forms(store: CheckpointStorage) -> None:
+    code, out = run("--storage", store.uri, "describe", f"{store.uri}/orders/chk-2")
+    assert code == 0
+    assert "checkpoint (periodic)" in out and "batch id             4" in out
+    code, out = run("--storage", store.uri, "describe", "--job", JOB, "sp-pre-upgrade",
+                    "--json")
+    doc = json.loads(out)
+    assert doc["uri"].endswith("/orders/savepoints/sp-pre-upgrade")
+    assert doc["manifest"]["kind"] == "savepoint" and doc["stats"]["is_savepoint"] is True
+
+
+def test_describe_needs_a_job_for_short_paths(store: CheckpointStorage,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    code, _ = run("--storage", store.uri, "describe", "chk-2")
+    assert code == 1
+    assert "does not say which job" in capsys.readouterr().err
+
+
+def test_describe_missing_checkpoint(store: CheckpointStorage,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    code, _ = run("--storage", store.uri, "describe", "orders/chk-99")
+    assert code == 1 and "does not exist" in capsys.readouterr().err
+
+
+def test_history(store: CheckpointStorage) -> None:
+    code, out = run("--storage", store.uri, "history", JOB, "--type", CHECKPOINT_COMPLETED)
+    assert code == 0 and "checkpoint_completed" in out and "job_started" not in out
+    code, out = run("--storage", store.uri, "history", JOB, "--limit", "1", "--json")
+    assert [e["type"] for e in json.loads(out)] == [CHECKPOINT_COMPLETED]
+
+
+# ------------------------------------------------------------------ dispose
+
+
+def test_dispose_refuses_checkpoints(store: CheckpointStorage,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    code, _ = run("--storage", store.uri, "dispose", "orders/chk-3", "--yes")
+    assert code == 1
+    assert "is a checkpoint, not a savepoint" in capsys.readouterr().err
+    assert CheckpointCatalog(store, JOB).checkpoint_ids() == [1, 2, 3]
+
+
+def test_dispose_needs_yes_without_a_terminal(store: CheckpointStorage,
+                                              capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    code, _ = run("--storage", store.uri, "dispose", "orders/savepoints/sp-pre-upgrade")
+    assert code == 1 and "without --yes" in capsys.readouterr().err
+    assert CheckpointCatalog(store, JOB).savepoint_ids() == ["pre-upgrade"]
+
+
+def test_dispose_prompt(store: CheckpointStorage, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Tty("n\n"))
+    code, out = run("--storage", store.uri, "dispose", "orders/sp-pre-upgrade")
+    assert code == 1 and "not deleted" in out
+    monkeypatch.setattr(sys, "stdin", Tty("y\n"))
+    code, out = run("--storage", store.uri, "dispose", "orders/sp-pre-upgrade")
+    assert code == 0 and out.startswith("disposed ")
+    assert CheckpointCatalog(store, JOB).savepoint_ids() == []
+
+
+def test_dispose_with_yes(store: CheckpointStorage) -> None:
+    code, out = run("--storage", store.uri, "dispose", "--job", JOB, "pre-upgrade", "-y")
+    assert code == 0 and "sp-pre-upgrade: 2 objects" in out
+    assert CheckpointCatalog(store, JOB).savepoint_ids() == []
+
+
+def test_state_refuses_checkpoints(store: CheckpointStorage,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # refused before pyspark is imported
+    code, _ = run("--storage", store.uri, "state", "orders/chk-3")
+    assert code == 1 and "is a checkpoint" in capsys.readouterr().err
+
+
+def test_console_script_runs(store: CheckpointStorage) -> None:
+    proc = subprocess.run([sys.executable, "-m", "airflow_ckpt.cli", "--storage", store.uri,
+                           "checkpoints", JOB], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "periodic" in proc.stdout
+    assert "airflow" not in proc.stderr.lower()
+
+
+def test_cli_does_not_import_airflow_or_pyspark() -> None:
+    code = ("import sys, airflow_ckpt.cli; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('airflow','pyspark')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_human_bytes() -> None:
+    assert [human_bytes(n) for n in (0, 1023, 1536, 5 * 1024**3)] == [
+        "0 B", "1023 B", "1.5 KiB", "5.0 GiB"]
