@@ -1,0 +1,147 @@
+"""JSON Schema (draft 2020-12) of the restart-strategy params, for Airflow's ``Param``.
+
+Use it as ``Param({...}, type="object", schema=restart_params_json_schema())`` (or
+merge it into a ``Param``'s keyword arguments) so the trigger form rejects bad
+params before a run starts. It checks key names (both spellings), value shapes,
+numeric ranges and that only the chosen type's options appear.
+:func:`~airflow_ckpt.restart.params.parse_restart_params` stays authoritative:
+ranges of duration *strings*, ``initial-backoff <= max-backoff`` and upper-case
+type spellings are checked there only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_ckpt.durations import _UNITS
+from airflow_ckpt.restart._java import INT_MAX
+from airflow_ckpt.restart.options import EXPONENTIAL_DELAY, STRATEGY_TYPES
+from airflow_ckpt.restart.params import (
+    DEFAULT_TYPE,
+    FLOAT_PATTERN,
+    INT_PATTERN,
+    OPTION_SPECS,
+    PREFIX,
+    TYPE_ALIASES,
+    TYPE_KEYS,
+    OptionSpec,
+    options_of,
+)
+
+SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def _case_insensitive(text: str) -> str:
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isascii() and c.isalpha() else c for c in text)
+
+
+def _duration_pattern() -> str:
+    units = sorted(_UNITS, key=len, reverse=True)
+    alternatives = "|".join(_case_insensitive(unit) for unit in units)
+    return rf"^\s*\d+(\.\d+)?\s*({alternatives})?\s*$"
+
+
+def _value_schema(spec: OptionSpec) -> dict[str, Any]:
+    number: dict[str, Any]
+    if spec.kind == "duration":
+        number = {"type": "number", "minimum": spec.minimum / 1000}
+        string: dict[str, Any] = {"type": "string", "pattern": _duration_pattern()}
+    elif spec.kind == "int":
+        number = {"type": "integer", "minimum": int(spec.minimum), "maximum": INT_MAX}
+        string = {"type": "string", "pattern": INT_PATTERN}
+    else:
+        number = {"type": "number"}
+        number["exclusiveMinimum" if spec.exclusive_minimum else "minimum"] = spec.minimum
+        if spec.maximum is not None:
+            number["maximum"] = spec.maximum
+        string = {"type": "string", "pattern": FLOAT_PATTERN}
+    alternatives: list[dict[str, Any]] = [number, string, {"type": "null"}]
+    if spec.infinite:
+        alternatives.insert(0, {"const": "infinite"})
+    return {
+        "title": PREFIX + spec.key,
+        "description": f"{spec.description} Only with type {spec.strategy}. "
+        f"Allowed: {spec.allowed()}.",
+        "default": spec.default,
+        "anyOf": alternatives,
+    }
+
+
+def _type_is(names: list[str]) -> dict[str, Any]:
+    """Schema: some type key is present and its value is one of ``names``."""
+    return {
+        "anyOf": [{"required": [key], "properties": {key: {"enum": names}}} for key in TYPE_KEYS]
+    }
+
+
+def _all_names(keys: list[str]) -> list[str]:
+    names: list[str] = []
+    for key in keys:
+        names.extend(TYPE_KEYS if key == "type" else (key, PREFIX + key))
+    return names
+
+
+def restart_params_json_schema() -> dict[str, Any]:
+    """The JSON Schema of the params accepted by ``restart_strategy_from_params``."""
+    type_schema = {
+        "title": "restart-strategy.type",
+        "description": "Restart strategy. Default: exponential-delay (Flink 2.x's default "
+        "with checkpointing).",
+        "default": DEFAULT_TYPE,
+        "anyOf": [{"enum": list(TYPE_ALIASES)}, {"type": "null"}],
+    }
+    properties: dict[str, Any] = {key: type_schema for key in TYPE_KEYS}
+    for spec in OPTION_SPECS.values():
+        sub = _value_schema(spec)
+        properties[spec.key] = sub
+        properties[PREFIX + spec.key] = sub
+
+    rules: list[dict[str, Any]] = []
+    for strategy in STRATEGY_TYPES:
+        allowed_names = _all_names(options_of(strategy))
+        # Options of other strategies may appear only with a null value.
+        others = [name for name in properties if name not in allowed_names]
+        forbid_others = {
+            "properties": {name: {"type": "null"} for name in others},
+        }
+        aliases = [alias for alias, canonical in TYPE_ALIASES.items() if canonical == strategy]
+        rules.append({"if": _type_is(aliases), "then": forbid_others})
+    # No (non-null) type: exponential-delay's options only.
+    no_type = {
+        "not": {
+            "anyOf": [
+                {"required": [key], "properties": {key: {"type": "string"}}} for key in TYPE_KEYS
+            ]
+        }
+    }
+    exp_names = _all_names(options_of(EXPONENTIAL_DELAY))
+    rules.append(
+        {
+            "if": no_type,
+            "then": {
+                "properties": {
+                    name: {"type": "null"} for name in properties if name not in exp_names
+                }
+            },
+        }
+    )
+    return {
+        "$schema": SCHEMA_DIALECT,
+        "title": "Restart strategy",
+        "description": "Flink restart-strategy options, with or without the "
+        "'restart-strategy.' prefix.",
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+        "allOf": rules,
+        "examples": [
+            {"type": "fixed-delay", "fixed-delay.attempts": 3, "fixed-delay.delay": "10 s"},
+            {
+                "type": "failure-rate",
+                "failure-rate.max-failures-per-interval": 3,
+                "failure-rate.failure-rate-interval": "5 min",
+                "failure-rate.delay": "10 s",
+            },
+            {"type": "exponential-delay"},
+        ],
+    }
