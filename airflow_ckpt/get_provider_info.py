@@ -42,7 +42,22 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["airflow_ckpt.operators.checkpointed_spark_submit"],
+                "python-modules": [
+                    "airflow_ckpt.operators.checkpointed_spark_submit",
+                    "airflow_ckpt.operators.savepoint",
+                ],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["airflow_ckpt.sensors.checkpoint"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["airflow_ckpt.triggers.checkpoint"],
             }
         ],
     }

@@ -1,0 +1,1 @@
+"""Sensors: :class:`~airflow_ckpt.sensors.checkpoint.CheckpointSensor`."""
