@@ -2,4 +2,5 @@
 
 pytest_plugins = [
     "tests.fixtures.s3",
+    "tests.fixtures.spark",
 ]
