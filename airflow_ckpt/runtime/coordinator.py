@@ -186,7 +186,7 @@ class CheckpointCoordinator:
             )
             self._next_id += 1
             self._last_trigger = now
-            pending.barrier_batch = self._barrier_for_trigger(is_savepoint=savepoint_id is not None)
+            pending.barrier_batch = self._barrier_for_trigger(trigger)
             self._pending.append(pending)
         log.info(
             "triggered %s %d (%s) barrier at end of batch %s",
@@ -195,9 +195,12 @@ class CheckpointCoordinator:
         )
         return pending
 
-    def _barrier_for_trigger(self, is_savepoint: bool) -> int:
+    def _barrier_for_trigger(self, trigger: Trigger) -> int:
+        """The batch whose end is the barrier; -1 for the empty state before batch 0."""
         committed = latest_batch(self.workdir, "commits")
         offered = latest_batch(self.workdir, "offsets")
+        if trigger == "initial":
+            return -1 if committed is None else committed  # the query is not running yet
         if offered is not None and (committed is None or offered > committed):
             return offered  # batch `offered` is running: barrier at its end
         if committed is None:
@@ -241,7 +244,8 @@ class CheckpointCoordinator:
             if now > p.deadline and p.manifest is None:
                 self._fail(p, f"expired after {self.config.timeout_s:g} s before completing")
                 continue
-            if not p.captured and committed is not None and committed >= (p.barrier_batch or 0):
+            barrier = p.barrier_batch if p.barrier_batch is not None else 0
+            if not p.captured and (barrier == -1 or (committed is not None and committed >= barrier)):
                 self._sync_phase(p, now)
 
     def _sync_phase(self, p: PendingCheckpoint, barrier_ts: float) -> None:
@@ -249,7 +253,10 @@ class CheckpointCoordinator:
         start = time.time()
         staging = self.staging_root / f"chk-{p.checkpoint_id}-{uuid.uuid4().hex[:6]}"
         try:
-            snap = capture(self.workdir, p.barrier_batch or 0, staging)
+            if p.barrier_batch == -1:
+                snap = CapturedSnapshot(-1, (), (), [], (), staging)
+            else:
+                snap = capture(self.workdir, p.barrier_batch or 0, staging)
         except CheckpointDeclinedError as exc:
             self._fail(p, str(exc))
             return

@@ -16,9 +16,11 @@ from airflow_ckpt.errors import MetadataError, UnsupportedSchemaVersionError
 SCHEMA_VERSION = 1
 
 Kind = Literal["checkpoint", "savepoint"]
-Trigger = Literal["periodic", "manual", "stop", "final"]
+# "initial": the starting point of a run that did not resume from the latest checkpoint
+# (a fresh start or an explicit restore), recorded so "latest" never goes back past it.
+Trigger = Literal["periodic", "manual", "stop", "final", "initial"]
 _KINDS = ("checkpoint", "savepoint")
-_TRIGGERS = ("periodic", "manual", "stop", "final")
+_TRIGGERS = ("periodic", "manual", "stop", "final", "initial")
 
 
 @dataclass(frozen=True, slots=True)
