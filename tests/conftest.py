@@ -3,4 +3,6 @@
 pytest_plugins = [
     "tests.fixtures.s3",
     "tests.fixtures.spark",
+    "tests.fixtures.airflow_env",
+    "tests.fixtures.spark_standalone",
 ]

@@ -39,9 +39,11 @@ from __future__ import annotations
 import ast
 import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -475,6 +477,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         hook = super()._get_hook()
         if self.master:
             _override_master(hook, str(self.master))
+        hook._connection["spark_binary"] = resolve_spark_binary(hook._connection["spark_binary"])
         return hook
 
     def _result(
@@ -577,6 +580,25 @@ def _override_master(hook: SparkSubmitHook, master: str) -> None:
     hook._is_yarn_cluster_mode = hook._is_yarn and hook._connection["deploy_mode"] == "cluster"
     hook._is_kubernetes = "k8s" in master
     hook._should_track_driver_status = hook._resolve_should_track_driver_status()
+
+
+def resolve_spark_binary(name: str) -> str:
+    """``name`` if it is on PATH (or a path); else the one of this interpreter's pyspark.
+
+    An Airflow worker started without activating its virtualenv does not have the
+    venv's ``bin`` on PATH, but pip's ``pyspark`` ships a complete ``spark-submit``
+    beside the interpreter and in ``pyspark/bin``.
+    """
+    if os.sep in name or shutil.which(name):
+        return name
+    candidates = [Path(sys.executable).parent / name]
+    spec = importlib.util.find_spec("pyspark")
+    if spec is not None and spec.origin:
+        candidates.append(Path(spec.origin).parent / "bin" / name)
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return name
 
 
 def _tee_submit_output(hook: SparkSubmitHook, sink: deque[str]) -> None:

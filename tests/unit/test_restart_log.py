@@ -44,16 +44,20 @@ def history(tmp_path: Path) -> JobHistory:
 
 def test_bad_params_name_every_bad_key(history: JobHistory) -> None:
     with pytest.raises(ConfigError) as err:
-        RestartLog(history, {"type": "fixed-delay", "fixed-delay.attempts": -1,
-                             "fixed-delay.bogus": 1}, "run")
+        RestartLog(
+            history,
+            {"type": "fixed-delay", "fixed-delay.attempts": -1, "fixed-delay.bogus": 1},
+            "run",
+        )
     assert "fixed-delay.attempts" in str(err.value)
     assert "fixed-delay.bogus" in str(err.value)
 
 
 def test_fixed_delay_events_and_payload(history: JobHistory) -> None:
     log = RestartLog(history, FIXED, "run-1")
-    decisions = [log.record_failure("driver", f"boom {i}", now=1000.0 + i, exit_code=17)
-                 for i in range(3)]
+    decisions = [
+        log.record_failure("driver", f"boom {i}", now=1000.0 + i, exit_code=17) for i in range(3)
+    ]
     assert [d.restart for d in decisions] == [True, True, False]
     assert [d.delay_s for d in decisions[:2]] == [0.1, 0.1]
     failures = history.events([FAILURE])
@@ -109,8 +113,10 @@ def test_failure_rate_window_slides(history: JobHistory) -> None:
 
 
 def test_exponential_backoff_continues_across_instances(history: JobHistory) -> None:
-    delays = [RestartLog(history, EXPO, "r").record_failure("driver", "d", now=t).delay_s
-              for t in (10.0, 20.0, 30.0, 40.0, 50.0)]
+    delays = [
+        RestartLog(history, EXPO, "r").record_failure("driver", "d", now=t).delay_s
+        for t in (10.0, 20.0, 30.0, 40.0, 50.0)
+    ]
     assert delays == [0.1, 0.2, 0.4, 0.8, 1.0]
     assert [e.data["delay_s"] for e in history.events([RESTART])] == delays
 
@@ -158,8 +164,9 @@ def test_submit_attempts_and_forward_only_events(history: JobHistory) -> None:
     assert RestartLog(history, FIXED, "r").last_submit_attempt() == 0  # ended by JOB_FINISHED
 
 
-def test_backward_scan_stops_at_first_submit(history: JobHistory, monkeypatch:
-                                             pytest.MonkeyPatch) -> None:
+def test_backward_scan_stops_at_first_submit(
+    history: JobHistory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for _ in range(20):
         history.append(CHECKPOINT_COMPLETED, id=0)
     history.append(JOB_SUBMITTED, run_id="r", attempt=1)

@@ -1,0 +1,36 @@
+"""A tiny real PySpark job that fails on its first N submissions (for supervisor tests).
+
+It reads the supervisor's ``spark.airflow_ckpt.attempt`` conf and fails (an uncaught
+Python exception, so a non-zero exit with a traceback) while the attempt is <=
+``spark.test.fail_attempts``. Later attempts run a small Spark computation and exit 0.
+The failing path connects to spark-submit's JVM to read the conf but starts no
+SparkContext, so a failed attempt costs seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from pyspark import SparkConf, SparkContext
+from pyspark.sql import SparkSession
+
+
+def main() -> int:
+    SparkContext._ensure_initialized()  # connect to spark-submit's gateway, no context yet
+    conf = SparkConf()
+    attempt = int(conf.get("spark.airflow_ckpt.attempt", "1"))
+    fail_attempts = int(conf.get("spark.test.fail_attempts", "0"))
+    print(f"flaky job: attempt {attempt}, failing attempts <= {fail_attempts}", flush=True)
+    if attempt <= fail_attempts:
+        raise RuntimeError(f"flaky job: injected failure on attempt {attempt}")
+    spark = SparkSession.builder.getOrCreate()
+    total = spark.range(1, 101).groupBy().sum("id").collect()[0][0]
+    spark.stop()
+    if total != 5050:
+        raise AssertionError(f"sum of 1..100 is {total}")
+    print("flaky job: done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
