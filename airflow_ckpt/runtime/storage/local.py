@@ -1,0 +1,359 @@
+"""Checkpoint storage on a local (or mounted) filesystem: ``file:///path``.
+
+Every write goes to a temporary file in the destination directory, is fsynced, then
+renamed (plain writes, ``os.replace``) or hard-linked (create-only writes, ``os.link``,
+which fails atomically if the target exists) into place, and the directory is fsynced.
+A reader therefore sees either the old object or the complete new one, never a partial
+file, and what a method wrote survives a crash once the method returns.
+
+Temporary files are named ``.<name>.tmp-<32 hex digits>``; listings skip them and keys
+may not look like them. A crash can leave one behind: it is invisible to every method
+and can be deleted by hand at any time.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import quote
+
+from airflow_ckpt.errors import (
+    ObjectAlreadyExistsError,
+    ObjectNotFoundError,
+    StorageAccessDeniedError,
+    StorageError,
+)
+from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo
+from airflow_ckpt.runtime.storage.naming import check_key, check_prefix, dir_prefix
+
+_TMP_NAME = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$")
+_COPY_BUFFER = 1024 * 1024
+# Times a write retries when a concurrent delete removed its freshly created directory.
+_DIR_RACE_RETRIES = 5
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether a file name is one of this backend's in-flight temporary files."""
+    return bool(_TMP_NAME.match(name))
+
+
+def _temp_name(name: str) -> str:
+    return f".{name}.tmp-{uuid.uuid4().hex}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_temp(directory: Path, name: str, fill: Callable[[BinaryIO], None]) -> Path:
+    """Create a fresh temp file in ``directory``, fill it, fsync it; return its path."""
+    tmp = directory / _temp_name(name)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fill(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _makedirs(directory: Path) -> None:
+    """``mkdir -p`` that fsyncs each parent in which it created an entry."""
+    missing: list[Path] = []
+    current = directory
+    while not current.is_dir():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+            continue
+        _fsync_dir(path.parent)
+
+
+class LocalStorage(CheckpointStorage):
+    """Checkpoint storage rooted at a local directory.
+
+    The root need not exist: the first write creates it, and until then reads behave
+    as on an empty store (empty listings, ``ObjectNotFoundError``). ``create_only``
+    writes need a filesystem with hard links (every local Linux/macOS filesystem and
+    NFS do; some FUSE/SMB mounts do not, which raises ``StorageError``).
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        path = Path(root)
+        if not path.is_absolute():
+            raise ValueError(f"LocalStorage root must be an absolute path, got {root!r}")
+        self.root = path
+        self.uri = "file://" + quote(path.as_posix(), safe="/:@!$&'()*+,;=-._~")
+
+    def __repr__(self) -> str:
+        return f"LocalStorage({self.uri!r})"
+
+    # ------------------------------------------------------------------ helpers
+
+    def _path(self, key: str) -> Path:
+        check_key(key)
+        for part in key.split("/"):
+            if is_temp_name(part):
+                raise ValueError(
+                    f"invalid storage key {key!r}: {part!r} looks like a temporary file"
+                )
+        return self.root.joinpath(*key.split("/"))
+
+    def _key(self, path: Path) -> str:
+        return path.relative_to(self.root).as_posix()
+
+    def _where(self, key: str) -> str:
+        return f"{self.uri}/{key}" if key else self.uri
+
+    @contextmanager
+    def _errors(self, action: str, key: str) -> Iterator[None]:
+        """Turn OS errors into ``StorageError`` subclasses naming the object."""
+        try:
+            yield
+        except StorageError:
+            raise
+        except PermissionError as exc:
+            raise StorageAccessDeniedError(
+                f"cannot {action} {self._where(key)}: permission denied ({exc}); "
+                "check the owner and mode of the storage directory"
+            ) from exc
+        except OSError as exc:
+            raise StorageError(f"cannot {action} {self._where(key)}: {exc}") from exc
+
+    def _publish(
+        self, key: str, fill: Callable[[BinaryIO], None], *, create_only: bool
+    ) -> None:
+        """Write a temp file with ``fill`` and move it to ``key`` (the one write path)."""
+        path = self._path(key)
+        for attempt in range(_DIR_RACE_RETRIES + 1):
+            try:
+                _makedirs(path.parent)
+            except (FileExistsError, NotADirectoryError) as exc:
+                raise StorageError(
+                    f"cannot write {self._where(key)}: a parent of it is an object, not a "
+                    "directory (the file backend cannot hold both 'a' and 'a/b')"
+                ) from exc
+            try:
+                tmp = _write_temp(path.parent, path.name, fill)
+                break
+            except FileNotFoundError:
+                # A concurrent delete_many removed the directory we just created.
+                if attempt == _DIR_RACE_RETRIES:
+                    raise
+        try:
+            if path.is_dir():
+                raise StorageError(
+                    f"cannot write {self._where(key)}: it is a directory of other objects"
+                )
+            if create_only:
+                try:
+                    os.link(tmp, path)
+                except FileExistsError as exc:
+                    raise ObjectAlreadyExistsError(
+                        f"{self._where(key)} already exists; a create-only write never "
+                        "replaces an object"
+                    ) from exc
+                except OSError as exc:
+                    if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                        raise StorageError(
+                            f"cannot create {self._where(key)} exclusively: the filesystem "
+                            f"at {self.root} does not support hard links ({exc}); use a "
+                            "local filesystem or S3"
+                        ) from exc
+                    raise
+            else:
+                os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ writes
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> None:
+        """Write ``data`` at ``key``; durable (file and directory fsynced) on return."""
+        def fill(fh: BinaryIO) -> None:
+            fh.write(data)
+
+        with self._errors("write", key):
+            self._publish(key, fill, create_only=create_only)
+
+    def upload_file(self, path: Path, key: str) -> None:
+        """Copy the local file ``path`` to ``key``; durable on return.
+
+        A missing or unreadable source raises ``OSError`` (it is not a storage error).
+        """
+        with open(path, "rb") as src, self._errors("write", key):
+            self._publish(
+                key, lambda fh: shutil.copyfileobj(src, fh, _COPY_BUFFER), create_only=False
+            )
+
+    def copy(self, src_key: str, dst_key: str) -> None:
+        """Copy ``src_key`` to ``dst_key`` (replacing it); durable on return."""
+        src = self._path(src_key)
+        with self._errors("copy", src_key):
+            try:
+                fh_src = open(src, "rb")  # noqa: SIM115 - closed below
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+                raise ObjectNotFoundError(
+                    f"cannot copy {self._where(src_key)}: no such object"
+                ) from exc
+            with fh_src:
+                self._publish(
+                    dst_key,
+                    lambda fh: shutil.copyfileobj(fh_src, fh, _COPY_BUFFER),
+                    create_only=False,
+                )
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete ``keys`` (absent ones are ignored) and the directories they leave empty.
+
+        Durable on return: every affected directory is fsynced.
+        """
+        touched: set[Path] = set()
+        for key in keys:
+            path = self._path(key)
+            with self._errors("delete", key):
+                try:
+                    path.unlink()
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                except IsADirectoryError:
+                    continue  # a "directory" is not an object; S3 would ignore it too
+                touched.add(path.parent)
+        # Remove emptied directories, deepest first, never the root itself.
+        for directory in sorted(touched, key=lambda p: len(p.parts), reverse=True):
+            current = directory
+            while current != self.root and self.root in current.parents:
+                try:
+                    current.rmdir()
+                except OSError:  # not empty (or already gone / recreated): stop here
+                    break
+                current = current.parent
+            with self._errors("delete", self._key(directory)):
+                if current.is_dir():
+                    _fsync_dir(current)
+
+    # ------------------------------------------------------------------ reads
+
+    def get_bytes(self, key: str) -> bytes:
+        """Read the whole object; ``ObjectNotFoundError`` if absent."""
+        path = self._path(key)
+        with self._errors("read", key):
+            try:
+                return path.read_bytes()
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+                raise ObjectNotFoundError(
+                    f"cannot read {self._where(key)}: no such object"
+                ) from exc
+
+    def exists(self, key: str) -> bool:
+        """Whether an object (a regular file) is stored at exactly ``key``."""
+        path = self._path(key)
+        with self._errors("check", key):
+            return path.is_file()
+
+    def download_file(self, key: str, path: Path) -> None:
+        """Copy ``key`` to the local ``path`` atomically (temp file, fsync, rename).
+
+        Parents of ``path`` are created. Errors on the local side raise ``OSError``.
+        """
+        src = self._path(key)
+        target = Path(path)
+        with self._errors("read", key):
+            try:
+                fh_src = open(src, "rb")  # noqa: SIM115 - closed below
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+                raise ObjectNotFoundError(
+                    f"cannot download {self._where(key)}: no such object"
+                ) from exc
+        with fh_src:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = _write_temp(
+                target.parent, target.name, lambda fh: shutil.copyfileobj(fh_src, fh, _COPY_BUFFER)
+            )
+            try:
+                os.replace(tmp, target)
+                _fsync_dir(target.parent)
+            finally:
+                tmp.unlink(missing_ok=True)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, recursively, sorted by key.
+
+        Temporary files of in-flight writes are never listed. A missing root lists as
+        empty.
+        """
+        check_prefix(prefix)
+        base_key = prefix.rpartition("/")[0]
+        start = self.root.joinpath(*base_key.split("/")) if base_key else self.root
+        out: list[ObjectInfo] = []
+        with self._errors("list", prefix):
+            if not start.is_dir():
+                return []
+            for dirpath, dirnames, filenames in os.walk(start):
+                here = Path(dirpath)
+                rel = self._key(here) if here != self.root else ""
+                base = rel + "/" if rel else ""
+                # prune directories that cannot contain a matching key
+                dirnames[:] = [
+                    d for d in dirnames
+                    if (base + d + "/").startswith(prefix) or prefix.startswith(base + d + "/")
+                ]
+                for name in filenames:
+                    key = base + name
+                    if is_temp_name(name) or not key.startswith(prefix):
+                        continue
+                    try:
+                        st = os.stat(here / name)
+                    except FileNotFoundError:  # deleted while we listed
+                        continue
+                    out.append(ObjectInfo(key, st.st_size, st.st_mtime))
+        out.sort(key=lambda info: info.key)
+        return out
+
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        """Immediate sub-directories of ``prefix`` that hold at least one object.
+
+        ``prefix`` is treated as a directory (``"a"`` means ``"a/"``). Directories that
+        hold only temporary files are skipped, as S3 has no empty "directories".
+        """
+        directory_key = dir_prefix(prefix).rstrip("/")
+        start = self.root.joinpath(*directory_key.split("/")) if directory_key else self.root
+        with self._errors("list", prefix):
+            if not start.is_dir():
+                return []
+            names = [
+                entry.name
+                for entry in os.scandir(start)
+                if entry.is_dir() and self._holds_objects(Path(entry.path))
+            ]
+        return sorted(names)
+
+    @staticmethod
+    def _holds_objects(directory: Path) -> bool:
+        for _dirpath, _dirnames, filenames in os.walk(directory):
+            if any(not is_temp_name(name) for name in filenames):
+                return True
+        return False

@@ -1,0 +1,639 @@
+"""Checkpoint storage on any S3-compatible endpoint (AWS S3, MinIO, Ceph RGW, moto...).
+
+Every method is one or a few S3 requests through a boto3 client (thread-safe, shared by
+the threads of one storage), retried by botocore's ``standard`` retry mode. S3 is
+strongly read-after-write consistent, so an object is durable and visible to every
+reader once the request that wrote it has returned.
+
+Create-only writes send ``If-None-Match: *`` (S3 conditional writes): the server, not
+this client, decides atomically which of several concurrent writers wins. Because an
+endpoint that ignores the header would silently turn create-only writes into
+overwrites, the first create-only write of a storage checks once, with a probe object,
+that the endpoint honours it (``verify_conditional_writes``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, cast
+from urllib.parse import urlsplit
+
+import botocore.loaders
+import botocore.session
+from boto3.s3.transfer import TransferConfig, create_transfer_manager
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    CredentialRetrievalError,
+    HTTPClientError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    SSLError,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from airflow_ckpt.errors import (
+    BucketNotFoundError,
+    EndpointUnreachableError,
+    InvalidStorageUriError,
+    ObjectAlreadyExistsError,
+    ObjectNotFoundError,
+    StorageAccessDeniedError,
+    StorageError,
+)
+from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo
+from airflow_ckpt.runtime.storage.factory import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_WORKERS,
+    DEFAULT_MULTIPART_CHUNKSIZE,
+    DEFAULT_MULTIPART_THRESHOLD,
+    DEFAULT_READ_TIMEOUT,
+)
+from airflow_ckpt.runtime.storage.local import _fsync_dir, _write_temp
+from airflow_ckpt.runtime.storage.naming import (
+    bucket_name_problem,
+    check_key,
+    check_prefix,
+    dir_prefix,
+)
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3.client import S3Client
+    from mypy_boto3_s3.type_defs import CopySourceTypeDef, ObjectIdentifierTypeDef
+
+log = logging.getLogger(__name__)
+
+#: S3's limit on keys per DeleteObjects request
+DELETE_BATCH = 1000
+#: probe objects written by the conditional-write check start with this
+PROBE_PREFIX = ".airflow-ckpt-probe-"
+
+_ACCESS_CODES = frozenset({
+    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
+    "InvalidToken", "ExpiredToken", "TokenRefreshRequired", "AccountProblem",
+    "InvalidSecurity", "RequestTimeTooSkewed", "403", "Forbidden", "UnauthorizedAccess",
+})
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
+_PRECONDITION_CODES = frozenset({"PreconditionFailed", "412"})
+_CONFLICT_CODE = "ConditionalRequestConflict"  # 409: a concurrent conditional write
+_TOO_LARGE_CODES = frozenset({"InvalidRequest", "EntityTooLarge"})
+_CODE_HINTS = {
+    "RequestTimeTooSkewed": "the local clock is off; synchronise it (NTP)",
+    "ExpiredToken": "the session token expired; refresh the credentials",
+    "SignatureDoesNotMatch": "the secret access key does not match the access key id",
+    "InvalidAccessKeyId": "the access key id is unknown to this endpoint",
+    "PermanentRedirect": "the bucket is in another region; set region_name or "
+    "AWS_DEFAULT_REGION to the bucket's region",
+    "AuthorizationHeaderMalformed": "the region is wrong; set region_name or "
+    "AWS_DEFAULT_REGION to the bucket's region",
+    "NotImplemented": "the endpoint does not implement this S3 feature",
+}
+# Attempts for a create-only write that meets a concurrent conditional write (409).
+_CONFLICT_ATTEMPTS = 4
+
+# (endpoint, bucket) pairs whose If-None-Match support has been verified.
+_VERIFIED_CONDITIONAL: set[tuple[str, str]] = set()
+_VERIFIED_LOCK = threading.Lock()
+
+
+_LOADER_LOCK = threading.Lock()
+_LOADER: botocore.loaders.Loader | None = None
+
+
+def _botocore_session() -> botocore.session.Session:
+    """A fresh botocore session (own credential/region resolution) whose service-model
+    loader is shared process-wide: loading the S3 model costs ~0.1 s per session."""
+    global _LOADER
+    with _LOADER_LOCK:
+        if _LOADER is None:
+            _LOADER = botocore.loaders.create_loader()
+        loader = _LOADER
+    session = botocore.session.get_session()
+    session.register_component("data_loader", loader)
+    return session
+
+
+def _is_aws_endpoint(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    return host.endswith((".amazonaws.com", ".amazonaws.com.cn")) or host == "amazonaws.com"
+
+
+def _error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def _is_missing(exc: ClientError) -> bool:
+    """A 404 of any kind (NoSuchKey, NoSuchBucket, or a body-less HEAD 404)."""
+    return _error_code(exc) in _NOT_FOUND_CODES | {"NoSuchBucket"} or _status(exc) == 404
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The botocore error behind wrappers (boto3/s3transfer re-raise with context)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ClientError | BotoCoreError):
+            return current
+        last = getattr(current, "last_exception", None)
+        current = last if isinstance(last, BaseException) else (
+            current.__cause__ or current.__context__
+        )
+    return exc
+
+
+class S3Storage(CheckpointStorage):
+    """Checkpoint storage under ``s3://<bucket>/<prefix>``.
+
+    :param bucket: bucket name (validated with S3's naming rules)
+    :param prefix: key prefix of the root, without leading or trailing ``/``
+    :param endpoint_url: S3-compatible endpoint; ``None`` uses ``AWS_ENDPOINT_URL`` /
+        ``AWS_ENDPOINT_URL_S3`` / the AWS config, else AWS S3. Path-style addressing is
+        used for every endpoint that is not AWS.
+    :param region_name, aws_access_key_id, aws_secret_access_key, aws_session_token:
+        ``None`` falls back to boto3's standard environment/config/instance resolution
+    :param max_workers: threads per transfer (multipart parts, downloads) and the size
+        of the HTTP connection pool (twice this)
+    :param max_attempts: attempts per request, first included (botocore ``standard``
+        retry mode: exponential backoff with jitter, retries throttling, 5xx and
+        connection errors)
+    :param connect_timeout, read_timeout: seconds (per attempt)
+    :param multipart_threshold, multipart_chunksize: files at or above the threshold are
+        uploaded, downloaded and (when too large for one CopyObject) copied in parts of
+        this size (S3 requires at least 5 MiB per part)
+    :param verify_conditional_writes: check once per endpoint and bucket, before the
+        first create-only write, that the endpoint honours ``If-None-Match: *``
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region_name: str | None = None,
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
+        aws_session_token: str | None = None,
+        max_workers: int = DEFAULT_MAX_WORKERS,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
+        multipart_chunksize: int = DEFAULT_MULTIPART_CHUNKSIZE,
+        verify_conditional_writes: bool = True,
+    ) -> None:
+        problem = bucket_name_problem(bucket)
+        if problem is not None:
+            raise InvalidStorageUriError(f"invalid S3 bucket name {bucket!r}: {problem}")
+        prefix = prefix.strip("/")
+        if prefix:
+            try:
+                check_prefix(prefix)
+            except ValueError as exc:
+                raise InvalidStorageUriError(str(exc)) from exc
+        if max_workers < 1 or max_attempts < 1:
+            raise ValueError("max_workers and max_attempts must be at least 1")
+        self.bucket = bucket
+        self.prefix = prefix
+        self.uri = f"s3://{bucket}" + (f"/{prefix}" if prefix else "")
+        self._root = prefix + "/" if prefix else ""
+        self._verify_conditional = verify_conditional_writes
+        self._bucket_known = False
+
+        session = _botocore_session()
+        config = Config(
+            # total_max_attempts counts the first attempt; botocore's "max_attempts"
+            # would count retries only
+            retries={"mode": "standard", "total_max_attempts": max_attempts},
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_pool_connections=max(10, 2 * max_workers),
+            user_agent_extra="airflow-ckpt",
+        )
+        path_style = config.merge(Config(s3={"addressing_style": "path"}))
+
+        def make_client(endpoint: str | None, client_config: Config) -> S3Client:
+            return cast(
+                "S3Client",
+                session.create_client(
+                    "s3",
+                    endpoint_url=endpoint,
+                    region_name=region_name,
+                    aws_access_key_id=aws_access_key_id,
+                    aws_secret_access_key=aws_secret_access_key,
+                    aws_session_token=aws_session_token,
+                    config=client_config,
+                ),
+            )
+
+        client = make_client(endpoint_url, path_style if endpoint_url else config)
+        if endpoint_url is None and not _is_aws_endpoint(client.meta.endpoint_url):
+            # The endpoint came from AWS_ENDPOINT_URL or the AWS config: a non-AWS
+            # server, where virtual-host addressing (bucket.host) rarely resolves.
+            client.close()
+            client = make_client(None, path_style)
+        self._client = client
+        self.endpoint_url: str = client.meta.endpoint_url
+        self._transfer_config = TransferConfig(
+            multipart_threshold=multipart_threshold,
+            multipart_chunksize=multipart_chunksize,
+            max_concurrency=max_workers,
+            use_threads=True,
+            preferred_transfer_client="classic",
+        )
+        self._transfer = create_transfer_manager(client, self._transfer_config)
+
+    def __repr__(self) -> str:
+        return f"S3Storage({self.uri!r}, endpoint_url={self.endpoint_url!r})"
+
+    def close(self) -> None:
+        """Shut the transfer threads down and close the HTTP connections."""
+        self._transfer.shutdown()
+        self._client.close()
+
+    # ------------------------------------------------------------------ errors
+
+    def _full(self, key: str) -> str:
+        return self._root + check_key(key)
+
+    def _where(self, key: str) -> str:
+        return f"{self.uri}/{key}" if key else self.uri
+
+    def _raise(self, exc: BaseException, action: str, key: str) -> NoReturn:
+        """Re-raise a boto3/botocore/s3transfer error as a ``StorageError`` subclass."""
+        cause = _root_cause(exc)
+        where = self._where(key)
+        at = f"at endpoint {self.endpoint_url}"
+        if isinstance(cause, ClientError):
+            code, status = _error_code(cause), _status(cause)
+            message = cause.response.get("Error", {}).get("Message", "") or code
+            hint = _CODE_HINTS.get(code)
+            detail = f"{code}: {message}" + (f"; {hint}" if hint else "")
+            if code == "NoSuchBucket":
+                raise BucketNotFoundError(
+                    f"cannot {action} {where}: bucket {self.bucket!r} does not exist {at}; "
+                    "create it or fix the URI"
+                ) from exc
+            if code in _ACCESS_CODES or status == 403:
+                raise StorageAccessDeniedError(
+                    f"cannot {action} {where}: access denied {at} ({detail}); check the "
+                    "credentials (connection login/password or AWS_ACCESS_KEY_ID / "
+                    "AWS_SECRET_ACCESS_KEY) and that they may access this bucket and prefix"
+                ) from exc
+            if code in _NOT_FOUND_CODES or status == 404:
+                if not self._bucket_exists():
+                    raise BucketNotFoundError(
+                        f"cannot {action} {where}: bucket {self.bucket!r} does not exist "
+                        f"{at}; create it or fix the URI (if it does exist, check that "
+                        "the endpoint is the S3 server that holds it)"
+                    ) from exc
+                raise ObjectNotFoundError(f"cannot {action} {where}: no such object") from exc
+            raise StorageError(f"cannot {action} {where} {at}: {detail}") from exc
+        if isinstance(cause, NoCredentialsError | PartialCredentialsError):
+            raise StorageAccessDeniedError(
+                f"cannot {action} {where}: no usable AWS credentials ({cause}); set them on "
+                "the connection or in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
+            ) from exc
+        if isinstance(cause, CredentialRetrievalError):
+            raise StorageAccessDeniedError(
+                f"cannot {action} {where}: fetching credentials failed ({cause})"
+            ) from exc
+        if isinstance(cause, SSLError):
+            raise EndpointUnreachableError(
+                f"cannot {action} {where}: TLS handshake with {self.endpoint_url} failed "
+                f"({cause}); check the endpoint's scheme (http/https) and certificate"
+            ) from exc
+        if isinstance(cause, BotoConnectionError | HTTPClientError):
+            raise EndpointUnreachableError(
+                f"cannot {action} {where}: endpoint {self.endpoint_url} unreachable after "
+                f"retries ({cause}); check endpoint_url / AWS_ENDPOINT_URL and that the "
+                "server is running and reachable from this host"
+            ) from exc
+        if isinstance(cause, BotoCoreError):
+            raise StorageError(f"cannot {action} {where} {at}: {cause}") from exc
+        raise exc
+
+    @contextlib.contextmanager
+    def _errors(self, action: str, key: str) -> Iterator[None]:
+        try:
+            yield
+        except StorageError:
+            raise
+        except (ClientError, BotoCoreError) as exc:
+            self._raise(exc, action, key)
+
+    def _bucket_exists(self) -> bool:
+        """Whether the bucket exists (cached once known). Only used on error paths."""
+        if self._bucket_known:
+            return True
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            # 403 etc.: it exists as far as we can tell; let the original error speak
+            return not _is_missing(exc)
+        except BotoCoreError:
+            return True  # let the original error speak
+        self._bucket_known = True
+        return True
+
+    def check(self) -> None:
+        """Verify that the bucket exists and the credentials are accepted (HeadBucket).
+
+        Raises ``BucketNotFoundError``, ``StorageAccessDeniedError`` or
+        ``EndpointUnreachableError``; useful for a connection test.
+        """
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            if _is_missing(exc):
+                raise BucketNotFoundError(
+                    f"bucket {self.bucket!r} does not exist at endpoint {self.endpoint_url}; "
+                    f"create it or fix the URI ({self.uri})"
+                ) from exc
+            self._raise(exc, "access", "")
+        except BotoCoreError as exc:
+            self._raise(exc, "access", "")
+        self._bucket_known = True
+
+    # ------------------------------------------------------------------ writes
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> None:
+        """Write ``data`` at ``key`` in one PutObject; durable and visible on return.
+
+        ``create_only`` sends ``If-None-Match: *``: a 412 means the object exists
+        (``ObjectAlreadyExistsError``, the stored object untouched); a 409 means a
+        concurrent conditional write of the same key is in flight, and is retried
+        until one of the two has won. If botocore retried our request (e.g. a lost
+        response) and the retry meets a 412, the stored object is compared with
+        ``data``: equal bytes mean the first attempt landed, and it counts as ours.
+        """
+        full = self._full(key)
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": full, "Body": data}
+        if create_only:
+            self._ensure_conditional_writes(key)
+            params["IfNoneMatch"] = "*"
+        for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
+            try:
+                self._client.put_object(**params)
+            except ClientError as exc:
+                code = _error_code(exc)
+                if create_only and (code in _PRECONDITION_CODES or _status(exc) == 412):
+                    retried = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+                    if retried and self._stored_equals(key, data):
+                        return
+                    raise ObjectAlreadyExistsError(
+                        f"{self._where(key)} already exists; a create-only write never "
+                        "replaces an object"
+                    ) from exc
+                if create_only and code == _CONFLICT_CODE:
+                    if attempt < _CONFLICT_ATTEMPTS:
+                        time.sleep(0.05 * 2**attempt)
+                        continue
+                    raise ObjectAlreadyExistsError(
+                        f"{self._where(key)} is being created concurrently by another "
+                        "writer (409 ConditionalRequestConflict after retries)"
+                    ) from exc
+                self._raise(exc, "write", key)
+            except BotoCoreError as exc:
+                self._raise(exc, "write", key)
+            self._bucket_known = True
+            return
+
+    def _stored_equals(self, key: str, data: bytes) -> bool:
+        try:
+            return self.get_bytes(key) == data
+        except StorageError:
+            return False
+
+    def _ensure_conditional_writes(self, key: str) -> None:
+        """Check once per (endpoint, bucket) that ``If-None-Match: *`` is honoured.
+
+        Writes a probe object twice with the header and deletes it. If the second
+        write succeeds the endpoint ignores conditional writes, and a create-only write
+        could silently replace an object (a completion marker, a control request), so
+        this raises ``StorageError`` instead.
+        """
+        ident = (self.endpoint_url, self.bucket)
+        if not self._verify_conditional or ident in _VERIFIED_CONDITIONAL:
+            return
+        with _VERIFIED_LOCK:
+            if ident in _VERIFIED_CONDITIONAL:
+                return
+            probe = self._root + PROBE_PREFIX + uuid.uuid4().hex
+            honoured = False
+            try:
+                with self._errors("write", key):
+                    self._client.put_object(
+                        Bucket=self.bucket, Key=probe, Body=b"probe", IfNoneMatch="*"
+                    )
+                try:
+                    self._client.put_object(
+                        Bucket=self.bucket, Key=probe, Body=b"probe", IfNoneMatch="*"
+                    )
+                except ClientError as exc:
+                    code = _error_code(exc)
+                    if code in _PRECONDITION_CODES or code == _CONFLICT_CODE or _status(
+                        exc
+                    ) in (409, 412):
+                        honoured = True
+                    else:
+                        self._raise(exc, "write", key)
+                except BotoCoreError as exc:
+                    self._raise(exc, "write", key)
+            finally:
+                with contextlib.suppress(ClientError, BotoCoreError):
+                    self._client.delete_object(Bucket=self.bucket, Key=probe)
+            if not honoured:
+                raise StorageError(
+                    f"endpoint {self.endpoint_url} ignores 'If-None-Match: *' on PutObject "
+                    f"(bucket {self.bucket!r}): create-only writes such as completion "
+                    "markers could silently overwrite each other. Use a server with S3 "
+                    "conditional writes (AWS S3, recent MinIO or Ceph RGW), or open the "
+                    "storage with verify_conditional_writes=False to accept the risk."
+                )
+            _VERIFIED_CONDITIONAL.add(ident)
+            self._bucket_known = True
+
+    def upload_file(self, path: Path, key: str) -> None:
+        """Upload a local file, multipart at or above ``multipart_threshold``.
+
+        Replaces an existing object; durable on return (a multipart upload becomes
+        visible atomically when it completes). A missing local file raises ``OSError``.
+        """
+        full = self._full(key)
+        with open(path, "rb"):  # a missing/unreadable local file is an OSError, not S3's
+            pass
+        with self._errors("upload to", key):
+            self._transfer.upload(str(path), self.bucket, full).result()
+
+    def copy(self, src_key: str, dst_key: str) -> None:
+        """Server-side copy with CopyObject; durable on return.
+
+        Objects too large for one CopyObject (over 5 GiB) are copied part by part
+        (UploadPartCopy). A missing source raises ``ObjectNotFoundError``.
+        """
+        src, dst = self._full(src_key), self._full(dst_key)
+        source: CopySourceTypeDef = {"Bucket": self.bucket, "Key": src}
+        try:
+            self._client.copy_object(CopySource=source, Bucket=self.bucket, Key=dst)
+        except ClientError as exc:
+            message = str(exc.response.get("Error", {}).get("Message", "")).lower()
+            if _error_code(exc) in _TOO_LARGE_CODES and (
+                "size" in message or "large" in message
+            ):
+                self._managed_copy(src_key, dst_key)
+                return
+            self._raise(exc, "copy", src_key)
+        except BotoCoreError as exc:
+            self._raise(exc, "copy", src_key)
+
+    def _managed_copy(self, src_key: str, dst_key: str) -> None:
+        """Copy with s3transfer: HeadObject, then CopyObject or multipart UploadPartCopy."""
+        source: CopySourceTypeDef = {"Bucket": self.bucket, "Key": self._full(src_key)}
+        with self._errors("copy", src_key):
+            self._transfer.copy(source, self.bucket, self._full(dst_key)).result()
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete ``keys`` in DeleteObjects batches of 1000; absent keys are ignored.
+
+        Durable on return. A key S3 refuses to delete raises (the first error names it).
+        """
+        batch: list[str] = []
+        for key in dict.fromkeys(keys):
+            batch.append(check_key(key))
+            if len(batch) == DELETE_BATCH:
+                self._delete_batch(batch)
+                batch = []
+        if batch:
+            self._delete_batch(batch)
+
+    def _delete_batch(self, keys: list[str]) -> None:
+        objects: builtins.list[ObjectIdentifierTypeDef] = [
+            {"Key": self._full(key)} for key in keys
+        ]
+        with self._errors("delete", keys[0]):
+            response = self._client.delete_objects(
+                Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True}
+            )
+        errors = [e for e in response.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+        if errors:
+            first = errors[0]
+            key = str(first.get("Key", ""))[len(self._root):]
+            fake = ClientError(
+                {"Error": {"Code": first.get("Code", ""), "Message": first.get("Message", "")}},
+                "DeleteObjects",
+            )
+            try:
+                self._raise(fake, "delete", key)
+            except StorageError as exc:
+                raise type(exc)(f"{exc} ({len(errors)} of {len(keys)} keys failed)") from None
+
+    # ------------------------------------------------------------------ reads
+
+    def get_bytes(self, key: str) -> bytes:
+        """Read the whole object (GetObject); ``ObjectNotFoundError`` if absent."""
+        full = self._full(key)
+        with self._errors("read", key):
+            response = self._client.get_object(Bucket=self.bucket, Key=full)
+            data = response["Body"].read()
+        self._bucket_known = True
+        return data
+
+    def exists(self, key: str) -> bool:
+        """Whether an object is stored at exactly ``key`` (HeadObject).
+
+        A missing bucket raises ``BucketNotFoundError`` rather than answering False.
+        """
+        full = self._full(key)
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=full)
+        except ClientError as exc:
+            if _is_missing(exc) and self._bucket_exists():
+                return False
+            self._raise(exc, "check", key)
+        except BotoCoreError as exc:
+            self._raise(exc, "check", key)
+        self._bucket_known = True
+        return True
+
+    def download_file(self, key: str, path: Path) -> None:
+        """Download ``key`` to ``path`` (parents created), in parallel ranges if large.
+
+        The bytes go to a temporary file beside ``path`` that is fsynced and renamed
+        over it, so ``path`` is complete or untouched, and durable on return.
+        """
+        full = self._full(key)
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        result: list[BaseException] = []
+
+        def fill(fh: Any) -> None:
+            try:
+                self._transfer.download(self.bucket, full, fh).result()
+            except Exception as exc:  # mapped (or re-raised as is) by _raise below
+                result.append(exc)
+
+        tmp = _write_temp(target.parent, target.name, fill)
+        try:
+            if result:
+                self._raise(result[0], "download", key)
+            os.replace(tmp, target)
+            _fsync_dir(target.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _pages(self, prefix: str, delimiter: str | None = None) -> Iterator[dict[str, Any]]:
+        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._root + prefix}
+        if delimiter:
+            params["Delimiter"] = delimiter
+        paginator = self._client.get_paginator("list_objects_v2")
+        with self._errors("list", prefix):
+            for page in paginator.paginate(**params):
+                yield dict(page)
+        self._bucket_known = True
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object whose key starts with ``prefix`` (ListObjectsV2), sorted by key.
+
+        Probe objects of the conditional-write check are not listed.
+        """
+        check_prefix(prefix)
+        cut = len(self._root)
+        out = [
+            ObjectInfo(item["Key"][cut:], int(item["Size"]), item["LastModified"].timestamp())
+            for page in self._pages(prefix)
+            for item in page.get("Contents", [])
+            if not item["Key"][cut:].startswith(PROBE_PREFIX)
+        ]
+        out.sort(key=lambda info: info.key)
+        return out
+
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        """Immediate "sub-directories" of ``prefix`` (``Delimiter='/'``), sorted.
+
+        ``prefix`` is treated as a directory (``"a"`` means ``"a/"``).
+        """
+        base = dir_prefix(prefix)
+        cut = len(self._root) + len(base)
+        names = {
+            common["Prefix"][cut:].rstrip("/")
+            for page in self._pages(base, delimiter="/")
+            for common in page.get("CommonPrefixes", [])
+        }
+        names.discard("")
+        return sorted(names)

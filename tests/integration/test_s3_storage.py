@@ -1,0 +1,268 @@
+"""S3-specific behaviour against a real HTTP S3 endpoint (moto's server on 127.0.0.1).
+
+Error mapping (missing bucket, refused credentials, unreachable endpoint), endpoint
+resolution from the AWS environment, and the conditional-write safeguards.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from airflow_ckpt.errors import (
+    BucketNotFoundError,
+    EndpointUnreachableError,
+    ObjectAlreadyExistsError,
+    StorageAccessDeniedError,
+    StorageError,
+)
+from airflow_ckpt.runtime.storage import open_storage
+from airflow_ckpt.runtime.storage.s3 import S3Storage
+from airflow_ckpt.testing import S3Endpoint, local_s3_server
+
+pytestmark = pytest.mark.integration
+
+MiB = 1024 * 1024
+
+
+def _s3(storage: Any) -> S3Storage:
+    assert isinstance(storage, S3Storage)
+    return storage
+
+
+# ---------------------------------------------------------------- missing bucket
+
+
+def test_missing_bucket_is_named_with_the_endpoint(s3_endpoint: S3Endpoint, tmp_path: Path) -> None:
+    storage = s3_endpoint.storage(f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/ckpt")
+    src = tmp_path / "f"
+    src.write_bytes(b"x")
+    operations = {
+        "put": lambda: storage.put_bytes("k", b"x"),
+        "create_only": lambda: storage.put_bytes("k", b"x", create_only=True),
+        "get": lambda: storage.get_bytes("k"),
+        "exists": lambda: storage.exists("k"),  # not a silent False
+        "list": lambda: storage.list(),
+        "list_dirs": lambda: storage.list_dirs(),
+        "upload": lambda: storage.upload_file(src, "k"),
+        "download": lambda: storage.download_file("k", tmp_path / "out"),
+        "copy": lambda: storage.copy("a", "b"),
+        "delete_many": lambda: storage.delete_many(["k"]),
+        "check": lambda: _s3(storage).check(),
+    }
+    for name, operation in operations.items():
+        with pytest.raises(BucketNotFoundError) as err:
+            operation()
+        message = str(err.value)
+        assert "no-such-bucket-" in message and "does not exist" in message, name
+        assert s3_endpoint.url in message, name
+        assert "create it or fix the URI" in message, name
+    assert not (tmp_path / "out").exists()
+
+
+def test_check_passes_on_an_existing_bucket(s3_storage: Any) -> None:
+    _s3(s3_storage).check()
+
+
+# ---------------------------------------------------------------- credentials
+
+
+def test_refused_credentials_raise_access_denied(s3_endpoint: S3Endpoint, s3_bucket: str) -> None:
+    """moto's server checks signatures and IAM policies once IAM auth is switched on."""
+    good_id, good_secret = s3_endpoint.create_iam_user(f"ok-{uuid.uuid4().hex[:6]}")
+    bare_id, bare_secret = s3_endpoint.create_iam_user(
+        f"bare-{uuid.uuid4().hex[:6]}", allow_s3=False
+    )
+    uri = f"s3://{s3_bucket}/auth"
+
+    def open_as(key_id: str, secret: str) -> Any:
+        return s3_endpoint.storage(
+            uri, aws_access_key_id=key_id, aws_secret_access_key=secret, max_attempts=1
+        )
+
+    with s3_endpoint.iam_auth():
+        # the server really checks: a permitted user can work...
+        allowed = open_as(good_id, good_secret)
+        allowed.put_bytes("k", b"v")
+        assert allowed.get_bytes("k") == b"v"
+        # ...and every kind of refusal maps to StorageAccessDeniedError
+        cases = {
+            "InvalidAccessKeyId": open_as("AKIAUNKNOWNKEY000000", "whatever"),
+            "SignatureDoesNotMatch": open_as(good_id, "wrong-secret"),
+            "AccessDenied": open_as(bare_id, bare_secret),
+        }
+        for code, storage in cases.items():
+            with pytest.raises(StorageAccessDeniedError) as err:
+                storage.put_bytes("k", b"x")
+            assert code in str(err.value)
+            assert f"{uri}/k" in str(err.value)
+            assert "AWS_ACCESS_KEY_ID" in str(err.value)
+            with pytest.raises(StorageAccessDeniedError):
+                storage.list()
+            with pytest.raises(StorageAccessDeniedError):  # HEAD: a bare 403, no code
+                storage.exists("k")
+        assert allowed.get_bytes("k") == b"v"
+    # back to moto's default: any credentials are accepted again
+    assert s3_endpoint.storage(uri).get_bytes("k") == b"v"
+
+
+# ---------------------------------------------------------------- unreachable endpoint
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("max_attempts", [1, 3])
+def test_unreachable_endpoint_fails_fast(max_attempts: int) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    storage = open_storage(
+        "s3://bucket/ckpt",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id="k",
+        aws_secret_access_key="s",
+        max_attempts=max_attempts,
+        connect_timeout=1.0,
+    )
+    sends: list[float] = []
+    _s3(storage)._client.meta.events.register(
+        "before-send.s3.GetObject", lambda **_: sends.append(time.monotonic())
+    )
+    started = time.monotonic()
+    with pytest.raises(EndpointUnreachableError) as err:
+        storage.get_bytes("k")
+    elapsed = time.monotonic() - started
+    assert len(sends) == max_attempts  # max_attempts counts the first attempt
+    assert url in str(err.value) and "s3://bucket/ckpt/k" in str(err.value)
+    assert "AWS_ENDPOINT_URL" in str(err.value)
+    # standard retry mode backs off up to 1 s, then 2 s, between attempts
+    assert elapsed < {1: 1.0, 3: 4.0}[max_attempts]
+    with pytest.raises(EndpointUnreachableError):
+        storage.put_bytes("k", b"x", create_only=True)
+    with pytest.raises(EndpointUnreachableError):
+        storage.list()
+
+
+# ---------------------------------------------------------------- endpoint resolution
+
+
+def test_endpoint_and_credentials_come_from_the_aws_environment(
+    s3_endpoint: S3Endpoint, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3_endpoint.env().items():
+        monkeypatch.setenv(name, value)
+    storage = open_storage(f"s3://{s3_bucket}/from-env")
+    assert _s3(storage).endpoint_url == s3_endpoint.url
+    # a non-AWS endpoint from the environment gets path-style addressing (virtual-host
+    # style would send the request to <bucket>.127.0.0.1, which does not resolve)
+    storage.put_bytes("k", b"v")
+    stored = s3_endpoint.client().get_object(Bucket=s3_bucket, Key="from-env/k")
+    assert stored["Body"].read() == b"v"
+
+
+def test_no_credentials_anywhere_is_access_denied(
+    s3_endpoint: S3Endpoint, s3_bucket: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    storage = open_storage(
+        f"s3://{s3_bucket}/x", endpoint_url=s3_endpoint.url, region_name="us-east-1"
+    )
+    with pytest.raises(StorageAccessDeniedError, match="no usable AWS credentials"):
+        storage.get_bytes("k")
+
+
+# ---------------------------------------------------------------- conditional writes
+
+
+def test_moto_rejects_a_second_create_only_put_with_412(
+    s3_endpoint: S3Endpoint, s3_bucket: str
+) -> None:
+    """What the backend relies on, checked on the raw API: moto honours If-None-Match."""
+    client = s3_endpoint.client()
+    client.put_object(Bucket=s3_bucket, Key="k", Body=b"1", IfNoneMatch="*")
+    with pytest.raises(ClientError) as err:
+        client.put_object(Bucket=s3_bucket, Key="k", Body=b"2", IfNoneMatch="*")
+    assert err.value.response["Error"]["Code"] == "PreconditionFailed"
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    assert client.get_object(Bucket=s3_bucket, Key="k")["Body"].read() == b"1"
+
+
+def test_endpoint_ignoring_if_none_match_is_detected(s3_bucket: str) -> None:
+    # A second server on the same (process-wide) moto state that drops the header,
+    # like S3-compatible servers without conditional writes.
+    with local_s3_server(honour_if_none_match=False) as lax:
+        storage = lax.storage(f"s3://{s3_bucket}/lax")
+        storage.put_bytes("k", b"first")  # plain writes are unaffected
+        with pytest.raises(StorageError, match="ignores 'If-None-Match: \\*'") as err:
+            storage.put_bytes("marker", b"x", create_only=True)
+        assert not isinstance(err.value, ObjectAlreadyExistsError)
+        assert not storage.exists("marker")
+        assert [i.key for i in storage.list()] == ["k"]  # the probe was cleaned up
+        assert lax.client().list_objects_v2(Bucket=s3_bucket)["KeyCount"] == 1
+
+        # What really happens without the check: the "exclusive" write overwrites.
+        unsafe = lax.storage(f"s3://{s3_bucket}/lax", verify_conditional_writes=False)
+        unsafe.put_bytes("k", b"second", create_only=True)
+        assert unsafe.get_bytes("k") == b"second"
+
+
+def test_create_only_retry_after_a_lost_response_counts_as_success(s3_storage: Any) -> None:
+    """botocore retries a PUT whose response was lost; the retry then meets a 412."""
+    storage = _s3(s3_storage)
+    storage.put_bytes("warm-up", b"x", create_only=True)  # runs the one-time probe
+    forced: list[int] = []
+
+    def force_one_retry(attempts: int, request_dict: dict[str, Any], **_: Any) -> float | None:
+        if attempts == 1 and "/lost" in request_dict["url_path"]:
+            forced.append(attempts)
+            return 0.0  # "retry now", whatever the first attempt's outcome was
+        return None
+
+    storage._client.meta.events.register("needs-retry.s3.PutObject", force_one_retry)
+
+    storage.put_bytes("lost-1", b"mine", create_only=True)  # landed, then retried -> 412
+    assert storage.get_bytes("lost-1") == b"mine"
+
+    storage.put_bytes("lost-2", b"theirs")
+    with pytest.raises(ObjectAlreadyExistsError):
+        storage.put_bytes("lost-2", b"mine", create_only=True)
+    assert storage.get_bytes("lost-2") == b"theirs"
+    assert len(forced) == 3
+
+
+def test_copy_falls_back_to_multipart_copy_for_huge_objects(
+    s3_storage: Any, s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = _s3(s3_storage)
+    data = os.urandom(6 * MiB)
+    storage.put_bytes("big", data)
+
+    def too_large(**_: Any) -> None:
+        raise ClientError(
+            {"Error": {"Code": "InvalidRequest", "Message": "The specified copy source is "
+                       "larger than the maximum allowable size for a copy source: 5368709120"}},
+            "CopyObject",
+        )
+
+    monkeypatch.setattr(storage._client, "copy_object", too_large)
+    storage.copy("big", "copied")
+    assert storage.get_bytes("copied") == data
+    head = s3_endpoint.client().head_object(Bucket=storage.bucket, Key=f"{storage.prefix}/copied")
+    assert head["ETag"].strip('"').endswith("-2")  # copied in two 5 MiB parts

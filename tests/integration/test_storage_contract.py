@@ -1,0 +1,300 @@
+"""The CheckpointStorage contract, run identically on S3 (moto server) and files."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_ckpt.errors import ObjectAlreadyExistsError, ObjectNotFoundError
+from airflow_ckpt.runtime.storage import CheckpointStorage
+from airflow_ckpt.runtime.storage.local import LocalStorage
+from airflow_ckpt.runtime.storage.s3 import S3Storage
+from airflow_ckpt.testing import S3Endpoint
+
+pytestmark = pytest.mark.integration
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def tiny_switch_interval() -> Iterator[None]:
+    """Let threads interleave every microsecond, to make races likely."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
+
+
+def _keys(storage: CheckpointStorage, prefix: str = "") -> list[str]:
+    return [info.key for info in storage.list(prefix)]
+
+
+# ---------------------------------------------------------------- put / get / exists
+
+
+def test_put_get_roundtrip_and_replace(storage: CheckpointStorage) -> None:
+    payload = bytes(range(256)) * 10
+    storage.put_bytes("job/chk-1/_metadata", payload)
+    assert storage.get_bytes("job/chk-1/_metadata") == payload
+
+    storage.put_bytes("job/chk-1/_metadata", b"second")
+    assert storage.get_bytes("job/chk-1/_metadata") == b"second"
+
+    storage.put_bytes("empty", b"")
+    assert storage.get_bytes("empty") == b""
+    assert [(i.key, i.size) for i in storage.list()] == [
+        ("empty", 0), ("job/chk-1/_metadata", 6)
+    ]
+
+
+def test_create_only_conflict_leaves_original(storage: CheckpointStorage) -> None:
+    storage.put_bytes("job/chk-7/_metadata", b"original", create_only=True)
+    with pytest.raises(ObjectAlreadyExistsError) as err:
+        storage.put_bytes("job/chk-7/_metadata", b"intruder", create_only=True)
+    assert "job/chk-7/_metadata" in str(err.value)
+    assert storage.uri in str(err.value)
+    assert storage.get_bytes("job/chk-7/_metadata") == b"original"
+    # a failed create-only write leaves nothing else behind
+    assert _keys(storage) == ["job/chk-7/_metadata"]
+
+
+def _race(storage: CheckpointStorage, key: str, threads: int) -> tuple[list[int], list[int]]:
+    """``threads`` writers create ``key`` at once; return (winners, losers)."""
+    barrier = threading.Barrier(threads)
+    winners: list[int] = []
+    losers: list[int] = []
+    unexpected: list[BaseException] = []
+
+    def attempt(i: int) -> None:
+        barrier.wait()
+        try:
+            storage.put_bytes(key, f"writer-{i}".encode(), create_only=True)
+        except ObjectAlreadyExistsError:
+            losers.append(i)
+        except BaseException as exc:  # reported below
+            unexpected.append(exc)
+        else:
+            winners.append(i)
+
+    workers = [threading.Thread(target=attempt, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert not unexpected, unexpected
+    return winners, losers
+
+
+@pytest.mark.usefixtures("tiny_switch_interval")
+def test_create_only_race_has_exactly_one_winner(storage: CheckpointStorage) -> None:
+    threads = 12
+    for round_no in range(8):
+        key = f"race/{round_no}/_metadata"
+        winners, losers = _race(storage, key, threads)
+        assert len(winners) == 1, f"round {round_no}: winners {winners}"
+        assert len(losers) == threads - 1
+        assert storage.get_bytes(key) == f"writer-{winners[0]}".encode()
+
+
+def test_exists(storage: CheckpointStorage) -> None:
+    assert not storage.exists("a/b")
+    storage.put_bytes("a/b", b"x")
+    assert storage.exists("a/b")
+    assert not storage.exists("a")  # a "directory" is not an object
+    assert not storage.exists("a/b/c")
+    assert not storage.exists("a/bc")
+
+
+def test_missing_key_raises_object_not_found(storage: CheckpointStorage, tmp_path: Path) -> None:
+    storage.put_bytes("present", b"x")  # the root/bucket exists; only the key is missing
+    with pytest.raises(ObjectNotFoundError) as err:
+        storage.get_bytes("job/chk-3/_metadata")
+    assert "job/chk-3/_metadata" in str(err.value)
+    target = tmp_path / "out" / "file"
+    with pytest.raises(ObjectNotFoundError):
+        storage.download_file("job/missing", target)
+    assert not target.exists()
+    assert list(tmp_path.rglob("*file*")) == []  # no temp file left
+    with pytest.raises(ObjectNotFoundError):
+        storage.copy("job/missing", "job/copy")
+    assert not storage.exists("job/copy")
+
+
+@pytest.mark.parametrize("bad", ["", "/abs", "a//b", "../escape", "a/./b", "a/", "a\x00b"])
+def test_invalid_keys_are_rejected_before_any_io(storage: CheckpointStorage, bad: str) -> None:
+    with pytest.raises(ValueError, match="invalid storage key"):
+        storage.put_bytes(bad, b"x")
+    with pytest.raises(ValueError, match="invalid storage key"):
+        storage.get_bytes(bad)
+    assert storage.list() == []
+
+
+# ---------------------------------------------------------------- listing
+
+
+def test_list_is_recursive_sorted_and_prefix_filtered(storage: CheckpointStorage) -> None:
+    keys = ["b", "a/b/d", "a-b", "a/b2", "a/b/c", "a/x/y/z", "ab/c"]
+    random.Random(7).shuffle(keys)
+    for i, key in enumerate(keys):
+        storage.put_bytes(key, b"x" * i)
+    before = time.time()
+
+    infos = storage.list()
+    assert [i.key for i in infos] == sorted(keys)
+    assert {i.key: i.size for i in infos} == {k: i for i, k in enumerate(keys)}
+    assert all(before - 120 < i.last_modified <= before + 5 for i in infos)
+
+    assert _keys(storage, "a/") == ["a/b/c", "a/b/d", "a/b2", "a/x/y/z"]
+    # a prefix is a plain key prefix, not a directory
+    assert _keys(storage, "a/b") == ["a/b/c", "a/b/d", "a/b2"]
+    assert _keys(storage, "a/b/") == ["a/b/c", "a/b/d"]
+    assert _keys(storage, "a") == ["a-b", "a/b/c", "a/b/d", "a/b2", "a/x/y/z", "ab/c"]
+    assert _keys(storage, "nothing/") == []
+    assert _keys(storage, "a/x/y/z") == ["a/x/y/z"]
+
+
+def test_list_dirs(storage: CheckpointStorage) -> None:
+    assert storage.list_dirs() == []
+    for key in ["job2/chk-1/_metadata", "job1/chk-2/x", "job1/chk-10/x", "job1/shared/s/1",
+                "job1/file", "top"]:
+        storage.put_bytes(key, b"x")
+    assert storage.list_dirs() == ["job1", "job2"]
+    assert storage.list_dirs("job1/") == ["chk-10", "chk-2", "shared"]
+    assert storage.list_dirs("job1") == ["chk-10", "chk-2", "shared"]
+    assert storage.list_dirs("job1/shared/") == ["s"]
+    assert storage.list_dirs("job1/chk-2/") == []
+    assert storage.list_dirs("nope/") == []
+
+
+def test_storages_are_isolated_by_root(storage: CheckpointStorage, request: Any) -> None:
+    storage.put_bytes("inner/x", b"1")
+    storage.put_bytes("innerish", b"2")
+    if isinstance(storage, S3Storage):
+        endpoint: S3Endpoint = request.getfixturevalue("s3_endpoint")
+        child = endpoint.storage(storage.uri + "/inner")
+    else:
+        from airflow_ckpt.runtime.storage import open_storage
+
+        child = open_storage(storage.uri + "/inner")
+    assert child.uri == storage.uri + "/inner"
+    assert _keys(child) == ["x"]
+    assert child.get_bytes("x") == b"1"
+    child.put_bytes("y", b"3")
+    assert _keys(storage) == ["inner/x", "inner/y", "innerish"]
+    child.delete_prefix("")
+    assert _keys(storage) == ["innerish"]
+
+
+# ---------------------------------------------------------------- files, copy
+
+
+def test_upload_download_multipart_sized_file(
+    storage: CheckpointStorage, tmp_path: Path, request: Any
+) -> None:
+    data = os.urandom(6 * MiB + 123)
+    src = tmp_path / "state.bin"
+    src.write_bytes(data)
+    storage.upload_file(src, "job/shared/op-0/part-3/5.delta")
+    assert storage.list("job/shared/")[0].size == len(data)
+
+    if isinstance(storage, S3Storage):  # really multipart: 5 MiB parts -> 2 parts
+        client = request.getfixturevalue("s3_endpoint").client()
+        head = client.head_object(
+            Bucket=storage.bucket, Key=f"{storage.prefix}/job/shared/op-0/part-3/5.delta"
+        )
+        assert head["ETag"].strip('"').endswith("-2")
+
+    target = tmp_path / "restore" / "nested" / "5.delta"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"stale")  # replaced atomically
+    storage.download_file("job/shared/op-0/part-3/5.delta", target)
+    assert target.read_bytes() == data
+    assert sorted(p.name for p in target.parent.iterdir()) == ["5.delta"]  # no temp left
+
+    fresh = tmp_path / "new-dir" / "a" / "b.bin"  # parents are created
+    storage.download_file("job/shared/op-0/part-3/5.delta", fresh)
+    assert fresh.read_bytes() == data
+
+
+def test_upload_missing_local_file_is_an_os_error(
+    storage: CheckpointStorage, tmp_path: Path
+) -> None:
+    with pytest.raises(FileNotFoundError):
+        storage.upload_file(tmp_path / "nope", "k")
+    assert storage.list() == []
+
+
+def test_copy(storage: CheckpointStorage) -> None:
+    storage.put_bytes("job/shared/a", b"state")
+    storage.put_bytes("job/savepoints/sp-1/a", b"old")
+    storage.copy("job/shared/a", "job/savepoints/sp-1/a")
+    storage.copy("job/shared/a", "job/savepoints/sp-2/a")
+    assert storage.get_bytes("job/savepoints/sp-1/a") == b"state"
+    assert storage.get_bytes("job/savepoints/sp-2/a") == b"state"
+    assert storage.get_bytes("job/shared/a") == b"state"
+
+
+# ---------------------------------------------------------------- deletes
+
+
+def test_delete_many_batches_1500_keys(storage: CheckpointStorage, request: Any) -> None:
+    keys = [f"job/shared/op-{i % 3}/{i:05d}" for i in range(1500)]
+    if isinstance(storage, S3Storage):
+        # moto needs ~5 ms of CPU per PutObject (7 s for 1500); seed its in-process
+        # backend directly: what is under test here is the delete, not the puts.
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.s3.models import s3_backends
+
+        backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+        for key in keys:
+            backend.put_object(storage.bucket, f"{storage.prefix}/{key}", b"s")
+    else:
+        # likewise, skip the two fsyncs per file of put_bytes
+        assert isinstance(storage, LocalStorage)
+        for key in keys:
+            path = storage.root / key
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"s")
+    storage.put_bytes("job/keep", b"k")
+    assert len(storage.list("job/shared/")) == 1500
+
+    calls: list[int] = []
+    if isinstance(storage, S3Storage):
+        def count(params: dict[str, Any], **_: Any) -> None:
+            calls.append(len(params["Delete"]["Objects"]))
+
+        storage._client.meta.events.register("provide-client-params.s3.DeleteObjects", count)
+
+    storage.delete_many([*keys, "job/never-existed", keys[0]])  # absent/duplicate ignored
+    assert _keys(storage) == ["job/keep"]
+    assert storage.list_dirs("job/") == []
+    if isinstance(storage, S3Storage):
+        assert calls == [1000, 501]
+
+
+def test_delete_many_ignores_missing(storage: CheckpointStorage) -> None:
+    storage.delete_many(["a", "b/c"])
+    storage.delete_many([])
+    storage.put_bytes("a", b"1")
+    storage.delete_many(["a", "a"])
+    assert not storage.exists("a")
+
+
+def test_delete_prefix(storage: CheckpointStorage) -> None:
+    for key in ["job/chk-1/a", "job/chk-1/b/c", "job/chk-10/a", "job/chk-1x", "other"]:
+        storage.put_bytes(key, b"x")
+    storage.delete_prefix("job/chk-1/")
+    assert _keys(storage) == ["job/chk-10/a", "job/chk-1x", "other"]
+    assert storage.list_dirs("job/") == ["chk-10"]
+    storage.delete_prefix("")
+    assert storage.list() == []
