@@ -151,6 +151,13 @@ class CheckpointCoordinator:
         self._phases.shutdown(wait=wait)
         self._files.shutdown(wait=wait)
 
+    def drain(self) -> None:
+        """Wait until every checkpoint triggered so far has completed or failed."""
+        with self._lock:
+            pending = list(self._pending)
+        for p in pending:
+            p.done.wait()
+
     @property
     def fatal(self) -> BaseException | None:
         """Set when the job must fail (too many failed checkpoints, another driver)."""
@@ -245,7 +252,8 @@ class CheckpointCoordinator:
                 self._fail(p, f"expired after {self.config.timeout_s:g} s before completing")
                 continue
             barrier = p.barrier_batch if p.barrier_batch is not None else 0
-            if not p.captured and (barrier == -1 or (committed is not None and committed >= barrier)):
+            reached = barrier == -1 or (committed is not None and committed >= barrier)
+            if not p.captured and reached:
                 self._sync_phase(p, now)
 
     def _sync_phase(self, p: PendingCheckpoint, barrier_ts: float) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import signal
 import tempfile
 import threading
@@ -70,6 +71,19 @@ def _json_option(raw: object, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(what, {"<json>": "must be a JSON object"})
     return value
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit): .+")
+
+
+def root_cause(failure: BaseException) -> str:
+    """One line naming what went wrong: the innermost ``XError: message`` of a Spark
+    failure (whose message embeds the Python traceback of the user function)."""
+    lines = [line.strip() for line in str(failure).splitlines() if line.strip()]
+    inner = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    if inner:
+        return inner[-1][:500]
+    return f"{type(failure).__name__}: {(lines or [''])[0][:500]}"
 
 
 class CheckpointedJob:
@@ -190,7 +204,7 @@ class CheckpointedJob:
                 return result
             finally:
                 coordinator.shutdown()
-            cause = f"{type(failure).__name__}: {str(failure).splitlines()[0][:500]}"
+            cause = root_cause(failure)
             decision = self.restart_log.record_failure("query", cause, attempt=self.attempt)
             if not decision.restart:
                 self.history.append(ev.JOB_FAILED, run_id=self.run_id, cause=cause)
@@ -268,6 +282,7 @@ class CheckpointedJob:
 
     def _final_checkpoint(self, coordinator: CheckpointCoordinator) -> Manifest:
         """A checkpoint of the finished query; the latest one if it already covers the end."""
+        coordinator.drain()
         retained = coordinator.store.retained
         if retained and retained[-1].batch_id == latest_batch(self.workdir, "commits"):
             return retained[-1]

@@ -1,0 +1,171 @@
+"""The runtime inside one real local SparkSession: retention, incremental uploads,
+in-process restarts, partial and corrupt checkpoints, fresh starts."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_ckpt.errors import RestoreError
+from airflow_ckpt.runtime import history as ev
+from airflow_ckpt.runtime.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.job import CheckpointedJob
+from airflow_ckpt.runtime.layout import JobLayout
+from airflow_ckpt.runtime.restore import restore
+from airflow_ckpt.runtime.sinks import JsonLinesSink
+from airflow_ckpt.runtime.storage import CheckpointStorage
+from airflow_ckpt.runtime.store import CompletedCheckpointStore
+from airflow_ckpt.testing.numbers import GroundTruth, verify_output, write_numbers
+
+pytestmark = pytest.mark.integration
+
+CONFIG = {
+    "execution.checkpointing.interval": "200 ms",
+    "execution.checkpointing.num-retained": 2,
+    "execution.checkpointing.incremental": True,
+}
+
+
+def run_job(spark: Any, storage: CheckpointStorage, input_dir: Path, workdir: Path, *,
+            restore_target: str = "latest", fail_at: int = -1, fail_times: int = 0,
+            restart: dict[str, Any] | None = None,
+            config: dict[str, Any] | None = None) -> tuple[CheckpointedJob, JsonLinesSink]:
+    from pyspark.sql import functions as F
+
+    job = CheckpointedJob(
+        spark, job="inproc", storage=storage, checkpoint_config=config or CONFIG,
+        restart_strategy=restart or {"type": "none"}, restore=restore_target, workdir=workdir,
+    )
+    sink = JsonLinesSink(storage, "_out")
+    write = job.exactly_once(sink)
+    remaining = [fail_times]
+
+    def each_batch(df: Any, batch_id: int) -> None:
+        time.sleep(0.15)
+        write(df, batch_id)
+        if batch_id == fail_at and remaining[0] > 0:
+            remaining[0] -= 1
+            raise RuntimeError(f"injected failure in batch {batch_id}")
+
+    def build() -> Any:
+        numbers = spark.readStream.option("maxFilesPerTrigger", 1).text(str(input_dir))
+        n = F.col("value").cast("long")
+        key = F.when(n % 2 == 0, "even").otherwise("odd")
+        agg = numbers.groupBy(key.alias("key")).agg(F.count("*").alias("count"),
+                                                    F.sum(n).alias("sum"))
+        return (agg.writeStream.outputMode("update").foreachBatch(each_batch)
+                .trigger(availableNow=True))
+
+    job.run(build)
+    return job, sink
+
+
+@pytest.fixture
+def numbers(tmp_path: Path) -> tuple[Path, GroundTruth]:
+    return tmp_path / "in", write_numbers(tmp_path / "in", files=8, per_file=40)
+
+
+def test_retention_and_incremental_shared_files(
+    spark: Any, s3_storage: CheckpointStorage, numbers: tuple[Path, GroundTruth], tmp_path: Path
+) -> None:
+    input_dir, truth = numbers
+    _, sink = run_job(spark, s3_storage, input_dir, tmp_path / "w")
+    assert verify_output(sink, truth, finished=True).ok
+    catalog = CheckpointCatalog(s3_storage, "inproc")
+    retained = catalog.completed_checkpoints()
+    assert len(retained) == 2, [m.checkpoint_id for m in retained]
+    assert catalog.checkpoint_ids(completed_only=False) == [m.checkpoint_id for m in retained]
+    layout = JobLayout("inproc")
+    stored = {i.key for i in s3_storage.list(layout.shared_prefix)}
+    referenced = {layout.root + f.key for m in retained for f in m.files if f.shared}
+    assert referenced <= stored, "a retained checkpoint references a missing shared file"
+    assert stored == referenced, f"unreferenced shared files remain: {stored - referenced}"
+    newest = retained[-1]
+    assert newest.num_acknowledged_subtasks == newest.num_subtasks > 1
+    # Incremental: the newest checkpoint uploaded far less than it references.
+    assert 0 <= newest.checkpointed_size < newest.state_size
+    completed = JobHistory(s3_storage, "inproc").events([ev.CHECKPOINT_COMPLETED])
+    assert len(completed) > 2  # more were taken than retained: subsumption happened
+
+
+def test_in_process_restart_recovers_exactly(
+    spark: Any, s3_storage: CheckpointStorage, numbers: tuple[Path, GroundTruth], tmp_path: Path
+) -> None:
+    input_dir, truth = numbers
+    job, sink = run_job(
+        spark, s3_storage, input_dir, tmp_path / "w", fail_at=4, fail_times=2,
+        restart={"type": "fixed-delay", "fixed-delay.attempts": 3, "fixed-delay.delay": "100 ms"},
+    )
+    verdict = verify_output(sink, truth, finished=True)
+    assert verdict.ok, verdict.problems
+    restarts = job.history.events([ev.RESTART])
+    assert [e.data["level"] for e in restarts] == ["query", "query"]
+    assert all(e.data["restart"] for e in restarts)
+    assert len(job.history.events([ev.RESTORED])) == 2
+
+
+def test_restart_strategy_exhausted_raises(
+    spark: Any, file_storage: CheckpointStorage, numbers: tuple[Path, GroundTruth], tmp_path: Path
+) -> None:
+    from airflow_ckpt.errors import RestartsExhaustedError
+
+    input_dir, _ = numbers
+    with pytest.raises(RestartsExhaustedError, match="injected failure"):
+        run_job(spark, file_storage, input_dir, tmp_path / "w", fail_at=1, fail_times=5,
+                restart={"type": "fixed-delay", "fixed-delay.attempts": 1,
+                         "fixed-delay.delay": "10 ms"})
+    history = JobHistory(file_storage, "inproc")
+    assert [e.data["restart"] for e in history.events([ev.RESTART])] == [True, False]
+    assert history.events([ev.JOB_FAILED])
+
+
+def test_partial_and_corrupt_checkpoints_are_never_restored(
+    spark: Any, file_storage: CheckpointStorage, numbers: tuple[Path, GroundTruth], tmp_path: Path
+) -> None:
+    input_dir, _ = numbers
+    job, _ = run_job(spark, file_storage, input_dir, tmp_path / "w")
+    catalog = CheckpointCatalog(file_storage, "inproc")
+    older, newest = catalog.completed_checkpoints()
+    layout = JobLayout("inproc")
+    # A crash between upload and marker: every file of a newer checkpoint, no _metadata.
+    for f in newest.files:
+        file_storage.put_bytes(layout.checkpoint_file(99, f.path), b"partial")
+    # Damage one file the newest completed checkpoint references but the older does not.
+    victim = next(f for f in newest.files if f.key not in {g.key for g in older.files})
+    file_storage.put_bytes(layout.root + victim.key, b"garbage")
+
+    history = JobHistory(file_storage, "inproc")
+    result = restore(file_storage, "inproc", "latest", tmp_path / "r", history)
+    assert result.manifest is not None
+    assert result.manifest.checkpoint_id == older.checkpoint_id
+    fallback = history.events([ev.RESTORE_FALLBACK])
+    assert fallback and fallback[-1].data["path"].endswith(f"chk-{newest.checkpoint_id}")
+    with pytest.raises(RestoreError, match="sha256|bytes|SHA-256"):
+        restore(file_storage, "inproc", f"chk-{newest.checkpoint_id}", tmp_path / "r2", history)
+    # Restore only reads: both checkpoints are still there, byte for byte.
+    assert catalog.checkpoint_ids() == [older.checkpoint_id, newest.checkpoint_id]
+    # The next driver sweeps the abandoned marker-less directory.
+    store = CompletedCheckpointStore(file_storage, "inproc", num_retained=2)
+    assert store.recover() == 100
+    assert 99 not in catalog.checkpoint_ids(completed_only=False)
+
+
+def test_restore_none_starts_fresh_and_latest_never_goes_back(
+    spark: Any, file_storage: CheckpointStorage, numbers: tuple[Path, GroundTruth], tmp_path: Path
+) -> None:
+    input_dir, truth = numbers
+    run_job(spark, file_storage, input_dir, tmp_path / "w")
+    before = CheckpointCatalog(file_storage, "inproc").latest_checkpoint()
+    assert before is not None
+    file_storage.delete_prefix("_out/")
+    job, sink = run_job(spark, file_storage, input_dir, tmp_path / "w", restore_target="none")
+    # A fresh start reprocesses everything: same ground truth from scratch.
+    assert verify_output(sink, truth, finished=True).ok
+    initial = [e for e in job.history.events([ev.CHECKPOINT_COMPLETED])
+               if e.data["trigger"] == "initial"]
+    assert initial and initial[-1].data["batch_id"] == -1
+    assert initial[-1].data["id"] > before.checkpoint_id
