@@ -277,10 +277,11 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         if attempt > 1:
             self.log.info("continuing supervision %s at submission attempt %d "
                           "(earlier attempts are in the job's history)", run_id, attempt)
+        job_env = self._job_env(store, user_conf, user_env)
         try:
             while True:
                 self.conf = {**user_conf, **self._job_conf(args, store, restore, attempt, run_id)}
-                self.env_vars = {**self._job_env(store, user_conf, user_env)}
+                self.env_vars = dict(job_env)
                 self.py_files = py_files
                 failure = self._submit(context, history, args, attempt, restore, run_id)
                 state = restart_log.refresh()
