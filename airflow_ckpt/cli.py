@@ -263,6 +263,10 @@ def summarize_state(checkpoint_dir: Path, manifest: Manifest) -> list[dict[str, 
         .config("spark.sql.shuffle.partitions", "2")
         .getOrCreate()
     )
+    # Spark 4.2's HDFS state store reports loads to the StateStoreCoordinator, which only
+    # exists once the session's StreamingQueryManager does; without it, reading the
+    # state of a session that never ran a query fails with CANNOT_LOAD_STATE_STORE.
+    _ = spark.streams.active
     location = str(checkpoint_dir)
     stores: list[dict[str, Any]] = []
     try:
@@ -272,7 +276,8 @@ def summarize_state(checkpoint_dir: Path, manifest: Manifest) -> list[dict[str, 
                            "min_batch": row["minBatchId"], "max_batch": row["maxBatchId"]})
     except Exception as exc:  # no operator metadata (older checkpoint): use the manifest
         if not manifest.operators:
-            raise CliError(f"Spark cannot read the state metadata: {exc}") from exc
+            raise CliError(f"Spark cannot read the state metadata: {spark_error(exc)}"
+                           ) from exc
         stores = [{"operator_id": o.operator_id, "operator": None, "store": name,
                    "partitions": o.num_partitions, "min_batch": None, "max_batch": None}
                   for o in manifest.operators for name in o.store_names]
@@ -288,9 +293,18 @@ def summarize_state(checkpoint_dir: Path, manifest: Manifest) -> list[dict[str, 
             store["rows_per_partition"] = {str(p): counts.get(p, 0)
                                            for p in range(store["partitions"] or 0)}
         except Exception as exc:
-            message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            store["error"] = message[:300]
+            store["error"] = spark_error(exc)
     return stores
+
+
+def spark_error(exc: BaseException) -> str:
+    """The informative line of a (py4j-wrapped) Spark error, not "error calling o54"."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        line = line.removeprefix(": ")
+        if line.startswith("[") or "Exception" in line.split(":")[0]:
+            return line[:300]
+    return (lines[0] if lines else repr(exc))[:300]
 
 
 def cmd_state(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:

@@ -162,8 +162,17 @@ class TriggerSavepointOperator(BaseOperator):
             hook.close()
 
     def execute_complete(self, context: Context, event: dict[str, Any],
-                         request_id: str) -> str:
-        """Resume after the trigger fired."""
+                         request_id: str | None = None) -> str:
+        """Resume after the trigger fired.
+
+        ``request_id`` comes from the deferral's kwargs; ``dag.test()`` does not pass
+        those on (it resumes with the event only), so it falls back to the XCom pushed
+        before deferring.
+        """
+        if request_id is None:
+            request_id = context["ti"].xcom_pull(task_ids=self.task_id, key="request_id")
+        if not request_id:
+            raise SavepointError("resumed without the savepoint request id")
         hook = self._hook()
         try:
             return self._finish(context, hook, request_id, MatchResult.from_payload(event))

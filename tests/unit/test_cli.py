@@ -203,3 +203,14 @@ def test_cli_does_not_import_airflow_or_pyspark() -> None:
 def test_human_bytes() -> None:
     assert [human_bytes(n) for n in (0, 1023, 1536, 5 * 1024**3)] == [
         "0 B", "1023 B", "1.5 KiB", "5.0 GiB"]
+
+
+def test_spark_error_picks_the_informative_line() -> None:
+    from airflow_ckpt.cli import spark_error
+
+    wrapped = RuntimeError("An error occurred while calling o43.collectToPython.\n"
+                           ": org.apache.spark.SparkException: [CANNOT_LOAD_STATE_STORE] "
+                           "An error occurred during loading state.\n\tat org.apache.x(Y.scala:1)")
+    assert spark_error(wrapped).startswith("org.apache.spark.SparkException: [CANNOT_LOAD")
+    assert spark_error(ValueError("[STATE_STORE_X] bad")) == "[STATE_STORE_X] bad"
+    assert spark_error(ValueError("plain")) == "plain"

@@ -36,6 +36,9 @@ class FakeTI:
     def xcom_push(self, key: str, value: Any) -> None:
         self.xcom[key] = value
 
+    def xcom_pull(self, task_ids: str | None = None, key: str = "return_value") -> Any:
+        return self.xcom.get(key)
+
 
 @pytest.fixture
 def ti() -> FakeTI:
@@ -151,6 +154,8 @@ def test_deferrable_savepoint(running: CheckpointStorage, ti: FakeTI) -> None:
     path = op.execute_complete({"ti": ti}, event.payload,  # type: ignore[arg-type]
                                **deferred.value.kwargs)
     assert path.startswith(running.uri + "/orders/savepoints/sp-auto-")
+    # dag.test() resumes with the event only: the request id then comes from XCom
+    assert op.execute_complete({"ti": ti}, event.payload) == path  # type: ignore[arg-type]
 
 
 def test_job_answering_as_the_wait_times_out_wins(running: CheckpointStorage,
