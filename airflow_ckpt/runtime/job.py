@@ -25,7 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_ckpt.errors import AirflowCkptError, ConfigError, RestartsExhaustedError
+from airflow_ckpt.errors import (
+    AirflowCkptError,
+    ConcurrentDriverError,
+    ConfigError,
+    IncompatibleStateError,
+    RestartsExhaustedError,
+)
 from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime import sparkconf as keys
 from airflow_ckpt.runtime.config import CheckpointConfig
@@ -73,6 +79,26 @@ def _json_option(raw: object, what: str) -> dict[str, Any]:
     return value
 
 
+# Spark error classes that mean "the checkpoint's state does not fit this query".
+_INCOMPATIBLE = re.compile(
+    r"STATE_STORE_[A-Z_]*(?:SCHEMA|INCOMPATIBLE|MISMATCH)[A-Z_]*|STATE_SCHEMA|"
+    r"NOT_MATCH_IN_STATE_METADATA|StateSchemaNotCompatible|STATE_STORE_KEY_SCHEMA|"
+    r"STATE_STORE_VALUE_SCHEMA|STREAMING_STATEFUL_OPERATOR"
+)
+
+
+def _partitions(value: object) -> int | None:
+    if value in (None, ""):
+        return None
+    try:
+        number = int(str(value))
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ConfigError("job settings", {keys.RESCALE_PARTITIONS: f"{value!r} is not >= 1"})
+    return number
+
+
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit): .+")
 
 
@@ -105,6 +131,7 @@ class CheckpointedJob:
         restore: str | None = None,
         workdir: str | Path | None = None,
         run_id: str | None = None,
+        state_partitions: int | None = None,
     ) -> None:
         conf = spark.conf
 
@@ -124,6 +151,7 @@ class CheckpointedJob:
         self.restart_params = _json_option(raw_restart, "restart strategy") or {"type": "none"}
         self.restore_target = restore or get(keys.RESTORE) or "latest"
         self.run_id = run_id or get(keys.RUN_ID) or f"local-{uuid.uuid4().hex[:12]}"
+        self.state_partitions = _partitions(state_partitions or get(keys.RESCALE_PARTITIONS))
         self.attempt = int(get(keys.ATTEMPT) or 1)
         if isinstance(storage, CheckpointStorage):
             self.storage = storage
@@ -191,15 +219,21 @@ class CheckpointedJob:
         target = self.restore_target
         while True:
             restored = restore(self.storage, self.job, target, self.workdir, self.history)
-            coordinator = self._start_coordinator(restored)
+            rescaled = target == self.restore_target and self._rescale(restored)
+            coordinator = self._start_coordinator(restored, initial=rescaled)
             try:
                 result = self._run_once(build, coordinator)
-            except AirflowCkptError as exc:
-                if isinstance(exc, ConfigError):
-                    raise
-                failure: BaseException = exc
+            except (ConfigError, IncompatibleStateError, ConcurrentDriverError):
+                raise
             except Exception as exc:  # the query failed (StreamingQueryException, ...)
-                failure = exc
+                if restored.path and _INCOMPATIBLE.search(str(exc)):
+                    # Restarting cannot help: the restored state does not fit this query.
+                    self.history.append(ev.JOB_FAILED, run_id=self.run_id, cause=root_cause(exc))
+                    raise IncompatibleStateError(
+                        f"the state restored from {restored.path} does not fit this query "
+                        f"(was it written by a different query?): {root_cause(exc)}"
+                    ) from exc
+                failure: BaseException = exc
             else:
                 return result
             finally:
@@ -215,7 +249,33 @@ class CheckpointedJob:
             time.sleep(decision.delay_s)
             target = "latest"
 
-    def _start_coordinator(self, restored: RestoreResult) -> CheckpointCoordinator:
+    def _rescale(self, restored: RestoreResult) -> bool:
+        """Repartition the restored state to ``state_partitions`` (Flink's rescaling).
+
+        Uses Spark's offline state repartitioning (4.2+, RocksDB state only), which
+        appends a repartition batch to the working directory. Returns True if it ran.
+        """
+        wanted = self.state_partitions
+        if wanted is None or restored.manifest is None:
+            return False
+        current = {op.num_partitions for op in restored.manifest.operators}
+        if not current or current == {wanted}:
+            log.info("state already has %s partitions; no rescale needed", wanted)
+            return False
+        self.spark.streams.active  # noqa: B018 - starts Spark's StateStoreCoordinator
+        try:
+            self.spark._streamingCheckpointManager.repartition(str(self.workdir), wanted)
+        except Exception as exc:
+            raise IncompatibleStateError(
+                f"cannot rescale the state restored from {restored.path} from "
+                f"{sorted(current)} to {wanted} partitions: {root_cause(exc)}"
+            ) from exc
+        log.info("rescaled state from %s to %d partitions", sorted(current), wanted)
+        return True
+
+    def _start_coordinator(
+        self, restored: RestoreResult, *, initial: bool = False
+    ) -> CheckpointCoordinator:
         store = CompletedCheckpointStore(self.storage, self.job, self.config.num_retained)
         next_id = store.recover()
         for sink in self.sinks:
@@ -229,7 +289,7 @@ class CheckpointedJob:
         coordinator.transaction_source = self._pending_transactions
         coordinator.listeners.append(self._commit_transactions)
         coordinator.start()
-        if not restored.from_latest:
+        if initial or not restored.from_latest:
             # Record the starting point, so a restart with restore=latest resumes this
             # run and never an older run's checkpoint.
             self._await(coordinator.trigger("initial"), coordinator)

@@ -103,7 +103,25 @@ def _wanted(rel: Path, batch_id: int) -> tuple[bool, str, bool]:
     return False, "", False
 
 
-def _operators(workdir: Path) -> tuple[OperatorInfo, ...]:
+def _offset_log(workdir: Path, batch_id: int) -> list[str]:
+    path = workdir / "offsets" / str(batch_id)
+    try:
+        return path.read_text().splitlines()
+    except FileNotFoundError as exc:
+        raise CheckpointDeclinedError(f"offset log entry for batch {batch_id} is missing") from exc
+
+
+def _operators(workdir: Path, offset_log: list[str]) -> tuple[OperatorInfo, ...]:
+    """Stateful operators and their partition counts as of the snapshot's batch.
+
+    The count comes from the batch's offset log (``spark.sql.shuffle.partitions``, which
+    Spark pins per checkpoint and a state repartition rewrites); the operator metadata
+    file keeps the count of the first batch and is only the fallback.
+    """
+    try:
+        pinned = int(json.loads(offset_log[1])["conf"]["spark.sql.shuffle.partitions"])
+    except (IndexError, ValueError, KeyError, TypeError):
+        pinned = 0
     out = []
     state = workdir / "state"
     if not state.is_dir():
@@ -111,34 +129,22 @@ def _operators(workdir: Path) -> tuple[OperatorInfo, ...]:
     for op_dir in sorted(state.iterdir(), key=lambda p: p.name):
         if not op_dir.name.isdigit():
             continue
-        partitions = [p for p in op_dir.iterdir() if p.name.isdigit()]
         names: tuple[str, ...] = ("default",)
-        meta = op_dir / "_metadata" / "metadata"
-        if meta.is_file():
-            try:
-                lines = meta.read_text().splitlines()
-                info = json.loads(lines[1])
-                names = tuple(s["storeName"] for s in info.get("stateStoreInfo", [])) or names
-                declared = max(
-                    (int(s.get("numPartitions", 0)) for s in info.get("stateStoreInfo", [])),
-                    default=0,
-                )
-                if declared:
-                    out.append(OperatorInfo(int(op_dir.name), declared, names))
-                    continue
-            except (ValueError, IndexError, KeyError, TypeError):
-                pass  # fall back to counting partition directories
-        out.append(OperatorInfo(int(op_dir.name), len(partitions), names))
+        declared = 0
+        try:
+            info = json.loads((op_dir / "_metadata" / "metadata").read_text().splitlines()[1])
+            stores = info.get("stateStoreInfo", [])
+            names = tuple(s["storeName"] for s in stores) or names
+            declared = max((int(s.get("numPartitions", 0)) for s in stores), default=0)
+        except (OSError, ValueError, IndexError, KeyError, TypeError):
+            pass  # no (readable) operator metadata: count partition directories
+        count = pinned or declared or sum(1 for p in op_dir.iterdir() if p.name.isdigit())
+        out.append(OperatorInfo(int(op_dir.name), count, names))
     return tuple(out)
 
 
-def _source_offsets(workdir: Path, batch_id: int) -> list[Any]:
-    """The end offsets of ``batch_id``: one JSON value per source (Spark's offset log)."""
-    path = workdir / "offsets" / str(batch_id)
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError as exc:
-        raise CheckpointDeclinedError(f"offset log entry for batch {batch_id} is missing") from exc
+def _source_offsets(lines: list[str]) -> list[Any]:
+    """The end offsets of a batch: one JSON value per source (Spark's offset log)."""
     out: list[Any] = []
     for line in lines[2:]:  # "v1", the batch metadata, then one line per source
         try:
@@ -183,11 +189,12 @@ def capture(workdir: Path, batch_id: int, staging_dir: Path) -> CapturedSnapshot
         shutil.rmtree(staging_dir, ignore_errors=True)
         raise CheckpointDeclinedError(f"a file vanished during the sync phase: {exc}") from exc
     files.sort(key=lambda f: f.path)
+    offset_log = _offset_log(workdir, batch_id)
     return CapturedSnapshot(
         batch_id=batch_id,
         files=tuple(files),
-        operators=_operators(workdir),
-        source_offsets=_source_offsets(workdir, batch_id),
+        operators=_operators(workdir, offset_log),
+        source_offsets=_source_offsets(offset_log),
         subtasks=tuple(sorted(subtasks)),
         staging_dir=staging_dir,
     )

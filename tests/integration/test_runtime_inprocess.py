@@ -32,13 +32,15 @@ CONFIG = {
 
 def run_job(spark: Any, storage: CheckpointStorage, input_dir: Path, workdir: Path, *,
             restore_target: str = "latest", fail_at: int = -1, fail_times: int = 0,
-            restart: dict[str, Any] | None = None,
-            config: dict[str, Any] | None = None) -> tuple[CheckpointedJob, JsonLinesSink]:
+            restart: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
+            state_partitions: int | None = None,
+            count_only: bool = False) -> tuple[CheckpointedJob, JsonLinesSink]:
     from pyspark.sql import functions as F
 
     job = CheckpointedJob(
         spark, job="inproc", storage=storage, checkpoint_config=config or CONFIG,
         restart_strategy=restart or {"type": "none"}, restore=restore_target, workdir=workdir,
+        state_partitions=state_partitions,
     )
     sink = JsonLinesSink(storage, "_out")
     write = job.exactly_once(sink)
@@ -55,8 +57,8 @@ def run_job(spark: Any, storage: CheckpointStorage, input_dir: Path, workdir: Pa
         numbers = spark.readStream.option("maxFilesPerTrigger", 1).text(str(input_dir))
         n = F.col("value").cast("long")
         key = F.when(n % 2 == 0, "even").otherwise("odd")
-        agg = numbers.groupBy(key.alias("key")).agg(F.count("*").alias("count"),
-                                                    F.sum(n).alias("sum"))
+        aggregates = [F.count("*").alias("count")] + ([] if count_only else [F.sum(n).alias("sum")])
+        agg = numbers.groupBy(key.alias("key")).agg(*aggregates)
         return (agg.writeStream.outputMode("update").foreachBatch(each_batch)
                 .trigger(availableNow=True))
 
@@ -127,7 +129,7 @@ def test_partial_and_corrupt_checkpoints_are_never_restored(
     spark: Any, file_storage: CheckpointStorage, numbers: tuple[Path, GroundTruth], tmp_path: Path
 ) -> None:
     input_dir, _ = numbers
-    job, _ = run_job(spark, file_storage, input_dir, tmp_path / "w")
+    run_job(spark, file_storage, input_dir, tmp_path / "w")
     catalog = CheckpointCatalog(file_storage, "inproc")
     older, newest = catalog.completed_checkpoints()
     layout = JobLayout("inproc")
@@ -144,7 +146,7 @@ def test_partial_and_corrupt_checkpoints_are_never_restored(
     assert result.manifest.checkpoint_id == older.checkpoint_id
     fallback = history.events([ev.RESTORE_FALLBACK])
     assert fallback and fallback[-1].data["path"].endswith(f"chk-{newest.checkpoint_id}")
-    with pytest.raises(RestoreError, match="sha256|bytes|SHA-256"):
+    with pytest.raises(RestoreError, match=r"sha256|bytes|SHA-256"):
         restore(file_storage, "inproc", f"chk-{newest.checkpoint_id}", tmp_path / "r2", history)
     # Restore only reads: both checkpoints are still there, byte for byte.
     assert catalog.checkpoint_ids() == [older.checkpoint_id, newest.checkpoint_id]
@@ -169,3 +171,50 @@ def test_restore_none_starts_fresh_and_latest_never_goes_back(
                if e.data["trigger"] == "initial"]
     assert initial and initial[-1].data["batch_id"] == -1
     assert initial[-1].data["id"] > before.checkpoint_id
+
+
+@pytest.fixture
+def rocksdb(spark: Any) -> Any:
+    key = "spark.sql.streaming.stateStore.providerClass"
+    spark.conf.set(key, "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    yield spark
+    spark.conf.unset(key)
+
+
+def test_restore_with_a_different_number_of_state_partitions(
+    rocksdb: Any, file_storage: CheckpointStorage, tmp_path: Path
+) -> None:
+    first = write_numbers(tmp_path / "in", files=4, per_file=30)
+    run_job(rocksdb, file_storage, tmp_path / "in", tmp_path / "w")
+    catalog = CheckpointCatalog(file_storage, "inproc")
+    before = catalog.latest_checkpoint()
+    assert before is not None and {op.num_partitions for op in before.operators} == {3}
+    more = write_numbers(tmp_path / "in2", files=4, per_file=30, start=121)
+    for f in (tmp_path / "in2").iterdir():
+        f.rename(tmp_path / "in" / f"g{f.name}")
+    _, sink = run_job(rocksdb, file_storage, tmp_path / "in", tmp_path / "w",
+                        restore_target=f"chk-{before.checkpoint_id}", state_partitions=5)
+    after = catalog.latest_checkpoint()
+    assert after is not None and {op.num_partitions for op in after.operators} == {5}
+    expected = {k: (first.totals[k][0] + more.totals[k][0], first.totals[k][1] + more.totals[k][1])
+                for k in first.totals}
+    final: dict[str, tuple[int, int]] = {}
+    for row in sink.committed_rows():
+        final[row["key"]] = (row["count"], row["sum"])
+    assert final == expected
+
+
+def test_restoring_state_of_a_different_query_is_a_clear_error(
+    spark: Any, file_storage: CheckpointStorage, numbers: tuple[Path, GroundTruth], tmp_path: Path
+) -> None:
+    from airflow_ckpt.errors import IncompatibleStateError
+
+    input_dir, _ = numbers
+    run_job(spark, file_storage, input_dir, tmp_path / "w")
+    newest = CheckpointCatalog(file_storage, "inproc").latest_checkpoint()
+    assert newest is not None
+    (input_dir / "late.txt").write_text("1000\n")
+    with pytest.raises(IncompatibleStateError, match="does not fit this query"):
+        run_job(spark, file_storage, input_dir, tmp_path / "w2", count_only=True,
+                restore_target=f"chk-{newest.checkpoint_id}",
+                restart={"type": "fixed-delay", "fixed-delay.attempts": 3})
