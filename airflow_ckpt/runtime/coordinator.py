@@ -107,6 +107,7 @@ class CheckpointCoordinator:
         restored_from: str | None = None,
         upload_threads: int = 8,
         poll_interval_s: float = 0.05,
+        fence: Callable[[], None] = lambda: None,
     ) -> None:
         self.storage = storage
         self.layout = JobLayout(job)
@@ -118,6 +119,7 @@ class CheckpointCoordinator:
         self.spark_version = spark_version
         self.restored_from = restored_from
         self.poll_interval_s = poll_interval_s
+        self.fence = fence  # raises ConcurrentDriverError if this driver lost the job
         self.failures = CheckpointFailureManager(config.tolerable_failed)
         self.listeners: list[CompletionListener] = []
         self.transaction_source: TransactionSource = lambda _batch: ()
@@ -325,8 +327,12 @@ class CheckpointCoordinator:
                 else self.layout.checkpoint_metadata(p.checkpoint_id)
             )
             try:
+                self.fence()
                 # The completion marker, written last and create-only.
                 self.storage.put_bytes(metadata_key, manifest.to_json(), create_only=True)
+            except ConcurrentDriverError as exc:
+                self.failures.fatal = exc
+                raise CheckpointDeclinedError(str(exc)) from exc
             except ObjectAlreadyExistsError as exc:
                 self.failures.fatal = ConcurrentDriverError(
                     f"{metadata_key} was written by someone else: another driver is running "

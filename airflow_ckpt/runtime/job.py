@@ -39,6 +39,7 @@ from airflow_ckpt.runtime.control import ControlChannel, ControlResult
 from airflow_ckpt.runtime.coordinator import CheckpointCoordinator, PendingCheckpoint
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.layout import validate_job_name
+from airflow_ckpt.runtime.lease import JobLease
 from airflow_ckpt.runtime.metadata import Manifest
 from airflow_ckpt.runtime.restart_log import RestartLog
 from airflow_ckpt.runtime.restore import RestoreResult, restore
@@ -171,6 +172,7 @@ class CheckpointedJob:
         # Validates the restart strategy params now (ConfigError names bad keys).
         self.restart_log = RestartLog(self.history, self.restart_params, self.run_id)
         self.sinks: list[TwoPhaseCommitSink] = []
+        self.lease = JobLease(self.storage, self.job, owner=self.run_id)
         self._cancel = threading.Event()
 
     # ------------------------------------------------------------------ sinks
@@ -211,6 +213,10 @@ class CheckpointedJob:
         failure) when the restart strategy declines another restart.
         """
         self._install_sigterm()
+        with self.lease:
+            return self._run_supervised(build)
+
+    def _run_supervised(self, build: Callable[[], DataStreamWriter]) -> JobResult:
         self.history.append(
             ev.JOB_STARTED, run_id=self.run_id, attempt=self.attempt,
             spark_version=self.spark.version, restore=self.restore_target,
@@ -284,7 +290,7 @@ class CheckpointedJob:
             storage=self.storage, job=self.job, workdir=self.workdir, config=self.config,
             store=store, history=self.history, next_checkpoint_id=next_id,
             spark_version=self.spark.version, last_checkpointed_batch=restored.batch_id,
-            restored_from=restored.path,
+            restored_from=restored.path, fence=self.lease.check,
         )
         coordinator.transaction_source = self._pending_transactions
         coordinator.listeners.append(self._commit_transactions)
@@ -315,6 +321,9 @@ class CheckpointedJob:
             while query.isActive:
                 if coordinator.fatal is not None:
                     raise coordinator.fatal
+                if self.lease.lost.is_set():
+                    raise ConcurrentDriverError(
+                        f"job {self.job!r}: another driver took over; stopping this one")
                 if self._cancel.is_set():
                     return self._cancelled(query, coordinator)
                 if time.time() >= next_control:

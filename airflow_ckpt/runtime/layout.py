@@ -10,6 +10,7 @@ This layout is a public contract (see docs/storage-layout.md)::
       control/<request-id>.json    requests to the running job
       control/<request-id>.result.json  the job's answer to a request
       history/<ms>-<uid>.json      append-only events
+      lease/<epoch>.json           which driver may write checkpoints (see lease.py)
 """
 
 from __future__ import annotations
@@ -112,6 +113,11 @@ class JobLayout:
 
     def control_result(self, request_id: str) -> str:
         return f"{self.control_prefix}{request_id}.result.json"
+
+    # driver lease ------------------------------------------------------------------
+    @property
+    def lease_prefix(self) -> str:
+        return f"{self.job}/lease/"
 
     # history -----------------------------------------------------------------------
     @property

@@ -8,6 +8,7 @@ start, restore, mid-batch, mid-upload, between upload and ``_metadata``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
@@ -57,7 +58,7 @@ def test_random_kills_then_exact_result(
     for kill in range(KILLS):
         proc = start_job(spec, env, log)
         time.sleep(rng.uniform(6.0, 14.0))  # the JVM takes ~5 s to start
-        assert proc.poll() is None, f"driver ended before kill {kill}: see {log.read_text()[-3000:]}"
+        assert proc.poll() is None, f"driver ended before kill {kill}: {log.read_text()[-3000:]}"
         kill_hard(proc)
         # Two-phase commit: no output is visible unless a completed checkpoint covers it.
         latest = catalog.latest_checkpoint()
@@ -82,3 +83,35 @@ def test_random_kills_then_exact_result(
     # Retention: only num-retained checkpoints remain, all of them complete.
     assert len(catalog.checkpoint_ids()) <= 2
     assert catalog.checkpoint_ids() == catalog.checkpoint_ids(completed_only=False)
+
+
+def test_a_second_driver_of_the_same_job_is_refused_and_loses_nothing(
+    s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path
+) -> None:
+    truth = write_numbers(tmp_path / "in", files=10, per_file=20)
+    spec = JobSpec(
+        job="two-drivers", storage_uri=s3_uri, input_dir=tmp_path / "in",
+        output_uri=s3_uri + "-out",
+        checkpoint_config={"execution.checkpointing.interval": "500 ms"},
+        confs={"spark.airflow_ckpt.demo.batch_delay_s": "4"},
+        workdir=tmp_path / "a",
+    )
+    env = s3_endpoint.env()
+    storage = s3_endpoint.storage(s3_uri)
+    first = start_job(spec, env, tmp_path / "a.log")
+    try:
+        deadline = time.time() + 120
+        while not CheckpointCatalog(storage, spec.job).checkpoint_ids():
+            assert time.time() < deadline and first.poll() is None, (tmp_path / "a.log").read_text()
+            time.sleep(0.5)
+        second_spec = dataclasses.replace(spec, workdir=tmp_path / "b")
+        second = start_job(second_spec, env, tmp_path / "b.log")
+        assert second.wait(timeout=180) != 0
+        log = (tmp_path / "b.log").read_text()
+        assert "ConcurrentDriverError" in log and "is being run by another driver" in log
+        assert first.wait(timeout=300) == 0, (tmp_path / "a.log").read_text()[-3000:]
+    finally:
+        kill_hard(first)
+    verdict = verify_output(JsonLinesSink(s3_endpoint.storage(spec.output_uri), ""), truth,
+                            finished=True)
+    assert verdict.ok, verdict.problems
