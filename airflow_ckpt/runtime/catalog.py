@@ -13,6 +13,7 @@ from airflow_ckpt.errors import ObjectNotFoundError, RestoreError
 from airflow_ckpt.runtime.layout import (
     METADATA_NAME,
     JobLayout,
+    is_job_name,
     parse_checkpoint_dir,
     parse_savepoint_dir,
 )
@@ -44,8 +45,9 @@ class CheckpointCatalog:
 
     @staticmethod
     def jobs(storage: CheckpointStorage) -> list[str]:
-        """Names of the jobs under the storage root."""
-        return storage.list_dirs("")
+        """Names of the jobs under the storage root (other folders, such as a sink's
+        ``_output/``, are not jobs: job names never start with ``_`` or ``.``)."""
+        return [name for name in storage.list_dirs("") if is_job_name(name)]
 
     def checkpoint_ids(self, completed_only: bool = True) -> list[int]:
         """Checkpoint ids, ascending; with ``completed_only`` only those with ``_metadata``."""

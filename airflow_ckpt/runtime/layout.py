@@ -27,9 +27,14 @@ _CHK_RE = re.compile(r"^chk-(\d+)$")
 _SP_RE = re.compile(r"^sp-(.+)$")
 
 
+def is_job_name(name: str) -> bool:
+    """Whether ``name`` is a valid job name."""
+    return isinstance(name, str) and bool(_JOB_RE.match(name))
+
+
 def validate_job_name(job: str) -> str:
     """Return ``job`` if it is a valid job name, else raise ``ConfigError``."""
-    if not isinstance(job, str) or not _JOB_RE.match(job):
+    if not is_job_name(job):
         raise ConfigError(
             "job name",
             {"job": f"{job!r} must be 1-128 characters of letters, digits, '.', '_', '-' "
