@@ -1,0 +1,74 @@
+"""Retention, subsumption and shared-file GC on the file backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from airflow_ckpt.runtime.layout import JobLayout
+from airflow_ckpt.runtime.metadata import FileEntry, Manifest, Timings
+from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.runtime.store import CompletedCheckpointStore, SharedFileRegistry
+
+L = JobLayout("j")
+
+
+def put_checkpoint(storage: CheckpointStorage, n: int, shared: list[str]) -> Manifest:
+    files = []
+    for digest in shared:
+        storage.put_bytes(L.shared_file(digest), b"x")
+        files.append(FileEntry(f"state/{digest}", L.shared_file(digest)[len(L.root):], 1,
+                               digest, True))
+    m = Manifest(job="j", checkpoint_id=n, kind="checkpoint", trigger="periodic", batch_id=n,
+                 spark_version="4.2.0", query_id="q", mode="EXACTLY_ONCE", source_offsets=[],
+                 operators=(), files=tuple(files), state_size=len(files),
+                 checkpointed_size=len(files), num_subtasks=1, num_acknowledged_subtasks=1,
+                 timings=Timings(0, 0, 0, 0, 0, 0, 0))
+    storage.put_bytes(L.checkpoint_file(n, "offsets/0"), b"log")
+    storage.put_bytes(L.checkpoint_metadata(n), m.to_json())
+    return m
+
+
+def test_keeps_newest_n_and_only_referenced_shared_files(tmp_path: Path) -> None:
+    storage = open_storage((tmp_path / "s").as_uri())
+    store = CompletedCheckpointStore(storage, "j", num_retained=2)
+    assert store.recover() == 1
+    for n, shared in enumerate([["aa1", "bb1"], ["aa1", "cc1"], ["cc1", "dd1"]], start=1):
+        subsumed = store.add(put_checkpoint(storage, n, shared))
+    assert subsumed == [1]
+    assert [m.checkpoint_id for m in store.retained] == [2, 3]
+    assert not storage.list(L.checkpoint_dir(1))
+    stored = {i.key for i in storage.list(L.shared_prefix)}
+    assert stored == {L.shared_file(d) for d in ("aa1", "cc1", "dd1")}  # bb1 collected
+
+
+def test_pending_reservations_are_never_collected(tmp_path: Path) -> None:
+    storage = open_storage((tmp_path / "s").as_uri())
+    store = CompletedCheckpointStore(storage, "j", num_retained=1)
+    store.recover()
+    store.add(put_checkpoint(storage, 1, ["aa1"]))
+    store.shared.uploaded(L.shared_file("aa1"))  # as the uploader records it
+    # Checkpoint 3 is uploading and decided to reuse aa1 (already stored).
+    assert store.shared.reserve(3, L.shared_file("aa1")) is False
+    store.add(put_checkpoint(storage, 2, ["bb1"]))  # subsumes 1, which referenced aa1
+    assert storage.exists(L.shared_file("aa1")), "a file a pending checkpoint uses was deleted"
+    store.shared.release(3)
+    store.subsume_and_collect()
+    assert not storage.exists(L.shared_file("aa1"))
+
+
+def test_recover_sweeps_marker_less_directories_and_never_reuses_ids(tmp_path: Path) -> None:
+    storage = open_storage((tmp_path / "s").as_uri())
+    put_checkpoint(storage, 4, ["aa1"])
+    storage.put_bytes(L.checkpoint_file(7, "offsets/0"), b"half-written")  # crashed upload
+    store = CompletedCheckpointStore(storage, "j", num_retained=3)
+    assert store.recover() == 8
+    assert not storage.list(L.checkpoint_dir(7))
+    assert [m.checkpoint_id for m in store.retained] == [4]
+
+
+def test_registry_forgets_collected_keys() -> None:
+    registry = SharedFileRegistry(["k1", "k2"])
+    assert registry.reserve(1, "k1") is False and registry.reserve(1, "k3") is True
+    registry.release(1)
+    assert registry.collectable(["k1", "k2"], referenced={"k2"}) == ["k1"]
+    assert registry.reserve(2, "k1") is True  # must be uploaded again
