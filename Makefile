@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint unit demo bench clean
+.PHONY: venv test lint unit demo bench clean chromium
 
 venv: $(STAMP)
 
@@ -25,8 +25,20 @@ lint: venv
 	$(VENV)/bin/ruff check airflow_ckpt dags spark_jobs tests bench
 	$(VENV)/bin/mypy
 
-test: venv lint
+test: venv lint chromium
 	$(VENV)/bin/pytest
+
+# Headless Chromium for the browser tests (tests/e2e/test_history_ui.py), installed only
+# when missing and apt-get exists; without it those tests skip and say why.
+chromium:
+	@if [ ! -x /usr/bin/chromium ] && ! command -v chromium >/dev/null 2>&1 \
+	    && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium for the browser tests"; \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "WARNING: chromium could not be installed; browser tests will be skipped" >&2; \
+	fi
 
 unit: venv
 	$(VENV)/bin/pytest tests/unit

@@ -1,0 +1,129 @@
+"""The ``airflow_ckpt`` Airflow plugin: the checkpoint history in the Airflow UI.
+
+Registered with the ``airflow.plugins`` entry point. It adds
+
+* a FastAPI app, mounted by the api-server under :data:`URL_PREFIX` (``/airflow-ckpt``):
+  JSON (``/jobs``, ``/jobs/{job}/checkpoints`` shaped like Flink's REST
+  ``/jobs/:id/checkpoints``, ``/jobs/{job}/history``) and HTML pages (a jobs index at
+  ``/`` and one page per job at ``/view/{job}``), see :mod:`airflow_ckpt.plugins.app`;
+* a "Checkpoints" entry in the UI's *Browse* menu (an ``external_view``: the UI shows
+  the jobs index in an iframe);
+* a "Checkpoint history" extra link on every ``CheckpointedSparkSubmitOperator`` task,
+  pointing at the history page of the job that task instance submitted.
+
+Settings (``airflow.cfg`` or ``AIRFLOW__AIRFLOW_CKPT__<OPTION>``), read per request:
+
+* ``[airflow_ckpt] storage_uri``: ``s3://bucket/prefix`` or ``file:///path``; falls back
+  to ``$AIRFLOW_CKPT_STORAGE``;
+* ``[airflow_ckpt] storage_conn_id``: the ``aws``-type connection (default
+  ``aws_default``; a missing connection falls back to the AWS environment);
+* ``[airflow_ckpt] history_limit``: newest history events read per job (default 1000).
+
+Importing this module is cheap (no FastAPI, no Spark provider, no storage access): the
+app and the operator link are built the first time Airflow asks for them, which only
+the api-server (and ``airflow plugins``) do. Task processes load plugins too.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode, urljoin
+
+from airflow.plugins_manager import AirflowPlugin
+from airflow.sdk import BaseOperatorLink
+
+if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator
+    from airflow.sdk.types import TaskInstanceKey
+
+CONFIG_SECTION = "airflow_ckpt"
+STORAGE_ENV = "AIRFLOW_CKPT_STORAGE"
+DEFAULT_CONN_ID = "aws_default"
+DEFAULT_HISTORY_LIMIT = 1000
+URL_PREFIX = "/airflow-ckpt"
+APP_NAME = "Checkpoint history"
+NAV_NAME = "Checkpoints"
+
+
+@dataclass(frozen=True, slots=True)
+class PluginSettings:
+    """Where the plugin reads checkpoints from."""
+
+    storage_uri: str | None
+    conn_id: str | None = DEFAULT_CONN_ID
+    history_limit: int = DEFAULT_HISTORY_LIMIT
+
+
+def load_settings() -> PluginSettings:
+    """Read ``[airflow_ckpt]`` from Airflow's configuration (``$AIRFLOW_CKPT_STORAGE`` too)."""
+    from airflow.configuration import conf
+
+    uri = conf.get(CONFIG_SECTION, "storage_uri", fallback="") or os.environ.get(STORAGE_ENV, "")
+    conn_id = conf.get(CONFIG_SECTION, "storage_conn_id", fallback=DEFAULT_CONN_ID)
+    limit = conf.getint(CONFIG_SECTION, "history_limit", fallback=DEFAULT_HISTORY_LIMIT)
+    return PluginSettings(uri.strip() or None, conn_id.strip() or None, max(1, limit))
+
+
+def task_history_path(dag_id: str, run_id: str, task_id: str, job: str | None = None) -> str:
+    """The app-relative path that finds the job a task instance submitted (``task?...``)."""
+    params = {"dag_id": dag_id, "run_id": run_id, "task_id": task_id}
+    if job:
+        params["job"] = job
+    return f"task?{urlencode(params)}"
+
+
+class CheckpointHistoryLink(BaseOperatorLink):
+    """Extra link of ``CheckpointedSparkSubmitOperator``: the job's checkpoint history.
+
+    Computed by the api-server from the task instance's key. A literal ``job_name`` goes
+    into the link; a templated one is found from the ``job_submitted`` history events,
+    which record the submitting task instance.
+    """
+
+    name = "Checkpoint history"
+
+    @property
+    def operators(self) -> list[type[BaseOperator]]:  # type: ignore[override]
+        """Imported on use: the plugin module must not import the Spark provider."""
+        from airflow_ckpt.operators.checkpointed_spark_submit import (
+            CheckpointedSparkSubmitOperator,
+        )
+
+        return [CheckpointedSparkSubmitOperator]
+
+    def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
+        from airflow.configuration import conf
+
+        job = getattr(operator, "job_name", None)
+        literal = job if isinstance(job, str) and "{{" not in job else None
+        path = task_history_path(ti_key.dag_id, ti_key.run_id, ti_key.task_id, literal)
+        base = conf.get("api", "base_url", fallback="/") or "/"
+        return urljoin(base.rstrip("/") + "/", f"{URL_PREFIX.strip('/')}/{path}")
+
+
+class AirflowCkptPlugin(AirflowPlugin):
+    """Checkpoint history pages, JSON endpoints, a nav entry and an operator extra link."""
+
+    name = "airflow_ckpt"
+    external_views = [
+        {
+            "name": NAV_NAME,
+            # relative: the UI resolves it against its <base href> (works under a base_url)
+            "href": f"{URL_PREFIX.strip('/')}/",
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "checkpoints",
+        }
+    ]
+    # attached to CheckpointedSparkSubmitOperator tasks when the api-server reads DAGs
+    operator_extra_links = [CheckpointHistoryLink()]
+
+    @cached_property
+    def fastapi_apps(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        """Built on first use: only the api-server (and ``airflow plugins``) asks."""
+        from airflow_ckpt.plugins.app import create_app
+
+        return [{"app": create_app(), "url_prefix": URL_PREFIX, "name": APP_NAME}]

@@ -1,0 +1,355 @@
+"""Read-side views of the storage contract for the UI: jobs, checkpoint stats, events.
+
+Pure functions over a :class:`CheckpointStorage` (no FastAPI, no Airflow), so the JSON
+endpoints, the HTML pages and tests share one implementation.
+
+The checkpoint statistics follow Flink's REST ``/jobs/:id/checkpoints``: ``counts``,
+``summary``, ``latest`` (``completed``, ``savepoint``, ``failed``, ``restored``) and
+``history``. History entries come from two sources:
+
+* the ``checkpoint_completed`` / ``savepoint_completed`` / ``*_failed`` history events
+  (every checkpoint ever taken, including those retention has since discarded);
+* the ``_metadata`` manifests of the retained checkpoints and savepoints, rendered with
+  :meth:`Manifest.history_entry`; they are authoritative for what is still restorable
+  and appear even if their event lies outside the history window.
+
+Only the newest ``limit`` history events are read (one listing + one GET per event), so
+a job with a long history stays cheap to show; ``history_window`` says whether older
+events were left out, and the counts then cover the window (plus retained manifests).
+An unreadable event or manifest is reported in ``errors``, never silently skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_ckpt.errors import AirflowCkptError, MetadataError, ObjectNotFoundError, RestoreError
+from airflow_ckpt.runtime import history as ev
+from airflow_ckpt.runtime.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.history import HistoryEvent
+from airflow_ckpt.runtime.layout import JobLayout, validate_job_name
+from airflow_ckpt.runtime.metadata import Manifest
+from airflow_ckpt.runtime.storage.base import CheckpointStorage
+
+#: Events shown in the "restarts, failures and lifecycle" table of a job page.
+TIMELINE_EVENTS = frozenset(
+    {
+        ev.JOB_SUBMITTED, ev.JOB_STARTED, ev.RESTORED, ev.RESTORE_FALLBACK, ev.FAILURE,
+        ev.RESTART, ev.JOB_FINISHED, ev.JOB_STOPPED, ev.JOB_FAILED,
+    }
+)
+_LIFECYCLE = {ev.JOB_STARTED: "RUNNING", ev.JOB_FINISHED: "FINISHED",
+              ev.JOB_STOPPED: "STOPPED", ev.JOB_FAILED: "FAILED"}
+_COMPLETED = {ev.CHECKPOINT_COMPLETED, ev.SAVEPOINT_COMPLETED}
+_FAILED = {ev.CHECKPOINT_FAILED, ev.SAVEPOINT_FAILED}
+_ENTRY_FIELDS = (
+    "id", "status", "is_savepoint", "savepoint_id", "checkpoint_type", "trigger", "batch_id",
+    "trigger_timestamp", "latest_ack_timestamp", "failure_timestamp", "state_size",
+    "checkpointed_size", "end_to_end_duration", "num_subtasks", "num_acknowledged_subtasks",
+    "external_path", "discarded", "failure_message", "request_id",
+)
+
+
+class UnknownJobError(AirflowCkptError, LookupError):
+    """The job name is not valid or has nothing stored under the storage root."""
+
+
+@dataclass(slots=True)
+class HistoryWindow:
+    """The newest events of a job (oldest first) and what reading them found."""
+
+    job: str
+    events: list[HistoryEvent]
+    total: int  # history objects stored
+    read: int  # of them read (the window)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def truncated(self) -> bool:
+        return self.read < self.total
+
+    def describe(self) -> dict[str, Any]:
+        return {"events_read": self.read, "events_total": self.total,
+                "truncated": self.truncated}
+
+
+def require_job(storage: CheckpointStorage, job: str) -> str:
+    """``job`` if it is a valid name with something stored, else :class:`UnknownJobError`."""
+    try:
+        validate_job_name(job)
+    except AirflowCkptError as exc:
+        raise UnknownJobError(f"{job!r} is not a valid job name") from exc
+    if job not in storage.list_dirs(""):
+        raise UnknownJobError(f"job {job!r} has nothing stored in {storage.uri}")
+    return job
+
+
+def read_history(
+    storage: CheckpointStorage, job: str, limit: int, types: Iterable[str] | None = None
+) -> HistoryWindow:
+    """The newest ``limit`` history events of ``job`` (oldest first), filtered by ``types``.
+
+    ``limit`` bounds the objects read, before filtering: the window is the same for
+    every filter. Unreadable events are listed in ``errors`` with their keys.
+    """
+    prefix = JobLayout(job).history_prefix
+    keys = [info.key for info in storage.list(prefix) if info.key.endswith(".json")]
+    window = keys[-limit:] if limit > 0 else keys
+    wanted = set(types) if types is not None else None
+    out = HistoryWindow(job, [], total=len(keys), read=len(window))
+    for key in window:
+        try:
+            body = json.loads(storage.get_bytes(key))
+            event_type, ts = str(body["type"]), float(body["ts"])
+        except ObjectNotFoundError:  # events are never deleted; a storage mid-cleanup
+            out.errors.append(f"history event {key} vanished while it was read")
+            continue
+        except (ValueError, KeyError, TypeError) as exc:
+            out.errors.append(f"history event {key} is unreadable: {exc}")
+            continue
+        if not isinstance(body, dict):
+            out.errors.append(f"history event {key} is not a JSON object")
+            continue
+        if wanted is None or event_type in wanted:
+            out.events.append(HistoryEvent(event_type, ts, key, body))
+    return out
+
+
+def event_json(event: HistoryEvent) -> dict[str, Any]:
+    """An event as stored, plus its storage ``key``."""
+    return {**event.data, "type": event.type, "ts": event.ts, "key": event.key}
+
+
+# ----------------------------------------------------------------- checkpoint statistics
+
+
+def _entry(values: dict[str, Any]) -> dict[str, Any]:
+    """A history entry with every field present (``None`` when unknown), in a fixed order."""
+    entry = {name: values.get(name) for name in _ENTRY_FIELDS}
+    entry["is_savepoint"] = bool(entry["is_savepoint"])
+    entry["checkpoint_type"] = "SAVEPOINT" if entry["is_savepoint"] else "CHECKPOINT"
+    entry["discarded"] = bool(entry["discarded"])
+    return entry
+
+
+def _key(entry: dict[str, Any]) -> tuple[str, Any]:
+    if entry["is_savepoint"] and entry.get("savepoint_id"):
+        return ("savepoint", entry["savepoint_id"])
+    return ("savepoint" if entry["is_savepoint"] else "checkpoint", entry["id"])
+
+
+def _from_event(event: HistoryEvent) -> dict[str, Any]:
+    data = dict(event.data)
+    data.setdefault("external_path", data.get("path"))
+    if event.type in _FAILED:
+        data["status"] = "FAILED"
+        data.setdefault("failure_timestamp", int(event.ts * 1000))
+        data.setdefault("is_savepoint", event.type == ev.SAVEPOINT_FAILED)
+    else:
+        data["status"] = "COMPLETED"
+        data.setdefault("is_savepoint", event.type == ev.SAVEPOINT_COMPLETED)
+    return _entry(data)
+
+
+def _from_manifest(manifest: Manifest, path: str) -> dict[str, Any]:
+    return _entry({**manifest.history_entry(), "external_path": path})
+
+
+def _stats(values: Sequence[int]) -> dict[str, Any]:
+    if not values:
+        return {"min": None, "max": None, "avg": None}
+    return {"min": min(values), "max": max(values), "avg": round(sum(values) / len(values))}
+
+
+def _retained(
+    storage: CheckpointStorage, job: str, errors: list[str]
+) -> tuple[list[dict[str, Any]], int]:
+    """Entries of the retained checkpoints and savepoints; checkpoint dirs without one."""
+    catalog = CheckpointCatalog(storage, job)
+    entries = []
+    completed = catalog.checkpoint_ids()
+    refs = [catalog.resolve(f"chk-{n}") for n in completed]
+    refs += [catalog.resolve(f"savepoints/sp-{sp}") for sp in catalog.savepoint_ids()]
+    for ref in refs:
+        try:
+            manifest = catalog.read(ref)
+        except (MetadataError, RestoreError) as exc:  # corrupt, or discarded meanwhile
+            errors.append(f"{ref.metadata_key}: {exc}")
+            continue
+        entries.append(_from_manifest(manifest, catalog.uri_of(ref)))
+    incomplete = len(set(catalog.checkpoint_ids(completed_only=False)) - set(completed))
+    return entries, incomplete
+
+
+def checkpoint_stats(storage: CheckpointStorage, job: str, window: HistoryWindow) -> dict[str, Any]:
+    """Flink's ``/jobs/:id/checkpoints`` for ``job`` (see the module docstring)."""
+    errors = list(window.errors)
+    by_key: dict[tuple[str, Any], dict[str, Any]] = {}
+    failed: list[dict[str, Any]] = []
+    restored: list[HistoryEvent] = []
+    for event in window.events:
+        if event.type in _COMPLETED:
+            entry = _from_event(event)
+            entry["discarded"] = True  # until a retained manifest says otherwise
+            by_key[_key(entry)] = entry
+        elif event.type in _FAILED:
+            failed.append(_from_event(event))
+        elif event.type == ev.RESTORED:
+            restored.append(event)
+    retained, incomplete = _retained(storage, job, errors)
+    for entry in retained:
+        key = _key(entry)
+        if key in by_key and by_key[key].get("request_id"):
+            entry["request_id"] = by_key[key]["request_id"]
+        by_key[key] = entry
+    completed = list(by_key.values())
+    history = sorted(
+        completed + failed,
+        key=lambda e: (e["trigger_timestamp"] or 0, e["id"] if isinstance(e["id"], int) else -1),
+        reverse=True,
+    )
+    checkpoints = [e for e in history if e["status"] == "COMPLETED" and not e["is_savepoint"]]
+    savepoints = [e for e in history if e["status"] == "COMPLETED" and e["is_savepoint"]]
+    failures = [e for e in history if e["status"] == "FAILED"]
+    last_restore = restored[-1] if restored else None
+    return {
+        "job": job,
+        "storage": storage.uri,
+        "counts": {
+            "restored": len(restored),
+            "total": len(completed) + len(failed),
+            "in_progress": incomplete,
+            "completed": len(completed),
+            "failed": len(failed),
+        },
+        "summary": {
+            name: _stats([e[name] for e in completed if isinstance(e[name], int)])
+            for name in ("state_size", "checkpointed_size", "end_to_end_duration")
+        },
+        "latest": {
+            "completed": checkpoints[0] if checkpoints else None,
+            "savepoint": savepoints[0] if savepoints else None,
+            "failed": failures[0] if failures else None,
+            "restored": None if last_restore is None else {
+                "id": last_restore.data.get("checkpoint_id"),
+                "restore_timestamp": int(last_restore.ts * 1000),
+                "is_savepoint": last_restore.data.get("kind") == "savepoint",
+                "savepoint_id": last_restore.data.get("savepoint_id"),
+                "batch_id": last_restore.data.get("batch_id"),
+                "from_job": last_restore.data.get("from_job"),
+                "external_path": last_restore.data.get("path"),
+            },
+        },
+        "retained": sorted(e["id"] for e in completed
+                           if not e["discarded"] and not e["is_savepoint"]),
+        "history": history,
+        "history_window": window.describe(),
+        "errors": errors,
+    }
+
+
+# --------------------------------------------------------------------------- timeline
+
+
+def _summary(event: HistoryEvent) -> str:
+    """One line about what an event says (the full payload is in the JSON endpoint)."""
+    d = event.data
+
+    def has(*names: str) -> list[str]:
+        return [f"{n}={d[n]}" for n in names if d.get(n) not in (None, "", [], {})]
+
+    if event.type == ev.FAILURE:
+        parts = has("level", "cause", "exit_code", "attempt")
+    elif event.type == ev.RESTART:
+        decision = "restart" if d.get("restart") else "no restart"
+        parts = [f"{d.get('strategy', '?')}: {decision}",
+                 *has("level", "attempt", "delay_s", "cause")]
+    elif event.type == ev.RESTORED:
+        parts = has("kind", "checkpoint_id", "savepoint_id", "batch_id", "from_job", "path")
+    elif event.type == ev.RESTORE_FALLBACK:
+        parts = has("path", "reason")
+    elif event.type == ev.JOB_SUBMITTED:
+        parts = has("attempt", "restore", "master", "deploy_mode")
+        airflow = d.get("airflow")
+        if isinstance(airflow, dict):
+            parts.append("task " + "/".join(
+                str(airflow.get(k)) for k in ("dag_id", "run_id", "task_id")))
+    elif event.type == ev.JOB_STARTED:
+        parts = has("attempt", "restore", "spark_version")
+    else:
+        parts = has("cause", "checkpoint_id", "savepoint", "exit_code", "attempts", "reason")
+    return ", ".join(parts)
+
+
+def timeline(window: HistoryWindow) -> list[dict[str, Any]]:
+    """Restart, failure, restore and lifecycle events, newest first, with a summary."""
+    rows = []
+    for event in reversed(window.events):
+        if event.type not in TIMELINE_EVENTS:
+            continue
+        rows.append({
+            "type": event.type,
+            "ts": event.ts,
+            "run_id": event.data.get("run_id"),
+            "level": event.data.get("level"),
+            "summary": _summary(event),
+            "error_lines": [str(x) for x in event.data.get("error_lines") or []][:20],
+        })
+    return rows
+
+
+def job_status(window: HistoryWindow) -> str | None:
+    """``RUNNING``/``FINISHED``/``STOPPED``/``FAILED`` from the newest lifecycle event."""
+    for event in reversed(window.events):
+        if event.type in _LIFECYCLE:
+            return _LIFECYCLE[event.type]
+    return None
+
+
+# ------------------------------------------------------------------------------- jobs
+
+
+def jobs_overview(storage: CheckpointStorage) -> list[dict[str, Any]]:
+    """Every job under the root with its newest retained checkpoint (no history reads)."""
+    out = []
+    for job in CheckpointCatalog.jobs(storage):
+        try:
+            validate_job_name(job)
+        except AirflowCkptError:
+            continue  # not a job directory (e.g. a sink's "_output")
+        catalog = CheckpointCatalog(storage, job)
+        row: dict[str, Any] = {"id": job, "latest_completed": None, "num_retained": 0,
+                               "num_savepoints": 0, "error": None}
+        try:
+            ids = catalog.checkpoint_ids()
+            row["num_retained"] = len(ids)
+            row["num_savepoints"] = len(catalog.savepoint_ids())
+            if ids:
+                ref = catalog.resolve(f"chk-{ids[-1]}")
+                row["latest_completed"] = _from_manifest(catalog.read(ref), catalog.uri_of(ref))
+        except (MetadataError, RestoreError) as exc:
+            row["error"] = str(exc)
+        out.append(row)
+    return out
+
+
+def find_job_for_task(
+    storage: CheckpointStorage, dag_id: str, run_id: str, task_id: str, limit: int
+) -> str | None:
+    """The job whose newest ``job_submitted`` event came from this task instance."""
+    found: tuple[float, str] | None = None
+    for job in CheckpointCatalog.jobs(storage):
+        try:
+            validate_job_name(job)
+        except AirflowCkptError:
+            continue
+        for event in read_history(storage, job, limit, [ev.JOB_SUBMITTED]).events:
+            ids = event.data.get("airflow")
+            if (isinstance(ids, dict) and ids.get("dag_id") == dag_id
+                    and ids.get("run_id") == run_id and ids.get("task_id") == task_id
+                    and (found is None or event.ts > found[0])):
+                found = (event.ts, job)
+    return found[1] if found else None

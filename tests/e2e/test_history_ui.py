@@ -1,0 +1,267 @@
+"""E2E: the checkpoint-history UI in the real Airflow api-server, seen by real Chromium.
+
+The api-server (``airflow api-server``, SQLite, a temporary ``AIRFLOW_HOME`` from the
+``airflow_env`` fixture) loads the plugin through its ``airflow.plugins`` entry point and
+mounts its FastAPI app itself. Auth is the real ``SimpleAuthManager`` in its no-login
+mode (``simple_auth_manager_all_admins``): its middleware puts a JWT on every request
+and the plugin's dependency validates it like any other API route.
+
+Checkpoints and history are written to a ``file://`` storage the way the runtime and
+supervisor write them (``tests/fixtures/checkpoint_history.py``). Headless Debian
+Chromium loads the pages (``--dump-dom`` after the page has loaded) and the rendered DOM
+is checked: the checkpoint rows and their values, the restart/failure events, that
+markup in failure messages stayed text, the nav entry in Airflow's own React UI, and the
+operator extra link the api-server computes for a ``CheckpointedSparkSubmitOperator``
+task instance (followed through its redirect to the job's page). One screenshot is taken.
+
+Skipped, with the reason, when no Chromium is found (``make test`` installs it with
+``apt-get`` when missing; ``$CHROMIUM`` points at another binary).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_ckpt.runtime.storage import open_storage
+from tests.fixtures.airflow_env import VENV_BIN, AirflowEnv
+from tests.fixtures.checkpoint_history import (
+    DAG_ID,
+    EVIL_CAUSE,
+    EVIL_MESSAGE,
+    JOB,
+    RUN_ID,
+    TASK_ID,
+    Story,
+    parse_page,
+    write_story,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+STARTUP_TIMEOUT_S = 120
+CHROMIUM_TIMEOUT_S = 90
+CHROMIUM_FLAGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+)
+DAG_FILE = f'''
+from airflow.sdk import DAG
+from airflow_ckpt.operators.checkpointed_spark_submit import CheckpointedSparkSubmitOperator
+
+with DAG("{DAG_ID}", schedule=None, params={{"job": "{JOB}"}}):
+    CheckpointedSparkSubmitOperator(
+        task_id="{TASK_ID}", application="job.py",
+        job_name="{{{{ params.job }}}}",  # templated: the link has to find the job
+        checkpoint_storage="file:///unused",
+    )
+'''
+
+
+def find_chromium() -> str | None:
+    candidates = [os.environ.get("CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium"),
+                  shutil.which("chromium-browser"), shutil.which("google-chrome")]
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+@dataclass(frozen=True)
+class Browser:
+    binary: str
+    profile: Path
+
+    def run(self, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        cmd = [self.binary, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}", *extra, url]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHROMIUM_TIMEOUT_S,
+                              check=False)
+        assert proc.returncode == 0, f"chromium failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+        return proc
+
+    def dom(self, url: str, *extra: str) -> str:
+        """The DOM after the page loaded (and ran its scripts), serialised."""
+        return self.run(url, "--dump-dom", *extra).stdout
+
+    def screenshot(self, url: str, path: Path) -> Path:
+        self.run(url, f"--screenshot={path}", "--window-size=1400,1000", "--hide-scrollbars",
+                 "--virtual-time-budget=15000")
+        return path
+
+
+@dataclass(frozen=True)
+class ApiServer:
+    url: str
+    story: Story
+    storage_uri: str
+    log: Path
+
+    def get_json(self, path: str, data: dict[str, Any] | None = None) -> Any:
+        body = None if data is None else json.dumps(data).encode()
+        request = urllib.request.Request(
+            self.url + path, data=body, method="GET" if data is None else "POST",
+            headers={"Content-Type": "application/json", "Accept": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.load(response)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Browser:
+    binary = find_chromium()
+    if binary is None:
+        pytest.skip("no Chromium found (/usr/bin/chromium, chromium on PATH or $CHROMIUM): "
+                    "install it with `apt-get install -y chromium` (make test does this)")
+    return Browser(binary, tmp_path_factory.mktemp("chromium-profile"))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/api/v2/monitor/health", timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the api-server and its workers: the process group this fixture created."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def api_server(
+    airflow_env: AirflowEnv, browser: Browser, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ApiServer]:
+    root = tmp_path_factory.mktemp("history_ui")
+    storage = open_storage(f"file://{root / 'checkpoints'}")
+    story = write_story(storage)
+    dags = root / "dags"
+    dags.mkdir()
+    (dags / "history_ui_dag.py").write_text(DAG_FILE)
+    port = _free_port()
+    env = {
+        **airflow_env.env,
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
+        "AIRFLOW__AIRFLOW_CKPT__STORAGE_URI": storage.uri,
+        "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+    }
+    log = root / "api-server.log"
+    started = time.monotonic()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(VENV_BIN / "airflow"), "api-server", "-H", "127.0.0.1", "-p", str(port),
+             "-w", "1"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        # meanwhile (2 cores): store the DAG serialised, as the dag-processor would
+        reserialize = subprocess.run([str(VENV_BIN / "airflow"), "dags", "reserialize"],
+                                     env=env, capture_output=True, text=True, timeout=300,
+                                     check=False)
+        assert reserialize.returncode == 0, reserialize.stderr[-3000:]
+        url = f"http://127.0.0.1:{port}"
+        while not _healthy(url):
+            if proc.poll() is not None or time.monotonic() - started > STARTUP_TIMEOUT_S:
+                pytest.fail(f"the api-server did not start:\n{log.read_text()[-5000:]}")
+            time.sleep(0.5)
+        print(f"api-server up in {time.monotonic() - started:.1f} s at {url}")
+        yield ApiServer(url, story, storage.uri, log)
+    finally:
+        _stop(proc)
+        storage.close()
+
+
+def test_job_page_renders_the_checkpoint_history(
+    api_server: ApiServer, browser: Browser, tmp_path: Path
+) -> None:
+    url = f"{api_server.url}/airflow-ckpt/view/{JOB}"
+    dom = browser.dom(url)
+    tables, texts = parse_page(dom)
+    rows = {r.attrs["data-id"]: r.cells for r in tables["checkpoints"]}
+    assert list(rows) == ["7", "6", "5", "4", "3", "2", "1"], dom[-3000:]
+    manifests = api_server.story.manifests
+    assert rows["6"] == {
+        "id": "6", "status": "COMPLETED retained", "kind": "checkpoint", "trigger": "periodic",
+        "batch": str(manifests[6].batch_id), "time": rows["6"]["time"],
+        "state": "9.0 KiB", "uploaded": "3.0 KiB",
+        "e2e": f"{manifests[6].timings.end_to_end_duration_ms} ms", "acked": "5/5",
+        "detail": f"{api_server.storage_uri}/{JOB}/chk-6",
+    }
+    assert rows["7"]["id"] == "7 before-upgrade"
+    assert rows["7"]["kind"] == "savepoint"
+    assert rows["3"]["status"] == "COMPLETED discarded"
+    assert rows["1"]["uploaded"] == "512 B"
+    assert rows["4"]["status"] == "FAILED"
+    assert rows["4"]["detail"] == EVIL_MESSAGE  # rendered as text ...
+    assert "<script" not in dom and "<img" not in dom  # ... never as elements
+    assert texts["job-status"] == "FINISHED"
+    assert (texts["count-completed"], texts["count-failed"], texts["count-restored"]) == (
+        "6", "1", "1")
+    assert "checkpoint 3" in texts["latest-restored"]
+
+    events = [r.cells for r in tables["events"]]
+    assert [e["event"] for e in events][:6] == [
+        "job finished", "restored", "job started", "job submitted", "restart", "failure"]
+    assert EVIL_CAUSE in events[5]["summary"]
+    assert "<b>" not in dom
+
+    shot = browser.screenshot(url, tmp_path / "history.png")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.stat().st_size > 20_000, "the screenshot looks blank"
+    print(f"screenshot: {shot}")
+
+
+def test_jobs_index_and_json(api_server: ApiServer, browser: Browser) -> None:
+    tables, _ = parse_page(browser.dom(f"{api_server.url}/airflow-ckpt/"))
+    (row,) = tables["jobs"]
+    assert (row.cells["job"], row.cells["id"], row.cells["retained"]) == (JOB, "6", "2")
+
+    stats = api_server.get_json(f"/airflow-ckpt/jobs/{JOB}/checkpoints")
+    assert stats["counts"]["completed"] == 6
+    assert stats["latest"]["completed"]["id"] == 6
+    assert stats["latest"]["failed"]["failure_message"] == EVIL_MESSAGE
+
+
+def test_airflow_ui_shows_the_nav_entry_as_an_iframe(
+    api_server: ApiServer, browser: Browser
+) -> None:
+    plugins = api_server.get_json("/api/v2/plugins")["plugins"]
+    (ours,) = [p for p in plugins if p["name"] == "airflow_ckpt"]
+    assert ours["external_views"][0]["href"] == "airflow-ckpt/"
+    # Airflow's React UI renders the external view as an iframe on /plugin/<url_route>
+    dom = browser.dom(f"{api_server.url}/plugin/checkpoints", "--virtual-time-budget=20000")
+    assert 'src="airflow-ckpt/"' in dom and 'title="Checkpoints"' in dom, dom[-3000:]
+
+
+def test_operator_extra_link_leads_to_the_jobs_history(
+    api_server: ApiServer, browser: Browser
+) -> None:
+    api_server.get_json(f"/api/v2/dags/{DAG_ID}/dagRuns",
+                        {"dag_run_id": RUN_ID, "logical_date": None})
+    links = api_server.get_json(
+        f"/api/v2/dags/{DAG_ID}/dagRuns/{RUN_ID}/taskInstances/{TASK_ID}/links")
+    link = links["extra_links"]["Checkpoint history"]
+    assert link.startswith(f"{api_server.url}/airflow-ckpt/task?"), link
+    _, texts = parse_page(browser.dom(link))  # the browser follows the redirect
+    assert texts["job-name"] == JOB
