@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import quote, unquote
 
 from airflow_ckpt.errors import InvalidStorageUriError
@@ -36,6 +36,42 @@ DEFAULT_MULTIPART_THRESHOLD = 64 * MiB
 DEFAULT_MULTIPART_CHUNKSIZE = 16 * MiB
 
 _URI_SAFE = "/:@!$&'()*+,;=-._~"
+
+
+@dataclass(frozen=True, slots=True)
+class S3Options:
+    """How to reach and talk to an S3-compatible endpoint (ignored for ``file://``).
+
+    :param endpoint_url: S3-compatible endpoint; ``None`` uses ``AWS_ENDPOINT_URL`` /
+        ``AWS_ENDPOINT_URL_S3`` / the AWS config, else AWS S3. Path-style addressing is
+        used for every endpoint that is not AWS.
+    :param region_name, aws_access_key_id, aws_secret_access_key, aws_session_token:
+        ``None`` falls back to boto3's standard environment/config/instance resolution
+    :param max_workers: threads per transfer (multipart parts, downloads) and the size
+        of the HTTP connection pool (twice this)
+    :param max_attempts: attempts per request, first included (botocore ``standard``
+        retry mode: exponential backoff with jitter, retries throttling, 5xx and
+        connection errors)
+    :param connect_timeout, read_timeout: seconds (per attempt)
+    :param multipart_threshold, multipart_chunksize: files at or above the threshold are
+        uploaded, downloaded and (when too large for one CopyObject) copied in parts of
+        this size (S3 requires at least 5 MiB per part)
+    :param verify_conditional_writes: check once per endpoint and bucket, before the
+        first create-only write, that the endpoint honours ``If-None-Match: *``
+    """
+
+    endpoint_url: str | None = None
+    region_name: str | None = None
+    aws_access_key_id: str | None = None
+    aws_secret_access_key: str | None = None
+    aws_session_token: str | None = None
+    max_workers: int = DEFAULT_MAX_WORKERS
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+    multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD
+    multipart_chunksize: int = DEFAULT_MULTIPART_CHUNKSIZE
+    verify_conditional_writes: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,22 +190,7 @@ def parse_storage_uri(uri: str) -> StorageUri:
     raise _bad(uri, f"unsupported scheme {scheme + '://'!r}")
 
 
-def open_storage(
-    uri: str,
-    *,
-    endpoint_url: str | None = None,
-    region_name: str | None = None,
-    aws_access_key_id: str | None = None,
-    aws_secret_access_key: str | None = None,
-    aws_session_token: str | None = None,
-    max_workers: int = DEFAULT_MAX_WORKERS,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    read_timeout: float = DEFAULT_READ_TIMEOUT,
-    multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
-    multipart_chunksize: int = DEFAULT_MULTIPART_CHUNKSIZE,
-    verify_conditional_writes: bool = True,
-) -> CheckpointStorage:
+def open_storage(uri: str, **s3_options: Any) -> CheckpointStorage:
     """Open the storage at ``uri`` (see the module docstring for the accepted forms).
 
     Opening is lazy: nothing is contacted or created until the first operation, so a
@@ -184,7 +205,8 @@ def open_storage(
     retry); ``verify_conditional_writes`` makes the first create-only write check once
     that the endpoint really honours ``If-None-Match`` (see ``docs/storage.md``).
 
-    Raises :class:`InvalidStorageUriError` for a malformed URI.
+    ``s3_options`` are the fields of :class:`S3Options` (an unknown name is a
+    ``TypeError``). Raises :class:`InvalidStorageUriError` for a malformed URI.
     """
     parsed = parse_storage_uri(uri)
     if parsed.scheme == "file":
@@ -195,19 +217,4 @@ def open_storage(
     from airflow_ckpt.runtime.storage.s3 import S3Storage
 
     assert parsed.bucket is not None
-    return S3Storage(
-        parsed.bucket,
-        parsed.prefix,
-        endpoint_url=endpoint_url,
-        region_name=region_name,
-        aws_access_key_id=aws_access_key_id,
-        aws_secret_access_key=aws_secret_access_key,
-        aws_session_token=aws_session_token,
-        max_workers=max_workers,
-        max_attempts=max_attempts,
-        connect_timeout=connect_timeout,
-        read_timeout=read_timeout,
-        multipart_threshold=multipart_threshold,
-        multipart_chunksize=multipart_chunksize,
-        verify_conditional_writes=verify_conditional_writes,
-    )
+    return S3Storage(parsed.bucket, parsed.prefix, S3Options(**s3_options))

@@ -51,14 +51,7 @@ from airflow_ckpt.errors import (
     StorageError,
 )
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo
-from airflow_ckpt.runtime.storage.factory import (
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_WORKERS,
-    DEFAULT_MULTIPART_CHUNKSIZE,
-    DEFAULT_MULTIPART_THRESHOLD,
-    DEFAULT_READ_TIMEOUT,
-)
+from airflow_ckpt.runtime.storage.factory import S3Options
 from airflow_ckpt.runtime.storage.local import _fsync_dir, _write_temp
 from airflow_ckpt.runtime.storage.naming import (
     bucket_name_problem,
@@ -161,42 +154,16 @@ class S3Storage(CheckpointStorage):
 
     :param bucket: bucket name (validated with S3's naming rules)
     :param prefix: key prefix of the root, without leading or trailing ``/``
-    :param endpoint_url: S3-compatible endpoint; ``None`` uses ``AWS_ENDPOINT_URL`` /
-        ``AWS_ENDPOINT_URL_S3`` / the AWS config, else AWS S3. Path-style addressing is
-        used for every endpoint that is not AWS.
-    :param region_name, aws_access_key_id, aws_secret_access_key, aws_session_token:
-        ``None`` falls back to boto3's standard environment/config/instance resolution
-    :param max_workers: threads per transfer (multipart parts, downloads) and the size
-        of the HTTP connection pool (twice this)
-    :param max_attempts: attempts per request, first included (botocore ``standard``
-        retry mode: exponential backoff with jitter, retries throttling, 5xx and
-        connection errors)
-    :param connect_timeout, read_timeout: seconds (per attempt)
-    :param multipart_threshold, multipart_chunksize: files at or above the threshold are
-        uploaded, downloaded and (when too large for one CopyObject) copied in parts of
-        this size (S3 requires at least 5 MiB per part)
-    :param verify_conditional_writes: check once per endpoint and bucket, before the
-        first create-only write, that the endpoint honours ``If-None-Match: *``
+    :param options: endpoint, credentials, retries, timeouts, multipart sizes
     """
 
     def __init__(
         self,
         bucket: str,
         prefix: str = "",
-        *,
-        endpoint_url: str | None = None,
-        region_name: str | None = None,
-        aws_access_key_id: str | None = None,
-        aws_secret_access_key: str | None = None,
-        aws_session_token: str | None = None,
-        max_workers: int = DEFAULT_MAX_WORKERS,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-        read_timeout: float = DEFAULT_READ_TIMEOUT,
-        multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
-        multipart_chunksize: int = DEFAULT_MULTIPART_CHUNKSIZE,
-        verify_conditional_writes: bool = True,
+        options: S3Options | None = None,
     ) -> None:
+        o = options or S3Options()
         problem = bucket_name_problem(bucket)
         if problem is not None:
             raise InvalidStorageUriError(f"invalid S3 bucket name {bucket!r}: {problem}")
@@ -206,23 +173,23 @@ class S3Storage(CheckpointStorage):
                 check_prefix(prefix)
             except ValueError as exc:
                 raise InvalidStorageUriError(str(exc)) from exc
-        if max_workers < 1 or max_attempts < 1:
+        if o.max_workers < 1 or o.max_attempts < 1:
             raise ValueError("max_workers and max_attempts must be at least 1")
         self.bucket = bucket
         self.prefix = prefix
         self.uri = f"s3://{bucket}" + (f"/{prefix}" if prefix else "")
         self._root = prefix + "/" if prefix else ""
-        self._verify_conditional = verify_conditional_writes
+        self._verify_conditional = o.verify_conditional_writes
         self._bucket_known = False
 
         session = _botocore_session()
         config = Config(
             # total_max_attempts counts the first attempt; botocore's "max_attempts"
             # would count retries only
-            retries={"mode": "standard", "total_max_attempts": max_attempts},
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            max_pool_connections=max(10, 2 * max_workers),
+            retries={"mode": "standard", "total_max_attempts": o.max_attempts},
+            connect_timeout=o.connect_timeout,
+            read_timeout=o.read_timeout,
+            max_pool_connections=max(10, 2 * o.max_workers),
             user_agent_extra="airflow-ckpt",
         )
         path_style = config.merge(Config(s3={"addressing_style": "path"}))
@@ -233,16 +200,16 @@ class S3Storage(CheckpointStorage):
                 session.create_client(
                     "s3",
                     endpoint_url=endpoint,
-                    region_name=region_name,
-                    aws_access_key_id=aws_access_key_id,
-                    aws_secret_access_key=aws_secret_access_key,
-                    aws_session_token=aws_session_token,
+                    region_name=o.region_name,
+                    aws_access_key_id=o.aws_access_key_id,
+                    aws_secret_access_key=o.aws_secret_access_key,
+                    aws_session_token=o.aws_session_token,
                     config=client_config,
                 ),
             )
 
-        client = make_client(endpoint_url, path_style if endpoint_url else config)
-        if endpoint_url is None and not _is_aws_endpoint(client.meta.endpoint_url):
+        client = make_client(o.endpoint_url, path_style if o.endpoint_url else config)
+        if o.endpoint_url is None and not _is_aws_endpoint(client.meta.endpoint_url):
             # The endpoint came from AWS_ENDPOINT_URL or the AWS config: a non-AWS
             # server, where virtual-host addressing (bucket.host) rarely resolves.
             client.close()
@@ -250,9 +217,9 @@ class S3Storage(CheckpointStorage):
         self._client = client
         self.endpoint_url: str = client.meta.endpoint_url
         self._transfer_config = TransferConfig(
-            multipart_threshold=multipart_threshold,
-            multipart_chunksize=multipart_chunksize,
-            max_concurrency=max_workers,
+            multipart_threshold=o.multipart_threshold,
+            multipart_chunksize=o.multipart_chunksize,
+            max_concurrency=o.max_workers,
             use_threads=True,
             preferred_transfer_client="classic",
         )
