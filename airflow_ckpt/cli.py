@@ -255,19 +255,29 @@ def summarize_state(checkpoint_dir: Path, manifest: Manifest) -> list[dict[str, 
     Uses Spark's state data sources (``state-metadata`` for the operators, ``statestore``
     for the rows) on a local checkpoint directory. Imports pyspark.
     """
-    from pyspark.sql import SparkSession, functions
+    from pyspark.sql import SparkSession
 
+    existing = SparkSession.getActiveSession()
     spark = (
         SparkSession.builder.master("local[2]").appName("airflow-ckpt state")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .getOrCreate()
     )
+    try:
+        return _read_state(spark, str(checkpoint_dir), manifest)
+    finally:
+        if existing is None:  # a session of our own: do not leave a JVM behind
+            spark.stop()
+
+
+def _read_state(spark: Any, location: str, manifest: Manifest) -> list[dict[str, Any]]:
+    from pyspark.sql import functions
+
     # Spark 4.2's HDFS state store reports loads to the StateStoreCoordinator, which only
     # exists once the session's StreamingQueryManager does; without it, reading the
     # state of a session that never ran a query fails with CANNOT_LOAD_STATE_STORE.
     _ = spark.streams.active
-    location = str(checkpoint_dir)
     stores: list[dict[str, Any]] = []
     try:
         for row in spark.read.format("state-metadata").load(location).collect():

@@ -114,8 +114,8 @@ with DAG(
         master="{{ params.master }}",
         conf={
             DEMO + "input": "{{ params.input_dir }}",
-            # 0 keeps the savepoint's partitioning (the runtime ignores non-positive values)
-            RESCALE_PARTITIONS: "{{ params.state_partitions }}",
+            # empty (state_partitions 0) keeps the savepoint's number of state partitions
+            RESCALE_PARTITIONS: "{{ params.state_partitions or '' }}",
             "spark.ui.enabled": "false",
         },
         driver_memory="1g",

@@ -11,6 +11,7 @@ from airflow.serialization.serialized_objects import DagSerialization
 
 from airflow_ckpt.operators.checkpointed_spark_submit import CheckpointedSparkSubmitOperator
 from airflow_ckpt.operators.savepoint import TriggerSavepointOperator
+from airflow_ckpt.runtime.sparkconf import RESCALE_PARTITIONS
 from airflow_ckpt.sensors.checkpoint import CheckpointSensor
 from airflow_ckpt.triggers.checkpoint import CheckpointEventTrigger
 
@@ -47,6 +48,8 @@ def test_restore_dag_uses_the_supervisor(bag: DagBag) -> None:
     op = bag.dags["savepoint_restore"].task_dict["run_from_savepoint"]
     assert isinstance(op, CheckpointedSparkSubmitOperator)
     assert op.restore == "{{ params.savepoint }}"
+    # the runtime refuses state_partitions < 1: the default 0 must render as "unset"
+    assert op.conf[RESCALE_PARTITIONS] == "{{ params.state_partitions or '' }}"
 
 
 def test_consumer_is_scheduled_by_the_watcher(bag: DagBag) -> None:
