@@ -283,11 +283,13 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
                 self.conf = {**user_conf, **self._job_conf(args, store, restore, attempt, run_id)}
                 self.env_vars = dict(job_env)
                 self.py_files = py_files
+                restored_before = len(restart_log.refresh().restored)
                 failure = self._submit(context, history, args, attempt, restore, run_id)
                 state = restart_log.refresh()
-                for event in state.restored[-1:]:
-                    self.log.info("attempt %d restored from %s", attempt,
-                                  event.data.get("path") or event.data)
+                for event in state.restored[restored_before:]:
+                    self.log.info("attempt %d restored from %s %s (batch %s)", attempt,
+                                  event.data.get("kind", "checkpoint"), event.data.get("path"),
+                                  event.data.get("batch_id"))
                 if failure is None:
                     return self._result(catalog, args.job, attempt, state.last_terminal)
                 if self._killed.is_set():

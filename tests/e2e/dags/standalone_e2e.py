@@ -16,7 +16,7 @@ with DAG(
     render_template_as_native_obj=True,
     params={"storage": "file:///tmp/unset", "job_name": "standalone", "master": "local[1]"},
 ):
-    # the first attempt fails, the resubmission runs on the cluster's executor
+    # the first attempt fails, the resubmission computes on the cluster's executor
     CheckpointedSparkSubmitOperator(
         task_id="on_standalone",
         application=JOB,
@@ -27,7 +27,8 @@ with DAG(
         restore="none",
         restart_strategy={"type": "fixed-delay", "fixed-delay.attempts": 1,
                           "fixed-delay.delay": "100 ms"},
-        conf={"spark.test.fail_attempts": "1", "spark.ui.enabled": "false",
+        conf={"spark.test.fail_attempts": "1", "spark.test.compute": "true",
+              "spark.ui.enabled": "false",
               "spark.cores.max": "1", "spark.executor.memory": "512m",
               "spark.driver.host": "127.0.0.1"},
         total_executor_cores=1,
