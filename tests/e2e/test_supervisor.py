@@ -82,7 +82,11 @@ def data(found: list[HistoryEvent], key: str) -> list[Any]:
 
 
 def explain(result: DagRunResult) -> str:
-    return f"DAG run {result.state} {result.task_states}; log tail:\n{result.log[-6000:]}"
+    """The run's states, its error-looking log lines, and the log's tail."""
+    errors = [line[:400] for line in result.log.splitlines()
+              if any(w in line for w in ("ERROR", "Error", "Exception", "failed", "Traceback"))]
+    return (f"DAG run {result.state} {result.task_states}\nerror lines:\n"
+            + "\n".join(errors[-80:]) + f"\nlog tail:\n{result.log[-3000:]}")
 
 
 # ------------------------------------------------------------------ restart strategies
