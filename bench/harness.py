@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.coordinator import CheckpointCoordinator
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.metadata import Manifest
@@ -145,24 +144,6 @@ class RunResult:
         }
 
 
-class _RecordingJob(CheckpointedJob):
-    """``CheckpointedJob`` that also keeps every manifest it completes, in memory.
-
-    Retention deletes subsumed ``_metadata`` from storage while the job runs; the
-    benchmarks need the timings of all of them, so a completion listener (the same hook
-    the two-phase-commit sinks use) records each manifest as it is written.
-    """
-
-    def __init__(self, spark: SparkSession, **kwargs: Any) -> None:
-        super().__init__(spark, **kwargs)
-        self.completed: list[Manifest] = []
-
-    def _start_coordinator(self, *args: Any, **kwargs: Any) -> CheckpointCoordinator:
-        coordinator = super()._start_coordinator(*args, **kwargs)
-        coordinator.listeners.append(self.completed.append)
-        return coordinator
-
-
 def _check(sink: JsonLinesSink, truth: GroundTruth) -> tuple[int, bool]:
     verdict = verify_output(sink, truth, finished=True)
     return len(sink.committed_batches()), verdict.ok
@@ -195,11 +176,14 @@ def run_checkpointed(spark: SparkSession, storage: CheckpointStorage, input_dir:
                      backend: str, repeat: int) -> RunResult:
     """The example query under ``CheckpointedJob`` with checkpoint ``config``."""
     start = time.perf_counter()
-    job = _RecordingJob(
+    job = CheckpointedJob(
         spark, job=JOB, storage=storage, checkpoint_config=config,
         restart_strategy={"type": "none"}, restore="latest", workdir=workdir,
         run_id=f"bench-{uuid.uuid4().hex[:8]}",
     )
+    # Retention deletes subsumed _metadata while the job runs; keep every manifest.
+    completed_manifests: list[Manifest] = []
+    job.on_checkpoint(completed_manifests.append)
     sink = JsonLinesSink(storage, SINK_PREFIX)
     write = job.exactly_once(sink)
     job.run(lambda: example_query(spark, input_dir, write))
@@ -209,7 +193,7 @@ def run_checkpointed(spark: SparkSession, storage: CheckpointStorage, input_dir:
     variant = "incremental" if config.get("execution.checkpointing.incremental") else "full"
     return RunResult(
         variant, backend, repeat, wall, batches, ok,
-        checkpoints=[m for m in job.completed if not m.is_savepoint],
+        checkpoints=[m for m in completed_manifests if not m.is_savepoint],
         uploaded_bytes=sum(int(e.data["checkpointed_size"]) for e in completed),
         history_checkpoints=len(completed),
     )

@@ -172,8 +172,14 @@ class CheckpointedJob:
         # Validates the restart strategy params now (ConfigError names bad keys).
         self.restart_log = RestartLog(self.history, self.restart_params, self.run_id)
         self.sinks: list[TwoPhaseCommitSink] = []
+        self._listeners: list[Callable[[Manifest], None]] = [self._commit_transactions]
         self.lease = JobLease(self.storage, self.job, owner=self.run_id)
         self._cancel = threading.Event()
+
+    def on_checkpoint(self, listener: Callable[[Manifest], None]) -> None:
+        """Call ``listener`` with the manifest of every checkpoint and savepoint this job
+        completes (its ``_metadata`` is durable then), e.g. to export metrics."""
+        self._listeners.append(listener)
 
     # ------------------------------------------------------------------ sinks
     def exactly_once(self, sink: TwoPhaseCommitSink) -> Callable[[DataFrame, int], None]:
@@ -293,7 +299,7 @@ class CheckpointedJob:
             restored_from=restored.path, fence=self.lease.check,
         )
         coordinator.transaction_source = self._pending_transactions
-        coordinator.listeners.append(self._commit_transactions)
+        coordinator.listeners.extend(self._listeners)
         coordinator.start()
         if initial or not restored.from_latest:
             # Record the starting point, so a restart with restore=latest resumes this
