@@ -34,12 +34,6 @@ JOBS_DIR = Path(
     os.environ.get("AIRFLOW_CKPT_JOBS_DIR", Path(__file__).resolve().parent.parent / "spark_jobs")
 )
 DEMO = "spark.airflow_ckpt.demo."
-# Airflow serializes a Param as default + description + schema and rebuilds it with the
-# schema spread as keyword arguments, so the schema must not repeat those three keys.
-RESTART_SCHEMA = {
-    key: value for key, value in restart_params_json_schema().items()
-    if key not in ("default", "description", "source")
-}
 
 with DAG(
     dag_id="checkpointed_streaming_job",
@@ -57,7 +51,7 @@ with DAG(
             {"type": "fixed-delay", "fixed-delay.attempts": 3, "fixed-delay.delay": "1 s"},
             description="Flink restart-strategy options (Flink option names; "
                         "'restart-strategy.' prefix optional).",
-            schema=RESTART_SCHEMA,
+            schema=restart_params_json_schema(),
         ),
         "checkpoint_interval": Param("2 s", type="string",
                                      description="execution.checkpointing.interval"),

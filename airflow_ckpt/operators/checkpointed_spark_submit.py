@@ -283,7 +283,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
                 self.conf = {**user_conf, **self._job_conf(args, store, restore, attempt, run_id)}
                 self.env_vars = dict(job_env)
                 self.py_files = py_files
-                restored_before = len(restart_log.refresh().restored)
+                before = restart_log.refresh()
+                restored_before, terminal_before = len(before.restored), before.last_terminal
                 failure = self._submit(context, history, args, attempt, restore, run_id)
                 state = restart_log.refresh()
                 for event in state.restored[restored_before:]:
@@ -294,7 +295,17 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
                     return self._result(catalog, args.job, attempt, state.last_terminal)
                 if self._killed.is_set():
                     raise AirflowException(f"job {args.job}: killed while attempt {attempt} ran")
-                restart, delay_s, reason, by_runtime = self._decide(restart_log, failure)
+                terminal = state.last_terminal
+                if (terminal is not None and terminal is not terminal_before
+                        and terminal.type == JOB_FAILED
+                        and terminal.data.get("run_id") == run_id):
+                    # The driver itself declared the failure final (invalid settings,
+                    # state that does not fit the query, another driver owns the job,
+                    # or its in-process strategy gave up): resubmitting cannot help.
+                    restart, delay_s, by_runtime = False, 0.0, True
+                    reason = f"the job failed for good: {terminal.data.get('cause')}"
+                else:
+                    restart, delay_s, reason, by_runtime = self._decide(restart_log, failure)
                 if not restart:
                     self._fail(history, restart_log, args, failure, attempt, reason,
                                write_job_failed=not by_runtime)

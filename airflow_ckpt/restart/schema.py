@@ -1,7 +1,7 @@
 """JSON Schema (draft 2020-12) of the restart-strategy params, for Airflow's ``Param``.
 
-Use it as ``Param({...}, type="object", schema=restart_params_json_schema())`` (or
-merge it into a ``Param``'s keyword arguments) so the trigger form rejects bad
+Use it as ``Param({...}, description=..., schema=restart_params_json_schema())`` so
+the trigger form rejects bad
 params before a run starts. It checks key names (both spellings), value shapes,
 numeric ranges and that only the chosen type's options appear.
 :func:`~airflow_ckpt.restart.params.parse_restart_params` stays authoritative:
@@ -127,9 +127,10 @@ def restart_params_json_schema() -> dict[str, Any]:
     )
     return {
         "$schema": SCHEMA_DIALECT,
-        "title": "Restart strategy",
-        "description": "Flink restart-strategy options, with or without the "
-        "'restart-strategy.' prefix.",
+        # No top-level "description" / "default": Airflow serialises a Param as
+        # default + description + schema and rebuilds it with the schema's keys spread
+        # as keyword arguments, so repeating either breaks the DAG's deserialisation.
+        "title": "Restart strategy (Flink options, 'restart-strategy.' prefix optional)",
         "type": "object",
         "properties": properties,
         "additionalProperties": False,

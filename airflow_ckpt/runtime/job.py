@@ -23,13 +23,14 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_ckpt.errors import (
     AirflowCkptError,
     ConcurrentDriverError,
     ConfigError,
     IncompatibleStateError,
+    ObjectAlreadyExistsError,
     RestartsExhaustedError,
 )
 from airflow_ckpt.runtime import history as ev
@@ -88,6 +89,9 @@ _INCOMPATIBLE = re.compile(
 )
 
 
+T = TypeVar("T")
+
+
 def _partitions(value: object) -> int | None:
     if value in (None, ""):
         return None
@@ -141,18 +145,7 @@ class CheckpointedJob:
 
         self.spark = spark
         self.job = validate_job_name(job or get(keys.JOB) or "")
-        if isinstance(checkpoint_config, CheckpointConfig):
-            self.config = checkpoint_config
-        else:
-            raw = checkpoint_config if checkpoint_config is not None else get(
-                keys.CHECKPOINT_CONFIG)
-            self.config = CheckpointConfig.from_dict(_json_option(raw, "checkpoint config"))
-        raw_restart = restart_strategy if restart_strategy is not None else get(
-            keys.RESTART_STRATEGY)
-        self.restart_params = _json_option(raw_restart, "restart strategy") or {"type": "none"}
-        self.restore_target = restore or get(keys.RESTORE) or "latest"
         self.run_id = run_id or get(keys.RUN_ID) or f"local-{uuid.uuid4().hex[:12]}"
-        self.state_partitions = _partitions(state_partitions or get(keys.RESCALE_PARTITIONS))
         self.attempt = int(get(keys.ATTEMPT) or 1)
         if isinstance(storage, CheckpointStorage):
             self.storage = storage
@@ -163,14 +156,51 @@ class CheckpointedJob:
             self.storage = open_storage(
                 uri, endpoint_url=get(keys.ENDPOINT_URL), region_name=get(keys.REGION_NAME)
             )
+        self.history = JobHistory(self.storage, self.job)
+        self.control = ControlChannel(self.storage, self.job)
         base = workdir or get(keys.WORKDIR)
         self.workdir = (
             Path(base) if base else Path(tempfile.gettempdir()) / "airflow_ckpt" / self.job
         ) / "work"
-        self.history = JobHistory(self.storage, self.job)
-        self.control = ControlChannel(self.storage, self.job)
-        # Validates the restart strategy params now (ConfigError names bad keys).
-        self.restart_log = RestartLog(self.history, self.restart_params, self.run_id)
+        self.restore_target = restore or get(keys.RESTORE) or "latest"
+        # Every other setting is validated together: one ConfigError names every bad key,
+        # and it is recorded as final so the supervisor does not resubmit.
+        problems: dict[str, str] = {}
+
+        def validated(what: str, parse: Callable[[], T], fallback: T) -> T:
+            try:
+                return parse()
+            except ConfigError as exc:
+                problems.update({f"{what}.{k}": v for k, v in exc.problems.items()})
+                return fallback
+
+        if isinstance(checkpoint_config, CheckpointConfig):
+            self.config = checkpoint_config
+        else:
+            raw = checkpoint_config if checkpoint_config is not None else get(
+                keys.CHECKPOINT_CONFIG)
+            self.config = validated("checkpoint_config", lambda: CheckpointConfig.from_dict(
+                _json_option(raw, "checkpoint config")), CheckpointConfig())
+        raw_restart = restart_strategy if restart_strategy is not None else get(
+            keys.RESTART_STRATEGY)
+        no_params: dict[str, Any] = {}
+        self.restart_params = validated(
+            "restart_strategy", lambda: _json_option(raw_restart, "restart strategy"), no_params
+        ) or {"type": "none"}
+        self.state_partitions = validated(
+            "restore", lambda: _partitions(state_partitions or get(keys.RESCALE_PARTITIONS)), None
+        )
+        # RestartLog validates the strategy params (ConfigError names bad keys).
+        restart_log = validated(
+            "restart_strategy",
+            lambda: RestartLog(self.history, self.restart_params, self.run_id), None,
+        )
+        if problems or restart_log is None:
+            error = ConfigError("job settings", problems)
+            self.history.append(ev.JOB_FAILED, run_id=self.run_id, cause=str(error),
+                                error="ConfigError")
+            raise error
+        self.restart_log = restart_log
         self.sinks: list[TwoPhaseCommitSink] = []
         self._listeners: list[Callable[[Manifest], None]] = [self._commit_transactions]
         self.lease = JobLease(self.storage, self.job, owner=self.run_id)
@@ -219,8 +249,15 @@ class CheckpointedJob:
         failure) when the restart strategy declines another restart.
         """
         self._install_sigterm()
-        with self.lease:
-            return self._run_supervised(build)
+        try:
+            with self.lease:
+                return self._run_supervised(build)
+        except (ConfigError, IncompatibleStateError, ConcurrentDriverError) as exc:
+            # Final: a restart cannot fix these. The supervisor reads this event and does
+            # not resubmit.
+            self.history.append(ev.JOB_FAILED, run_id=self.run_id, cause=str(exc)[:2000],
+                                error=type(exc).__name__)
+            raise
 
     def _run_supervised(self, build: Callable[[], DataStreamWriter]) -> JobResult:
         self.history.append(
@@ -240,7 +277,6 @@ class CheckpointedJob:
             except Exception as exc:  # the query failed (StreamingQueryException, ...)
                 if restored.path and _INCOMPATIBLE.search(str(exc)):
                     # Restarting cannot help: the restored state does not fit this query.
-                    self.history.append(ev.JOB_FAILED, run_id=self.run_id, cause=root_cause(exc))
                     raise IncompatibleStateError(
                         f"the state restored from {restored.path} does not fit this query "
                         f"(was it written by a different query?): {root_cause(exc)}"
@@ -372,7 +408,7 @@ class CheckpointedJob:
             if request.request_id in requests:
                 continue
             if time.time() > request.expires_ts:
-                self.control.answer(ControlResult(
+                self._answer(ControlResult(
                     request.request_id, "failed", time.time(),
                     failure_message="the request expired before the job picked it up",
                 ))
@@ -393,20 +429,31 @@ class CheckpointedJob:
             del requests[request_id]
             manifest = pending.manifest
             if manifest is None:
-                self.control.answer(ControlResult(
+                self._answer(ControlResult(
                     request_id, "failed", time.time(), savepoint_id=pending.savepoint_id,
                     failure_message=pending.failure,
                 ))
                 continue
             path = pending.path
-            self.control.answer(ControlResult(
+            answered = self._answer(ControlResult(
                 request_id, "completed", time.time(), savepoint_id=manifest.savepoint_id,
                 savepoint_path=path, checkpoint_id=manifest.checkpoint_id,
                 batch_id=manifest.batch_id,
             ))
-            if stop:
+            if stop and answered:
                 stop_path = path
         return stop_path
+
+    def _answer(self, result: ControlResult) -> bool:
+        """Answer a request; False if it was answered already (the requester gave up
+        waiting and expired it), in which case a stop request is not honoured."""
+        try:
+            self.control.answer(result)
+        except ObjectAlreadyExistsError:
+            log.warning("request %s was already answered (expired by its requester); "
+                        "the savepoint is kept but not reported", result.request_id)
+            return False
+        return True
 
     def _cancelled(self, query: StreamingQuery, coordinator: CheckpointCoordinator) -> JobResult:
         self._stop_quietly(query)
