@@ -209,16 +209,19 @@ class LocalStorage(CheckpointStorage):
                 key, lambda fh: shutil.copyfileobj(src, fh, _COPY_BUFFER), create_only=False
             )
 
+    def _open_object(self, key: str, action: str) -> BinaryIO:
+        """Open a stored object for reading; ``ObjectNotFoundError`` if there is none."""
+        try:
+            return open(self._path(key), "rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise ObjectNotFoundError(
+                f"cannot {action} {self._where(key)}: no such object"
+            ) from exc
+
     def copy(self, src_key: str, dst_key: str) -> None:
         """Copy ``src_key`` to ``dst_key`` (replacing it); durable on return."""
-        src = self._path(src_key)
         with self._errors("copy", src_key):
-            try:
-                fh_src = open(src, "rb")  # noqa: SIM115 - closed below
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
-                raise ObjectNotFoundError(
-                    f"cannot copy {self._where(src_key)}: no such object"
-                ) from exc
+            fh_src = self._open_object(src_key, "copy")
             with fh_src:
                 self._publish(
                     dst_key,
@@ -279,15 +282,9 @@ class LocalStorage(CheckpointStorage):
 
         Parents of ``path`` are created. Errors on the local side raise ``OSError``.
         """
-        src = self._path(key)
         target = Path(path)
         with self._errors("read", key):
-            try:
-                fh_src = open(src, "rb")  # noqa: SIM115 - closed below
-            except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
-                raise ObjectNotFoundError(
-                    f"cannot download {self._where(key)}: no such object"
-                ) from exc
+            fh_src = self._open_object(key, "download")
         with fh_src:
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = _write_temp(
