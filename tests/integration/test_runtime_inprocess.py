@@ -218,3 +218,38 @@ def test_restoring_state_of_a_different_query_is_a_clear_error(
         run_job(spark, file_storage, input_dir, tmp_path / "w2", count_only=True,
                 restore_target=f"chk-{newest.checkpoint_id}",
                 restart={"type": "fixed-delay", "fixed-delay.attempts": 3})
+
+
+def test_stateless_query_with_a_failure_outputs_every_number_exactly_once(
+    spark: Any, s3_storage: CheckpointStorage, numbers: tuple[Path, GroundTruth], tmp_path: Path
+) -> None:
+    """No state store at all: offsets and sink transactions alone make it exactly-once."""
+    from pyspark.sql import functions as F
+
+    input_dir, truth = numbers
+    job = CheckpointedJob(
+        spark, job="stateless", storage=s3_storage, checkpoint_config=CONFIG,
+        restart_strategy={"type": "fixed-delay", "fixed-delay.attempts": 2,
+                          "fixed-delay.delay": "10 ms"},
+        workdir=tmp_path / "w",
+    )
+    sink = JsonLinesSink(s3_storage, "_raw")
+    write = job.exactly_once(sink)
+    failed = [False]
+
+    def each_batch(df: Any, batch_id: int) -> None:
+        time.sleep(0.15)
+        write(df, batch_id)  # pre-committed, then the query dies before the batch commits
+        if batch_id == 3 and not failed[0]:
+            failed[0] = True
+            raise RuntimeError("injected failure after pre-commit")
+
+    job.run(lambda: spark.readStream.option("maxFilesPerTrigger", 1).text(str(input_dir))
+            .select(F.col("value").cast("long").alias("n"))
+            .writeStream.foreachBatch(each_batch).trigger(availableNow=True))
+    numbers_out = sorted(int(row["n"]) for row in sink.committed_rows())
+    assert numbers_out == list(range(1, truth.numbers + 1))  # none lost, none twice
+    assert sink.pending() == []
+    manifests = CheckpointCatalog(s3_storage, "stateless").completed_checkpoints()
+    assert manifests and all(m.operators == () for m in manifests)
+    assert all(not f.path.startswith("state/") for m in manifests for f in m.files)
