@@ -9,6 +9,7 @@ so it spans in-process restarts, driver resubmissions and Airflow worker restart
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterable
@@ -43,6 +44,19 @@ EVENT_TYPES = frozenset(
 )
 
 
+_clock_lock = threading.Lock()
+_last_ms = 0
+
+
+def _next_ms(now: float) -> int:
+    """Epoch ms for an event key, strictly increasing within this process: events one
+    writer appends in the same millisecond still list in the order they were written."""
+    global _last_ms
+    with _clock_lock:
+        _last_ms = max(int(now * 1000), _last_ms + 1)
+        return _last_ms
+
+
 @dataclass(frozen=True, slots=True)
 class HistoryEvent:
     """One event: its type, when (epoch seconds), its storage key and payload."""
@@ -66,7 +80,7 @@ class JobHistory:
             raise ValueError(f"unknown history event type {event_type!r}")
         while True:
             now = time.time()
-            key = self.layout.history_event(int(now * 1000), uuid.uuid4().hex[:12])
+            key = self.layout.history_event(_next_ms(now), uuid.uuid4().hex[:12])
             body = {"type": event_type, "ts": now, "job": self.layout.job, **data}
             try:
                 self.storage.put_bytes(key, json.dumps(body, default=str).encode(),

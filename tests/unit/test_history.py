@@ -1,0 +1,30 @@
+"""History events list in the order one writer appended them, even within a millisecond."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_ckpt.errors import MetadataError
+from airflow_ckpt.runtime import history as ev
+from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.storage import open_storage
+
+
+def test_order_is_append_order_for_one_writer(tmp_path: Path) -> None:
+    history = JobHistory(open_storage((tmp_path / "s").as_uri()), "job")
+    for i in range(300):  # far more than one per millisecond
+        history.append(ev.CHECKPOINT_COMPLETED if i % 2 else ev.JOB_SUBMITTED, seq=i)
+    assert [e.data["seq"] for e in history.events()] == list(range(300))
+    assert history.last(ev.JOB_SUBMITTED).data["seq"] == 298  # type: ignore[union-attr]
+
+
+def test_unknown_type_and_corrupt_event_are_errors(tmp_path: Path) -> None:
+    storage = open_storage((tmp_path / "s").as_uri())
+    history = JobHistory(storage, "job")
+    with pytest.raises(ValueError, match="unknown history event type"):
+        history.append("made_up")
+    storage.put_bytes("job/history/0000000000001-x.json", b"{broken")
+    with pytest.raises(MetadataError, match="0000000000001-x.json"):
+        history.events()
