@@ -26,5 +26,5 @@ def test_unknown_type_and_corrupt_event_are_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown history event type"):
         history.append("made_up")
     storage.put_bytes("job/history/0000000000001-x.json", b"{broken")
-    with pytest.raises(MetadataError, match="0000000000001-x.json"):
+    with pytest.raises(MetadataError, match=r"0000000000001-x\.json"):
         history.events()
