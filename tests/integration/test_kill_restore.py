@@ -38,7 +38,7 @@ def test_random_kills_then_exact_result(
     seed = int(os.environ.get("KILL_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
     print(f"KILL_SEED={seed}")
-    truth = write_numbers(tmp_path / "in", files=12, per_file=50, keyed="--keyed" in variant)
+    truth = write_numbers(tmp_path / "in", files=16, per_file=50, keyed="--keyed" in variant)
     spec = JobSpec(
         job="kill-test", storage_uri=s3_uri, input_dir=tmp_path / "in",
         output_uri=s3_uri + "-out",
@@ -55,11 +55,15 @@ def test_random_kills_then_exact_result(
     sink = JsonLinesSink(s3_endpoint.storage(spec.output_uri), "")
     catalog = CheckpointCatalog(storage, spec.job)
     log = tmp_path / "driver.log"
-    for kill in range(KILLS):
+    kills = 0
+    for _ in range(KILLS):
         proc = start_job(spec, env, log)
         time.sleep(rng.uniform(6.0, 14.0))  # the JVM takes ~5 s to start
-        assert proc.poll() is None, f"driver ended before kill {kill}: {log.read_text()[-3000:]}"
+        if proc.poll() is not None:  # finished before this kill: a valid, shorter story
+            assert proc.returncode == 0, log.read_text()[-3000:]
+            break
         kill_hard(proc)
+        kills += 1
         # Two-phase commit: no output is visible unless a completed checkpoint covers it.
         latest = catalog.latest_checkpoint()
         committed = sink.committed_batches()
@@ -70,6 +74,7 @@ def test_random_kills_then_exact_result(
             )
         partial = verify_output(sink, truth, finished=False)
         assert partial.ok, f"seed {seed}: {partial.problems}"
+    assert kills >= 1, f"seed {seed}: the driver finished before the first kill"
     proc = start_job(spec, env, log)
     assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
 
