@@ -60,8 +60,8 @@ def _print_history(storage: CheckpointStorage, job: str) -> None:
         d = event.data
         if event.type in ("checkpoint_completed", "savepoint_completed"):
             print(f"{event.type:22} {d['id']:>4} {d['batch_id']:>5} {d['state_size']:>8} "
-                  f"{d['checkpointed_size']:>10} {'':>8} {'':>7} {'':>8} "
-                  f"{d['end_to_end_duration']:>7}")
+                  f"{d['checkpointed_size']:>10} {d['start_delay']:>8} {d['sync_duration']:>7} "
+                  f"{d['async_duration']:>8} {d['end_to_end_duration']:>7}")
         else:
             detail = d.get("path") or d.get("cause") or d.get("restore") or ""
             print(f"{event.type:22} {str(detail)[:80]}")

@@ -48,8 +48,9 @@ _FAILED = {ev.CHECKPOINT_FAILED, ev.SAVEPOINT_FAILED}
 _ENTRY_FIELDS = (
     "id", "status", "is_savepoint", "savepoint_id", "checkpoint_type", "trigger", "batch_id",
     "trigger_timestamp", "latest_ack_timestamp", "failure_timestamp", "state_size",
-    "checkpointed_size", "end_to_end_duration", "num_subtasks", "num_acknowledged_subtasks",
-    "external_path", "discarded", "failure_message", "request_id",
+    "checkpointed_size", "end_to_end_duration", "start_delay", "sync_duration",
+    "async_duration", "num_subtasks", "num_acknowledged_subtasks", "external_path",
+    "discarded", "failure_message", "request_id",
 )
 
 

@@ -108,6 +108,10 @@ class Manifest:
             "state_size": self.state_size,
             "checkpointed_size": self.checkpointed_size,
             "end_to_end_duration": self.timings.end_to_end_duration_ms,
+            # Flink reports these per subtask; here one figure per checkpoint.
+            "start_delay": self.timings.start_delay_ms,
+            "sync_duration": self.timings.sync_duration_ms,
+            "async_duration": self.timings.async_duration_ms,
             "num_subtasks": self.num_subtasks,
             "num_acknowledged_subtasks": self.num_acknowledged_subtasks,
             "failure_message": None,
