@@ -106,6 +106,15 @@ class S3Endpoint:
             "AWS_DEFAULT_REGION": self.region_name,
         }
 
+    def airflow_connection(self) -> str:
+        """This endpoint as an Airflow ``aws`` connection (the JSON form that
+        ``AIRFLOW_CONN_<ID>`` environment variables take)."""
+        return json.dumps({
+            "conn_type": "aws", "login": self.access_key_id,
+            "password": self.secret_access_key,
+            "extra": {"endpoint_url": self.url, "region_name": self.region_name},
+        })
+
     # -- moto-specific: real credential checks -------------------------------------
 
     def create_iam_user(self, name: str, *, allow_s3: bool = True) -> tuple[str, str]:

@@ -33,17 +33,9 @@ OBSERVE = E2E / "observe"
 TRIGGER = "airflow_ckpt.triggers.checkpoint.CheckpointTrigger"
 
 
-def ckpt_connection(endpoint: S3Endpoint) -> str:
-    return json.dumps({
-        "conn_type": "aws", "login": endpoint.access_key_id,
-        "password": endpoint.secret_access_key,
-        "extra": {"endpoint_url": endpoint.url, "region_name": endpoint.region_name},
-    })
-
-
 def observed_env(endpoint: S3Endpoint, observations: Path) -> dict[str, str]:
     """Connections for the DAG run, plus the observation hooks (tests/e2e/observe)."""
-    connection = ckpt_connection(endpoint)
+    connection = endpoint.airflow_connection()
     return {
         "AIRFLOW_CONN_CKPT_S3": connection,
         "AIRFLOW_CONN_AWS_DEFAULT": connection,

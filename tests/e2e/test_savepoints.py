@@ -22,7 +22,6 @@ import json
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -78,30 +77,18 @@ def totals(first: int, last: int) -> dict[str, tuple[int, int]]:
 
 
 @pytest.fixture(scope="module")
-def bucket(s3_endpoint: S3Endpoint) -> Iterator[str]:
-    name = f"e2e-sp-{uuid.uuid4().hex[:10]}"
-    s3_endpoint.create_bucket(name)
-    yield name
-    s3_endpoint.delete_bucket(name)
-
-
-@pytest.fixture(scope="module")
 def conn_env(s3_endpoint: S3Endpoint) -> dict[str, str]:
-    return {"AIRFLOW_CONN_AWS_DEFAULT": json.dumps({
-        "conn_type": "aws", "login": s3_endpoint.access_key_id,
-        "password": s3_endpoint.secret_access_key,
-        "extra": {"endpoint_url": s3_endpoint.url, "region_name": s3_endpoint.region_name},
-    })}
+    return {"AIRFLOW_CONN_AWS_DEFAULT": s3_endpoint.airflow_connection()}
 
 
 @pytest.mark.timeout(1800)  # three DAG runs, two Spark drivers: slow on a loaded 2-core box
 def test_savepoints_of_a_running_spark_job(
-    airflow_env: AirflowEnv, s3_endpoint: S3Endpoint, bucket: str, conn_env: dict[str, str],
+    airflow_env: AirflowEnv, s3_endpoint: S3Endpoint, module_bucket: str, conn_env: dict[str, str],
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name, value in s3_endpoint.env().items():  # for the CLI run in this process
         monkeypatch.setenv(name, value)
-    uri = f"s3://{bucket}/ckpt"
+    uri = f"s3://{module_bucket}/ckpt"
     storage: CheckpointStorage = s3_endpoint.storage(uri)
     job = f"numbers-{uuid.uuid4().hex[:6]}"
     catalog = CheckpointCatalog(storage, job)

@@ -8,7 +8,6 @@ restart decisions and delays read the job's history in that storage - never wall
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,29 +40,14 @@ EXAMPLE_DAG = ROOT / "dags" / "checkpointed_streaming_job.py"
 
 
 @pytest.fixture(scope="module")
-def bucket(s3_endpoint: S3Endpoint) -> Iterator[str]:
-    name = f"e2e-{uuid.uuid4().hex[:12]}"
-    s3_endpoint.create_bucket(name)
-    yield name
-    s3_endpoint.delete_bucket(name)
-
-
-@pytest.fixture(scope="module")
 def s3_env(s3_endpoint: S3Endpoint) -> dict[str, str]:
     """The ``aws_default`` connection of the Airflow under test, pointing at moto."""
-    return {
-        "AIRFLOW_CONN_AWS_DEFAULT": json.dumps({
-            "conn_type": "aws",
-            "login": s3_endpoint.access_key_id,
-            "password": s3_endpoint.secret_access_key,
-            "extra": {"endpoint_url": s3_endpoint.url, "region_name": s3_endpoint.region_name},
-        }),
-    }
+    return {"AIRFLOW_CONN_AWS_DEFAULT": s3_endpoint.airflow_connection()}
 
 
 @pytest.fixture(scope="module")
-def storage_uri(bucket: str) -> str:
-    return f"s3://{bucket}/ckpt"
+def storage_uri(module_bucket: str) -> str:
+    return f"s3://{module_bucket}/ckpt"
 
 
 @pytest.fixture(scope="module")
