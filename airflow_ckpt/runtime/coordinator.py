@@ -248,7 +248,7 @@ class CheckpointCoordinator:
         with self._lock:
             pending = list(self._pending)
         for p in pending:
-            if p.done.is_set() or (p.cancelled.is_set() and p.barrier_batch is None):
+            if p.done.is_set():
                 continue
             if now > p.deadline and p.manifest is None:
                 self._fail(p, f"expired after {self.config.timeout_s:g} s before completing")
