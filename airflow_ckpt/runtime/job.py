@@ -202,6 +202,15 @@ class CheckpointedJob:
             raise error
         self.restart_log = restart_log
         self.sinks: list[TwoPhaseCommitSink] = []
+        # Sinks registered inside ``build`` belong to one attempt: they are dropped when
+        # the next attempt calls ``build`` again (which registers them anew).
+        self._attempt_sinks: list[TwoPhaseCommitSink] = []
+        self._building = False
+        # The restored checkpoint's transactions: committed by each sink as it registers
+        # (recover-and-commit), and carried into every checkpoint of this attempt until a
+        # sink has recovered them, so a crash before ``build`` ran never loses them.
+        self._restored_txns: tuple[int, ...] | None = None
+        self._recovered: list[TwoPhaseCommitSink] = []
         self._listeners: list[Callable[[Manifest], None]] = [self._commit_transactions]
         self.lease = JobLease(self.storage, self.job, owner=self.run_id)
         self._cancel = threading.Event()
@@ -217,19 +226,44 @@ class CheckpointedJob:
 
         In EXACTLY_ONCE mode a batch is pre-committed here and committed when a
         checkpoint covering it completes; in AT_LEAST_ONCE mode it is committed at once.
+
+        Call it before :meth:`run` or inside ``build``: either way the sink is
+        recovered (the restored checkpoint's transactions committed, every other
+        pending one aborted) before the query's first batch runs.
         """
-        self.sinks.append(sink)
+        self._register(sink)
 
         def write(df: DataFrame, batch_id: int) -> None:
-            rows = [row.asDict(recursive=True) for row in df.collect()]
-            sink.pre_commit(batch_id, rows)
+            sink.stage(df, batch_id)
             if not self.config.exactly_once:
                 sink.commit(batch_id)
 
         return write
 
+    def _register(self, sink: TwoPhaseCommitSink) -> None:
+        if not any(sink is s for s in self.sinks):
+            self.sinks.append(sink)
+            if self._building:
+                self._attempt_sinks.append(sink)
+        if self._restored_txns is not None and not any(sink is s for s in self._recovered):
+            sink.recover(self._restored_txns)
+            self._recovered.append(sink)
+
+    def _recover_sinks(self, restored: RestoreResult) -> None:
+        """Start of an attempt: forget the previous attempt's ``build`` sinks and recover
+        the sinks registered so far against the restored checkpoint."""
+        self.sinks = [s for s in self.sinks if not any(s is a for a in self._attempt_sinks)]
+        self._attempt_sinks = []
+        self._recovered = []
+        self._restored_txns = restored.manifest.pending_transactions if restored.manifest else ()
+        for sink in list(self.sinks):
+            self._register(sink)
+
     def _pending_transactions(self, batch_id: int) -> tuple[int, ...]:
-        return tuple(sorted({b for s in self.sinks for b in s.pending() if b <= batch_id}))
+        pending = {b for s in self.sinks for b in s.pending() if b <= batch_id}
+        if not self._recovered:
+            pending.update(self._restored_txns or ())  # no sink has committed them yet
+        return tuple(sorted(pending))
 
     def _commit_transactions(self, manifest: Manifest) -> None:
         if manifest.is_savepoint:
@@ -326,8 +360,7 @@ class CheckpointedJob:
     ) -> CheckpointCoordinator:
         store = CompletedCheckpointStore(self.storage, self.job, self.config.num_retained)
         next_id = store.recover()
-        for sink in self.sinks:
-            sink.recover(restored.manifest.pending_transactions if restored.manifest else ())
+        self._recover_sinks(restored)
         coordinator = CheckpointCoordinator(
             storage=self.storage, job=self.job, workdir=self.workdir, config=self.config,
             store=store, history=self.history, next_checkpoint_id=next_id,
@@ -354,7 +387,11 @@ class CheckpointedJob:
     def _run_once(
         self, build: Callable[[], DataStreamWriter], coordinator: CheckpointCoordinator
     ) -> JobResult:
-        writer = build().option("checkpointLocation", str(self.workdir))
+        self._building = True
+        try:
+            writer = build().option("checkpointLocation", str(self.workdir))
+        finally:
+            self._building = False
         query = writer.start()
         requests: dict[str, tuple[PendingCheckpoint, bool]] = {}
         next_control = 0.0

@@ -16,10 +16,13 @@ import logging
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt.errors import ObjectNotFoundError
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 log = logging.getLogger("airflow_ckpt.sinks")
 
@@ -27,6 +30,15 @@ log = logging.getLogger("airflow_ckpt.sinks")
 class TwoPhaseCommitSink(ABC):
     """A sink whose transactions are micro-batches. Implementations must be idempotent:
     ``commit`` and ``abort`` may be called again for the same batch after a crash."""
+
+    def stage(self, df: DataFrame, batch_id: int) -> None:
+        """Pre-commit the batch held in ``df`` (called from ``foreachBatch`` on the driver).
+
+        The default collects the rows into the driver and calls :meth:`pre_commit`:
+        fine for small outputs. A sink for real volume overrides this so that the
+        executors write the data and the driver handles only file lists.
+        """
+        self.pre_commit(batch_id, [row.asDict(recursive=True) for row in df.collect()])
 
     @abstractmethod
     def pre_commit(self, batch_id: int, rows: Sequence[dict[str, Any]]) -> None:
