@@ -105,6 +105,12 @@ class ConcurrentDriverError(AirflowCkptError):
     """Another driver is writing checkpoints for the same job."""
 
 
+class LeaseExpiredError(AirflowCkptError):
+    """This driver could not renew its lease in time and stopped writing (it fenced
+    itself so that another driver can take over safely). Not final: a resubmitted
+    driver takes the lease again and restores from the latest checkpoint."""
+
+
 class SavepointError(AirflowCkptError):
     """A savepoint request failed, timed out, or its job is not running."""
 

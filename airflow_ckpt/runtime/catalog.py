@@ -17,6 +17,7 @@ from airflow_ckpt.runtime.layout import (
     parse_checkpoint_dir,
     parse_savepoint_dir,
 )
+from airflow_ckpt.runtime.lease import read_lease, valid_checkpoint_ids
 from airflow_ckpt.runtime.metadata import Manifest, parse_manifest
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
@@ -50,7 +51,12 @@ class CheckpointCatalog:
         return [name for name in storage.list_dirs("") if is_job_name(name)]
 
     def checkpoint_ids(self, completed_only: bool = True) -> list[int]:
-        """Checkpoint ids, ascending; with ``completed_only`` only those with ``_metadata``."""
+        """Checkpoint ids, ascending; with ``completed_only`` only the completed ones.
+
+        Completed: with a ``_metadata`` that counts under the current lease (a marker a
+        deposed driver wrote after another driver took over never counts, see
+        :func:`~airflow_ckpt.runtime.lease.valid_checkpoint_ids`).
+        """
         if completed_only:
             ids = set()
             for info in self.storage.list(self.layout.root):
@@ -59,7 +65,9 @@ class CheckpointCatalog:
                 n = parse_checkpoint_dir(head)
                 if n is not None and tail == METADATA_NAME:
                     ids.add(n)
-            return sorted(ids)
+            if not ids:
+                return []
+            return valid_checkpoint_ids(sorted(ids), read_lease(self.storage, self.layout.job))
         return sorted(
             n for name in self.storage.list_dirs(self.layout.root)
             if (n := parse_checkpoint_dir(name)) is not None

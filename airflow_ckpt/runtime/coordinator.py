@@ -108,6 +108,7 @@ class CheckpointCoordinator:
         upload_threads: int = 8,
         poll_interval_s: float = 0.05,
         fence: Callable[[], None] = lambda: None,
+        lease_epoch: int | None = None,
     ) -> None:
         self.storage = storage
         self.layout = JobLayout(job)
@@ -123,6 +124,8 @@ class CheckpointCoordinator:
         self.failures = CheckpointFailureManager(config.tolerable_failed)
         self.listeners: list[CompletionListener] = []
         self.transaction_source: TransactionSource = lambda _batch: ()
+        self.id_listener: Callable[[int], None] = lambda _next_id: None
+        self.lease_epoch = lease_epoch
         self._next_id = next_checkpoint_id
         self._last_batch = last_checkpointed_batch
         self._last_trigger = time.time()
@@ -194,6 +197,7 @@ class CheckpointCoordinator:
                 request_id=request_id,
             )
             self._next_id += 1
+            self.id_listener(self._next_id)
             self._last_trigger = now
             pending.barrier_batch = self._barrier_for_trigger(trigger)
             self._pending.append(pending)
@@ -319,6 +323,7 @@ class CheckpointCoordinator:
                 savepoint_id=p.savepoint_id,
                 pending_transactions=self.transaction_source(snap.batch_id),
                 restored_from=self.restored_from,
+                lease_epoch=self.lease_epoch,
             )
             if p.cancelled.is_set() or time.time() > p.deadline:
                 raise CheckpointDeclinedError("checkpoint expired or was cancelled")

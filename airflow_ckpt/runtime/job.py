@@ -30,23 +30,26 @@ from airflow_ckpt.errors import (
     ConcurrentDriverError,
     ConfigError,
     IncompatibleStateError,
+    LeaseExpiredError,
     ObjectAlreadyExistsError,
     RestartsExhaustedError,
 )
 from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime import sparkconf as keys
+from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.config import CheckpointConfig
 from airflow_ckpt.runtime.control import ControlChannel, ControlResult
 from airflow_ckpt.runtime.coordinator import CheckpointCoordinator, PendingCheckpoint
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.layout import validate_job_name
-from airflow_ckpt.runtime.lease import JobLease
+from airflow_ckpt.runtime.lease import JobLease, read_lease
 from airflow_ckpt.runtime.metadata import Manifest
 from airflow_ckpt.runtime.restart_log import RestartLog
 from airflow_ckpt.runtime.restore import RestoreResult, restore
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
 from airflow_ckpt.runtime.snapshot import latest_batch
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.store import CompletedCheckpointStore
 
 if TYPE_CHECKING:
@@ -148,15 +151,21 @@ class CheckpointedJob:
         self.run_id = run_id or get(keys.RUN_ID) or f"local-{uuid.uuid4().hex[:12]}"
         self.attempt = int(get(keys.ATTEMPT) or 1)
         if isinstance(storage, CheckpointStorage):
-            self.storage = storage
+            raw_storage = storage
         else:
             uri = storage or get(keys.STORAGE)
             if not uri:
                 raise ConfigError("job settings", {keys.STORAGE: "no checkpoint storage URI"})
-            self.storage = open_storage(
+            raw_storage = open_storage(
                 uri, endpoint_url=get(keys.ENDPOINT_URL), region_name=get(keys.REGION_NAME)
             )
-        self.history = JobHistory(self.storage, self.job)
+        self.lease = JobLease(raw_storage, self.job, owner=self.run_id)
+        #: every write that changes checkpoints, shared files, sink output or control
+        #: answers goes through this view: gated by the lease (self-fencing)
+        self.storage: CheckpointStorage = FencedStorage(raw_storage, self.lease.gate)
+        # History events are create-only and unique: a deposed driver may still record
+        # why it stopped.
+        self.history = JobHistory(raw_storage, self.job)
         self.control = ControlChannel(self.storage, self.job)
         base = workdir or get(keys.WORKDIR)
         self.workdir = (
@@ -186,7 +195,7 @@ class CheckpointedJob:
         no_params: dict[str, Any] = {}
         self.restart_params = validated(
             "restart_strategy", lambda: _json_option(raw_restart, "restart strategy"), no_params
-        ) or {"type": "none"}
+        ) or {"type": "exponential-delay"}  # Flink's default when checkpointing is on
         self.state_partitions = validated(
             "restore", lambda: _partitions(state_partitions or get(keys.RESCALE_PARTITIONS)), None
         )
@@ -212,7 +221,6 @@ class CheckpointedJob:
         self._restored_txns: tuple[int, ...] | None = None
         self._recovered: list[TwoPhaseCommitSink] = []
         self._listeners: list[Callable[[Manifest], None]] = [self._commit_transactions]
-        self.lease = JobLease(self.storage, self.job, owner=self.run_id)
         self._cancel = threading.Event()
 
     def on_checkpoint(self, listener: Callable[[Manifest], None]) -> None:
@@ -284,8 +292,11 @@ class CheckpointedJob:
         """
         self._install_sigterm()
         try:
-            with self.lease:
+            self.lease.acquire(adopt=self._adopt)
+            try:
                 return self._run_supervised(build)
+            finally:
+                self.lease.release()
         except (ConfigError, IncompatibleStateError, ConcurrentDriverError) as exc:
             # Final: a restart cannot fix these. The supervisor reads this event and does
             # not resubmit.
@@ -306,8 +317,9 @@ class CheckpointedJob:
             coordinator = self._start_coordinator(restored, initial=rescaled)
             try:
                 result = self._run_once(build, coordinator)
-            except (ConfigError, IncompatibleStateError, ConcurrentDriverError):
-                raise
+            except (ConfigError, IncompatibleStateError, ConcurrentDriverError,
+                    LeaseExpiredError):
+                raise  # final, or (lease lost) only a new driver may continue
             except Exception as exc:  # the query failed (StreamingQueryException, ...)
                 if restored.path and _INCOMPATIBLE.search(str(exc)):
                     # Restarting cannot help: the restored state does not fit this query.
@@ -330,6 +342,18 @@ class CheckpointedJob:
             log.warning("restarting the query in %.3f s after: %s", decision.delay_s, cause)
             time.sleep(decision.delay_s)
             target = "latest"
+
+    def _adopt(self) -> tuple[tuple[int, ...], int]:
+        """What this driver takes over: the completed checkpoints, and its first id
+        (past every id ever used, also by a job whose checkpoints were discarded)."""
+        catalog = CheckpointCatalog(self.lease.storage, self.job)
+        used = [
+            *catalog.checkpoint_ids(completed_only=False),
+            *(m.checkpoint_id for m in catalog.savepoints()),
+        ]
+        previous = read_lease(self.lease.storage, self.job)
+        floor = max(previous.first_id or 1, previous.next_id or 1) if previous else 1
+        return tuple(catalog.checkpoint_ids()), max([floor - 1, *used]) + 1
 
     def _rescale(self, restored: RestoreResult) -> bool:
         """Repartition the restored state to ``state_partitions`` (Flink's rescaling).
@@ -359,15 +383,18 @@ class CheckpointedJob:
         self, restored: RestoreResult, *, initial: bool = False
     ) -> CheckpointCoordinator:
         store = CompletedCheckpointStore(self.storage, self.job, self.config.num_retained)
-        next_id = store.recover()
+        record = self.lease.record
+        next_id = max(store.recover(), record.first_id or 1 if record else 1)
         self._recover_sinks(restored)
         coordinator = CheckpointCoordinator(
             storage=self.storage, job=self.job, workdir=self.workdir, config=self.config,
             store=store, history=self.history, next_checkpoint_id=next_id,
             spark_version=self.spark.version, last_checkpointed_batch=restored.batch_id,
             restored_from=restored.path, fence=self.lease.check,
+            lease_epoch=self.lease.record.epoch if self.lease.record else None,
         )
         coordinator.transaction_source = self._pending_transactions
+        coordinator.id_listener = self.lease.note_next_id
         coordinator.listeners.extend(self._listeners)
         coordinator.start()
         if initial or not restored.from_latest:
@@ -400,9 +427,8 @@ class CheckpointedJob:
             while query.isActive:
                 if coordinator.fatal is not None:
                     raise coordinator.fatal
-                if self.lease.lost.is_set():
-                    raise ConcurrentDriverError(
-                        f"job {self.job!r}: another driver took over; stopping this one")
+                if self.lease.failure is not None:
+                    raise self.lease.failure
                 if self._cancel.is_set():
                     return self._cancelled(query, coordinator)
                 if time.time() >= next_control:

@@ -1,41 +1,94 @@
-"""JobLease: at most one driver writes a job's checkpoints at a time.
+"""JobLease: at most one driver writes a job's checkpoints, sink output and control answers.
 
-Two drivers of one job would subsume each other's checkpoints and sweep each other's
-in-flight files. The lease is an epoch-numbered object per holder,
-``<job>/lease/<epoch>.json``, created with a create-only put, so of two drivers
-taking over the same expired lease exactly one wins. The holder refreshes its
-object every ``heartbeat_s``; a lease is free when its holder released it, when its
-heartbeat is older than ``ttl_s``, or when its holder ran on this host and its
-process is gone (so a driver restarted after ``kill -9`` does not wait out the TTL).
-A holder that sees a newer epoch has lost the lease and must stop writing.
+Two drivers of one job would subsume each other's checkpoints, sweep each other's
+in-flight files and commit each other's transactions. The lease is an epoch-numbered
+object per holder, ``<job>/lease/<epoch>.json``, created with a create-only put, so of
+two drivers taking over the same lease exactly one wins.
+
+Safety argument (why a deposed driver cannot complete a checkpoint, delete a file or
+commit output; the invariants are listed in docs/architecture.md with their tests):
+
+* **Liveness is judged without comparing clocks.** The holder rewrites its record every
+  ``heartbeat_s`` with a new sequence number ``seq``. An observer (the next driver, the
+  Airflow trigger) calls a holder dead only after it saw the same ``(epoch, seq)`` for
+  ``ttl_s + max_write_s`` of *its own* monotonic clock. No wall-clock timestamps of two
+  hosts are ever compared.
+* **The holder fences itself.** Every mutation the driver makes goes through a
+  :class:`~airflow_ckpt.runtime.storage.fenced.FencedStorage` whose gate is
+  :meth:`JobLease.gate`: a write may *start* only while the last successful heartbeat
+  started less than ``ttl_s - max_write_s`` ago (the holder's monotonic clock). A write
+  that starts in time ends within ``max_write_s`` (bounded write time), so every write of
+  a holder ends before ``ttl_s`` has passed since its last successful heartbeat started.
+* **Putting both together.** The observer first saw the last heartbeat's ``seq`` after
+  that heartbeat started, and waits ``ttl_s + max_write_s`` from then; so when it takes
+  over, every write of the deposed holder has ended. (A heartbeat still in flight then
+  would have had to start after the holder's validity had already lapsed: the gate
+  refuses that.)
+* **Completion markers are also fenced on the read side**, so a write that escapes the
+  time bound (a request stuck in a proxy) still cannot complete a checkpoint: the new
+  holder records in its lease the checkpoints it *adopted* and the first id it will use;
+  :class:`~airflow_ckpt.runtime.catalog.CheckpointCatalog` treats any other
+  ``_metadata`` as never written (it is swept as abandoned).
+* **Fast takeover after ``kill -9`` on the same machine**: a record whose holder ran in
+  this boot, in this pid namespace, under a pid that is gone (or now belongs to a process
+  started later) is free at once. Containers that share a hostname have different pid
+  namespaces (or boot ids) and never steal each other's live lease.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Literal
 
-from airflow_ckpt.errors import ConcurrentDriverError, ObjectAlreadyExistsError, ObjectNotFoundError
+from airflow_ckpt.errors import (
+    ConcurrentDriverError,
+    ConfigError,
+    LeaseExpiredError,
+    ObjectAlreadyExistsError,
+    ObjectNotFoundError,
+)
 from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 log = logging.getLogger("airflow_ckpt.lease")
 
+DEFAULT_TTL_S = 30.0
+DEFAULT_HEARTBEAT_S = 5.0
+DEFAULT_MAX_WRITE_S = 10.0
 
-@dataclass(frozen=True, slots=True)
-class LeaseRecord:
-    epoch: int
-    owner: str
-    host: str
-    pid: int
-    acquired_ts: float
-    heartbeat_ts: float
-    released: bool = False
+Clock = Callable[[], float]
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="ascii") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int:
+    """The process's start time in clock ticks since boot (0 if unknown)."""
+    stat = _read_text(f"/proc/{pid}/stat")
+    try:
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (IndexError, ValueError):
+        return 0
 
 
 def _pid_alive(pid: int) -> bool:
@@ -48,8 +101,188 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class HolderIdentity:
+    """Which process holds a lease, precisely enough to tell that it is gone."""
+
+    host: str
+    boot_id: str
+    pid_ns: str
+    pid: int
+    start_ticks: int
+
+    @classmethod
+    def current(cls) -> HolderIdentity:
+        pid = os.getpid()
+        return cls(socket.gethostname(), _read_text("/proc/sys/kernel/random/boot_id"),
+                   _pid_namespace(), pid, _start_ticks(pid))
+
+    def is_dead_here(self) -> bool:
+        """True only if this process can *prove* the holder is gone: same host, boot and
+        pid namespace, and its pid is free or reused by a later process."""
+        me = HolderIdentity.current()
+        if not (self.boot_id and self.pid_ns and self.start_ticks):
+            return False  # a record without the identity (an old driver): never guess
+        if (self.host, self.boot_id, self.pid_ns) != (me.host, me.boot_id, me.pid_ns):
+            return False
+        return not _pid_alive(self.pid) or _start_ticks(self.pid) != self.start_ticks
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """The content of ``<job>/lease/<epoch>.json``.
+
+    ``adopted``: the completed checkpoints the holder found valid when it took over;
+    ``first_id``: the first checkpoint id it uses. Together they decide which
+    ``_metadata`` objects count (see :func:`valid_checkpoint_ids`). ``heartbeat_ts`` is
+    informational (shown in the UI); liveness is judged from ``seq`` alone.
+    """
+
+    epoch: int
+    owner: str
+    host: str
+    pid: int
+    acquired_ts: float
+    heartbeat_ts: float
+    released: bool = False
+    seq: int = 0
+    ttl_s: float = DEFAULT_TTL_S
+    max_write_s: float = DEFAULT_MAX_WRITE_S
+    boot_id: str = ""
+    pid_ns: str = ""
+    start_ticks: int = 0
+    adopted: tuple[int, ...] | None = None
+    first_id: int | None = None
+    next_id: int | None = None  # the holder's next checkpoint id (ids never repeat)
+
+    @property
+    def identity(self) -> HolderIdentity:
+        return HolderIdentity(self.host, self.boot_id, self.pid_ns, self.pid, self.start_ticks)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> LeaseRecord | None:
+        """The record, or None if unreadable (an unreadable lease protects nothing)."""
+        try:
+            obj = json.loads(raw)
+            known = {f.name for f in fields(cls)}
+            values: dict[str, Any] = {k: v for k, v in obj.items() if k in known}
+            if values.get("adopted") is not None:
+                values["adopted"] = tuple(int(n) for n in values["adopted"])
+            return cls(**values)
+        except (ValueError, TypeError, AttributeError):
+            return None
+
+
+def _lease_key(prefix: str, epoch: int) -> str:
+    return f"{prefix}{epoch:010d}.json"
+
+
+def lease_epochs(storage: CheckpointStorage, job: str) -> list[int]:
+    """Epochs of the lease objects stored for ``job``, ascending."""
+    prefix = JobLayout(job).lease_prefix
+    out = []
+    for info in storage.list(prefix):
+        name = info.key[len(prefix):]
+        if name.endswith(".json") and name[:-5].isdigit():
+            out.append(int(name[:-5]))
+    return sorted(out)
+
+
+def read_lease(storage: CheckpointStorage, job: str) -> LeaseRecord | None:
+    """The newest lease record of ``job`` (None if there is none or it is unreadable)."""
+    epochs = lease_epochs(storage, job)
+    if not epochs:
+        return None
+    try:
+        raw = storage.get_bytes(_lease_key(JobLayout(job).lease_prefix, epochs[-1]))
+    except ObjectNotFoundError:
+        return None
+    return LeaseRecord.from_json(raw)
+
+
+def valid_checkpoint_ids(ids: list[int], lease: LeaseRecord | None) -> list[int]:
+    """Of the checkpoint ids that have a ``_metadata``, those that count as completed.
+
+    A checkpoint counts if the current holder adopted it at takeover or it is one of
+    the holder's own (id >= ``first_id``). Anything else is a completion marker that a
+    deposed driver wrote after the takeover: it never counts.
+    """
+    if lease is None or lease.adopted is None or lease.first_id is None:
+        return ids
+    adopted = set(lease.adopted)
+    return [n for n in ids if n in adopted or n >= lease.first_id]
+
+
+LeaseStatus = Literal["none", "held", "released", "expired", "dead"]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """What an observer concluded about a job's lease at one poll.
+
+    ``unchanged_for_s``: how long (the observer's clock) the holder's heartbeat has not
+    moved; ``status`` is ``expired`` once that reaches ``ttl_s + max_write_s``, ``dead``
+    if the holder's process is provably gone on this machine.
+    """
+
+    status: LeaseStatus
+    record: LeaseRecord | None
+    unchanged_for_s: float = 0.0
+
+    @property
+    def free(self) -> bool:
+        return self.status != "held"
+
+
+class LeaseObserver:
+    """Watches a job's lease across polls and says when its holder is alive or gone.
+
+    Keep one observer across polls: liveness is "the heartbeat moved recently", which
+    needs two looks. A new observer (a restarted triggerer) waits one full expiry before
+    it calls a silent holder expired.
+    """
+
+    def __init__(self, storage: CheckpointStorage, job: str, clock: Clock = time.monotonic):
+        self.storage = storage
+        self.job = job
+        self.clock = clock
+        self._seen: tuple[int, int] | None = None
+        self._since = 0.0
+
+    def poll(self) -> LeaseState:
+        record = read_lease(self.storage, self.job)
+        now = self.clock()
+        if record is None:
+            self._seen = None
+            return LeaseState("none", None)
+        version = (record.epoch, record.seq)
+        if version != self._seen:
+            self._seen, self._since = version, now
+        unchanged = now - self._since
+        if record.released:
+            return LeaseState("released", record, unchanged)
+        if record.identity.is_dead_here():
+            return LeaseState("dead", record, unchanged)
+        if unchanged >= record.ttl_s + record.max_write_s:
+            return LeaseState("expired", record, unchanged)
+        return LeaseState("held", record, unchanged)
+
+
+Adopt = Callable[[], tuple[tuple[int, ...], int]]  # -> (adopted ids, first id of ours)
+
+
 class JobLease:
-    """The exclusive right to write one job's checkpoints. Use ``with lease: ...``."""
+    """The exclusive right to write one job's checkpoints. Use ``with lease: ...``.
+
+    :param ttl_s: how long a silent holder keeps the lease (observers wait
+        ``ttl_s + max_write_s`` of their own time before taking over)
+    :param heartbeat_s: how often the holder renews it
+    :param max_write_s: the longest one storage write may take; the holder stops
+        starting writes ``max_write_s`` before its lease could expire
+    """
 
     def __init__(
         self,
@@ -57,131 +290,175 @@ class JobLease:
         job: str,
         owner: str,
         *,
-        ttl_s: float = 30.0,
-        heartbeat_s: float = 5.0,
+        ttl_s: float = DEFAULT_TTL_S,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        max_write_s: float = DEFAULT_MAX_WRITE_S,
+        clock: Clock = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        if not 0 < heartbeat_s < ttl_s - max_write_s or max_write_s < 0:
+            raise ConfigError("lease settings", {
+                "lease": f"need 0 < heartbeat ({heartbeat_s:g} s) < ttl ({ttl_s:g} s) - "
+                         f"max write time ({max_write_s:g} s)"})
         self.storage = storage
         self.prefix = JobLayout(job).lease_prefix
         self.job = job
         self.owner = owner
         self.ttl_s = ttl_s
         self.heartbeat_s = heartbeat_s
+        self.max_write_s = max_write_s
+        self.clock = clock
+        self.sleep = sleep
         self.record: LeaseRecord | None = None
+        #: set when this driver must stop writing; ``failure`` says why
         self.lost = threading.Event()
+        self.failure: ConcurrentDriverError | LeaseExpiredError | None = None
+        self._valid_until = float("-inf")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _key(self, epoch: int) -> str:
-        return f"{self.prefix}{epoch:010d}.json"
+    # ------------------------------------------------------------------ taking it
+    def acquire(self, wait_s: float | None = None, adopt: Adopt | None = None) -> LeaseRecord:
+        """Take the lease, waiting up to ``wait_s`` for the holder to release or expire.
 
-    def _epochs(self) -> list[int]:
-        out = []
-        for info in self.storage.list(self.prefix):
-            name = info.key[len(self.prefix):]
-            if name.endswith(".json") and name[:-5].isdigit():
-                out.append(int(name[:-5]))
-        return sorted(out)
-
-    def _read(self, epoch: int) -> LeaseRecord | None:
-        try:
-            return LeaseRecord(**json.loads(self.storage.get_bytes(self._key(epoch))))
-        except ObjectNotFoundError:
-            return None
-        except (ValueError, TypeError):
-            return None  # unreadable: treat as free (it protects nothing)
-
-    def _free(self, record: LeaseRecord | None, now: float) -> bool:
-        if record is None or record.released or now - record.heartbeat_ts > self.ttl_s:
-            return True
-        return record.host == socket.gethostname() and not _pid_alive(record.pid)
-
-    def acquire(self, wait_s: float | None = None) -> LeaseRecord:
-        """Take the lease, waiting up to ``wait_s`` (default: the TTL) for a live holder.
-
-        Raises ``ConcurrentDriverError`` naming the holder if it stays alive.
+        The default wait is one full expiry (``ttl_s + max_write_s``) plus a heartbeat.
+        ``adopt`` returns the completed checkpoint ids this driver takes over and its
+        first checkpoint id; it runs after the previous holder is known to be gone and
+        before the new epoch is written. Raises ``ConcurrentDriverError`` naming the
+        holder if it stays alive.
         """
-        deadline = time.time() + (self.ttl_s + self.heartbeat_s if wait_s is None else wait_s)
+        budget = self.ttl_s + self.max_write_s + self.heartbeat_s if wait_s is None else wait_s
+        deadline = self.clock() + budget
+        observer = LeaseObserver(self.storage, self.job, self.clock)
         while True:
-            epochs = self._epochs()
-            newest = epochs[-1] if epochs else 0
-            holder = self._read(newest) if newest else None
-            now = time.time()
-            if self._free(holder, now):
-                record = LeaseRecord(newest + 1, self.owner, socket.gethostname(), os.getpid(),
-                                     now, now)
+            state = observer.poll()
+            if state.free:
+                adopted, first_id = adopt() if adopt is not None else (None, None)
+                epoch = (state.record.epoch if state.record else 0)
+                epoch = max([epoch, *lease_epochs(self.storage, self.job)]) + 1
+                me = HolderIdentity.current()
+                now = time.time()
+                record = LeaseRecord(
+                    epoch, self.owner, me.host, me.pid, now, now, ttl_s=self.ttl_s,
+                    max_write_s=self.max_write_s, boot_id=me.boot_id, pid_ns=me.pid_ns,
+                    start_ticks=me.start_ticks, adopted=adopted, first_id=first_id,
+                )
+                started = self.clock()
                 try:
-                    self.storage.put_bytes(self._key(record.epoch),
-                                           json.dumps(asdict(record)).encode(), create_only=True)
+                    self.storage.put_bytes(_lease_key(self.prefix, epoch), record.to_json(),
+                                           create_only=True)
                 except ObjectAlreadyExistsError:
-                    continue  # another driver took it first: look again
+                    observer = LeaseObserver(self.storage, self.job, self.clock)
+                    continue  # another driver took it first: watch the new holder
                 self.record = record
-                self.storage.delete_many(self._key(e) for e in epochs)
+                self.failure = None
+                self.lost.clear()
+                self._valid_until = started + self.ttl_s - self.max_write_s
+                self.storage.delete_many(
+                    _lease_key(self.prefix, e) for e in lease_epochs(self.storage, self.job)
+                    if e < epoch)
                 self._start_heartbeat()
-                log.info("acquired the lease of job %s (epoch %d)", self.job, record.epoch)
+                log.info("acquired the lease of job %s (epoch %d)", self.job, epoch)
                 return record
+            holder = state.record
             assert holder is not None
+            now = self.clock()
             if now >= deadline:
                 raise ConcurrentDriverError(
                     f"job {self.job!r} is being run by another driver ({holder.owner} on "
-                    f"{holder.host}, pid {holder.pid}, last heartbeat "
-                    f"{now - holder.heartbeat_ts:.0f} s ago). Stop that driver, or wait: a dead "
-                    f"driver's lease expires {self.ttl_s:g} s after its last heartbeat."
+                    f"{holder.host}, pid {holder.pid}; its heartbeat moved within the last "
+                    f"{state.unchanged_for_s:.0f} s). Stop that driver, or wait: a dead "
+                    f"driver's lease expires {holder.ttl_s + holder.max_write_s:g} s after "
+                    "its last heartbeat."
                 )
-            time.sleep(min(1.0, max(deadline - now, 0.05)))
+            self.sleep(min(0.5, self.heartbeat_s, max(deadline - now, 0.01)))
+
+    # ------------------------------------------------------------------ holding it
+    def gate(self) -> None:
+        """Raise unless this driver may start a write now (see the module doc)."""
+        if self.failure is not None:
+            raise self.failure
+        if self.record is None:
+            raise ConcurrentDriverError(f"job {self.job!r}: the lease is not held")
+        if self.clock() >= self._valid_until:
+            self._lose(LeaseExpiredError(
+                f"job {self.job!r}: no successful lease heartbeat for "
+                f"{self.ttl_s - self.max_write_s:g} s (storage unreachable?); this driver "
+                "stopped writing so that another one can take over safely"))
+            assert self.failure is not None
+            raise self.failure
+
+    def check(self) -> None:
+        """:meth:`gate`, and look in storage for a newer epoch (another driver)."""
+        self.gate()
+        assert self.record is not None
+        epochs = lease_epochs(self.storage, self.job)
+        if not epochs or epochs[-1] != self.record.epoch:
+            self._lose(ConcurrentDriverError(
+                f"job {self.job!r}: another driver took over the lease (epochs {epochs[-3:]}, "
+                f"ours {self.record.epoch}); this driver must stop"))
+            assert self.failure is not None
+            raise self.failure
+
+    def note_next_id(self, next_id: int) -> None:
+        """Remember the next checkpoint id in the record (written at the next heartbeat
+        and on release), so ids never repeat even after every checkpoint was discarded."""
+        if self.record is not None:
+            self.record = replace(self.record, next_id=next_id)
+
+    def _lose(self, failure: ConcurrentDriverError | LeaseExpiredError) -> None:
+        if self.failure is None:
+            self.failure = failure
+            log.error("%s", failure)
+        self.lost.set()
 
     def _start_heartbeat(self) -> None:
         self._stop.clear()
-        self.lost.clear()
         self._thread = threading.Thread(target=self._beat, name="ckpt-lease", daemon=True)
         self._thread.start()
+
+    def beat(self) -> None:
+        """One heartbeat: renew the record and extend the validity (raises on failure)."""
+        started = self.clock()
+        self.gate()
+        assert self.record is not None
+        record = replace(self.record, seq=self.record.seq + 1, heartbeat_ts=time.time())
+        self.storage.put_bytes(_lease_key(self.prefix, record.epoch), record.to_json())
+        self.record = record
+        self.check()  # a newer epoch means we were deposed: do not extend
+        self._valid_until = started + self.ttl_s - self.max_write_s
 
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             try:
-                self.check()
-                self._write(released=False)
-            except ConcurrentDriverError:
-                log.error("lost the lease of job %s to another driver", self.job)
-                self.lost.set()
-                return
-            except Exception:  # a storage hiccup: try again next beat; TTL gives slack
-                log.warning("lease heartbeat failed", exc_info=True)
+                self.beat()
+            except (ConcurrentDriverError, LeaseExpiredError):
+                return  # _lose recorded it; the job stops
+            except Exception:  # a storage hiccup: the next beat may still make it in time
+                log.warning("lease heartbeat of job %s failed", self.job, exc_info=True)
 
-    def _write(self, *, released: bool) -> None:
-        assert self.record is not None
-        self.record = LeaseRecord(**{**asdict(self.record), "heartbeat_ts": time.time(),
-                                     "released": released})
-        body = json.dumps(asdict(self.record)).encode()
-        self.storage.put_bytes(self._key(self.record.epoch), body)
-
-    def check(self) -> None:
-        """Raise ``ConcurrentDriverError`` if another driver took the lease over."""
-        if self.record is None:
-            raise ConcurrentDriverError(f"job {self.job!r}: the lease is not held")
-        epochs = self._epochs()
-        if not epochs or epochs[-1] != self.record.epoch:
-            self.lost.set()
-            raise ConcurrentDriverError(
-                f"job {self.job!r}: another driver took over the lease (epochs {epochs[-3:]}, "
-                f"ours {self.record.epoch}); this driver must stop"
-            )
-
+    # ------------------------------------------------------------------ letting go
     def release(self) -> None:
         """Stop heartbeating and mark the lease released (the next driver need not wait)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if self.record is not None and not self.lost.is_set():
+            self._thread = None
+        if self.record is not None and self.failure is None:
             try:
                 self.check()
-                self._write(released=True)
-            except Exception:  # best effort: the TTL frees it anyway
+                record = replace(self.record, seq=self.record.seq + 1, released=True,
+                                 heartbeat_ts=time.time())
+                self.storage.put_bytes(_lease_key(self.prefix, record.epoch), record.to_json())
+            except Exception:  # best effort: expiry frees it anyway
                 log.warning("could not release the lease of job %s", self.job, exc_info=True)
         self.record = None
+        self._valid_until = float("-inf")
 
     def __enter__(self) -> JobLease:
         self.acquire()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.release()
+        with contextlib.suppress(Exception):
+            self.release()

@@ -84,6 +84,8 @@ class Manifest:
     savepoint_id: str | None = None
     pending_transactions: tuple[int, ...] = ()
     restored_from: str | None = None
+    #: the writer's lease epoch (absent in manifests written before leases had epochs)
+    lease_epoch: int | None = None
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -197,6 +199,10 @@ def parse_manifest(data: bytes, where: str = "_metadata") -> Manifest:
         raise MetadataError(f"{where}: field 'savepoint_id' has the wrong type")
     if restored_from is not None and not isinstance(restored_from, str):
         raise MetadataError(f"{where}: field 'restored_from' has the wrong type")
+    lease_epoch = obj.get("lease_epoch")
+    if lease_epoch is not None and (not isinstance(lease_epoch, int) or isinstance(
+            lease_epoch, bool)):
+        raise MetadataError(f"{where}: field 'lease_epoch' has the wrong type")
     pending = obj.get("pending_transactions", [])
     if not isinstance(pending, list) or not all(
         isinstance(p, int) and not isinstance(p, bool) for p in pending
@@ -226,5 +232,6 @@ def parse_manifest(data: bytes, where: str = "_metadata") -> Manifest:
         savepoint_id=savepoint_id,
         pending_transactions=tuple(pending),
         restored_from=restored_from,
+        lease_epoch=lease_epoch,
         extra=extra,
     )

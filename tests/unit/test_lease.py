@@ -1,18 +1,43 @@
-"""JobLease on the file backend: exclusive, expires, detects takeover."""
+"""JobLease on the file backend: exclusive, judged without comparing clocks, self-fencing.
+
+A fake monotonic clock drives time: nothing here sleeps for real, and every expiry is
+reached exactly.
+"""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from airflow_ckpt.errors import ConcurrentDriverError
-from airflow_ckpt.runtime.lease import JobLease
+from airflow_ckpt.errors import ConcurrentDriverError, LeaseExpiredError, StorageError
+from airflow_ckpt.runtime.lease import (
+    HolderIdentity,
+    JobLease,
+    LeaseObserver,
+    LeaseRecord,
+    read_lease,
+    valid_checkpoint_ids,
+)
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.runtime.storage.fenced import FencedStorage
+
+TTL, MAX_WRITE, BEAT = 100.0, 10.0, 50.0  # the heartbeat thread never fires in a test
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
 
 
 @pytest.fixture
@@ -20,56 +45,185 @@ def store(tmp_path: Path) -> CheckpointStorage:
     return open_storage((tmp_path / "s").as_uri())
 
 
-def test_second_driver_is_refused_while_the_first_is_alive(store: CheckpointStorage) -> None:
-    first = JobLease(store, "job", "run-a", ttl_s=5, heartbeat_s=0.1)
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+def lease(store: CheckpointStorage, clock: FakeClock, owner: str) -> JobLease:
+    return JobLease(store, "job", owner, ttl_s=TTL, heartbeat_s=BEAT, max_write_s=MAX_WRITE,
+                    clock=clock, sleep=clock.sleep)
+
+
+def test_second_driver_is_refused_while_the_first_heartbeats(
+    store: CheckpointStorage, clock: FakeClock
+) -> None:
+    first = lease(store, clock, "run-a")
     first.acquire()
+
+    beating = lease(store, clock, "run-b")
+
+    def sleep_and_beat(seconds: float) -> None:  # the holder beats while b waits
+        clock.sleep(seconds)
+        first.beat()
+
+    beating.sleep = sleep_and_beat
     try:
         with pytest.raises(ConcurrentDriverError, match="run-a") as err:
-            JobLease(store, "job", "run-b", ttl_s=5).acquire(wait_s=0.3)
+            beating.acquire(wait_s=3 * (TTL + MAX_WRITE))
         assert "Stop that driver" in str(err.value)
     finally:
         first.release()
     # Released: the next driver gets it at once.
-    second = JobLease(store, "job", "run-b", ttl_s=5)
+    second = lease(store, clock, "run-b")
     assert second.acquire(wait_s=0).epoch == 2
     second.release()
 
 
-def test_expired_lease_is_taken_over_and_the_old_holder_notices(
-    store: CheckpointStorage,
+def test_a_silent_holder_expires_after_ttl_plus_max_write_of_the_observers_clock(
+    store: CheckpointStorage, clock: FakeClock
 ) -> None:
-    old = JobLease(store, "job", "run-a", ttl_s=0.3, heartbeat_s=60)  # never beats
+    old = lease(store, clock, "run-a")
     old.acquire()
-    time.sleep(0.5)
-    new = JobLease(store, "job", "run-b", ttl_s=0.3, heartbeat_s=60)
-    assert new.acquire(wait_s=0).epoch == 2
-    with pytest.raises(ConcurrentDriverError, match="took over"):
-        old.check()
+    # The holder's wall-clock heartbeat_ts is far in the future (a skewed clock): it
+    # plays no part, only the sequence number does.
+    assert old.record is not None
+    store.put_bytes("job/lease/0000000001.json",
+                    replace(old.record, heartbeat_ts=old.record.heartbeat_ts + 1e6).to_json())
+    observer = LeaseObserver(store, "job", clock)
+    assert observer.poll().status == "held"
+    clock.now += TTL + MAX_WRITE - 0.001
+    assert observer.poll().status == "held"
+    clock.now += 0.001
+    assert observer.poll().status == "expired"
+
+    new = lease(store, clock, "run-b")
+    start = clock.now
+    assert new.acquire().epoch == 2
+    assert clock.now - start >= TTL + MAX_WRITE  # a fresh observer waits a full expiry
+    # The old holder fenced itself long before: its validity ran out at TTL - MAX_WRITE.
+    with pytest.raises(LeaseExpiredError, match="stopped writing"):
+        old.gate()
     assert old.lost.is_set()
     new.release()
 
 
-def test_dead_process_on_this_host_frees_the_lease_at_once(store: CheckpointStorage) -> None:
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
-    import socket
-
-    record = {"epoch": 1, "owner": "run-dead", "host": socket.gethostname(),
-              "pid": int(dead.stdout), "acquired_ts": time.time(), "heartbeat_ts": time.time(),
-              "released": False}
-    store.put_bytes("job/lease/0000000001.json", json.dumps(record).encode())
-    lease = JobLease(store, "job", "run-b", ttl_s=300)
-    assert lease.acquire(wait_s=0).epoch == 2
-    assert [i.key for i in store.list("job/lease/")] == ["job/lease/0000000002.json"]
-    lease.release()
-
-
-def test_heartbeat_keeps_a_live_lease_from_expiring(store: CheckpointStorage) -> None:
-    holder = JobLease(store, "job", "run-a", ttl_s=0.5, heartbeat_s=0.1)
+def test_the_holder_stops_writing_when_heartbeats_fail(
+    store: CheckpointStorage, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    holder = lease(store, clock, "run-a")
     holder.acquire()
-    try:
-        time.sleep(1.0)  # twice the TTL, but the heartbeat kept it fresh
-        with pytest.raises(ConcurrentDriverError):
-            JobLease(store, "job", "run-b", ttl_s=0.5).acquire(wait_s=0)
-    finally:
-        holder.release()
+    fenced = FencedStorage(store, holder.gate)
+    fenced.put_bytes("job/chk-1/file", b"x")  # valid: writes pass
+
+    def unreachable(*_a: object, **_k: object) -> None:
+        raise StorageError("endpoint unreachable")
+
+    monkeypatch.setattr(store, "put_bytes", unreachable)
+    clock.now += TTL - MAX_WRITE - 1
+    with pytest.raises(StorageError):
+        holder.beat()  # fails; the lease is still valid for one more second
+    monkeypatch.undo()
+    fenced.put_bytes("job/chk-1/file2", b"x")
+    clock.now += 1
+    with pytest.raises(LeaseExpiredError):
+        fenced.put_bytes("job/chk-1/file3", b"x")
+    with pytest.raises(LeaseExpiredError):
+        fenced.delete_many(["job/chk-1/file"])
+    with pytest.raises(LeaseExpiredError):
+        holder.beat()  # a deposed holder never comes back, even if storage recovers
+    assert store.exists("job/chk-1/file") and not store.exists("job/chk-1/file3")
+    holder.release()
+
+
+def test_a_successful_heartbeat_extends_validity_from_its_start(
+    store: CheckpointStorage, clock: FakeClock
+) -> None:
+    holder = lease(store, clock, "run-a")
+    holder.acquire()
+    clock.now += TTL - MAX_WRITE - 1
+    holder.beat()
+    clock.now += TTL - MAX_WRITE - 1
+    holder.gate()  # still valid
+    clock.now += 1
+    with pytest.raises(LeaseExpiredError):
+        holder.gate()
+
+
+def test_a_deposed_holder_notices_the_newer_epoch(
+    store: CheckpointStorage, clock: FakeClock
+) -> None:
+    old = lease(store, clock, "run-a")
+    old.acquire()
+    store.put_bytes("job/lease/0000000002.json", LeaseRecord(
+        2, "run-b", "elsewhere", 1, 0, 0).to_json(), create_only=True)
+    with pytest.raises(ConcurrentDriverError, match="took over"):
+        old.check()
+    with pytest.raises(ConcurrentDriverError):
+        old.gate()
+
+
+def _dead_pid() -> int:
+    out = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout)
+
+
+def _record_of(identity: HolderIdentity) -> bytes:
+    return LeaseRecord(1, "run-dead", identity.host, identity.pid, 0.0, 0.0,
+                       boot_id=identity.boot_id, pid_ns=identity.pid_ns,
+                       start_ticks=identity.start_ticks or 1).to_json()
+
+
+def test_a_dead_process_on_this_machine_frees_the_lease_at_once(
+    store: CheckpointStorage, clock: FakeClock
+) -> None:
+    me = HolderIdentity.current()
+    store.put_bytes("job/lease/0000000001.json", _record_of(replace(me, pid=_dead_pid())))
+    new = lease(store, clock, "run-b")
+    assert new.acquire(wait_s=0).epoch == 2
+    assert [i.key for i in store.list("job/lease/")] == ["job/lease/0000000002.json"]
+    new.release()
+
+
+@pytest.mark.parametrize("field", ["pid_ns", "boot_id", "host"])
+def test_same_pid_elsewhere_is_never_taken_for_dead(
+    store: CheckpointStorage, clock: FakeClock, field: str
+) -> None:
+    """Containers sharing a hostname (compose pins ``hostname:``) have their own pid
+    namespace: a pid that is free *here* says nothing about the holder there."""
+    me = HolderIdentity.current()
+    store.put_bytes("job/lease/0000000001.json",
+                    _record_of(replace(me, pid=_dead_pid(), **{field: "other"})))
+    with pytest.raises(ConcurrentDriverError):
+        lease(store, clock, "run-b").acquire(wait_s=1)
+
+
+def test_an_old_record_without_identity_is_waited_out(
+    store: CheckpointStorage, clock: FakeClock
+) -> None:
+    old = {"epoch": 1, "owner": "old", "host": HolderIdentity.current().host,
+           "pid": _dead_pid(), "acquired_ts": 0, "heartbeat_ts": 0, "released": False}
+    store.put_bytes("job/lease/0000000001.json", json.dumps(old).encode())
+    with pytest.raises(ConcurrentDriverError):
+        lease(store, clock, "run-b").acquire(wait_s=1)
+    assert lease(store, clock, "run-b").acquire().epoch == 2
+
+
+def test_takeover_records_adopted_checkpoints_and_late_markers_never_count(
+    store: CheckpointStorage, clock: FakeClock
+) -> None:
+    new = lease(store, clock, "run-b")
+    new.acquire(adopt=lambda: ((3, 4), 6))
+    record = read_lease(store, "job")
+    assert record is not None and record.adopted == (3, 4) and record.first_id == 6
+    # chk-5 was in flight at the deposed driver: its late _metadata never counts;
+    # chk-2 was subsumed; 6 and 7 are the new holder's own.
+    assert valid_checkpoint_ids([2, 3, 4, 5, 6, 7], record) == [3, 4, 6, 7]
+    assert valid_checkpoint_ids([2, 5], None) == [2, 5]  # no lease: nothing to judge
+    new.release()
+
+
+def test_bad_settings_are_refused(store: CheckpointStorage) -> None:
+    with pytest.raises(ValueError, match="heartbeat"):
+        JobLease(store, "job", "x", ttl_s=10, heartbeat_s=5, max_write_s=6)
