@@ -13,6 +13,14 @@ Safety argument (why a crash anywhere in here leaves nothing restorable broken):
 * Pending checkpoints reserve their shared keys *before* deciding whether to upload
   (:class:`SharedFileRegistry`), so the collector never deletes a file that a
   checkpoint still being written has decided to reuse.
+* The collector decides and deletes as one step against a consistent view: it reads
+  the retained manifests and the reservations under the store's lock, and
+  :meth:`CompletedCheckpointStore.add` appends a manifest *before* releasing its
+  reservations, so at every instant a file of a pending or completed checkpoint is
+  pinned by one or the other. Collections run one at a time.
+* A key judged garbage is *tombstoned* until its delete has returned: a checkpoint
+  that reserves it meanwhile waits for the delete and then uploads it again, so a
+  delete never removes a file uploaded after the decision.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import logging
 import threading
 from collections.abc import Iterable
 
+from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.metadata import Manifest
@@ -30,39 +39,54 @@ log = logging.getLogger(__name__)
 
 
 class SharedFileRegistry:
-    """Which ``shared/`` keys are stored, and which in-flight checkpoints use which."""
+    """Which ``shared/`` keys are stored, which pending checkpoints use which, and which
+    are being deleted."""
 
     def __init__(self, present: Iterable[str] = ()) -> None:
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
         self._present: set[str] = set(present)
         self._reserved: dict[int, set[str]] = {}
+        self._deleting: set[str] = set()
 
     def reserve(self, checkpoint_id: int, key: str) -> bool:
-        """Pin ``key`` for a pending checkpoint; True if it still has to be uploaded."""
-        with self._lock:
+        """Pin ``key`` for a pending checkpoint; True if it still has to be uploaded.
+
+        If the collector is deleting ``key`` right now, wait until the delete returned
+        (then it must be uploaded again).
+        """
+        with self._cond:
             self._reserved.setdefault(checkpoint_id, set()).add(key)
+            self._cond.wait_for(lambda: key not in self._deleting)
             return key not in self._present
 
     def uploaded(self, key: str) -> None:
-        with self._lock:
+        with self._cond:
             self._present.add(key)
 
     def release(self, checkpoint_id: int) -> None:
         """The checkpoint completed (its manifest now pins its keys) or was declined."""
-        with self._lock:
+        with self._cond:
             self._reserved.pop(checkpoint_id, None)
 
     def collectable(self, stored: Iterable[str], referenced: set[str]) -> list[str]:
         """Of the ``stored`` shared keys, those no manifest and no pending checkpoint uses.
 
-        The returned keys are forgotten as present, so a later checkpoint uploads them
-        again instead of referencing a file that is about to be deleted.
+        The returned keys are tombstoned: forgotten as present and reserved by nobody
+        until :meth:`deleted` is called, so a checkpoint that wants one meanwhile waits
+        and then uploads it again instead of referencing a file about to be deleted.
         """
-        with self._lock:
+        with self._cond:
             pinned = referenced.union(*self._reserved.values())
             garbage = [key for key in stored if key not in pinned]
             self._present.difference_update(garbage)
+            self._deleting.update(garbage)
             return garbage
+
+    def deleted(self, keys: Iterable[str]) -> None:
+        """The delete of tombstoned ``keys`` returned (or failed): release the waiters."""
+        with self._cond:
+            self._deleting.difference_update(keys)
+            self._cond.notify_all()
 
 
 class CompletedCheckpointStore:
@@ -74,8 +98,10 @@ class CompletedCheckpointStore:
         self.catalog = CheckpointCatalog(storage, job)
         self.num_retained = num_retained
         self._lock = threading.Lock()
+        self._collecting = threading.Lock()  # one collection at a time
         self.shared = SharedFileRegistry()
         self._retained: list[Manifest] = []
+        self._pinned: int | None = None  # never subsumed: the checkpoint restored from
 
     @property
     def retained(self) -> list[Manifest]:
@@ -83,13 +109,17 @@ class CompletedCheckpointStore:
         with self._lock:
             return list(self._retained)
 
-    def recover(self) -> int:
+    def recover(self, pinned: int | None = None) -> int:
         """Load what storage holds; remove abandoned (marker-less) checkpoint directories.
 
         Must run before any checkpoint of this driver starts (the runtime holds the
-        job exclusively then). Returns the next free checkpoint id: one more than any
-        id ever used, completed or not, so ids never repeat.
+        job exclusively then). ``pinned``: the checkpoint the run restored from; it is
+        never subsumed until a checkpoint of this run completes (after a fallback past
+        damaged newer ones it may not be among the newest ``num_retained``). Returns
+        the next free checkpoint id: one more than any id ever used, completed or not,
+        so ids never repeat.
         """
+        self._pinned = pinned
         completed = self.catalog.checkpoint_ids()
         every = self.catalog.checkpoint_ids(completed_only=False)
         for n in sorted(set(every) - set(completed)):
@@ -109,28 +139,44 @@ class CompletedCheckpointStore:
         Returns the ids of the checkpoints that were subsumed and deleted.
         """
         with self._lock:
+            # Appended before the reservations are released: see the module doc.
             self._retained.append(manifest)
             self._retained.sort(key=lambda m: m.checkpoint_id)
+            if self._pinned is not None and manifest.checkpoint_id > self._pinned:
+                self._pinned = None  # this run has a checkpoint of its own now
         self.shared.release(manifest.checkpoint_id)
         return self.subsume_and_collect()
 
     def subsume_and_collect(self) -> list[int]:
         """Delete checkpoints beyond ``num_retained`` and unreferenced shared files."""
+        with self._collecting:
+            return self._subsume_and_collect()
+
+    def _subsume_and_collect(self) -> list[int]:
         with self._lock:
-            excess = len(self._retained) - self.num_retained
-            subsumed = self._retained[:max(excess, 0)]
-            self._retained = self._retained[max(excess, 0):]
-            referenced = {
-                self.layout.root + f.key for m in self._retained for f in m.files if f.shared
-            }
+            keep = [m for m in self._retained if m.checkpoint_id != self._pinned]
+            excess = max(len(keep) - self.num_retained, 0)
+            subsumed = keep[:excess]
+            self._retained = [m for m in self._retained if m not in subsumed]
         for manifest in subsumed:
             # _metadata first: from here on the checkpoint is no longer restorable.
             self.storage.delete_many([self.layout.checkpoint_metadata(manifest.checkpoint_id)])
             self.storage.delete_prefix(self.layout.checkpoint_dir(manifest.checkpoint_id))
+        # Listed before the view is taken: a file uploaded after the listing is not a
+        # candidate at all; one uploaded before it is pinned by its reservation or, once
+        # its checkpoint completed, by the retained manifest (the view below).
         stored = [i.key for i in self.storage.list(self.layout.shared_prefix)]
-        garbage = self.shared.collectable(stored, referenced)
-        if garbage:
-            self.storage.delete_many(garbage)
+        with self._lock:
+            referenced = {
+                self.layout.root + f.key for m in self._retained for f in m.files if f.shared
+            }
+            garbage = self.shared.collectable(stored, referenced)
+        try:
+            interleave.point(interleave.GC_BEFORE_DELETE)
+            if garbage:
+                self.storage.delete_many(garbage)
+        finally:
+            self.shared.deleted(garbage)
         if subsumed or garbage:
             log.info(
                 "subsumed checkpoints %s, deleted %d unreferenced shared files",

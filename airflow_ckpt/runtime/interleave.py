@@ -1,0 +1,76 @@
+"""Named interleaving points: where a test pauses a runtime thread to force a race.
+
+The runtime calls :func:`point` at the few places where the order of two threads (or
+two drivers) decides correctness: between the garbage collector's decision and its
+delete, before a completion marker is written, before a heartbeat, ... A test installs
+a hook at a name (e.g. one that blocks until the test releases it), so each
+interleaving is produced deterministically, never by sleeping and hoping. Without a
+hook a point costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+
+_hooks: dict[str, Callable[[], None]] = {}
+
+# The points, so a test cannot pause at a name the runtime never reaches.
+GC_BEFORE_DELETE = "store.gc.before_delete"  # decided what is garbage, not deleted yet
+COMPLETE_BEFORE_METADATA = "coordinator.before_metadata"  # files durable, marker not yet
+COMPLETE_BEFORE_ADD = "coordinator.before_store_add"  # marker durable, store not told yet
+UPLOAD_BEFORE_FILE = "upload.before_file"  # a file is about to be uploaded
+CAPTURE_BEFORE_LINK = "snapshot.before_link"  # the sync phase is about to link a file
+LEASE_BEFORE_BEAT = "lease.before_beat"  # the holder is about to renew its lease
+POINTS = frozenset({GC_BEFORE_DELETE, COMPLETE_BEFORE_METADATA, COMPLETE_BEFORE_ADD,
+                    UPLOAD_BEFORE_FILE, CAPTURE_BEFORE_LINK, LEASE_BEFORE_BEAT})
+
+
+def point(name: str) -> None:
+    """Run the hook installed at ``name``, if any (in the calling thread)."""
+    hook = _hooks.get(name)
+    if hook is not None:
+        hook()
+
+
+@contextlib.contextmanager
+def installed(name: str, hook: Callable[[], None]) -> Iterator[None]:
+    """Install ``hook`` at ``name`` for the duration of the block."""
+    if name not in POINTS:
+        raise ValueError(f"unknown interleaving point {name!r}; known: {sorted(POINTS)}")
+    _hooks[name] = hook
+    try:
+        yield
+    finally:
+        _hooks.pop(name, None)
+
+
+class Pause:
+    """A hook that blocks the thread reaching the point until :meth:`resume`.
+
+    ``only`` limits it to the first ``only`` arrivals (later ones pass straight on).
+    """
+
+    def __init__(self, only: int = 1, timeout_s: float = 60.0) -> None:
+        self.reached = threading.Event()
+        self._resume = threading.Event()
+        self._left = only
+        self._lock = threading.Lock()
+        self.timeout_s = timeout_s
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._left <= 0:
+                return
+            self._left -= 1
+        self.reached.set()
+        if not self._resume.wait(self.timeout_s):
+            raise TimeoutError("a paused thread was never resumed")
+
+    def wait_reached(self, timeout_s: float = 60.0) -> None:
+        if not self.reached.wait(timeout_s):
+            raise TimeoutError("no thread reached the paused point")
+
+    def resume(self) -> None:
+        self._resume.set()
