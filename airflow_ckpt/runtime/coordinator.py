@@ -19,19 +19,22 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from airflow_ckpt.errors import (
     CheckpointDeclinedError,
     CheckpointFailureLimitError,
     ConcurrentDriverError,
+    LeaseExpiredError,
     ObjectAlreadyExistsError,
 )
 from airflow_ckpt.runtime import history as ev
+from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.config import CheckpointConfig
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.metadata import Manifest, Timings, Trigger
+from airflow_ckpt.runtime.metadata import Manifest, Timings, Trigger, parse_manifest
 from airflow_ckpt.runtime.snapshot import CapturedSnapshot, capture, latest_batch
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.store import CompletedCheckpointStore
@@ -46,8 +49,8 @@ class PendingCheckpoint:
 
     checkpoint_id: int
     trigger: Trigger
-    trigger_ts: float
-    deadline: float
+    trigger_ts: float  # wall clock (reported); intervals and timeouts use monotonic time
+    deadline: float  # time.monotonic() after which the checkpoint expires
     savepoint_id: str | None = None
     request_id: str | None = None
     barrier_batch: int | None = None
@@ -58,10 +61,23 @@ class PendingCheckpoint:
     manifest: Manifest | None = None
     path: str | None = None  # URI of the completed checkpoint/savepoint directory
     failure: str | None = None
+    # pending -> completing (its _metadata is being written) -> completed, or -> failed.
+    # The timeout tick may fail only a *pending* checkpoint: once the async phase claimed
+    # completion, the marker write decides (it is bounded by the lease's write time).
+    state: str = "pending"
+    _state_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def is_savepoint(self) -> bool:
         return self.savepoint_id is not None
+
+    def move(self, to: str, *, allowed: tuple[str, ...]) -> bool:
+        """Atomically move to state ``to`` if the current state is in ``allowed``."""
+        with self._state_lock:
+            if self.state not in allowed:
+                return False
+            self.state = to
+            return True
 
 
 class CheckpointFailureManager:
@@ -70,7 +86,9 @@ class CheckpointFailureManager:
     def __init__(self, tolerable: int) -> None:
         self.tolerable = tolerable
         self.consecutive = 0
-        self.fatal: CheckpointFailureLimitError | ConcurrentDriverError | None = None
+        self.fatal: (
+            CheckpointFailureLimitError | ConcurrentDriverError | LeaseExpiredError | None
+        ) = None
 
     def on_success(self) -> None:
         self.consecutive = 0
@@ -82,6 +100,12 @@ class CheckpointFailureManager:
                 f"{self.consecutive} consecutive checkpoints failed (tolerable: "
                 f"{self.tolerable}); last: chk-{checkpoint_id}: {reason}"
             )
+
+
+def _savepoint_exists(savepoint_id: str | None) -> str:
+    return (f"savepoint id {savepoint_id!r} already exists and a savepoint is never "
+            "overwritten: choose another savepoint_id, or dispose of the old savepoint "
+            "first (airflow-ckpt dispose)")
 
 
 # Callbacks the job facade registers.
@@ -128,8 +152,8 @@ class CheckpointCoordinator:
         self.lease_epoch = lease_epoch
         self._next_id = next_checkpoint_id
         self._last_batch = last_checkpointed_batch
-        self._last_trigger = time.time()
-        self._last_completion = 0.0
+        self._last_trigger = time.monotonic()
+        self._last_completion = float("-inf")
         self._lock = threading.Lock()
         self._pending: list[PendingCheckpoint] = []
         self._digests = DigestCache()
@@ -186,12 +210,14 @@ class CheckpointCoordinator:
         The barrier is placed at the next batch boundary (see module doc). Returns the
         pending checkpoint; wait on ``pending.done``.
         """
-        now = time.time()
+        now = time.monotonic()
         with self._lock:
+            twin = savepoint_id is not None and any(
+                q.savepoint_id == savepoint_id for q in self._pending)
             pending = PendingCheckpoint(
                 checkpoint_id=self._next_id,
                 trigger=trigger,
-                trigger_ts=now,
+                trigger_ts=time.time(),
                 deadline=now + self.config.timeout_s,
                 savepoint_id=savepoint_id,
                 request_id=request_id,
@@ -201,6 +227,10 @@ class CheckpointCoordinator:
             self._last_trigger = now
             pending.barrier_batch = self._barrier_for_trigger(trigger)
             self._pending.append(pending)
+        if twin:
+            self._fail(pending, f"savepoint id {savepoint_id!r} is already being taken by "
+                                "another request")
+            return pending
         log.info(
             "triggered %s %d (%s) barrier at end of batch %s",
             "savepoint" if savepoint_id else "checkpoint",
@@ -243,7 +273,7 @@ class CheckpointCoordinator:
                 log.exception("checkpoint coordinator tick failed")
 
     def _tick(self) -> None:
-        now = time.time()
+        now = time.monotonic()
         with self._lock:
             due = self._periodic_due(now)
         if due:
@@ -254,17 +284,17 @@ class CheckpointCoordinator:
         for p in pending:
             if p.done.is_set():
                 continue
-            if now > p.deadline and p.manifest is None:
+            if now > p.deadline and p.state == "pending":
                 self._fail(p, f"expired after {self.config.timeout_s:g} s before completing")
                 continue
             barrier = p.barrier_batch if p.barrier_batch is not None else 0
             reached = barrier == -1 or (committed is not None and committed >= barrier)
             if not p.captured and reached:
-                self._sync_phase(p, now)
+                self._sync_phase(p, time.time())
 
     def _sync_phase(self, p: PendingCheckpoint, barrier_ts: float) -> None:
         p.captured = True
-        start = time.time()
+        start = time.monotonic()
         staging = self.staging_root / f"chk-{p.checkpoint_id}-{uuid.uuid4().hex[:6]}"
         try:
             if p.barrier_batch == -1:
@@ -274,13 +304,13 @@ class CheckpointCoordinator:
         except CheckpointDeclinedError as exc:
             self._fail(p, str(exc))
             return
-        sync_ms = int((time.time() - start) * 1000)
+        sync_ms = int((time.monotonic() - start) * 1000)
         self._phases.submit(self._async_phase, p, snap, barrier_ts, sync_ms)
 
     def _async_phase(
         self, p: PendingCheckpoint, snap: CapturedSnapshot, barrier_ts: float, sync_ms: int
     ) -> None:
-        start = time.time()
+        start = time.monotonic()
         if p.is_savepoint:
             target = UploadTarget(p.checkpoint_id, f"savepoints/sp-{p.savepoint_id}/", False)
         else:
@@ -288,12 +318,14 @@ class CheckpointCoordinator:
                 p.checkpoint_id, f"chk-{p.checkpoint_id}/", self.config.incremental
             )
         try:
+            if p.savepoint_id is not None and self._answered_by_existing(p):
+                return
             result = upload_snapshot(
                 self.storage, self.layout, snap, target,
                 executor=self._files, digests=self._digests, shared=self.store.shared,
                 deadline=p.deadline, on_ack=p.acked.add, cancelled=p.cancelled,
             )
-            async_ms = int((time.time() - start) * 1000)
+            async_ms = int((time.monotonic() - start) * 1000)
             completed = time.time()
             manifest = Manifest(
                 job=self.layout.job,
@@ -321,46 +353,79 @@ class CheckpointCoordinator:
                     end_to_end_duration_ms=int((completed - p.trigger_ts) * 1000),
                 ),
                 savepoint_id=p.savepoint_id,
+                extra={"request_id": p.request_id} if p.request_id else {},
                 pending_transactions=self.transaction_source(snap.batch_id),
                 restored_from=self.restored_from,
                 lease_epoch=self.lease_epoch,
             )
-            if p.cancelled.is_set() or time.time() > p.deadline:
+            if (p.cancelled.is_set() or time.monotonic() > p.deadline
+                    or not p.move("completing", allowed=("pending",))):
                 raise CheckpointDeclinedError("checkpoint expired or was cancelled")
             metadata_key = (
                 self.layout.savepoint_metadata(p.savepoint_id) if p.savepoint_id
                 else self.layout.checkpoint_metadata(p.checkpoint_id)
             )
+            interleave.point(interleave.COMPLETE_BEFORE_METADATA)
             try:
                 self.fence()
                 # The completion marker, written last and create-only.
                 self.storage.put_bytes(metadata_key, manifest.to_json(), create_only=True)
-            except ConcurrentDriverError as exc:
+            except (ConcurrentDriverError, LeaseExpiredError) as exc:
                 self.failures.fatal = exc
                 raise CheckpointDeclinedError(str(exc)) from exc
             except ObjectAlreadyExistsError as exc:
+                if p.is_savepoint:  # a request re-used an id: fail that request only
+                    raise CheckpointDeclinedError(_savepoint_exists(p.savepoint_id)) from exc
                 self.failures.fatal = ConcurrentDriverError(
                     f"{metadata_key} was written by someone else: another driver is running "
                     f"job {self.layout.job!r}; stop one of them"
                 )
                 raise CheckpointDeclinedError(str(exc)) from exc
         except CheckpointDeclinedError as exc:
-            self._fail(p, str(exc))
+            self._fail(p, str(exc), allowed=("pending", "completing"))
             return
         except Exception as exc:  # any storage error declines this checkpoint only
-            self._fail(p, f"{type(exc).__name__}: {exc}")
+            self._fail(p, f"{type(exc).__name__}: {exc}", allowed=("pending", "completing"))
             return
         finally:
             snap.discard()
         self._complete(p, manifest)
 
+    def _answered_by_existing(self, p: PendingCheckpoint) -> bool:
+        """A savepoint id that already completed is never written to again.
+
+        If the existing savepoint answers this very request (the driver crashed between
+        its ``_metadata`` and the answer), complete the request with it; otherwise
+        decline the request. Returns True if ``p`` is settled.
+        """
+        assert p.savepoint_id is not None
+        key = self.layout.savepoint_metadata(p.savepoint_id)
+        if not self.storage.exists(key):
+            return False  # a partial directory of a crashed attempt may be overwritten
+        existing = parse_manifest(self.storage.get_bytes(key), where=key)
+        if p.request_id is None or existing.extra.get("request_id") != p.request_id:
+            raise CheckpointDeclinedError(_savepoint_exists(p.savepoint_id))
+        log.info("savepoint %s already answers request %s", p.savepoint_id, p.request_id)
+        p.move("completing", allowed=("pending",))
+        p.move("completed", allowed=("completing",))
+        with self._lock:
+            if p in self._pending:
+                self._pending.remove(p)
+        self.store.shared.release(p.checkpoint_id)
+        p.manifest = existing
+        p.path = self.storage.uri.rstrip("/") + "/" + self.layout.savepoint_dir(
+            p.savepoint_id).rstrip("/")
+        p.done.set()
+        return True
+
     def _complete(self, p: PendingCheckpoint, manifest: Manifest) -> None:
+        p.move("completed", allowed=("completing",))
         with self._lock:
             if p in self._pending:
                 self._pending.remove(p)
             if not p.is_savepoint:
                 self._last_batch = max(manifest.batch_id, self._last_batch or -1)
-            self._last_completion = time.time()
+            self._last_completion = time.monotonic()
         p.manifest = manifest
         dir_key = (
             self.layout.savepoint_dir(p.savepoint_id) if p.savepoint_id
@@ -377,28 +442,40 @@ class CheckpointCoordinator:
             manifest.num_acknowledged_subtasks, manifest.num_subtasks, t.start_delay_ms,
             t.sync_duration_ms, t.async_duration_ms, t.end_to_end_duration_ms,
         )
+        # Each step on its own: a failure of one (e.g. the history append) must not skip
+        # the others, above all the listeners that commit the sinks' transactions. A
+        # commit that fails here stays pending: the next completion commits it, and
+        # every later manifest lists it for recover-and-commit.
+        interleave.point(interleave.COMPLETE_BEFORE_ADD)
+        steps: list[tuple[str, Callable[[], object]]] = []
+        if p.is_savepoint:
+            steps.append(("release", lambda: self.store.shared.release(p.checkpoint_id)))
+            steps.append(("history", lambda: self.history.append(
+                ev.SAVEPOINT_COMPLETED, path=path, request_id=p.request_id,
+                **manifest.history_entry())))
+        else:
+            steps.append(("store", lambda: self.store.add(manifest)))
+            steps.append(("history", lambda: self.history.append(
+                ev.CHECKPOINT_COMPLETED, path=path, **manifest.history_entry())))
+        steps.extend((f"listener {i}", partial(listener, manifest))
+                     for i, listener in enumerate(self.listeners))
         try:
-            if p.is_savepoint:
-                self.store.shared.release(p.checkpoint_id)
-                self.history.append(ev.SAVEPOINT_COMPLETED, path=path,
-                                    request_id=p.request_id, **manifest.history_entry())
-            else:
-                self.store.add(manifest)
-                self.history.append(ev.CHECKPOINT_COMPLETED, path=path,
-                                    **manifest.history_entry())
-            for listener in self.listeners:
-                listener(manifest)
-        except Exception:
-            log.exception("post-completion work of %d failed", manifest.checkpoint_id)
+            for name, step in steps:
+                try:
+                    step()
+                except Exception:
+                    log.exception("after completing %d: %s failed", manifest.checkpoint_id, name)
         finally:
             p.done.set()
 
-    def _fail(self, p: PendingCheckpoint, reason: str) -> None:
+    def _fail(
+        self, p: PendingCheckpoint, reason: str, *, allowed: tuple[str, ...] = ("pending",)
+    ) -> None:
+        if not p.move("failed", allowed=allowed):
+            return  # completing or completed already: the marker write decides
         with self._lock:
             if p in self._pending:
                 self._pending.remove(p)
-            elif p.done.is_set():
-                return
         p.cancelled.set()
         p.failure = reason
         self.store.shared.release(p.checkpoint_id)

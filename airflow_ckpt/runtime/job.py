@@ -33,6 +33,7 @@ from airflow_ckpt.errors import (
     LeaseExpiredError,
     ObjectAlreadyExistsError,
     RestartsExhaustedError,
+    RestoreError,
 )
 from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime import sparkconf as keys
@@ -274,8 +275,11 @@ class CheckpointedJob:
         return tuple(sorted(pending))
 
     def _commit_transactions(self, manifest: Manifest) -> None:
-        if manifest.is_savepoint:
-            return  # savepoints never commit: a checkpoint covering the batch will
+        if manifest.is_savepoint and manifest.trigger != "stop":
+            # A savepoint commits nothing, a checkpoint covering the batch will; but the
+            # final savepoint of stop-with-savepoint does, as Flink's does (no checkpoint
+            # follows it).
+            return
         for sink in self.sinks:
             for batch_id in sink.pending():
                 if batch_id <= manifest.batch_id:
@@ -297,7 +301,7 @@ class CheckpointedJob:
                 return self._run_supervised(build)
             finally:
                 self.lease.release()
-        except (ConfigError, IncompatibleStateError, ConcurrentDriverError) as exc:
+        except (ConfigError, RestoreError, ConcurrentDriverError) as exc:
             # Final: a restart cannot fix these. The supervisor reads this event and does
             # not resubmit.
             self.history.append(ev.JOB_FAILED, run_id=self.run_id, cause=str(exc)[:2000],
@@ -317,8 +321,7 @@ class CheckpointedJob:
             coordinator = self._start_coordinator(restored, initial=rescaled)
             try:
                 result = self._run_once(build, coordinator)
-            except (ConfigError, IncompatibleStateError, ConcurrentDriverError,
-                    LeaseExpiredError):
+            except (ConfigError, RestoreError, ConcurrentDriverError, LeaseExpiredError):
                 raise  # final, or (lease lost) only a new driver may continue
             except Exception as exc:  # the query failed (StreamingQueryException, ...)
                 if restored.path and _INCOMPATIBLE.search(str(exc)):
@@ -384,7 +387,10 @@ class CheckpointedJob:
     ) -> CheckpointCoordinator:
         store = CompletedCheckpointStore(self.storage, self.job, self.config.num_retained)
         record = self.lease.record
-        next_id = max(store.recover(), record.first_id or 1 if record else 1)
+        own = restored.manifest if restored.manifest and restored.manifest.job == self.job \
+            and not restored.manifest.is_savepoint else None
+        next_id = max(store.recover(pinned=own.checkpoint_id if own else None),
+                      record.first_id or 1 if record else 1)
         self._recover_sinks(restored)
         coordinator = CheckpointCoordinator(
             storage=self.storage, job=self.job, workdir=self.workdir, config=self.config,

@@ -65,10 +65,13 @@ def restore(
     """Make ``workdir`` the Spark checkpoint location to start ``job`` from.
 
     ``target``: ``latest`` (newest completed checkpoint whose files verify; if it is
-    damaged, fall back to the previous retained one and record why; none at all
-    means a fresh start), ``none`` (fresh start), or a checkpoint/savepoint path
-    (``chk-7``, ``7``, ``savepoints/sp-x``, ``<job>/chk-7`` or a full URI; another
-    job's savepoint may be restored into this job). A damaged explicit target
+    damaged, fall back to the previous retained one and record why; no completed
+    checkpoint at all means a fresh start, but completed checkpoints of which none
+    verifies raise ``RestoreError`` naming each: starting from scratch then would
+    replay from the sources' start over published output), ``none`` (fresh start),
+    or a checkpoint/savepoint path (``chk-7``, ``7``, ``savepoints/sp-x``,
+    ``<job>/chk-7`` or a full URI; another job's savepoint may be restored into this
+    job). A damaged explicit target
     raises ``RestoreError``. When this returns, ``workdir`` holds logs up to batch
     ``b`` and state up to version ``b + 1`` of the chosen checkpoint.
     """
@@ -79,6 +82,7 @@ def restore(
         log.info("restore=none: starting %s from scratch", job)
         return RestoreResult(None, None, False)
     if target.lower() == LATEST:
+        unusable: list[str] = []
         for checkpoint_id in reversed(catalog.checkpoint_ids()):
             ref = catalog.resolve(f"chk-{checkpoint_id}")
             path = catalog.uri_of(ref)
@@ -88,8 +92,18 @@ def restore(
             except (CorruptCheckpointError, MetadataError, RestoreError) as exc:
                 log.warning("checkpoint %s is not restorable, trying an older one: %s", path, exc)
                 history.append(ev.RESTORE_FALLBACK, path=path, reason=str(exc))
+                unusable.append(f"  - {path}: {exc}")
                 continue
             return _restored(history, manifest, path, from_latest=True)
+        if unusable:
+            raise RestoreError(
+                f"restore=latest: none of the {len(unusable)} completed checkpoints of job "
+                f"{job!r} can be restored, and starting from scratch would replay the "
+                "sources from their start over output already published:\n"
+                + "\n".join(unusable)
+                + "\nRepair or restore one explicitly (restore=<checkpoint or savepoint "
+                "path>), or start from scratch on purpose with restore=none."
+            )
         log.info("restore=latest: %s has no completed checkpoint; starting from scratch", job)
         return RestoreResult(None, None, True)
     ref = catalog.resolve(target)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_ckpt.errors import CheckpointDeclinedError
+from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.materialize import sha256_of
 from airflow_ckpt.runtime.metadata import FileEntry
@@ -75,8 +76,8 @@ def upload_snapshot(
     """Upload every captured file; durable in storage when this returns.
 
     ``on_ack(subtask)`` is called once per subtask when all its files are durable.
-    Raises ``CheckpointDeclinedError`` on a storage error, when ``deadline`` (epoch
-    seconds) passes, or when ``cancelled`` is set; already uploaded files then stay
+    Raises ``CheckpointDeclinedError`` on a storage error, when ``deadline``
+    (``time.monotonic()``) passes, or when ``cancelled`` is set; already uploaded files then stay
     as orphans for the garbage collector (shared) or the abandoned-checkpoint sweep.
     """
     remaining: dict[str, int] = {}
@@ -85,8 +86,9 @@ def upload_snapshot(
     lock = threading.Lock()
 
     def one(f: CapturedFile) -> tuple[FileEntry, int]:
-        if cancelled.is_set() or time.time() > deadline:
+        if cancelled.is_set() or time.monotonic() > deadline:
             raise CheckpointDeclinedError("checkpoint expired or was cancelled")
+        interleave.point(interleave.UPLOAD_BEFORE_FILE)
         sha = digests.digest(f.staged)
         uploaded = 0
         if target.incremental:
@@ -113,7 +115,7 @@ def upload_snapshot(
     error: BaseException | None = None
     for future in futures:
         try:
-            entry, uploaded = future.result(timeout=max(deadline - time.time(), 0.001))
+            entry, uploaded = future.result(timeout=max(deadline - time.monotonic(), 0.001))
         except BaseException as exc:
             error = error or exc
             cancelled.set()

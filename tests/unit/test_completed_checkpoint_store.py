@@ -71,4 +71,5 @@ def test_registry_forgets_collected_keys() -> None:
     assert registry.reserve(1, "k1") is False and registry.reserve(1, "k3") is True
     registry.release(1)
     assert registry.collectable(["k1", "k2"], referenced={"k2"}) == ["k1"]
+    registry.deleted(["k1"])  # the collector's delete returned
     assert registry.reserve(2, "k1") is True  # must be uploaded again
