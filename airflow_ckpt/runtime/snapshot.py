@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_ckpt.errors import CheckpointDeclinedError
+from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.metadata import OperatorInfo
 
 _LOG_DIRS = ("offsets", "commits")
@@ -159,35 +160,57 @@ def capture(workdir: Path, batch_id: int, staging_dir: Path) -> CapturedSnapshot
 
     Requires ``commits/<batch_id>`` to exist (the batch is durable in the working
     directory). ``staging_dir`` must be on the same filesystem and not exist yet.
-    Raises ``CheckpointDeclinedError`` if the batch is not committed or a file
-    vanished while linking (Spark's maintenance removed it): the checkpoint is
-    declined, the job goes on.
+
+    A file that vanishes between the directory walk and its link was purged by
+    Spark's maintenance (old ``offsets/``/``commits/`` entries past
+    ``minBatchesToRetain``, state versions superseded by a newer snapshot). Spark
+    purges only what it no longer needs to resume at the *latest* batches, and the
+    snapshot's batch is one of those, so such a file is skipped. What the snapshot
+    cannot do without (``metadata``, ``offsets/<b>``, ``commits/<b>``) is checked
+    after linking: if one is gone the checkpoint is declined, the job goes on. On any
+    error the staging directory is removed.
     """
     if not (workdir / "commits" / str(batch_id)).exists():
         raise CheckpointDeclinedError(f"batch {batch_id} is not committed")
     staging_dir.mkdir(parents=True)
+    try:
+        snapshot = _capture(workdir, batch_id, staging_dir)
+    except BaseException:
+        shutil.rmtree(staging_dir, ignore_errors=True)
+        raise
+    return snapshot
+
+
+def _capture(workdir: Path, batch_id: int, staging_dir: Path) -> CapturedSnapshot:
     files: list[CapturedFile] = []
     subtasks: set[str] = {LOG_SUBTASK}
-    try:
-        for dirpath, dirnames, filenames in os.walk(workdir):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            for name in filenames:
-                if _hidden(name):
-                    continue
-                src = Path(dirpath, name)
-                rel = src.relative_to(workdir)
-                include, subtask, is_state = _wanted(rel, batch_id)
-                if not include:
-                    continue
-                dst = staging_dir / rel
-                dst.parent.mkdir(parents=True, exist_ok=True)
+    for dirpath, dirnames, filenames in os.walk(workdir):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if _hidden(name):
+                continue
+            src = Path(dirpath, name)
+            rel = src.relative_to(workdir)
+            include, subtask, is_state = _wanted(rel, batch_id)
+            if not include:
+                continue
+            dst = staging_dir / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            interleave.point(interleave.CAPTURE_BEFORE_LINK)
+            try:
                 os.link(src, dst)
-                files.append(CapturedFile(rel.as_posix(), dst, dst.stat().st_size,
-                                          subtask, is_state))
-                subtasks.add(subtask)
-    except FileNotFoundError as exc:
-        shutil.rmtree(staging_dir, ignore_errors=True)
-        raise CheckpointDeclinedError(f"a file vanished during the sync phase: {exc}") from exc
+            except FileNotFoundError:
+                continue  # purged by Spark's maintenance since the walk listed it
+            files.append(CapturedFile(rel.as_posix(), dst, dst.stat().st_size,
+                                      subtask, is_state))
+            subtasks.add(subtask)
+    paths = {f.path for f in files}
+    missing = [p for p in ("metadata", f"offsets/{batch_id}", f"commits/{batch_id}")
+               if p not in paths]
+    if missing:
+        raise CheckpointDeclinedError(
+            f"the snapshot of batch {batch_id} lacks {', '.join(missing)}: the files "
+            "vanished from the working directory during the sync phase")
     files.sort(key=lambda f: f.path)
     offset_log = _offset_log(workdir, batch_id)
     return CapturedSnapshot(

@@ -80,3 +80,53 @@ def test_partition_count_follows_the_offset_log_after_a_repartition(tmp_path: Pa
     snap = capture(w, 1, tmp_path / "stage")
     assert [o.num_partitions for o in snap.operators] == [5]
     assert json.loads((w / "metadata").read_text())["id"] == "q1"
+
+
+def test_a_log_file_purged_during_the_walk_is_skipped(tmp_path: Path) -> None:
+    """Issue 8 defect 7: Spark purges old ``commits/``/``offsets/`` right after
+    ``commits/b``, exactly while the sync phase walks the directory. Forced here: the
+    first link the walk attempts finds its file gone."""
+    from airflow_ckpt.runtime import interleave
+
+    w = make_workdir(tmp_path, batches=4)
+    purged: list[str] = []
+
+    def spark_purges_old_logs() -> None:
+        if not purged:
+            for old in ("commits/0", "offsets/0", "state/0/0/1.delta"):
+                os.remove(w / old)
+                purged.append(old)
+
+    with interleave.installed(interleave.CAPTURE_BEFORE_LINK, spark_purges_old_logs):
+        snap = capture(w, 3, tmp_path / "stage")
+    paths = {f.path for f in snap.files}
+    assert purged and not paths & set(purged)
+    assert {"metadata", "offsets/3", "commits/3", "state/0/0/4.delta"} <= paths
+
+
+def test_a_vanished_required_file_declines_and_leaves_no_staging(tmp_path: Path) -> None:
+    from airflow_ckpt.runtime import interleave
+
+    w = make_workdir(tmp_path, batches=4)
+
+    def offsets_gone() -> None:
+        (w / "offsets" / "3").unlink(missing_ok=True)
+
+    with interleave.installed(interleave.CAPTURE_BEFORE_LINK, offsets_gone), \
+            pytest.raises(CheckpointDeclinedError, match="offsets/3"):
+        capture(w, 3, tmp_path / "stage")
+    assert not (tmp_path / "stage").exists()
+
+
+def test_any_capture_error_removes_the_staging_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = make_workdir(tmp_path, batches=2)
+
+    def disk_full(*_a: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "link", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        capture(w, 1, tmp_path / "stage")
+    assert not (tmp_path / "stage").exists()
