@@ -148,7 +148,8 @@ class CheckpointCoordinator:
         self.failures = CheckpointFailureManager(config.tolerable_failed)
         self.listeners: list[CompletionListener] = []
         self.transaction_source: TransactionSource = lambda _batch: ()
-        self.id_listener: Callable[[int], None] = lambda _next_id: None
+        #: called with a checkpoint id before it is used (the lease reserves ids)
+        self.id_guard: Callable[[int], None] = lambda _checkpoint_id: None
         self.lease_epoch = lease_epoch
         self._next_id = next_checkpoint_id
         self._last_batch = last_checkpointed_batch
@@ -212,6 +213,7 @@ class CheckpointCoordinator:
         """
         now = time.monotonic()
         with self._lock:
+            self.id_guard(self._next_id)
             twin = savepoint_id is not None and any(
                 q.savepoint_id == savepoint_id for q in self._pending)
             pending = PendingCheckpoint(
@@ -223,7 +225,6 @@ class CheckpointCoordinator:
                 request_id=request_id,
             )
             self._next_id += 1
-            self.id_listener(self._next_id)
             self._last_trigger = now
             pending.barrier_batch = self._barrier_for_trigger(trigger)
             self._pending.append(pending)

@@ -355,7 +355,7 @@ class CheckpointedJob:
             *(m.checkpoint_id for m in catalog.savepoints()),
         ]
         previous = read_lease(self.lease.storage, self.job)
-        floor = max(previous.first_id or 1, previous.next_id or 1) if previous else 1
+        floor = max(previous.first_id or 1, previous.id_limit or 1) if previous else 1
         return tuple(catalog.checkpoint_ids()), max([floor - 1, *used]) + 1
 
     def _rescale(self, restored: RestoreResult) -> bool:
@@ -400,7 +400,7 @@ class CheckpointedJob:
             lease_epoch=self.lease.record.epoch if self.lease.record else None,
         )
         coordinator.transaction_source = self._pending_transactions
-        coordinator.id_listener = self.lease.note_next_id
+        coordinator.id_guard = self.lease.reserve_ids
         coordinator.listeners.extend(self._listeners)
         coordinator.start()
         if initial or not restored.from_latest:

@@ -63,6 +63,7 @@ log = logging.getLogger("airflow_ckpt.lease")
 DEFAULT_TTL_S = 30.0
 DEFAULT_HEARTBEAT_S = 5.0
 DEFAULT_MAX_WRITE_S = 10.0
+ID_BLOCK = 100  # checkpoint ids reserved per lease write
 
 Clock = Callable[[], float]
 
@@ -153,7 +154,8 @@ class LeaseRecord:
     start_ticks: int = 0
     adopted: tuple[int, ...] | None = None
     first_id: int | None = None
-    next_id: int | None = None  # the holder's next checkpoint id (ids never repeat)
+    #: checkpoint ids below this are reserved by this holder (see :meth:`JobLease.reserve_ids`)
+    id_limit: int | None = None
 
     @property
     def identity(self) -> HolderIdentity:
@@ -342,6 +344,7 @@ class JobLease:
                     epoch, self.owner, me.host, me.pid, now, now, ttl_s=self.ttl_s,
                     max_write_s=self.max_write_s, boot_id=me.boot_id, pid_ns=me.pid_ns,
                     start_ticks=me.start_ticks, adopted=adopted, first_id=first_id,
+                    id_limit=None if first_id is None else first_id + ID_BLOCK,
                 )
                 started = self.clock()
                 try:
@@ -400,11 +403,24 @@ class JobLease:
             assert self.failure is not None
             raise self.failure
 
-    def note_next_id(self, next_id: int) -> None:
-        """Remember the next checkpoint id in the record (written at the next heartbeat
-        and on release), so ids never repeat even after every checkpoint was discarded."""
-        if self.record is not None:
-            self.record = replace(self.record, next_id=next_id)
+    def reserve_ids(self, checkpoint_id: int) -> None:
+        """Make sure ``checkpoint_id`` is reserved in the lease record before it is used.
+
+        Ids are reserved in blocks of :data:`ID_BLOCK` with a (gated) write of the
+        record. A successor starts past the reserved range, so a deposed driver's
+        in-flight checkpoint never shares an id with the successor's (in incremental
+        mode a checkpoint may have no directory until its marker lands, so storage alone
+        cannot tell which ids are taken), and ids never repeat, also after every
+        checkpoint was discarded.
+        """
+        if self.record is None:
+            raise ConcurrentDriverError(f"job {self.job!r}: the lease is not held")
+        if self.record.id_limit is not None and checkpoint_id < self.record.id_limit:
+            return
+        self.gate()
+        record = replace(self.record, id_limit=checkpoint_id + ID_BLOCK)
+        self.storage.put_bytes(_lease_key(self.prefix, record.epoch), record.to_json())
+        self.record = record
 
     def _lose(self, failure: ConcurrentDriverError | LeaseExpiredError) -> None:
         if self.failure is None:

@@ -129,8 +129,10 @@ def test_a_key_judged_garbage_and_reuploaded_before_the_delete_survives(
         other.append(t)
         # Either chk-3 finished its upload (the old, broken registry) or it waits for
         # this delete (the fixed one): both are states the reservation shows.
-        waiting = (lambda: 3 in store.shared._reserved
-                   and L.shared_file("a1") in getattr(store.shared, "_deleting", ()))
+        def waiting() -> bool:
+            deleting = getattr(store.shared, "_deleting", ())
+            return 3 in store.shared._reserved and L.shared_file("a1") in deleting
+
         wait_until(lambda: not t.is_alive() or waiting())
 
     storage.on_delete = chk3_reuses_a1_meanwhile

@@ -1,0 +1,271 @@
+"""The real CheckpointCoordinator on a file backend and a Spark-shaped working
+directory, with forced interleavings (named pause points, a fake lease clock):
+timeout vs completion, post-completion failures, savepoint ids re-used, and a deposed
+driver paused or delayed past its lease."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_ckpt.errors import LeaseExpiredError
+from airflow_ckpt.runtime import interleave
+from airflow_ckpt.runtime.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.config import CheckpointConfig
+from airflow_ckpt.runtime.coordinator import CheckpointCoordinator
+from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.interleave import Pause
+from airflow_ckpt.runtime.layout import JobLayout
+from airflow_ckpt.runtime.lease import JobLease
+from airflow_ckpt.runtime.metadata import Manifest
+from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.runtime.storage.fenced import FencedStorage
+from airflow_ckpt.runtime.store import CompletedCheckpointStore
+from tests.unit.test_lease import FakeClock
+from tests.unit.test_snapshot_capture import make_workdir
+
+JOB = "job"
+L = JobLayout(JOB)
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> CheckpointStorage:
+    return open_storage((tmp_path / "s").as_uri())
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    return make_workdir(tmp_path, batches=4, running=False)
+
+
+def start(storage: CheckpointStorage, workdir: Path, *, timeout: str = "10 min",
+          fence: object = None, first_id: int = 1) -> CheckpointCoordinator:
+    config = CheckpointConfig.from_dict({
+        "execution.checkpointing.interval": "1 h",  # nothing periodic: tests trigger
+        "execution.checkpointing.timeout": timeout,
+        "execution.checkpointing.num-retained": 2,
+        "execution.checkpointing.incremental": True,
+    })
+    store = CompletedCheckpointStore(storage, JOB, config.num_retained)
+    next_id = max(store.recover(), first_id)
+    coordinator = CheckpointCoordinator(
+        storage=storage, job=JOB, workdir=workdir, config=config, store=store,
+        history=JobHistory(storage, JOB), next_checkpoint_id=next_id,
+        spark_version="4.2.0", poll_interval_s=0.005,
+        **({"fence": fence} if fence else {}),
+    )
+    coordinator.start()
+    return coordinator
+
+
+@pytest.fixture
+def running(storage: CheckpointStorage, workdir: Path) -> Iterator[CheckpointCoordinator]:
+    coordinator = start(storage, workdir)
+    yield coordinator
+    coordinator.shutdown()
+
+
+def test_the_timeout_tick_never_fails_a_checkpoint_writing_its_marker(
+    storage: CheckpointStorage, workdir: Path
+) -> None:
+    """Issue 8 defect 9: before, the tick failed a checkpoint whose async phase had passed
+    its deadline check, which then completed anyway: counted failed (fatal at tolerance
+    0) and completed at once."""
+    coordinator = start(storage, workdir, timeout="300 ms")
+    pause = Pause()
+    try:
+        with interleave.installed(interleave.COMPLETE_BEFORE_METADATA, pause):
+            p = coordinator.trigger("manual")
+            pause.wait_reached()
+            p.deadline = 0  # the deadline passes while the marker is being written
+            ticked = threading.Event()
+            # let several ticks run past the deadline
+            threading.Timer(0.1, ticked.set).start()
+            ticked.wait(5)
+            pause.resume()
+            assert p.done.wait(10)
+        assert p.manifest is not None and p.failure is None
+        assert coordinator.fatal is None and coordinator.failures.consecutive == 0
+        assert CheckpointCatalog(storage, JOB).checkpoint_ids() == [p.checkpoint_id]
+    finally:
+        coordinator.shutdown()
+
+
+def test_a_failing_store_add_or_history_append_never_skips_the_sink_commit(
+    storage: CheckpointStorage, running: CheckpointCoordinator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 8 defect 8."""
+    committed: list[int] = []
+    running.listeners.append(lambda m: committed.append(m.batch_id))
+
+    def boom(*_a: object, **_k: object) -> None:
+        raise OSError("storage hiccup")
+
+    monkeypatch.setattr(running.store, "add", boom)
+    monkeypatch.setattr(running.history, "append", boom)
+    p = running.trigger("manual")
+    assert p.done.wait(10) and p.manifest is not None
+    assert committed == [3]
+
+
+def test_a_savepoint_id_is_never_written_twice_and_the_job_goes_on(
+    storage: CheckpointStorage, running: CheckpointCoordinator
+) -> None:
+    """Issue 8 defect 5: re-using a savepoint id overwrote its files, then the
+    create-only marker failed and was taken for another driver (final)."""
+    first = running.trigger("manual", savepoint_id="v1", request_id="req-1")
+    assert first.done.wait(10) and first.manifest is not None
+    before = {i.key: storage.get_bytes(i.key) for i in storage.list(L.savepoint_dir("v1"))}
+
+    again = running.trigger("manual", savepoint_id="v1", request_id="req-2")  # task retry
+    assert again.done.wait(10)
+    assert again.manifest is None and "already exists" in (again.failure or "")
+    assert running.fatal is None
+
+    # The driver crashed between the marker and the answer: the same request, picked up
+    # again, is answered with the savepoint that exists.
+    replay = running.trigger("manual", savepoint_id="v1", request_id="req-1")
+    assert replay.done.wait(10)
+    assert replay.manifest is not None and replay.manifest.checkpoint_id == \
+        first.manifest.checkpoint_id
+    after = {i.key: storage.get_bytes(i.key) for i in storage.list(L.savepoint_dir("v1"))}
+    assert after == before, "an existing savepoint was written to"
+    checkpoint = running.trigger("manual")  # and the job keeps checkpointing
+    assert checkpoint.done.wait(10) and checkpoint.manifest is not None
+
+
+def test_two_requests_for_one_savepoint_id_in_flight(
+    storage: CheckpointStorage, running: CheckpointCoordinator
+) -> None:
+    pause = Pause()
+    with interleave.installed(interleave.COMPLETE_BEFORE_METADATA, pause):
+        first = running.trigger("manual", savepoint_id="v2", request_id="a")
+        pause.wait_reached()
+        second = running.trigger("manual", savepoint_id="v2", request_id="b")
+        assert second.done.wait(10) and "already being taken" in (second.failure or "")
+        pause.resume()
+    assert first.done.wait(10) and first.manifest is not None and running.fatal is None
+
+
+TTL, MAX_WRITE, BEAT = 100.0, 10.0, 50.0
+
+
+def lease_for(storage: CheckpointStorage, clock: FakeClock, owner: str) -> JobLease:
+    return JobLease(storage, JOB, owner, ttl_s=TTL, heartbeat_s=BEAT, max_write_s=MAX_WRITE,
+                    clock=clock, sleep=clock.sleep)
+
+
+def adopt(storage: CheckpointStorage) -> tuple[tuple[int, ...], int]:
+    """What CheckpointedJob._adopt does: completed ids, first id past every reserved one."""
+    from airflow_ckpt.runtime.lease import read_lease
+
+    catalog = CheckpointCatalog(storage, JOB)
+    used = catalog.checkpoint_ids(completed_only=False)
+    previous = read_lease(storage, JOB)
+    floor = previous.id_limit or 1 if previous else 1
+    return tuple(catalog.checkpoint_ids()), max([floor - 1, *used]) + 1
+
+
+def start_fenced(storage: CheckpointStorage, workdir: Path, lease: JobLease,
+                 fenced: CheckpointStorage) -> CheckpointCoordinator:
+    record = lease.record
+    assert record is not None and record.first_id is not None
+    coordinator = start(fenced, workdir, fence=lease.check, first_id=record.first_id)
+    coordinator.id_guard = lease.reserve_ids
+    return coordinator
+
+
+def test_a_paused_deposed_driver_cannot_complete_delete_or_commit(
+    storage: CheckpointStorage, workdir: Path
+) -> None:
+    """Issue 8 defect 6: the old driver is paused right before its marker until its
+    lease expired and a new driver took over (and swept the in-flight directory). On
+    resume its marker, its GC and its sink commits are refused."""
+    clock = FakeClock()
+    old_lease = lease_for(storage, clock, "old")
+    old_lease.acquire(adopt=lambda: adopt(storage))
+    old = start_fenced(storage, workdir, old_lease, FencedStorage(storage, old_lease.gate))
+    done = old.trigger("manual")
+    assert done.done.wait(10) and done.manifest is not None  # chk-1 completes normally
+    pause = Pause()
+    try:
+        with interleave.installed(interleave.COMPLETE_BEFORE_METADATA, pause):
+            p = old.trigger("manual")
+            pause.wait_reached()
+            # The old driver is frozen (GC pause, SIGSTOP): its heartbeat stops moving.
+            new_lease = lease_for(storage, clock, "new")
+            new_lease.acquire(adopt=lambda: adopt(storage))  # waits out ttl + max write
+            new_store = CompletedCheckpointStore(storage, JOB, 2)
+            new_store.recover()  # sweeps the old driver's in-flight chk-2
+            pause.resume()
+            assert p.done.wait(10)
+        assert p.manifest is None and "stopped writing" in (p.failure or "")
+        assert isinstance(old.fatal, LeaseExpiredError)
+        assert not storage.exists(L.checkpoint_metadata(p.checkpoint_id))
+        with pytest.raises(LeaseExpiredError):
+            old.store.subsume_and_collect() if old.store.retained else None
+            FencedStorage(storage, old_lease.gate).delete_many([L.shared_prefix + "x"])
+        assert CheckpointCatalog(storage, JOB).checkpoint_ids() == [done.checkpoint_id]
+        new_lease.release()
+    finally:
+        old.shutdown()
+
+
+class DelayedMarkerStorage(FencedStorage):
+    """Holds a ``_metadata`` put *after* the gate passed (a request stuck in the network)
+    until released: the one write a time bound cannot fence."""
+
+    def __init__(self, inner: CheckpointStorage, gate: object) -> None:
+        super().__init__(inner, gate)  # type: ignore[arg-type]
+        self.held = Pause()
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> None:
+        self.gate()
+        if key.endswith("/_metadata") and "/chk-" in "/" + key:
+            self.held()
+        self.inner.put_bytes(key, data, create_only=create_only)
+
+
+def test_a_late_marker_of_a_deposed_driver_never_counts(
+    storage: CheckpointStorage, workdir: Path
+) -> None:
+    clock = FakeClock()
+    old_lease = lease_for(storage, clock, "old")
+    old_lease.acquire(adopt=lambda: adopt(storage))
+    delayed = DelayedMarkerStorage(storage, old_lease.gate)
+    old = start_fenced(storage, workdir, old_lease, delayed)
+    try:
+        p = old.trigger("manual")
+        delayed.held.wait_reached()  # gate passed, the request is in flight
+        new_lease = lease_for(storage, clock, "new")
+        record = new_lease.acquire(adopt=lambda: adopt(storage))
+        assert record.adopted == () and record.first_id is not None
+        assert record.first_id > p.checkpoint_id  # past every id the old driver reserved
+        CompletedCheckpointStore(storage, JOB, 2).recover()
+        delayed.held.resume()  # ... and lands long after the takeover
+        assert p.done.wait(10)
+        assert storage.exists(L.checkpoint_metadata(p.checkpoint_id))  # it did land
+        catalog = CheckpointCatalog(storage, JOB)
+        assert catalog.checkpoint_ids() == [], "a deposed driver's marker counted"
+        new_store = CompletedCheckpointStore(storage, JOB, 2)
+        assert new_store.recover() == p.checkpoint_id + 1  # the in-flight dir, swept
+        assert not storage.list(L.checkpoint_dir(p.checkpoint_id))  # swept as abandoned
+        new_lease.release()
+    finally:
+        old.shutdown()
+
+
+def test_a_manifest_records_its_writers_lease_epoch(
+    storage: CheckpointStorage, workdir: Path
+) -> None:
+    coordinator = start(storage, workdir)
+    coordinator.lease_epoch = 7
+    try:
+        p = coordinator.trigger("manual")
+        assert p.done.wait(10) and isinstance(p.manifest, Manifest)
+        assert CheckpointCatalog(storage, JOB).checkpoint(p.checkpoint_id).lease_epoch == 7
+    finally:
+        coordinator.shutdown()
