@@ -266,3 +266,43 @@ def test_copy_falls_back_to_multipart_copy_for_huge_objects(
     assert storage.get_bytes("copied") == data
     head = s3_endpoint.client().head_object(Bucket=storage.bucket, Key=f"{storage.prefix}/copied")
     assert head["ETag"].strip('"').endswith("-2")  # copied in two 5 MiB parts
+
+
+def test_a_409_then_a_412_on_our_own_create_only_write_is_ours(
+    s3_storage: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 8 defect 10: our first request landed but its answer was a 409 (a
+    conditional write of the key in flight: our own); the retry meets a 412. That is
+    our write, not another driver's."""
+    storage = _s3(s3_storage)
+    storage.put_bytes("warm-up", b"x", create_only=True)  # runs the one-time probe
+    real_put = storage._client.put_object
+    calls: list[str] = []
+
+    def landed_but_answered_409(**params: Any) -> Any:
+        calls.append(params["Key"])
+        if len(calls) == 1:
+            real_put(**params)
+            raise ClientError({"Error": {"Code": "ConditionalRequestConflict"},
+                               "ResponseMetadata": {"HTTPStatusCode": 409}}, "PutObject")
+        return real_put(**params)
+
+    monkeypatch.setattr(storage._client, "put_object", landed_but_answered_409)
+    storage.put_bytes("marker", b"mine", create_only=True)
+    assert storage.get_bytes("marker") == b"mine" and len(calls) == 2
+    # Someone else's object is still someone else's, after a 409 as well.
+    monkeypatch.undo()
+    storage.put_bytes("theirs", b"theirs")
+    calls.clear()
+
+    def conflict_then_412(**params: Any) -> Any:
+        calls.append(params["Key"])
+        if len(calls) == 1:
+            raise ClientError({"Error": {"Code": "ConditionalRequestConflict"},
+                               "ResponseMetadata": {"HTTPStatusCode": 409}}, "PutObject")
+        return real_put(**params)
+
+    monkeypatch.setattr(storage._client, "put_object", conflict_then_412)
+    with pytest.raises(ObjectAlreadyExistsError):
+        storage.put_bytes("theirs", b"mine", create_only=True)
+    assert storage.get_bytes("theirs") == b"theirs"

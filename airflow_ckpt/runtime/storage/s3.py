@@ -354,20 +354,26 @@ class S3Storage(CheckpointStorage):
         if create_only:
             self._ensure_conditional_writes(key)
             params["IfNoneMatch"] = "*"
+        # Whether one of our own earlier requests may have landed: botocore retried, or a
+        # 409 said a conditional write of this key was in flight (possibly ours, whose
+        # response was lost). A 412 after that may be our own write: compare the bytes.
+        maybe_ours = False
         for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
             try:
                 self._client.put_object(**params)
             except ClientError as exc:
                 code = _error_code(exc)
+                retried = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+                maybe_ours = maybe_ours or bool(retried)
                 if create_only and (code in _PRECONDITION_CODES or _status(exc) == 412):
-                    retried = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
-                    if retried and self._stored_equals(key, data):
+                    if maybe_ours and self._stored_equals(key, data):
                         return
                     raise ObjectAlreadyExistsError(
                         f"{self._where(key)} already exists; a create-only write never "
                         "replaces an object"
                     ) from exc
                 if create_only and code == _CONFLICT_CODE:
+                    maybe_ours = True
                     if attempt < _CONFLICT_ATTEMPTS:
                         time.sleep(0.05 * 2**attempt)
                         continue
