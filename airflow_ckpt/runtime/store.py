@@ -120,6 +120,9 @@ class CompletedCheckpointStore:
         so ids never repeat.
         """
         self._pinned = pinned
+        aborted = self.storage.abort_incomplete_uploads(self.layout.root)
+        if aborted:
+            log.info("aborted %d incomplete multipart uploads of a previous driver", aborted)
         completed = self.catalog.checkpoint_ids()
         every = self.catalog.checkpoint_ids(completed_only=False)
         for n in sorted(set(every) - set(completed)):

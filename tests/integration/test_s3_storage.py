@@ -306,3 +306,21 @@ def test_a_409_then_a_412_on_our_own_create_only_write_is_ours(
     with pytest.raises(ObjectAlreadyExistsError):
         storage.put_bytes("theirs", b"mine", create_only=True)
     assert storage.get_bytes("theirs") == b"theirs"
+
+
+def test_incomplete_multipart_uploads_of_a_dead_driver_are_aborted_on_recover(
+    s3_storage: Any,
+) -> None:
+    from airflow_ckpt.runtime.store import CompletedCheckpointStore
+
+    storage = _s3(s3_storage)
+    client = storage._client
+    full = f"{storage.prefix}/job/shared/ab/abcdef" if storage.prefix else "job/shared/ab/abcdef"
+    upload = client.create_multipart_upload(Bucket=storage.bucket, Key=full)
+    client.upload_part(Bucket=storage.bucket, Key=full, UploadId=upload["UploadId"],
+                       PartNumber=1, Body=b"x" * 1024)
+    other = client.create_multipart_upload(Bucket=storage.bucket, Key=full.replace("job/", "other/"))
+
+    CompletedCheckpointStore(storage, "job", num_retained=1).recover()
+    left = client.list_multipart_uploads(Bucket=storage.bucket).get("Uploads", [])
+    assert [u["UploadId"] for u in left] == [other["UploadId"]]  # another job's: untouched

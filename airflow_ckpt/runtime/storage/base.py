@@ -80,5 +80,12 @@ class CheckpointStorage(ABC):
         """Delete every object under ``prefix``."""
         self.delete_many(info.key for info in self.list(prefix))
 
+    def abort_incomplete_uploads(self, prefix: str) -> int:
+        """Abort multipart uploads under ``prefix`` that were started and never
+        completed (their parts cost storage and are invisible to listings); returns how
+        many. Only the holder of a job's lease may call it for the job's prefix: another
+        writer's upload in progress would fail. Backends without multipart: 0."""
+        return 0
+
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Release clients and thread pools."""

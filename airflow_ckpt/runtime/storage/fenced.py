@@ -49,6 +49,10 @@ class FencedStorage(CheckpointStorage):
             self.gate()
             self.inner.delete_many(batch)
 
+    def abort_incomplete_uploads(self, prefix: str) -> int:
+        self.gate()
+        return self.inner.abort_incomplete_uploads(prefix)
+
     # reads: straight through
     def get_bytes(self, key: str) -> bytes:
         return self.inner.get_bytes(key)

@@ -580,6 +580,20 @@ class S3Storage(CheckpointStorage):
                 yield dict(page)
         self._bucket_known = True
 
+    def abort_incomplete_uploads(self, prefix: str) -> int:
+        """Abort the multipart uploads under ``prefix`` (ListMultipartUploads)."""
+        check_prefix(prefix)
+        aborted = 0
+        paginator = self._client.get_paginator("list_multipart_uploads")
+        with self._errors("abort multipart uploads under", prefix):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._root + prefix):
+                for upload in page.get("Uploads", []):
+                    with contextlib.suppress(ClientError):  # completed or aborted meanwhile
+                        self._client.abort_multipart_upload(
+                            Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                        aborted += 1
+        return aborted
+
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose key starts with ``prefix`` (ListObjectsV2), sorted by key.
 
