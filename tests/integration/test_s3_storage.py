@@ -319,7 +319,8 @@ def test_incomplete_multipart_uploads_of_a_dead_driver_are_aborted_on_recover(
     upload = client.create_multipart_upload(Bucket=storage.bucket, Key=full)
     client.upload_part(Bucket=storage.bucket, Key=full, UploadId=upload["UploadId"],
                        PartNumber=1, Body=b"x" * 1024)
-    other = client.create_multipart_upload(Bucket=storage.bucket, Key=full.replace("job/", "other/"))
+    other = client.create_multipart_upload(Bucket=storage.bucket,
+                                           Key=full.replace("job/", "other/"))
 
     CompletedCheckpointStore(storage, "job", num_retained=1).recover()
     left = client.list_multipart_uploads(Bucket=storage.bucket).get("Uploads", [])
