@@ -152,6 +152,7 @@ class CheckpointCoordinator:
         self.id_guard: Callable[[int], None] = lambda _checkpoint_id: None
         self.lease_epoch = lease_epoch
         self._next_id = next_checkpoint_id
+        self.first_id = next_checkpoint_id  # ids from here on are this coordinator's
         self._last_batch = last_checkpointed_batch
         self._last_trigger = time.monotonic()
         self._last_completion = float("-inf")

@@ -221,6 +221,7 @@ class CheckpointedJob:
         # sink has recovered them, so a crash before ``build`` ran never loses them.
         self._restored_txns: tuple[int, ...] | None = None
         self._recovered: list[TwoPhaseCommitSink] = []
+        self._restored_id: int | None = None  # this job's checkpoint the attempt restored
         self._listeners: list[Callable[[Manifest], None]] = [self._commit_transactions]
         self._cancel = threading.Event()
 
@@ -389,6 +390,7 @@ class CheckpointedJob:
         record = self.lease.record
         own = restored.manifest if restored.manifest and restored.manifest.job == self.job \
             and not restored.manifest.is_savepoint else None
+        self._restored_id = own.checkpoint_id if own else None
         next_id = max(store.recover(pinned=own.checkpoint_id if own else None),
                       record.first_id or 1 if record else 1)
         self._recover_sinks(restored)
@@ -464,8 +466,12 @@ class CheckpointedJob:
         """A checkpoint of the finished query; the latest one if it already covers the end."""
         coordinator.drain()
         retained = coordinator.store.retained
-        if retained and retained[-1].batch_id == latest_batch(self.workdir, "commits"):
-            return retained[-1]
+        # The newest retained checkpoint covers the end only if it is this run's own or
+        # the one it restored from (a newer, damaged one it fell back past does not).
+        own = [m for m in retained if m.checkpoint_id >= coordinator.first_id
+               or m.checkpoint_id == self._restored_id]
+        if own and own[-1].batch_id == latest_batch(self.workdir, "commits"):
+            return own[-1]
         return self._await(coordinator.trigger("final"), coordinator)
 
     def _poll_control(

@@ -15,6 +15,7 @@ from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.layout import JobLayout
+from airflow_ckpt.runtime.metadata import Manifest
 from airflow_ckpt.runtime.restore import restore
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage
@@ -253,3 +254,123 @@ def test_stateless_query_with_a_failure_outputs_every_number_exactly_once(
     manifests = CheckpointCatalog(s3_storage, "stateless").completed_checkpoints()
     assert manifests and all(m.operators == () for m in manifests)
     assert all(not f.path.startswith("state/") for m in manifests for f in m.files)
+
+
+def test_latest_refuses_a_fresh_start_when_no_retained_checkpoint_verifies(
+    spark: Any, file_storage: CheckpointStorage, numbers: tuple[Path, GroundTruth], tmp_path: Path
+) -> None:
+    """Issue 8 defect 2: before, every checkpoint damaged meant a silent fresh start,
+    aborting promised transactions and replaying from batch 0 over published output."""
+    input_dir, _ = numbers
+    run_job(spark, file_storage, input_dir, tmp_path / "w")
+    catalog = CheckpointCatalog(file_storage, "inproc")
+    retained = catalog.completed_checkpoints()
+    layout = JobLayout("inproc")
+    for m in retained:  # damage a file of each, byte for byte the same size
+        victim = next(f for f in m.files if f.path.startswith("offsets/"))
+        file_storage.put_bytes(layout.root + victim.key, b"x" * victim.size)
+    history = JobHistory(file_storage, "inproc")
+    with pytest.raises(RestoreError) as err:
+        restore(file_storage, "inproc", "latest", tmp_path / "r", history)
+    message = str(err.value)
+    for m in retained:
+        assert f"chk-{m.checkpoint_id}" in message
+    assert "restore=none" in message
+    # The job fails for good instead of starting over; nothing was committed again.
+    before = JsonLinesSink(file_storage, "_out").committed_batches()
+    with pytest.raises(RestoreError):
+        run_job(spark, file_storage, input_dir, tmp_path / "w")
+    assert JsonLinesSink(file_storage, "_out").committed_batches() == before
+    assert history.events([ev.JOB_FAILED])[-1].data["error"] == "RestoreError"
+
+
+def test_a_fallback_never_subsumes_the_checkpoint_it_restored_from(
+    spark: Any, file_storage: CheckpointStorage, numbers: tuple[Path, GroundTruth], tmp_path: Path
+) -> None:
+    """Issue 8 defect 2, second part: with num-retained 1 the recovered store kept the
+    damaged newest checkpoint and deleted the one just restored from."""
+    input_dir, _ = numbers
+    one = {**CONFIG, "execution.checkpointing.num-retained": 1}
+    run_job(spark, file_storage, input_dir, tmp_path / "w", config=one)
+    layout = JobLayout("inproc")
+    catalog = CheckpointCatalog(file_storage, "inproc")
+    (newest,) = catalog.completed_checkpoints()
+    # An older checkpoint (a full copy: no shared files) stays restorable; the newest
+    # becomes damaged.
+    older_id = newest.checkpoint_id - 1
+    for f in newest.files:
+        file_storage.copy(layout.root + f.key, layout.checkpoint_file(older_id, f.path))
+    older = Manifest(**{**{k: getattr(newest, k) for k in newest.__dataclass_fields__},
+                        "checkpoint_id": older_id,
+                        "files": tuple(type(f)(f.path, f"chk-{older_id}/{f.path}", f.size,
+                                               f.sha256, False) for f in newest.files)})
+    file_storage.put_bytes(layout.checkpoint_metadata(older_id), older.to_json())
+    victim = next(f for f in newest.files if f.path.startswith("offsets/"))
+    file_storage.put_bytes(layout.root + victim.key, b"x" * victim.size)
+    (input_dir / "more.txt").write_text("1001\n1002\n")
+
+    job, _ = run_job(spark, file_storage, input_dir, tmp_path / "w", config=one)
+    restored = job.history.events([ev.RESTORED])[-1]
+    assert restored.data["checkpoint_id"] == older_id
+    # It completed a checkpoint of its own, so the pin is gone and retention is 1 again,
+    # but at no point was the restored checkpoint deleted while it was the only good one.
+    assert len(catalog.checkpoint_ids()) == 1
+    assert catalog.checkpoint_ids()[0] > newest.checkpoint_id
+
+
+def test_a_sink_registered_inside_build_is_recovered(
+    spark: Any, file_storage: CheckpointStorage, numbers: tuple[Path, GroundTruth], tmp_path: Path
+) -> None:
+    """Issue 8 defect 3 (the README's pattern): the driver died between the final
+    checkpoint's ``_metadata`` and its commit; the next driver registers its sink inside
+    ``build`` and must still commit those transactions."""
+    from pyspark.sql import functions as F
+
+    input_dir, truth = numbers
+
+    class DiesBeforeCommit(JsonLinesSink):
+        def commit(self, batch_id: int) -> None:
+            raise RuntimeError("killed before the commit")
+
+    def build_with(sink: JsonLinesSink, job: CheckpointedJob) -> Any:
+        n = F.col("value").cast("long")
+        key = F.when(n % 2 == 0, "even").otherwise("odd")
+        agg = (spark.readStream.option("maxFilesPerTrigger", 2).text(str(input_dir))
+               .groupBy(key.alias("key")).agg(F.count("*").alias("count"),
+                                             F.sum(n).alias("sum")))
+        return (agg.writeStream.outputMode("update")
+                .foreachBatch(job.exactly_once(sink)).trigger(availableNow=True))
+
+    first = CheckpointedJob(spark, job="inbuild", storage=file_storage,
+                            checkpoint_config=CONFIG, workdir=tmp_path / "w")
+    first.run(lambda: build_with(DiesBeforeCommit(file_storage, "_built"), first))
+    sink = JsonLinesSink(file_storage, "_built")
+    assert sink.committed_batches() == [] and sink.pending()
+
+    second = CheckpointedJob(spark, job="inbuild", storage=file_storage,
+                             checkpoint_config=CONFIG, workdir=tmp_path / "w")
+    second.run(lambda: build_with(JsonLinesSink(file_storage, "_built"), second))
+    assert sink.pending() == []
+    assert verify_output(sink, truth, finished=True).ok
+
+
+def test_a_long_run_past_min_batches_to_retain_never_fails_a_checkpoint(
+    spark: Any, s3_storage: CheckpointStorage, tmp_path: Path
+) -> None:
+    """Issue 8 defect 7: Spark purges old offsets/commits right after ``commits/b``,
+    while the sync phase walks the directory; a job past ``minBatchesToRetain`` batches
+    died of it. Here it purges at every batch and a checkpoint is due at every batch."""
+    truth = write_numbers(tmp_path / "in", files=36, per_file=5)
+    spark.conf.set("spark.sql.streaming.minBatchesToRetain", "2")
+    try:
+        every_batch = {**CONFIG, "execution.checkpointing.interval": "10 ms",
+                       "execution.checkpointing.tolerable-failed-checkpoints": 0}
+        job, sink = run_job(spark, s3_storage, tmp_path / "in", tmp_path / "w",
+                            config=every_batch)
+    finally:
+        spark.conf.unset("spark.sql.streaming.minBatchesToRetain")
+    assert verify_output(sink, truth, finished=True).ok
+    assert job.history.events([ev.CHECKPOINT_FAILED]) == []
+    assert len(job.history.events([ev.CHECKPOINT_COMPLETED])) >= 10
+    assert sorted(int(p.name) for p in (tmp_path / "w" / "work" / "commits").iterdir()
+                  if p.name.isdigit())[0] > 2  # Spark did purge while we checkpointed

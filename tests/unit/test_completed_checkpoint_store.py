@@ -73,3 +73,18 @@ def test_registry_forgets_collected_keys() -> None:
     assert registry.collectable(["k1", "k2"], referenced={"k2"}) == ["k1"]
     registry.deleted(["k1"])  # the collector's delete returned
     assert registry.reserve(2, "k1") is True  # must be uploaded again
+
+
+def test_the_restored_checkpoint_is_pinned_until_the_run_has_its_own(tmp_path: Path) -> None:
+    """Issue 8 defect 2: after falling back past a damaged chk-5 to chk-4, retention 1
+    must not delete chk-4 (the only good one) in favour of the damaged newest."""
+    storage = open_storage((tmp_path / "s").as_uri())
+    put_checkpoint(storage, 4, ["aa1"])
+    put_checkpoint(storage, 5, ["bb1"])
+    store = CompletedCheckpointStore(storage, "j", num_retained=1)
+    store.recover(pinned=4)
+    assert [m.checkpoint_id for m in store.retained] == [4, 5]
+    assert storage.exists(L.shared_file("aa1"))
+    store.add(put_checkpoint(storage, 6, ["cc1"]))  # the run's own: the pin is released
+    assert [m.checkpoint_id for m in store.retained] == [6]
+    assert not storage.exists(L.shared_file("aa1"))
