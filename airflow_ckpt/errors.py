@@ -94,7 +94,14 @@ class NoCheckpointError(RestoreError):
 
 
 class CorruptCheckpointError(RestoreError):
-    """A checkpoint's files are missing or do not match their recorded size/checksum."""
+    """A checkpoint's files are missing or do not match their recorded size/checksum.
+
+    ``key``: the storage key of the damaged file, when one file is to blame.
+    """
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class IncompatibleStateError(RestoreError):

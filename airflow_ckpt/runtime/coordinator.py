@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -102,6 +102,21 @@ class CheckpointFailureManager:
             )
 
 
+class InlineExecutor(Executor):
+    """Runs each submitted call at once, in the caller's thread. An ``Exception`` is
+    kept in the future as a pool would; anything else (the process is going down)
+    propagates to the caller, as it would end a pool's worker and the process."""
+
+    def submit(self, fn: Callable[..., object], /, *args: object,  # type: ignore[override]
+               **kwargs: object) -> Future[object]:
+        future: Future[object] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as exc:
+            future.set_exception(exc)
+        return future
+
+
 def _savepoint_exists(savepoint_id: str | None) -> str:
     return (f"savepoint id {savepoint_id!r} already exists and a savepoint is never "
             "overwritten: choose another savepoint_id, or dispose of the old savepoint "
@@ -133,6 +148,7 @@ class CheckpointCoordinator:
         poll_interval_s: float = 0.05,
         fence: Callable[[], None] = lambda: None,
         lease_epoch: int | None = None,
+        threaded: bool = True,
     ) -> None:
         self.storage = storage
         self.layout = JobLayout(job)
@@ -159,16 +175,27 @@ class CheckpointCoordinator:
         self._lock = threading.Lock()
         self._pending: list[PendingCheckpoint] = []
         self._digests = DigestCache()
-        self._files = ThreadPoolExecutor(upload_threads, thread_name_prefix="ckpt-upload")
-        self._phases = ThreadPoolExecutor(
-            max(config.max_concurrent, 1) + 1, thread_name_prefix="ckpt-async"
-        )
+        # threaded=False: no background thread, uploads and async phases run inline and
+        # the caller drives the coordinator with tick(). Every storage mutation then
+        # happens in one deterministic order: what crash-point enumeration needs.
+        self.threaded = threaded
+        self._files: Executor = (
+            ThreadPoolExecutor(upload_threads, thread_name_prefix="ckpt-upload")
+            if threaded else InlineExecutor())
+        self._phases: Executor = (
+            ThreadPoolExecutor(max(config.max_concurrent, 1) + 1, thread_name_prefix="ckpt-async")
+            if threaded else InlineExecutor())
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ckpt-coordinator", daemon=True)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        self._thread.start()
+        if self.threaded:
+            self._thread.start()
+
+    def tick(self) -> None:
+        """One step of the coordinator's loop (what its thread does every poll)."""
+        self._tick()
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop triggering; cancel pending checkpoints; wait for threads to end."""
@@ -182,12 +209,24 @@ class CheckpointCoordinator:
         self._phases.shutdown(wait=wait)
         self._files.shutdown(wait=wait)
 
+    def wait(self, p: PendingCheckpoint) -> None:
+        """Wait until ``p`` completed or failed (ticking it along when not threaded)."""
+        while not self.threaded and not p.done.is_set():
+            self._tick()
+        p.done.wait()
+
     def drain(self) -> None:
-        """Wait until every checkpoint triggered so far has completed or failed."""
+        """The query has ended: wait until every checkpoint triggered so far has
+        completed or failed. One whose barrier batch never committed (the query stopped
+        or failed inside it) fails at once instead of waiting out its timeout."""
         with self._lock:
             pending = list(self._pending)
+        committed = latest_batch(self.workdir, "commits")
         for p in pending:
-            p.done.wait()
+            barrier = p.barrier_batch if p.barrier_batch is not None else 0
+            if not p.captured and barrier > (-1 if committed is None else committed):
+                self._fail(p, f"the query ended before batch {barrier}, its barrier, committed")
+            self.wait(p)
 
     @property
     def fatal(self) -> BaseException | None:
@@ -244,8 +283,9 @@ class CheckpointCoordinator:
         """The batch whose end is the barrier; -1 for the empty state before batch 0."""
         committed = latest_batch(self.workdir, "commits")
         offered = latest_batch(self.workdir, "offsets")
-        if trigger == "initial":
-            return -1 if committed is None else committed  # the query is not running yet
+        if trigger in ("initial", "final", "stop"):
+            # The query is not running (not yet, or no longer): its last committed batch.
+            return -1 if committed is None else committed
         if offered is not None and (committed is None or offered > committed):
             return offered  # batch `offered` is running: barrier at its end
         if committed is None:

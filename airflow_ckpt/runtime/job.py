@@ -39,7 +39,7 @@ from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime import sparkconf as keys
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.config import CheckpointConfig
-from airflow_ckpt.runtime.control import ControlChannel, ControlResult
+from airflow_ckpt.runtime.control import ControlChannel, ControlRequest, ControlResult
 from airflow_ckpt.runtime.coordinator import CheckpointCoordinator, PendingCheckpoint
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.layout import validate_job_name
@@ -141,6 +141,7 @@ class CheckpointedJob:
         workdir: str | Path | None = None,
         run_id: str | None = None,
         state_partitions: int | None = None,
+        threaded: bool = True,
     ) -> None:
         conf = spark.conf
 
@@ -224,6 +225,10 @@ class CheckpointedJob:
         self._restored_id: int | None = None  # this job's checkpoint the attempt restored
         self._listeners: list[Callable[[Manifest], None]] = [self._commit_transactions]
         self._cancel = threading.Event()
+        #: False: the coordinator runs no threads and is ticked by the run loop (one
+        #: deterministic order of storage mutations, for crash-point enumeration)
+        self.threaded = threaded
+        self.coordinator: CheckpointCoordinator | None = None  # of the running attempt
 
     def on_checkpoint(self, listener: Callable[[Manifest], None]) -> None:
         """Call ``listener`` with the manifest of every checkpoint and savepoint this job
@@ -391,7 +396,8 @@ class CheckpointedJob:
         own = restored.manifest if restored.manifest and restored.manifest.job == self.job \
             and not restored.manifest.is_savepoint else None
         self._restored_id = own.checkpoint_id if own else None
-        next_id = max(store.recover(pinned=own.checkpoint_id if own else None),
+        next_id = max(store.recover(pinned=own.checkpoint_id if own else None,
+                                    distrust=restored.damaged_keys),
                       record.first_id or 1 if record else 1)
         self._recover_sinks(restored)
         coordinator = CheckpointCoordinator(
@@ -400,11 +406,13 @@ class CheckpointedJob:
             spark_version=self.spark.version, last_checkpointed_batch=restored.batch_id,
             restored_from=restored.path, fence=self.lease.check,
             lease_epoch=self.lease.record.epoch if self.lease.record else None,
+            threaded=self.threaded,
         )
         coordinator.transaction_source = self._pending_transactions
         coordinator.id_guard = self.lease.reserve_ids
         coordinator.listeners.extend(self._listeners)
         coordinator.start()
+        self.coordinator = coordinator
         if initial or not restored.from_latest:
             # Record the starting point, so a restart with restore=latest resumes this
             # run and never an older run's checkpoint.
@@ -412,7 +420,7 @@ class CheckpointedJob:
         return coordinator
 
     def _await(self, pending: PendingCheckpoint, coordinator: CheckpointCoordinator) -> Manifest:
-        pending.done.wait()
+        coordinator.wait(pending)
         if pending.manifest is None:
             raise coordinator.fatal or AirflowCkptError(
                 f"checkpoint {pending.checkpoint_id} failed: {pending.failure}"
@@ -422,15 +430,9 @@ class CheckpointedJob:
     def _run_once(
         self, build: Callable[[], DataStreamWriter], coordinator: CheckpointCoordinator
     ) -> JobResult:
-        self._building = True
-        try:
-            writer = build().option("checkpointLocation", str(self.workdir))
-        finally:
-            self._building = False
-        query = writer.start()
-        requests: dict[str, tuple[PendingCheckpoint, bool]] = {}
+        query = self._start_query(build)
+        requests: dict[str, PendingCheckpoint] = {}
         next_control = 0.0
-        stopped_with: str | None = None
         try:
             while query.isActive:
                 if coordinator.fatal is not None:
@@ -439,13 +441,19 @@ class CheckpointedJob:
                     raise self.lease.failure
                 if self._cancel.is_set():
                     return self._cancelled(query, coordinator)
-                if time.time() >= next_control:
-                    next_control = time.time() + CONTROL_POLL_S
-                    self._poll_control(coordinator, requests)
-                stopped_with = self._answer_requests(requests)
-                if stopped_with is not None:
-                    query.stop()
-                    break
+                stop = None
+                if time.monotonic() >= next_control:
+                    next_control = time.monotonic() + CONTROL_POLL_S
+                    stop = self._poll_control(coordinator, requests)
+                if not coordinator.threaded:
+                    coordinator.tick()
+                self._answer_requests(requests)
+                if stop is not None:
+                    result = self._stop_with_savepoint(query, coordinator, stop)
+                    if result is not None:
+                        return result
+                    query = self._start_query(build)  # the savepoint failed: run on
+                    continue
                 query.awaitTermination(0.1)  # type: ignore[arg-type]  # float s is fine
             error = query.exception()
             if error is not None:
@@ -453,14 +461,40 @@ class CheckpointedJob:
         except BaseException:
             self._stop_quietly(query)
             raise
-        if stopped_with is not None:
-            self.history.append(ev.JOB_STOPPED, run_id=self.run_id, savepoint=stopped_with)
-            return JobResult("stopped", coordinator.store.retained[-1:][0]
-                             if coordinator.store.retained else None, stopped_with)
         final = self._final_checkpoint(coordinator)
         self.history.append(ev.JOB_FINISHED, run_id=self.run_id, checkpoint_id=final.checkpoint_id,
                             batch_id=final.batch_id)
         return JobResult("finished", final)
+
+    def _start_query(self, build: Callable[[], DataStreamWriter]) -> StreamingQuery:
+        self._building = True
+        try:
+            writer = build().option("checkpointLocation", str(self.workdir))
+        finally:
+            self._building = False
+        return writer.start()
+
+    def _stop_with_savepoint(
+        self, query: StreamingQuery, coordinator: CheckpointCoordinator, request: ControlRequest
+    ) -> JobResult | None:
+        """Stop the query, then take the savepoint and a final checkpoint at the batch it
+        stopped at, and commit that batch's transactions (as Flink's stop-with-savepoint
+        does). Both snapshots are at the same batch, so resuming from either the
+        savepoint or the latest checkpoint neither loses nor repeats output. Returns
+        None (the caller restarts the query) if the savepoint failed or its answer lost
+        to the requester's expiry.
+        """
+        query.stop()
+        pending = coordinator.trigger("stop", savepoint_id=request.savepoint_id or
+                                      request.request_id, request_id=request.request_id)
+        coordinator.wait(pending)
+        if not self._answer_request(request.request_id, pending) or pending.manifest is None:
+            log.warning("stop-with-savepoint %s did not complete; the job runs on",
+                        request.request_id)
+            return None
+        final = self._final_checkpoint(coordinator)
+        self.history.append(ev.JOB_STOPPED, run_id=self.run_id, savepoint=pending.path)
+        return JobResult("stopped", final, pending.path)
 
     def _final_checkpoint(self, coordinator: CheckpointCoordinator) -> Manifest:
         """A checkpoint of the finished query; the latest one if it already covers the end."""
@@ -475,10 +509,10 @@ class CheckpointedJob:
         return self._await(coordinator.trigger("final"), coordinator)
 
     def _poll_control(
-        self,
-        coordinator: CheckpointCoordinator,
-        requests: dict[str, tuple[PendingCheckpoint, bool]],
-    ) -> None:
+        self, coordinator: CheckpointCoordinator, requests: dict[str, PendingCheckpoint]
+    ) -> ControlRequest | None:
+        """Trigger the savepoints newly requested; return a stop request, if any."""
+        stop = None
         for request in self.control.pending():
             if request.request_id in requests:
                 continue
@@ -488,36 +522,36 @@ class CheckpointedJob:
                     failure_message="the request expired before the job picked it up",
                 ))
                 continue
-            savepoint_id = request.savepoint_id or request.request_id
-            pending = coordinator.trigger(
-                "stop" if request.stop else "manual",
-                savepoint_id=savepoint_id, request_id=request.request_id,
+            if request.stop:
+                stop = stop or request
+                continue
+            requests[request.request_id] = coordinator.trigger(
+                "manual", savepoint_id=request.savepoint_id or request.request_id,
+                request_id=request.request_id,
             )
-            requests[request.request_id] = (pending, request.stop)
+        return stop
 
-    def _answer_requests(self, requests: dict[str, tuple[PendingCheckpoint, bool]]) -> str | None:
-        """Answer finished savepoint requests; return a path if the job must now stop."""
-        stop_path = None
-        for request_id, (pending, stop) in list(requests.items()):
-            if not pending.done.is_set():
-                continue
-            del requests[request_id]
-            manifest = pending.manifest
-            if manifest is None:
-                self._answer(ControlResult(
-                    request_id, "failed", time.time(), savepoint_id=pending.savepoint_id,
-                    failure_message=pending.failure,
-                ))
-                continue
-            path = pending.path
-            answered = self._answer(ControlResult(
-                request_id, "completed", time.time(), savepoint_id=manifest.savepoint_id,
-                savepoint_path=path, checkpoint_id=manifest.checkpoint_id,
-                batch_id=manifest.batch_id,
+    def _answer_requests(self, requests: dict[str, PendingCheckpoint]) -> None:
+        """Answer the savepoint requests whose savepoint finished."""
+        for request_id, pending in list(requests.items()):
+            if pending.done.is_set():
+                del requests[request_id]
+                self._answer_request(request_id, pending)
+
+    def _answer_request(self, request_id: str, pending: PendingCheckpoint) -> bool:
+        """Answer one finished request; True if it completed and the answer is ours."""
+        manifest = pending.manifest
+        if manifest is None:
+            self._answer(ControlResult(
+                request_id, "failed", time.time(), savepoint_id=pending.savepoint_id,
+                failure_message=pending.failure,
             ))
-            if stop and answered:
-                stop_path = path
-        return stop_path
+            return False
+        return self._answer(ControlResult(
+            request_id, "completed", time.time(), savepoint_id=manifest.savepoint_id,
+            savepoint_path=pending.path, checkpoint_id=manifest.checkpoint_id,
+            batch_id=manifest.batch_id,
+        ))
 
     def _answer(self, result: ControlResult) -> bool:
         """Answer a request; False if it was answered already (the requester gave up

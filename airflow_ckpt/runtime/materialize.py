@@ -48,19 +48,19 @@ def _fetch(storage: CheckpointStorage, key: str, target: Path, entry: FileEntry,
         storage.download_file(key, target)
     except ObjectNotFoundError as exc:
         raise CorruptCheckpointError(
-            f"{where}: file {entry.path!r} (stored at {key}) is missing"
+            f"{where}: file {entry.path!r} (stored at {key}) is missing", key
         ) from exc
     size = target.stat().st_size
     if size != entry.size:
         raise CorruptCheckpointError(
             f"{where}: file {entry.path!r} (stored at {key}) has {size} bytes, "
-            f"the manifest records {entry.size}"
+            f"the manifest records {entry.size}", key
         )
     digest = sha256_of(target)
     if digest != entry.sha256:
         raise CorruptCheckpointError(
             f"{where}: file {entry.path!r} (stored at {key}) has SHA-256 {digest}, "
-            f"the manifest records {entry.sha256}"
+            f"the manifest records {entry.sha256}", key
         )
 
 

@@ -33,6 +33,9 @@ class RestoreResult:
     manifest: Manifest | None
     path: str | None  # URI of the restored checkpoint/savepoint directory
     from_latest: bool  # resumed the job's own latest checkpoint
+    #: storage keys found damaged while falling back: a shared file there must be
+    #: uploaded again, never referenced as it is
+    damaged_keys: frozenset[str] = frozenset()
 
     @property
     def batch_id(self) -> int | None:
@@ -83,6 +86,7 @@ def restore(
         return RestoreResult(None, None, False)
     if target.lower() == LATEST:
         unusable: list[str] = []
+        damaged: set[str] = set()
         for checkpoint_id in reversed(catalog.checkpoint_ids()):
             ref = catalog.resolve(f"chk-{checkpoint_id}")
             path = catalog.uri_of(ref)
@@ -93,8 +97,11 @@ def restore(
                 log.warning("checkpoint %s is not restorable, trying an older one: %s", path, exc)
                 history.append(ev.RESTORE_FALLBACK, path=path, reason=str(exc))
                 unusable.append(f"  - {path}: {exc}")
+                if isinstance(exc, CorruptCheckpointError) and exc.key:
+                    damaged.add(exc.key)
                 continue
-            return _restored(history, manifest, path, from_latest=True)
+            return _restored(history, manifest, path, from_latest=True,
+                             damaged=frozenset(damaged))
         if unusable:
             raise RestoreError(
                 f"restore=latest: none of the {len(unusable)} completed checkpoints of job "
@@ -118,7 +125,8 @@ def restore(
 
 
 def _restored(
-    history: JobHistory, manifest: Manifest, path: str, *, from_latest: bool
+    history: JobHistory, manifest: Manifest, path: str, *, from_latest: bool,
+    damaged: frozenset[str] = frozenset(),
 ) -> RestoreResult:
     log.info(
         "restored %s from %s %s (batch %d, %d files)",
@@ -137,4 +145,4 @@ def _restored(
         batch_id=manifest.batch_id,
         from_job=manifest.job,
     )
-    return RestoreResult(manifest, path, from_latest)
+    return RestoreResult(manifest, path, from_latest, damaged)

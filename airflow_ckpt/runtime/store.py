@@ -109,13 +109,15 @@ class CompletedCheckpointStore:
         with self._lock:
             return list(self._retained)
 
-    def recover(self, pinned: int | None = None) -> int:
+    def recover(self, pinned: int | None = None, distrust: Iterable[str] = ()) -> int:
         """Load what storage holds; remove abandoned (marker-less) checkpoint directories.
 
         Must run before any checkpoint of this driver starts (the runtime holds the
         job exclusively then). ``pinned``: the checkpoint the run restored from; it is
         never subsumed until a checkpoint of this run completes (after a fallback past
-        damaged newer ones it may not be among the newest ``num_retained``). Returns
+        damaged newer ones it may not be among the newest ``num_retained``).
+        ``distrust``: shared keys found damaged; they are uploaded again when next
+        needed (content addressing would otherwise reuse the bad bytes). Returns
         the next free checkpoint id: one more than any id ever used, completed or not,
         so ids never repeat.
         """
@@ -131,7 +133,8 @@ class CompletedCheckpointStore:
         with self._lock:
             self._retained = [self.catalog.checkpoint(n) for n in completed]
         stored = self.storage.list(self.layout.shared_prefix)
-        self.shared = SharedFileRegistry(i.key for i in stored)
+        bad = set(distrust)
+        self.shared = SharedFileRegistry(i.key for i in stored if i.key not in bad)
         self.subsume_and_collect()
         savepoint_ids = [m.checkpoint_id for m in self.catalog.savepoints()]
         return max([0, *every, *savepoint_ids]) + 1
