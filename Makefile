@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint unit demo bench clean chromium
+.PHONY: venv test lint unit demo bench clean chromium crash-points
 
 venv: $(STAMP)
 
@@ -42,6 +42,11 @@ chromium:
 
 unit: venv
 	$(VENV)/bin/pytest tests/unit
+
+# Crash before and after every storage mutation of a scripted driver life (make test
+# explores every 7th); prints the number of crash points explored.
+crash-points: venv
+	$(PY) -m airflow_ckpt.testing.crashpoints
 
 demo: venv
 	$(PY) -m airflow_ckpt.demo

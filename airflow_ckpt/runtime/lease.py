@@ -55,6 +55,7 @@ from airflow_ckpt.errors import (
     ObjectAlreadyExistsError,
     ObjectNotFoundError,
 )
+from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
@@ -438,6 +439,7 @@ class JobLease:
         started = self.clock()
         self.gate()
         assert self.record is not None
+        interleave.point(interleave.LEASE_BEFORE_BEAT)
         record = replace(self.record, seq=self.record.seq + 1, heartbeat_ts=time.time())
         self.storage.put_bytes(_lease_key(self.prefix, record.epoch), record.to_json())
         self.record = record

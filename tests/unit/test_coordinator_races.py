@@ -269,3 +269,44 @@ def test_a_manifest_records_its_writers_lease_epoch(
         assert CheckpointCatalog(storage, JOB).checkpoint(p.checkpoint_id).lease_epoch == 7
     finally:
         coordinator.shutdown()
+
+
+def test_heartbeat_loss_while_a_checkpoint_is_in_flight(
+    storage: CheckpointStorage, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease object cannot be renewed (storage for it unreachable) while a
+    checkpoint is between its uploads and its marker: when the validity runs out the
+    marker is refused, and the job learns why."""
+    from airflow_ckpt.errors import StorageError
+
+    clock = FakeClock()
+    lease = lease_for(storage, clock, "a")
+    lease.acquire(adopt=lambda: adopt(storage))
+    coordinator = start_fenced(storage, workdir, lease, FencedStorage(storage, lease.gate))
+    pause = Pause()
+    beat_reached = Pause()
+    try:
+        with interleave.installed(interleave.COMPLETE_BEFORE_METADATA, pause):
+            p = coordinator.trigger("manual")
+            pause.wait_reached()
+            real_put = storage.put_bytes
+
+            def lease_unreachable(key: str, data: bytes, *, create_only: bool = False) -> None:
+                if "/lease/" in key:
+                    raise StorageError("the endpoint does not answer")
+                real_put(key, data, create_only=create_only)
+
+            monkeypatch.setattr(storage, "put_bytes", lease_unreachable)
+            with interleave.installed(interleave.LEASE_BEFORE_BEAT, beat_reached):
+                beat_reached.resume()  # let each beat through the point
+                for _ in range(3):
+                    clock.now += BEAT
+                    with pytest.raises((StorageError, LeaseExpiredError)):
+                        lease.beat()
+            assert lease.lost.is_set() and isinstance(lease.failure, LeaseExpiredError)
+            pause.resume()
+            assert p.done.wait(10)
+        assert p.manifest is None and isinstance(coordinator.fatal, LeaseExpiredError)
+        assert not storage.exists(L.checkpoint_metadata(p.checkpoint_id))
+    finally:
+        coordinator.shutdown()
