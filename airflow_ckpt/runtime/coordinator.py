@@ -103,18 +103,30 @@ class CheckpointFailureManager:
 
 
 class InlineExecutor(Executor):
-    """Runs each submitted call at once, in the caller's thread. An ``Exception`` is
-    kept in the future as a pool would; anything else (the process is going down)
-    propagates to the caller, as it would end a pool's worker and the process."""
+    """Runs each submitted call in the caller's thread: at once, or with ``deferred``
+    when :meth:`run_deferred` is called. An ``Exception`` is kept in the future as a
+    pool would; anything else (the process is going down) propagates to the caller, as
+    it would end a pool's worker and the process."""
+
+    def __init__(self, deferred: bool = False) -> None:
+        self.deferred = deferred
+        self._queue: list[tuple[Future[object], Callable[[], object]]] = []
 
     def submit(self, fn: Callable[..., object], /, *args: object,  # type: ignore[override]
                **kwargs: object) -> Future[object]:
         future: Future[object] = Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except Exception as exc:
-            future.set_exception(exc)
+        self._queue.append((future, partial(fn, *args, **kwargs)))
+        if not self.deferred:
+            self.run_deferred()
         return future
+
+    def run_deferred(self) -> None:
+        queue, self._queue = self._queue, []
+        for future, call in queue:
+            try:
+                future.set_result(call())
+            except Exception as exc:
+                future.set_exception(exc)
 
 
 def _savepoint_exists(savepoint_id: str | None) -> str:
@@ -182,9 +194,12 @@ class CheckpointCoordinator:
         self._files: Executor = (
             ThreadPoolExecutor(upload_threads, thread_name_prefix="ckpt-upload")
             if threaded else InlineExecutor())
+        # Not threaded, an async phase runs at the *next* tick: batches run in between,
+        # as they do while a real async phase uploads.
         self._phases: Executor = (
             ThreadPoolExecutor(max(config.max_concurrent, 1) + 1, thread_name_prefix="ckpt-async")
-            if threaded else InlineExecutor())
+            if threaded else InlineExecutor(deferred=True))
+        self._query_ended = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ckpt-coordinator", daemon=True)
 
@@ -194,7 +209,10 @@ class CheckpointCoordinator:
             self._thread.start()
 
     def tick(self) -> None:
-        """One step of the coordinator's loop (what its thread does every poll)."""
+        """One step of the coordinator's loop (what its thread does every poll); not
+        threaded, it first runs the async phases the previous step started."""
+        if isinstance(self._phases, InlineExecutor):
+            self._phases.run_deferred()
         self._tick()
 
     def shutdown(self, wait: bool = True) -> None:
@@ -212,7 +230,7 @@ class CheckpointCoordinator:
     def wait(self, p: PendingCheckpoint) -> None:
         """Wait until ``p`` completed or failed (ticking it along when not threaded)."""
         while not self.threaded and not p.done.is_set():
-            self._tick()
+            self.tick()
         p.done.wait()
 
     def drain(self) -> None:
@@ -220,6 +238,7 @@ class CheckpointCoordinator:
         completed or failed. One whose barrier batch never committed (the query stopped
         or failed inside it) fails at once instead of waiting out its timeout."""
         with self._lock:
+            self._query_ended = True  # no more periodic triggers: see _periodic_due
             pending = list(self._pending)
         committed = latest_batch(self.workdir, "commits")
         for p in pending:
@@ -294,6 +313,8 @@ class CheckpointCoordinator:
 
     def _periodic_due(self, now: float) -> bool:
         cfg = self.config
+        if self._query_ended:
+            return False  # the final checkpoint follows; a periodic one would repeat it
         if now - self._last_trigger < cfg.interval_s:
             return False
         if now - self._last_completion < cfg.min_pause_s:
