@@ -324,7 +324,8 @@ class JobLease:
     def acquire(self, wait_s: float | None = None, adopt: Adopt | None = None) -> LeaseRecord:
         """Take the lease, waiting up to ``wait_s`` for the holder to release or expire.
 
-        The default wait is one full expiry (``ttl_s + max_write_s``) plus a heartbeat.
+        The default wait is one full expiry (``ttl_s + max_write_s``) plus a heartbeat;
+        a holder whose heartbeat moves meanwhile is alive, and the wait ends at once.
         ``adopt`` returns the completed checkpoint ids this driver takes over and its
         first checkpoint id; it runs after the previous holder is known to be gone and
         before the new epoch is written. Raises ``ConcurrentDriverError`` naming the
@@ -333,6 +334,7 @@ class JobLease:
         budget = self.ttl_s + self.max_write_s + self.heartbeat_s if wait_s is None else wait_s
         deadline = self.clock() + budget
         observer = LeaseObserver(self.storage, self.job, self.clock)
+        first_seen: tuple[int, int] | None = None
         while True:
             state = observer.poll()
             if state.free:
@@ -353,6 +355,7 @@ class JobLease:
                                            create_only=True)
                 except ObjectAlreadyExistsError:
                     observer = LeaseObserver(self.storage, self.job, self.clock)
+                    first_seen = None
                     continue  # another driver took it first: watch the new holder
                 self.record = record
                 self.failure = None
@@ -362,12 +365,17 @@ class JobLease:
                     _lease_key(self.prefix, e) for e in lease_epochs(self.storage, self.job)
                     if e < epoch)
                 self._start_heartbeat()
-                log.info("acquired the lease of job %s (epoch %d)", self.job, epoch)
+                log.info("acquired the lease of job %s (epoch %d)%s", self.job, epoch,
+                         f" from {state.record.owner} ({state.status}, heartbeat unchanged "
+                         f"for {state.unchanged_for_s:.0f} s)" if state.record else "")
                 return record
             holder = state.record
             assert holder is not None
             now = self.clock()
-            if now >= deadline:
+            first_seen = first_seen or (holder.epoch, holder.seq)
+            # The heartbeat moved while we watched: the holder is alive, waiting for its
+            # expiry is pointless. Only a silent holder is waited out.
+            if now >= deadline or (holder.epoch, holder.seq) != first_seen:
                 raise ConcurrentDriverError(
                     f"job {self.job!r} is being run by another driver ({holder.owner} on "
                     f"{holder.host}, pid {holder.pid}; its heartbeat moved within the last "

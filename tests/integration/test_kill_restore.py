@@ -111,7 +111,7 @@ def test_a_second_driver_of_the_same_job_is_refused_and_loses_nothing(
             time.sleep(0.5)
         second_spec = dataclasses.replace(spec, workdir=tmp_path / "b")
         second = start_job(second_spec, env, tmp_path / "b.log")
-        assert second.wait(timeout=180) != 0
+        assert second.wait(timeout=180) != 0, (tmp_path / "b.log").read_text()[-3000:]
         log = (tmp_path / "b.log").read_text()
         assert "ConcurrentDriverError" in log and "is being run by another driver" in log
         assert first.wait(timeout=300) == 0, (tmp_path / "a.log").read_text()[-3000:]
