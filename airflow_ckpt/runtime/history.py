@@ -560,8 +560,16 @@ class JobHistory:
                         pass  # merged by another compaction: its events are elsewhere
                 ordered = sorted(merged.values(), key=lambda e: e.key)
                 size = policy.segment_events
-                for start in range(0, len(ordered), size):
-                    segment = self._write_segment(stream, ordered[start:start + size])
+                chunks = [ordered[i:i + size] for i in range(0, len(ordered), size)]
+                keep = policy.retain_checkpoint_events if stream == STREAM_CHECKPOINTS \
+                    else None
+                kept = 0
+                for chunk in reversed(chunks):  # newest first, for retention
+                    if keep is not None and kept >= keep:
+                        result.events_dropped += len(chunk)  # dropped by retention unwritten
+                        continue
+                    kept += len(chunk)
+                    segment = self._write_segment(stream, chunk)
                     written.add(segment.key)
                     existing.append(segment)
                     result.segments_written += 1
