@@ -17,7 +17,9 @@ Settings (``airflow.cfg`` or ``AIRFLOW__AIRFLOW_CKPT__<OPTION>``), read per requ
   to ``$AIRFLOW_CKPT_STORAGE``;
 * ``[airflow_ckpt] storage_conn_id``: the ``aws``-type connection (default
   ``aws_default``; a missing connection falls back to the AWS environment);
-* ``[airflow_ckpt] history_limit``: newest history events read per job (default 1000).
+* ``[airflow_ckpt] history_limit``: newest history events read per job (default 1000);
+* ``[airflow_ckpt] stale_checkpoint_multiple``: a running job's checkpoints are "stale"
+  after this many checkpoint intervals without a completion (default 3).
 
 Importing this module is cheap (no FastAPI, no Spark provider, no storage access): the
 app and the operator link are built the first time Airflow asks for them, which only
@@ -34,6 +36,8 @@ from urllib.parse import urlencode, urljoin
 
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseOperatorLink
+
+from airflow_ckpt.health import DEFAULT_STALE_MULTIPLE
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
@@ -55,6 +59,7 @@ class PluginSettings:
     storage_uri: str | None
     conn_id: str | None = DEFAULT_CONN_ID
     history_limit: int = DEFAULT_HISTORY_LIMIT
+    stale_multiple: float = DEFAULT_STALE_MULTIPLE
 
 
 def load_settings() -> PluginSettings:
@@ -64,7 +69,10 @@ def load_settings() -> PluginSettings:
     uri = conf.get(CONFIG_SECTION, "storage_uri", fallback="") or os.environ.get(STORAGE_ENV, "")
     conn_id = conf.get(CONFIG_SECTION, "storage_conn_id", fallback=DEFAULT_CONN_ID)
     limit = conf.getint(CONFIG_SECTION, "history_limit", fallback=DEFAULT_HISTORY_LIMIT)
-    return PluginSettings(uri.strip() or None, conn_id.strip() or None, max(1, limit))
+    multiple = conf.getfloat(CONFIG_SECTION, "stale_checkpoint_multiple",
+                             fallback=DEFAULT_STALE_MULTIPLE)
+    return PluginSettings(uri.strip() or None, conn_id.strip() or None, max(1, limit),
+                          multiple if multiple > 0 else DEFAULT_STALE_MULTIPLE)
 
 
 def task_history_path(dag_id: str, run_id: str, task_id: str, job: str | None = None) -> str:

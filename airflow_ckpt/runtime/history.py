@@ -461,16 +461,19 @@ class JobHistory:
         self,
         stop: Callable[[HistoryEvent], bool],
         types: Iterable[str] | None = None,
+        *,
+        on_error: Callable[[str], None] | None = None,
     ) -> tuple[list[HistoryEvent], HistoryListing]:
         """Events of ``types`` newest first, up to and including the first one ``stop``
         accepts; and the listing. Segments of a stream holding none of ``types`` are not
-        read (the restart log's scan never reads checkpoint statistics)."""
+        read (the restart log's scan never reads checkpoint statistics). ``on_error``:
+        report unreadable objects and go on (default: ``MetadataError``)."""
         wanted = set(types) if types is not None else None
 
         def read() -> tuple[list[HistoryEvent], HistoryListing]:
             listing = self.listing()
             out = []
-            for event in self._iter_newest(listing, _streams_for(wanted)):
+            for event in self._iter_newest(listing, _streams_for(wanted), on_error):
                 if wanted is not None and event.type not in wanted:
                     continue
                 out.append(event)
