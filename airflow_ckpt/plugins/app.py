@@ -24,7 +24,6 @@ storage reads in its thread pool.
 
 
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -40,7 +39,7 @@ from fastapi.staticfiles import StaticFiles
 from airflow_ckpt.cli import human_bytes, human_ms
 from airflow_ckpt.errors import InvalidStorageUriError, StorageError
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
-from airflow_ckpt.plugins import jobstate, overview, trends
+from airflow_ckpt.plugins import jobstate, overview
 from airflow_ckpt.plugins.access import EVERY_DAG, DagAccess, access_of
 from airflow_ckpt.plugins.history import (
     CONFIG_SECTION,
@@ -216,12 +215,7 @@ def create_app(
     Access = Annotated[DagAccess, Depends(readable_dags)]
 
     def visible_job(store: CheckpointStorage, job: str, access: DagAccess) -> jobstate.JobState:
-        """The job's state if it exists and ``access`` may see it; else 404 (as unknown)."""
-        overview.require_job(store, job)
-        state = jobstate.job_state(store, job, stores.cache(store))
-        if not access.may_read(state.dag_id):
-            raise overview.UnknownJobError(f"job {job!r} has nothing stored in {store.uri}")
-        return state
+        return overview.require_visible_job(store, job, access, stores.cache(store))
 
     def visible_jobs(store: CheckpointStorage, access: DagAccess) -> list[dict[str, Any]]:
         rows = overview.jobs_overview(store, stores.cache(store),
@@ -307,20 +301,11 @@ def create_app(
     @app.get("/view/{job}", response_class=HTMLResponse, include_in_schema=False,
              dependencies=[html_route("../")])
     def job_page(job: str, store: Storage, access: Access, limit: Limit = None) -> HTMLResponse:
-        state = visible_job(store, job, access)
-        window = overview.read_history(store, job, limit_of(limit), cache=stores.cache(store))
-        stats = overview.checkpoint_stats(store, job, window)
-        latest = stats["latest"]["completed"]
-        last_ts = latest["latest_ack_timestamp"] / 1000 if latest and isinstance(
-            latest.get("latest_ack_timestamp"), int | float) else None
-        health = jobstate.job_health(state, last_ts, jobstate.read_lease(store, job),
-                                     time.time(), current_settings().stale_multiple)
-        return page(
-            "job.html", title=f"{job}: checkpoint history", root="../", job=job,
-            storage=store.uri, stats=stats, timeline=overview.timeline(window),
-            status=overview.job_status(window), health=health.to_json(), dag_id=state.dag_id,
-            charts=trends.charts(stats["history"], window.events),
-        )
+        view = overview.job_view(store, job, limit=limit_of(limit), access=access,
+                                 cache=stores.cache(store),
+                                 stale_multiple=current_settings().stale_multiple)
+        return page("job.html", title=f"{job}: checkpoint history", root="../",
+                    storage=store.uri, **view)
 
     @app.get("/task", include_in_schema=False, dependencies=[html_route("")])
     def task(

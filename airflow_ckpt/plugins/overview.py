@@ -31,6 +31,7 @@ from typing import Any
 from airflow_ckpt.errors import AirflowCkptError, MetadataError, RestoreError
 from airflow_ckpt.health import DEFAULT_STALE_MULTIPLE
 from airflow_ckpt.plugins import jobstate, trends
+from airflow_ckpt.plugins.access import EVERY_DAG, DagAccess
 from airflow_ckpt.plugins.redact import driver_text
 from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
@@ -93,6 +94,50 @@ def require_job(storage: CheckpointStorage, job: str) -> str:
     if job not in storage.list_dirs(""):
         raise UnknownJobError(f"job {job!r} has nothing stored in {storage.uri}")
     return job
+
+
+def require_visible_job(
+    storage: CheckpointStorage, job: str, access: DagAccess, cache: EventCache | None = None
+) -> jobstate.JobState:
+    """The job's state if it exists and ``access`` may see it, else :class:`UnknownJobError`
+    (a hidden job answers as an unknown one: its name does not leak)."""
+    require_job(storage, job)
+    state = jobstate.job_state(storage, job, cache)
+    if not access.may_read(state.dag_id):
+        raise UnknownJobError(f"job {job!r} has nothing stored in {storage.uri}")
+    return state
+
+
+def job_view(
+    storage: CheckpointStorage,
+    job: str,
+    *,
+    limit: int,
+    access: DagAccess = EVERY_DAG,
+    cache: EventCache | None = None,
+    stale_multiple: float = DEFAULT_STALE_MULTIPLE,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Everything the job page shows (the template's context), read from storage.
+
+    Costs: the job check (one listing of the root), the state scan of the ``events``
+    stream, one listing of ``history/`` plus the raw tail and the segments holding the
+    newest ``limit`` events (none that ``cache`` holds), the catalog's listings and
+    retained ``_metadata``, the lease (one listing, one GET).
+    """
+    state = require_visible_job(storage, job, access, cache)
+    window = read_history(storage, job, limit, cache=cache)
+    stats = checkpoint_stats(storage, job, window)
+    latest = stats["latest"]["completed"]
+    ack = latest.get("latest_ack_timestamp") if latest else None
+    last_ts = ack / 1000 if isinstance(ack, int | float) else None
+    health = jobstate.job_health(state, last_ts, jobstate.read_lease(storage, job),
+                                 time.time() if now is None else now, stale_multiple)
+    return {
+        "job": job, "stats": stats, "timeline": timeline(window),
+        "status": job_status(window), "health": health.to_json(), "dag_id": state.dag_id,
+        "charts": trends.charts(stats["history"], window.events),
+    }
 
 
 def read_history(
