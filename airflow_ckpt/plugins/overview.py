@@ -123,8 +123,10 @@ def job_view(
     Costs: the job check (one listing of the root), the state scan of the ``events``
     stream, one listing of ``history/`` plus the raw tail and the segments holding the
     newest ``limit`` events (none that ``cache`` holds), the catalog's listings and
-    retained ``_metadata``, the lease (one listing, one GET).
+    retained ``_metadata``, the lease (one listing, one GET). Without a ``cache`` one
+    lives for this call, so no object is read twice.
     """
+    cache = cache if cache is not None else EventCache()
     state = require_visible_job(storage, job, access, cache)
     window = read_history(storage, job, limit, cache=cache)
     stats = checkpoint_stats(storage, job, window)

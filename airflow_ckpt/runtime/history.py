@@ -370,18 +370,22 @@ class JobHistory:
         listing: HistoryListing,
         streams: Iterable[str] = STREAMS,
         on_error: Callable[[str], None] | None = None,
+        after: str | None = None,
     ) -> Iterator[HistoryEvent]:
         """Events newest first, deduplicated, reading objects only as far as consumed.
 
         Raw events and segments are visited in the order of the newest event they can
         hold, so an event is yielded only when nothing unread can be newer.
         ``on_error``: report unreadable objects and go on (else ``MetadataError``).
+        ``after``: objects that cannot hold an event newer than this key are not read.
         A vanished object raises :class:`_Vanished` (the caller lists again).
         """
         wanted = set(streams)
         items: list[tuple[str, str | Segment]] = [(k, k) for k in listing.raw]
         items += [(_raw_key_of(s.key, s.last), s) for s in listing.segments
                   if s.stream in wanted]
+        if after is not None:
+            items = [item for item in items if item[0] > after]
         items.sort(key=lambda item: item[0], reverse=True)
         buffer: list[HistoryEvent] = []  # ascending by key; pop() is the newest
         seen: set[str] = set()
@@ -494,7 +498,7 @@ class JobHistory:
         def read() -> tuple[list[HistoryEvent], str | None]:
             listing = self.listing(start_after=cursor)
             out = []
-            for event in self._iter_newest(listing):
+            for event in self._iter_newest(listing, after=cursor):
                 if cursor is not None and event.key <= cursor:
                     break
                 out.append(event)
