@@ -38,6 +38,7 @@ from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseOperatorLink
 
 from airflow_ckpt.health import DEFAULT_STALE_MULTIPLE
+from airflow_ckpt.runtime.layout import is_job_name
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
@@ -83,12 +84,26 @@ def task_history_path(dag_id: str, run_id: str, task_id: str, job: str | None = 
     return f"task?{urlencode(params)}"
 
 
+def rendered_job_name(ti_key: TaskInstanceKey) -> str | None:
+    """The ``job_name`` this task instance rendered (Airflow's rendered-fields table)."""
+    try:
+        from airflow.models.renderedtifields import RenderedTaskInstanceFields
+
+        fields = RenderedTaskInstanceFields.get_templated_fields(ti_key)  # type: ignore[arg-type]
+    except Exception:  # no metadata DB here, or not rendered yet: the page searches
+        return None
+    job = (fields or {}).get("job_name")
+    return job if isinstance(job, str) and is_job_name(job) else None
+
+
 class CheckpointHistoryLink(BaseOperatorLink):
     """Extra link of ``CheckpointedSparkSubmitOperator``: the job's checkpoint history.
 
     Computed by the api-server from the task instance's key. A literal ``job_name`` goes
-    into the link; a templated one is found from the ``job_submitted`` history events,
-    which record the submitting task instance.
+    into the link; a templated one is looked up in the task instance's rendered template
+    fields (one row of Airflow's metadata DB), and only when that fails (not rendered
+    yet, no DB) found by the page from the ``job_submitted`` history events, which record
+    the submitting task instance (a search over every job).
     """
 
     name = "Checkpoint history"
@@ -107,6 +122,8 @@ class CheckpointHistoryLink(BaseOperatorLink):
 
         job = getattr(operator, "job_name", None)
         literal = job if isinstance(job, str) and "{{" not in job else None
+        if literal is None:
+            literal = rendered_job_name(ti_key)
         path = task_history_path(ti_key.dag_id, ti_key.run_id, ti_key.task_id, literal)
         base = conf.get("api", "base_url", fallback="/") or "/"
         return urljoin(base.rstrip("/") + "/", f"{URL_PREFIX.strip('/')}/{path}")
