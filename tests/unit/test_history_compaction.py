@@ -64,7 +64,7 @@ def _fill(history: JobHistory, n: int) -> None:
         history.append(ev.CHECKPOINT_COMPLETED if i % 7 else ev.CHECKPOINT_FAILED, id=i)
 
 
-def _raw_keys(storage: CheckpointStorage) -> list[str]:
+def _raw_keys(storage: Any) -> list[str]:
     """What a reader of the old layout sees: ``history/*.json``."""
     return [i.key for i in storage.list("job/history/") if i.key.endswith(".json")]
 
