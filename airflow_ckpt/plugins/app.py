@@ -168,16 +168,15 @@ def create_app(
     dependencies = []
     if authenticate:
         from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
-        from airflow.api_fastapi.core_api.security import (
-            AuthManagerDep,
-            GetUserDep,
-            requires_access_view,
-        )
+        from airflow.api_fastapi.app import get_auth_manager
+        from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_view
 
         dependencies.append(Depends(requires_access_view(AccessView.WEBSITE)))
 
-        def user_dags(user: GetUserDep, auth_manager: AuthManagerDep) -> DagAccess:
-            return access_of(auth_manager, user)
+        def user_dags(user: GetUserDep) -> DagAccess:
+            # the singleton, as requires_access_view uses: AuthManagerDep reads
+            # request.app.state, which is this mounted app's state, not the api-server's
+            return access_of(get_auth_manager(), user)
 
         readable_dags: Callable[..., DagAccess] = user_dags
     else:
