@@ -167,8 +167,8 @@ def create_app(
 
     dependencies = []
     if authenticate:
-        from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
         from airflow.api_fastapi.app import get_auth_manager
+        from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
         from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_view
 
         dependencies.append(Depends(requires_access_view(AccessView.WEBSITE)))
