@@ -246,6 +246,9 @@ class JobHistory:
         self.cache = cache
         self._appends = 0
         self._compacting = threading.Lock()
+        # what this instance wrote itself (its events, its segments): compaction then
+        # reads from storage only what other writers appended
+        self._written = EventCache(4 * compaction.segment_events if compaction else 1)
 
     @property
     def segments_prefix(self) -> str:
@@ -271,6 +274,8 @@ class JobHistory:
             except ObjectAlreadyExistsError:  # a 48-bit uid collision: pick another
                 continue
             break
+        event = HistoryEvent(event_type, now, key, body)
+        self._written.put(key, (event,))
         self._appends += 1
         policy = self.compaction
         if policy is not None and policy.every > 0 and (
@@ -278,7 +283,7 @@ class JobHistory:
             or (self._appends == 1 and event_type == JOB_STARTED)
         ):
             self._compact_in_background()
-        return HistoryEvent(event_type, now, key, body)
+        return event
 
     def _compact_in_background(self) -> None:
         if not self._compacting.acquire(blocking=False):
@@ -321,8 +326,12 @@ class JobHistory:
 
     # ------------------------------------------------------------------ reading
 
+    def _cached(self, key: str) -> tuple[HistoryEvent, ...] | None:
+        found = self.cache.get(key) if self.cache is not None else None
+        return found if found is not None else self._written.get(key)
+
     def _load_raw(self, key: str) -> HistoryEvent:
-        cached = self.cache.get(key) if self.cache is not None else None
+        cached = self._cached(key)
         if cached is not None:
             return cached[0]
         try:
@@ -341,7 +350,7 @@ class JobHistory:
         return event
 
     def _load_segment(self, segment: Segment) -> tuple[HistoryEvent, ...]:
-        cached = self.cache.get(segment.key) if self.cache is not None else None
+        cached = self._cached(segment.key)
         if cached is not None:
             return cached
         try:
@@ -609,6 +618,7 @@ class JobHistory:
         # exists: a concurrent compaction wrote the same events under the same name
         with contextlib.suppress(ObjectAlreadyExistsError):
             self.storage.put_bytes(key, data, create_only=True)
+        self._written.put(key, tuple(events))
         return Segment(key, stream, stems[0], stems[-1], len(events))
 
 

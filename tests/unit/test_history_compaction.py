@@ -179,7 +179,8 @@ def test_restart_log_state_survives_compaction(storage: Counting) -> None:
     assert fresh.last_submit_attempt() == 1
     # the backward scan never opens the checkpoint statistics
     storage.gets = 0
-    RestartLog(history, FIXED, "dag/run/task").refresh()
+    reader = JobHistory(storage, "job", compaction=None)  # type: ignore[arg-type]
+    RestartLog(reader, FIXED, "dag/run/task").refresh()
     assert storage.gets == 1  # the one "events" segment
 
 
@@ -207,7 +208,7 @@ def test_newest_reads_only_what_it_returns(storage: Counting) -> None:
     for i in range(5):
         history.append(ev.CHECKPOINT_COMPLETED, id=1000 + i)
     storage.gets = 0
-    events, listing = history.newest(12)
+    events, listing = JobHistory(storage, "job", compaction=None).newest(12)  # type: ignore[arg-type]
     assert [e.data.get("id") for e in events][-5:] == [1000, 1001, 1002, 1003, 1004]
     assert len(events) == 12 and listing.total == 207
     assert storage.gets == 5 + 1  # the raw tail and the newest checkpoint segment
@@ -231,6 +232,21 @@ def test_events_after_sees_events_compacted_since(storage: Counting) -> None:
     new, cursor2 = history.events_after(cursor)
     assert [e.data.get("id") for e in new] == [*range(100, 112), None]
     assert history.events_after(cursor2)[0] == []
+
+
+def test_a_writer_compacts_what_it_wrote_without_reading_it_back(storage: Counting) -> None:
+    history = JobHistory(storage, "job",  # type: ignore[arg-type]
+                         compaction=CompactionPolicy(every=0, grace_s=0.0))
+    for i in range(20):
+        history.append(ev.CHECKPOINT_COMPLETED, id=i)
+    history.compact()
+    for i in range(20, 40):
+        history.append(ev.CHECKPOINT_COMPLETED, id=i)
+    storage.gets = 0
+    assert history.compact().compacted == 20
+    assert storage.gets == 0  # its own events and its own open segment: from memory
+    reader = JobHistory(storage, "job", compaction=None)  # type: ignore[arg-type]
+    assert [e.data["id"] for e in reader.events()] == list(range(40))
 
 
 def test_append_compacts_in_the_background(storage: Counting) -> None:
