@@ -1,5 +1,7 @@
 """``python -m bench [--quick]``: run every benchmark, print a table, write JSON.
 
+``python -m bench history [--events N]``: the history suite alone (see :mod:`bench.history`).
+
 One local SparkSession and one local S3 endpoint serve every run. Per repeat, four runs
 of the example query over the same input, in alternating order (so that neither variant
 always runs on a warmer JVM): plain Spark on S3, checkpointed incremental on S3,
@@ -190,7 +192,12 @@ def table(rows: Sequence[suites.Row]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["history"]:  # the history suite runs alone: no Spark
+        from bench import history
+
+        return history.main(argv[1:])
+    args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.ERROR)
     started = time.perf_counter()

@@ -17,8 +17,9 @@ HTML (shown in the Airflow UI's iframe; every value is escaped by Jinja's autoes
 
 Every route requires a user who may view the Airflow website (the api-server's auth
 manager decides, from the UI's session cookie or a bearer token): Airflow does not
-authenticate plugin apps by itself. Handlers are plain functions, so FastAPI runs their
-blocking storage reads in its thread pool.
+authenticate plugin apps by itself. Jobs are further filtered by the DAGs the user may
+read (:mod:`.access`). Handlers are plain functions, so FastAPI runs their blocking
+storage reads in its thread pool.
 """
 
 
@@ -38,13 +39,15 @@ from fastapi.staticfiles import StaticFiles
 from airflow_ckpt.cli import human_bytes, human_ms
 from airflow_ckpt.errors import InvalidStorageUriError, StorageError
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
-from airflow_ckpt.plugins import overview
+from airflow_ckpt.plugins import jobstate, overview
+from airflow_ckpt.plugins.access import EVERY_DAG, DagAccess, access_of
 from airflow_ckpt.plugins.history import (
     CONFIG_SECTION,
     STORAGE_ENV,
     PluginSettings,
     load_settings,
 )
+from airflow_ckpt.runtime.history import EventCache
 from airflow_ckpt.runtime.storage import CheckpointStorage
 
 HERE = Path(__file__).parent
@@ -64,6 +67,12 @@ class _Stores:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._hooks: dict[tuple[str, str | None], CheckpointStoreHook] = {}
+        self._caches: dict[str, EventCache] = {}
+
+    def cache(self, storage: CheckpointStorage) -> EventCache:
+        """Parsed history objects of one storage (immutable, so shared by requests)."""
+        with self._lock:
+            return self._caches.setdefault(storage.uri, EventCache())
 
     def get(self, settings: PluginSettings) -> CheckpointStorage:
         if not settings.storage_uri:
@@ -105,6 +114,20 @@ def _duration(ms: Any) -> str:
     return human_ms(ms) if isinstance(ms, int) else ""
 
 
+def _age(seconds: Any) -> str:
+    """``95.2`` -> ``"1 min 35 s ago"``."""
+    if not isinstance(seconds, int | float):
+        return ""
+    s = int(seconds)
+    if s < 120:
+        return f"{s} s ago"
+    if s < 7200:
+        return f"{s // 60} min {s % 60} s ago"
+    if s < 172_800:
+        return f"{s // 3600} h {s % 3600 // 60} min ago"
+    return f"{s // 86400} d {s % 86400 // 3600} h ago"
+
+
 def _templates() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
@@ -113,18 +136,26 @@ def _templates() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(ms_time=_ms_time, s_time=_s_time, bytes=_bytes, duration=_duration,
+    env.filters.update(ms_time=_ms_time, s_time=_s_time, bytes=_bytes, duration=_duration, age=_age,
                        urlpart=lambda s: quote(str(s), safe=""))
     return env
 
 
-def create_app(settings: PluginSettings | None = None, *, authenticate: bool = True) -> FastAPI:
+def create_app(
+    settings: PluginSettings | None = None,
+    *,
+    authenticate: bool = True,
+    dag_access: Callable[[], DagAccess] | None = None,
+) -> FastAPI:
     """The plugin's app.
 
     :param settings: fixed settings (tests); by default ``[airflow_ckpt]`` is read per
         request, so a changed option needs no restart
     :param authenticate: require a user allowed to view the Airflow website (needs the
-        api-server's auth manager); only tests of the bare app turn it off
+        api-server's auth manager) and show only jobs of DAGs the user may read; only
+        tests of the bare app turn it off
+    :param dag_access: without ``authenticate``: the DAGs "the user" may read (tests);
+        default every DAG
     """
     stores = _Stores()
     env = _templates()
@@ -136,10 +167,20 @@ def create_app(settings: PluginSettings | None = None, *, authenticate: bool = T
 
     dependencies = []
     if authenticate:
+        from airflow.api_fastapi.app import get_auth_manager
         from airflow.api_fastapi.auth.managers.models.resource_details import AccessView
-        from airflow.api_fastapi.core_api.security import requires_access_view
+        from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_view
 
         dependencies.append(Depends(requires_access_view(AccessView.WEBSITE)))
+
+        def user_dags(user: GetUserDep) -> DagAccess:
+            # the singleton, as requires_access_view uses: AuthManagerDep reads
+            # request.app.state, which is this mounted app's state, not the api-server's
+            return access_of(get_auth_manager(), user)
+
+        readable_dags: Callable[..., DagAccess] = user_dags
+    else:
+        readable_dags = dag_access if dag_access is not None else (lambda: EVERY_DAG)
 
     app = FastAPI(
         title="airflow-ckpt checkpoint history",
@@ -170,6 +211,15 @@ def create_app(settings: PluginSettings | None = None, *, authenticate: bool = T
         return Depends(mark)
 
     Storage = Annotated[CheckpointStorage, Depends(storage)]
+    Access = Annotated[DagAccess, Depends(readable_dags)]
+
+    def visible_job(store: CheckpointStorage, job: str, access: DagAccess) -> jobstate.JobState:
+        return overview.require_visible_job(store, job, access, stores.cache(store))
+
+    def visible_jobs(store: CheckpointStorage, access: DagAccess) -> list[dict[str, Any]]:
+        rows = overview.jobs_overview(store, stores.cache(store),
+                                      stale_multiple=current_settings().stale_multiple)
+        return [row for row in rows if access.may_read(row["dag_id"])]
     Limit = Annotated[int | None, Query(ge=1, le=MAX_LIMIT,
                                         description="newest history events to read")]
 
@@ -215,24 +265,27 @@ def create_app(settings: PluginSettings | None = None, *, authenticate: bool = T
     # ------------------------------------------------------------------------- JSON
 
     @app.get("/jobs", summary="Jobs in the checkpoint storage")
-    def jobs(store: Storage) -> dict[str, Any]:
-        return {"storage": store.uri, "jobs": overview.jobs_overview(store)}
+    def jobs(store: Storage, access: Access) -> dict[str, Any]:
+        return {"storage": store.uri, "jobs": visible_jobs(store, access)}
 
     @app.get("/jobs/{job}/checkpoints", summary="Checkpoint statistics (Flink REST shape)")
-    def checkpoints(job: str, store: Storage, limit: Limit = None) -> dict[str, Any]:
-        overview.require_job(store, job)
-        window = overview.read_history(store, job, limit_of(limit))
+    def checkpoints(job: str, store: Storage, access: Access,
+                    limit: Limit = None) -> dict[str, Any]:
+        visible_job(store, job, access)
+        window = overview.read_history(store, job, limit_of(limit), cache=stores.cache(store))
         return overview.checkpoint_stats(store, job, window)
 
     @app.get("/jobs/{job}/history", summary="History events, oldest first")
     def history(
         job: str,
         store: Storage,
+        access: Access,
         limit: Limit = None,
         type: Annotated[list[str] | None, Query(description="only these event types")] = None,
     ) -> dict[str, Any]:
-        overview.require_job(store, job)
-        window = overview.read_history(store, job, limit_of(limit), type or None)
+        visible_job(store, job, access)
+        window = overview.read_history(store, job, limit_of(limit), type or None,
+                                       cache=stores.cache(store))
         return {"job": job, "events": [overview.event_json(e) for e in window.events],
                 "history_window": window.describe(), "errors": window.errors}
 
@@ -240,38 +293,42 @@ def create_app(settings: PluginSettings | None = None, *, authenticate: bool = T
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False,
              dependencies=[html_route("")])
-    def index(store: Storage) -> HTMLResponse:
+    def index(store: Storage, access: Access) -> HTMLResponse:
         return page("index.html", title="Checkpoint history", root="", storage=store.uri,
-                    jobs=overview.jobs_overview(store))
+                    jobs=visible_jobs(store, access))
 
     @app.get("/view/{job}", response_class=HTMLResponse, include_in_schema=False,
              dependencies=[html_route("../")])
-    def job_page(job: str, store: Storage, limit: Limit = None) -> HTMLResponse:
-        overview.require_job(store, job)
-        window = overview.read_history(store, job, limit_of(limit))
-        return page(
-            "job.html", title=f"{job}: checkpoint history", root="../", job=job,
-            storage=store.uri, stats=overview.checkpoint_stats(store, job, window),
-            timeline=overview.timeline(window), status=overview.job_status(window),
-        )
+    def job_page(job: str, store: Storage, access: Access, limit: Limit = None) -> HTMLResponse:
+        view = overview.job_view(store, job, limit=limit_of(limit), access=access,
+                                 cache=stores.cache(store),
+                                 stale_multiple=current_settings().stale_multiple)
+        return page("job.html", title=f"{job}: checkpoint history", root="../",
+                    storage=store.uri, **view)
 
     @app.get("/task", include_in_schema=False, dependencies=[html_route("")])
     def task(
         store: Storage,
+        access: Access,
         dag_id: Annotated[str, Query(max_length=250)],
         run_id: Annotated[str, Query(max_length=250)],
         task_id: Annotated[str, Query(max_length=250)],
         job: Annotated[str | None, Query(max_length=128)] = None,
     ) -> Response:
         found = None
-        if job:
+        if not access.may_read(dag_id):
+            pass  # as if it had submitted nothing: the DAG's ids do not leak
+        elif job:
             try:
-                found = overview.require_job(store, job)
+                found = visible_job(store, job, access).job
             except overview.UnknownJobError:
                 found = None
-        if found is None:
+        if found is None and access.may_read(dag_id):
             found = overview.find_job_for_task(store, dag_id, run_id, task_id,
-                                               current_settings().history_limit)
+                                               stores.cache(store))
+            if found is not None and not access.may_read(
+                    jobstate.job_state(store, found, stores.cache(store)).dag_id):
+                found = None
         if found is None:
             raise overview.UnknownJobError(
                 f"task {dag_id}/{run_id}/{task_id} has not submitted a checkpointed job to "

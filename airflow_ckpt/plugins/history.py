@@ -17,7 +17,9 @@ Settings (``airflow.cfg`` or ``AIRFLOW__AIRFLOW_CKPT__<OPTION>``), read per requ
   to ``$AIRFLOW_CKPT_STORAGE``;
 * ``[airflow_ckpt] storage_conn_id``: the ``aws``-type connection (default
   ``aws_default``; a missing connection falls back to the AWS environment);
-* ``[airflow_ckpt] history_limit``: newest history events read per job (default 1000).
+* ``[airflow_ckpt] history_limit``: newest history events read per job (default 1000);
+* ``[airflow_ckpt] stale_checkpoint_multiple``: a running job's checkpoints are "stale"
+  after this many checkpoint intervals without a completion (default 3).
 
 Importing this module is cheap (no FastAPI, no Spark provider, no storage access): the
 app and the operator link are built the first time Airflow asks for them, which only
@@ -34,6 +36,9 @@ from urllib.parse import urlencode, urljoin
 
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseOperatorLink
+
+from airflow_ckpt.health import DEFAULT_STALE_MULTIPLE
+from airflow_ckpt.runtime.layout import is_job_name
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
@@ -55,6 +60,7 @@ class PluginSettings:
     storage_uri: str | None
     conn_id: str | None = DEFAULT_CONN_ID
     history_limit: int = DEFAULT_HISTORY_LIMIT
+    stale_multiple: float = DEFAULT_STALE_MULTIPLE
 
 
 def load_settings() -> PluginSettings:
@@ -64,7 +70,10 @@ def load_settings() -> PluginSettings:
     uri = conf.get(CONFIG_SECTION, "storage_uri", fallback="") or os.environ.get(STORAGE_ENV, "")
     conn_id = conf.get(CONFIG_SECTION, "storage_conn_id", fallback=DEFAULT_CONN_ID)
     limit = conf.getint(CONFIG_SECTION, "history_limit", fallback=DEFAULT_HISTORY_LIMIT)
-    return PluginSettings(uri.strip() or None, conn_id.strip() or None, max(1, limit))
+    multiple = conf.getfloat(CONFIG_SECTION, "stale_checkpoint_multiple",
+                             fallback=DEFAULT_STALE_MULTIPLE)
+    return PluginSettings(uri.strip() or None, conn_id.strip() or None, max(1, limit),
+                          multiple if multiple > 0 else DEFAULT_STALE_MULTIPLE)
 
 
 def task_history_path(dag_id: str, run_id: str, task_id: str, job: str | None = None) -> str:
@@ -75,12 +84,26 @@ def task_history_path(dag_id: str, run_id: str, task_id: str, job: str | None = 
     return f"task?{urlencode(params)}"
 
 
+def rendered_job_name(ti_key: TaskInstanceKey) -> str | None:
+    """The ``job_name`` this task instance rendered (Airflow's rendered-fields table)."""
+    try:
+        from airflow.models.renderedtifields import RenderedTaskInstanceFields
+
+        fields = RenderedTaskInstanceFields.get_templated_fields(ti_key)  # type: ignore[arg-type]
+    except Exception:  # no metadata DB here, or not rendered yet: the page searches
+        return None
+    job = (fields or {}).get("job_name")
+    return job if isinstance(job, str) and is_job_name(job) else None
+
+
 class CheckpointHistoryLink(BaseOperatorLink):
     """Extra link of ``CheckpointedSparkSubmitOperator``: the job's checkpoint history.
 
     Computed by the api-server from the task instance's key. A literal ``job_name`` goes
-    into the link; a templated one is found from the ``job_submitted`` history events,
-    which record the submitting task instance.
+    into the link; a templated one is looked up in the task instance's rendered template
+    fields (one row of Airflow's metadata DB), and only when that fails (not rendered
+    yet, no DB) found by the page from the ``job_submitted`` history events, which record
+    the submitting task instance (a search over every job).
     """
 
     name = "Checkpoint history"
@@ -99,6 +122,8 @@ class CheckpointHistoryLink(BaseOperatorLink):
 
         job = getattr(operator, "job_name", None)
         literal = job if isinstance(job, str) and "{{" not in job else None
+        if literal is None:
+            literal = rendered_job_name(ti_key)
         path = task_history_path(ti_key.dag_id, ti_key.run_id, ti_key.task_id, literal)
         base = conf.get("api", "base_url", fallback="/") or "/"
         return urljoin(base.rstrip("/") + "/", f"{URL_PREFIX.strip('/')}/{path}")

@@ -13,24 +13,30 @@ The checkpoint statistics follow Flink's REST ``/jobs/:id/checkpoints``: ``count
   :meth:`Manifest.history_entry`; they are authoritative for what is still restorable
   and appear even if their event lies outside the history window.
 
-Only the newest ``limit`` history events are read (one listing + one GET per event), so
-a job with a long history stays cheap to show; ``history_window`` says whether older
-events were left out, and the counts then cover the window (plus retained manifests).
+Only the newest ``limit`` history events are read (one listing of ``history/``, then the
+raw tail and the compacted segments that hold the window, see
+:mod:`airflow_ckpt.runtime.history`), so a job with a long history stays cheap to show;
+``history_window`` says whether older events were left out, and the counts then cover
+the window (plus retained manifests).
 An unreadable event or manifest is reported in ``errors``, never silently skipped.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_ckpt.errors import AirflowCkptError, MetadataError, ObjectNotFoundError, RestoreError
+from airflow_ckpt.errors import AirflowCkptError, MetadataError, RestoreError
+from airflow_ckpt.health import DEFAULT_STALE_MULTIPLE
+from airflow_ckpt.plugins import jobstate, trends
+from airflow_ckpt.plugins.access import EVERY_DAG, DagAccess
+from airflow_ckpt.plugins.redact import driver_text
 from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history import HistoryEvent
-from airflow_ckpt.runtime.layout import JobLayout, validate_job_name
+from airflow_ckpt.runtime.history import EventCache, HistoryEvent, JobHistory
+from airflow_ckpt.runtime.layout import validate_job_name
 from airflow_ckpt.runtime.metadata import Manifest
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
@@ -43,6 +49,8 @@ TIMELINE_EVENTS = frozenset(
 )
 _LIFECYCLE = {ev.JOB_STARTED: "RUNNING", ev.JOB_FINISHED: "FINISHED",
               ev.JOB_STOPPED: "STOPPED", ev.JOB_FAILED: "FAILED"}
+#: payload fields written from driver output (rendered through ``driver_text``)
+_DRIVER_TEXT = frozenset({"cause", "reason", "failure_message"})
 _COMPLETED = {ev.CHECKPOINT_COMPLETED, ev.SAVEPOINT_COMPLETED}
 _FAILED = {ev.CHECKPOINT_FAILED, ev.SAVEPOINT_FAILED}
 _ENTRY_FIELDS = (
@@ -88,35 +96,73 @@ def require_job(storage: CheckpointStorage, job: str) -> str:
     return job
 
 
+def require_visible_job(
+    storage: CheckpointStorage, job: str, access: DagAccess, cache: EventCache | None = None
+) -> jobstate.JobState:
+    """The job's state if it exists and ``access`` may see it, else :class:`UnknownJobError`
+    (a hidden job answers as an unknown one: its name does not leak)."""
+    require_job(storage, job)
+    state = jobstate.job_state(storage, job, cache)
+    if not access.may_read(state.dag_id):
+        raise UnknownJobError(f"job {job!r} has nothing stored in {storage.uri}")
+    return state
+
+
+def job_view(
+    storage: CheckpointStorage,
+    job: str,
+    *,
+    limit: int,
+    access: DagAccess = EVERY_DAG,
+    cache: EventCache | None = None,
+    stale_multiple: float = DEFAULT_STALE_MULTIPLE,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Everything the job page shows (the template's context), read from storage.
+
+    Costs: the job check (one listing of the root), the state scan of the ``events``
+    stream, one listing of ``history/`` plus the raw tail and the segments holding the
+    newest ``limit`` events (none that ``cache`` holds), the catalog's listings and
+    retained ``_metadata``, the lease (one listing, one GET). Without a ``cache`` one
+    lives for this call, so no object is read twice.
+    """
+    cache = cache if cache is not None else EventCache()
+    state = require_visible_job(storage, job, access, cache)
+    window = read_history(storage, job, limit, cache=cache)
+    stats = checkpoint_stats(storage, job, window)
+    latest = stats["latest"]["completed"]
+    ack = latest.get("latest_ack_timestamp") if latest else None
+    last_ts = ack / 1000 if isinstance(ack, int | float) else None
+    health = jobstate.job_health(state, last_ts, jobstate.read_lease(storage, job),
+                                 time.time() if now is None else now, stale_multiple)
+    return {
+        "job": job, "stats": stats, "timeline": timeline(window),
+        "status": job_status(window), "health": health.to_json(), "dag_id": state.dag_id,
+        "charts": trends.charts(stats["history"], window.events),
+    }
+
+
 def read_history(
-    storage: CheckpointStorage, job: str, limit: int, types: Iterable[str] | None = None
+    storage: CheckpointStorage,
+    job: str,
+    limit: int,
+    types: Iterable[str] | None = None,
+    cache: EventCache | None = None,
 ) -> HistoryWindow:
     """The newest ``limit`` history events of ``job`` (oldest first), filtered by ``types``.
 
-    ``limit`` bounds the objects read, before filtering: the window is the same for
-    every filter. Unreadable events are listed in ``errors`` with their keys.
+    ``limit`` bounds the events read, before filtering: the window is the same for
+    every filter. Costs one listing of ``history/`` plus the raw events and segments
+    that hold the window (none that ``cache`` holds already). Unreadable events are
+    listed in ``errors`` with their keys.
     """
-    prefix = JobLayout(job).history_prefix
-    keys = [info.key for info in storage.list(prefix) if info.key.endswith(".json")]
-    window = keys[-limit:] if limit > 0 else keys
+    errors: list[str] = []
+    history = JobHistory(storage, job, compaction=None, cache=cache)
+    events, listing = history.newest(limit, on_error=errors.append)
     wanted = set(types) if types is not None else None
-    out = HistoryWindow(job, [], total=len(keys), read=len(window))
-    for key in window:
-        try:
-            body = json.loads(storage.get_bytes(key))
-            event_type, ts = str(body["type"]), float(body["ts"])
-        except ObjectNotFoundError:  # events are never deleted; a storage mid-cleanup
-            out.errors.append(f"history event {key} vanished while it was read")
-            continue
-        except (ValueError, KeyError, TypeError) as exc:
-            out.errors.append(f"history event {key} is unreadable: {exc}")
-            continue
-        if not isinstance(body, dict):
-            out.errors.append(f"history event {key} is not a JSON object")
-            continue
-        if wanted is None or event_type in wanted:
-            out.events.append(HistoryEvent(event_type, ts, key, body))
-    return out
+    kept = [e for e in events if wanted is None or e.type in wanted]
+    return HistoryWindow(job, kept, total=listing.total,
+                         read=min(len(events) + len(errors), listing.total), errors=errors)
 
 
 def event_json(event: HistoryEvent) -> dict[str, Any]:
@@ -146,6 +192,7 @@ def _from_event(event: HistoryEvent) -> dict[str, Any]:
     data = dict(event.data)
     data.setdefault("external_path", data.get("path"))
     if event.type in _FAILED:
+        data["failure_message"] = driver_text(data.get("failure_message")) or None
         data["status"] = "FAILED"
         data.setdefault("failure_timestamp", int(event.ts * 1000))
         data.setdefault("is_savepoint", event.type == ev.SAVEPOINT_FAILED)
@@ -157,12 +204,6 @@ def _from_event(event: HistoryEvent) -> dict[str, Any]:
 
 def _from_manifest(manifest: Manifest, path: str) -> dict[str, Any]:
     return _entry({**manifest.history_entry(), "external_path": path})
-
-
-def _stats(values: Sequence[int]) -> dict[str, Any]:
-    if not values:
-        return {"min": None, "max": None, "avg": None}
-    return {"min": min(values), "max": max(values), "avg": round(sum(values) / len(values))}
 
 
 def _retained(
@@ -226,10 +267,7 @@ def checkpoint_stats(storage: CheckpointStorage, job: str, window: HistoryWindow
             "completed": len(completed),
             "failed": len(failed),
         },
-        "summary": {
-            name: _stats([e[name] for e in completed if isinstance(e[name], int)])
-            for name in ("state_size", "checkpointed_size", "end_to_end_duration")
-        },
+        "summary": trends.summary(completed),
         "latest": {
             "completed": checkpoints[0] if checkpoints else None,
             "savepoint": savepoints[0] if savepoints else None,
@@ -260,7 +298,8 @@ def _summary(event: HistoryEvent) -> str:
     d = event.data
 
     def has(*names: str) -> list[str]:
-        return [f"{n}={d[n]}" for n in names if d.get(n) not in (None, "", [], {})]
+        return [f"{n}={driver_text(d[n]) if n in _DRIVER_TEXT else d[n]}" for n in names
+                if d.get(n) not in (None, "", [], {})]
 
     if event.type == ev.FAILURE:
         parts = has("level", "cause", "exit_code", "attempt")
@@ -297,7 +336,7 @@ def timeline(window: HistoryWindow) -> list[dict[str, Any]]:
             "run_id": event.data.get("run_id"),
             "level": event.data.get("level"),
             "summary": _summary(event),
-            "error_lines": [str(x) for x in event.data.get("error_lines") or []][:20],
+            "error_lines": [driver_text(x) for x in event.data.get("error_lines") or []][:20],
         })
     return rows
 
@@ -313,8 +352,16 @@ def job_status(window: HistoryWindow) -> str | None:
 # ------------------------------------------------------------------------------- jobs
 
 
-def jobs_overview(storage: CheckpointStorage) -> list[dict[str, Any]]:
-    """Every job under the root with its newest retained checkpoint (no history reads)."""
+def jobs_overview(
+    storage: CheckpointStorage,
+    cache: EventCache | None = None,
+    now: float | None = None,
+    stale_multiple: float = DEFAULT_STALE_MULTIPLE,
+) -> list[dict[str, Any]]:
+    """Every job under the root: its newest retained checkpoint, the DAG of its newest
+    submission (``dag_id``) and its health badge. Per job: the catalog's listings, one
+    ``_metadata``, the ``events`` stream back to the newest submission, the lease."""
+    now = time.time() if now is None else now
     out = []
     for job in CheckpointCatalog.jobs(storage):
         try:
@@ -323,34 +370,55 @@ def jobs_overview(storage: CheckpointStorage) -> list[dict[str, Any]]:
             continue  # not a job directory (e.g. a sink's "_output")
         catalog = CheckpointCatalog(storage, job)
         row: dict[str, Any] = {"id": job, "latest_completed": None, "num_retained": 0,
-                               "num_savepoints": 0, "error": None}
+                               "num_savepoints": 0, "error": None, "dag_id": None,
+                               "health": None}
+        last_completed_ts = None
         try:
             ids = catalog.checkpoint_ids()
             row["num_retained"] = len(ids)
             row["num_savepoints"] = len(catalog.savepoint_ids())
             if ids:
                 ref = catalog.resolve(f"chk-{ids[-1]}")
-                row["latest_completed"] = _from_manifest(catalog.read(ref), catalog.uri_of(ref))
+                manifest = catalog.read(ref)
+                row["latest_completed"] = _from_manifest(manifest, catalog.uri_of(ref))
+                last_completed_ts = manifest.timings.completed_ts
         except (MetadataError, RestoreError) as exc:
             row["error"] = str(exc)
+        problems: list[str] = []
+        state = jobstate.job_state(storage, job, cache, problems.append)
+        if problems and not row["error"]:
+            row["error"] = problems[0]
+        row["dag_id"] = state.dag_id
+        health = jobstate.job_health(state, last_completed_ts, jobstate.read_lease(storage, job),
+                                     now, stale_multiple)
+        row["health"] = health.to_json()
         out.append(row)
     return out
 
 
 def find_job_for_task(
-    storage: CheckpointStorage, dag_id: str, run_id: str, task_id: str, limit: int
+    storage: CheckpointStorage, dag_id: str, run_id: str, task_id: str,
+    cache: EventCache | None = None,
 ) -> str | None:
-    """The job whose newest ``job_submitted`` event came from this task instance."""
+    """The job whose newest ``job_submitted`` event came from this task instance.
+
+    The fallback of the task link when it carries no job name: reads every job's
+    ``events`` stream (never its checkpoint statistics), newest first, until a match.
+    """
     found: tuple[float, str] | None = None
+
+    def ours(event: HistoryEvent) -> bool:
+        ids = event.data.get("airflow")
+        return (isinstance(ids, dict) and ids.get("dag_id") == dag_id
+                and ids.get("run_id") == run_id and ids.get("task_id") == task_id)
+
     for job in CheckpointCatalog.jobs(storage):
         try:
             validate_job_name(job)
         except AirflowCkptError:
             continue
-        for event in read_history(storage, job, limit, [ev.JOB_SUBMITTED]).events:
-            ids = event.data.get("airflow")
-            if (isinstance(ids, dict) and ids.get("dag_id") == dag_id
-                    and ids.get("run_id") == run_id and ids.get("task_id") == task_id
-                    and (found is None or event.ts > found[0])):
-                found = (event.ts, job)
+        history = JobHistory(storage, job, compaction=None, cache=cache)
+        events, _ = history.newest_until(ours, [ev.JOB_SUBMITTED])
+        if events and ours(events[-1]) and (found is None or events[-1].ts > found[0]):
+            found = (events[-1].ts, job)
     return found[1] if found else None

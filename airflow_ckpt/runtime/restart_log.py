@@ -20,8 +20,10 @@ failed starts with a fresh strategy, while a task retry after a worker death con
 the window and backoff.
 
 **Cost.** The first read scans the history backwards from the newest event and stops at
-the boundary above; later reads only fetch the events appended since (keys sort
-chronologically), so a long healthy run does not make each failure re-read the history.
+the boundary above, reading only the raw tail and the ``events`` segments (never the
+compacted checkpoint statistics); later reads list with ``StartAfter`` the newest key
+seen and fetch only what was appended or compacted since (keys sort chronologically), so
+a long healthy run does not make each failure re-read the history.
 Events are read after the writer that could race with us is gone (the supervisor reads
 after the driver exited; the driver reads while the supervisor waits on it), so a key
 that appears "in the past" after we advanced is not a concern in practice.
@@ -38,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from airflow_ckpt.errors import AirflowCkptError, MetadataError
+from airflow_ckpt.errors import AirflowCkptError
 from airflow_ckpt.restart import RestartDecision, RestartStrategy, restart_strategy_from_params
 from airflow_ckpt.runtime.history import (
     FAILURE,
@@ -109,34 +111,34 @@ class RestartLog:
 
     def refresh(self) -> RunState:
         """Bring the run state up to date with the history and return it."""
-        keys = [
-            info.key for info in self.history.storage.list(self.history.layout.history_prefix)
-            if info.key.endswith(".json")
-        ]
         if self._cursor is None:
-            self._state = self._scan_backwards(keys)
+            self._state, self._cursor = self._scan_backwards()
         else:
-            for key in keys:
-                if key > self._cursor:
-                    self._fold(self._read(key))
-        self._cursor = max(keys[-1] if keys else "", self._cursor or "")
+            events, self._cursor = self.history.events_after(self._cursor)
+            for event in events:
+                self._fold(event)
         return self._state
 
-    def _scan_backwards(self, keys: list[str]) -> RunState:
-        """Newest-first until the boundary of this supervision (see module docstring)."""
-        collected: list[HistoryEvent] = []
-        for key in reversed(keys):
-            event = self._read(key)
-            if self._ends_supervision(event):
-                break
-            collected.append(event)
-            if event.type == JOB_SUBMITTED and event.data.get("run_id") == self.run_id \
-                    and int(event.data.get("attempt") or 0) <= 1:
-                break  # the first submit of this run: nothing older belongs to it
+    def _scan_backwards(self) -> tuple[RunState, str | None]:
+        """Newest-first until the boundary of this supervision (see module docstring).
+
+        Only run and terminal events can matter, so compacted checkpoint statistics
+        are never read. Returns the state and the cursor for later reads."""
+        found, listing = self.history.newest_until(
+            lambda e: self._ends_supervision(e) or self._first_submit(e),
+            RUN_EVENTS | TERMINAL_EVENTS,
+        )
+        if found and self._ends_supervision(found[-1]):
+            found.pop()
         state = RunState()
-        for event in reversed(collected):
+        for event in reversed(found):
             self._fold_into(state, event)
-        return state
+        return state, listing.newest_key or ""  # "": read, nothing yet
+
+    def _first_submit(self, event: HistoryEvent) -> bool:
+        """The first submit of this run: nothing older belongs to it."""
+        return event.type == JOB_SUBMITTED and event.data.get("run_id") == self.run_id \
+            and int(event.data.get("attempt") or 0) <= 1
 
     def _ends_supervision(self, event: HistoryEvent) -> bool:
         if event.type in TERMINAL_EVENTS:
@@ -169,14 +171,6 @@ class RestartLog:
             state.last_submit_attempt = max(
                 state.last_submit_attempt, int(event.data.get("attempt") or 0)
             )
-
-    def _read(self, key: str) -> HistoryEvent:
-        raw = self.history.storage.get_bytes(key)
-        try:
-            body = json.loads(raw)
-            return HistoryEvent(str(body["type"]), float(body["ts"]), key, body)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise MetadataError(f"history event {key} is unreadable: {exc}") from exc
 
     # ------------------------------------------------------------------ deciding
 

@@ -15,7 +15,6 @@ the ``airflow-ckpt`` CLI; nothing here imports Airflow.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,8 +32,9 @@ from airflow_ckpt.runtime.history import (
     JOB_STARTED,
     JOB_STOPPED,
     HistoryEvent,
+    JobHistory,
 )
-from airflow_ckpt.runtime.layout import JobLayout, parse_checkpoint_dir, validate_job_name
+from airflow_ckpt.runtime.layout import parse_checkpoint_dir, validate_job_name
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 #: The events that change whether a job is running; the newest one decides.
@@ -55,22 +55,11 @@ def describe_event(event: HistoryEvent | None) -> str:
 def last_lifecycle_event(storage: CheckpointStorage, job: str) -> HistoryEvent | None:
     """The newest lifecycle event of ``job`` (see :data:`LIFECYCLE_EVENTS`), or None.
 
-    Reads the history newest first and stops at the first lifecycle event, so a job
-    with a long history of checkpoint events costs one listing plus the events written
-    since it (re)started. An unreadable event raises ``MetadataError`` naming its key.
+    Reads the history newest first (raw tail and ``events`` segments, never the
+    compacted checkpoint statistics) and stops at the first lifecycle event. An
+    unreadable event raises ``MetadataError`` naming its key.
     """
-    layout = JobLayout(job)
-    keys = [i.key for i in storage.list(layout.history_prefix) if i.key.endswith(".json")]
-    for key in reversed(keys):
-        raw = storage.get_bytes(key)
-        try:
-            body = json.loads(raw)
-            event_type, ts = body["type"], float(body["ts"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise MetadataError(f"history event {key} is unreadable: {exc}") from exc
-        if event_type in LIFECYCLE_EVENTS:
-            return HistoryEvent(event_type, ts, key, body)
-    return None
+    return JobHistory(storage, job, compaction=None).last_of(LIFECYCLE_EVENTS)
 
 
 def ensure_job_running(storage: CheckpointStorage, job: str) -> HistoryEvent:

@@ -12,7 +12,9 @@ Chromium loads the pages (``--dump-dom`` after the page has loaded) and the rend
 is checked: the checkpoint rows and their values, the restart/failure events, that
 markup in failure messages stayed text, the nav entry in Airflow's own React UI, and the
 operator extra link the api-server computes for a ``CheckpointedSparkSubmitOperator``
-task instance (followed through its redirect to the job's page). One screenshot is taken.
+task instance (followed through its redirect to the job's page), and the trends of a
+running job (health badges, Flink's checkpoint summary, SVG charts with restarts marked).
+Screenshots are kept in ``tests/e2e/artifacts/`` (gitignored) for a human to look at.
 
 Skipped, with the reason, when no Chromium is found (``make test`` installs it with
 ``apt-get`` when missing; ``$CHROMIUM`` points at another binary).
@@ -44,14 +46,19 @@ from tests.fixtures.checkpoint_history import (
     JOB,
     RUN_ID,
     TASK_ID,
+    TREND_DAG,
+    TREND_JOB,
     Story,
     parse_page,
+    write_lease,
     write_story,
+    write_trend_story,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 STARTUP_TIMEOUT_S = 120
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"  # gitignored: screenshots
 CHROMIUM_TIMEOUT_S = 90
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -92,8 +99,8 @@ class Browser:
         """The DOM after the page loaded (and ran its scripts), serialised."""
         return self.run(url, "--dump-dom", *extra).stdout
 
-    def screenshot(self, url: str, path: Path) -> Path:
-        self.run(url, f"--screenshot={path}", "--window-size=1400,1000", "--hide-scrollbars",
+    def screenshot(self, url: str, path: Path, size: str = "1400,1000") -> Path:
+        self.run(url, f"--screenshot={path}", f"--window-size={size}", "--hide-scrollbars",
                  "--virtual-time-budget=15000")
         return path
 
@@ -155,6 +162,8 @@ def api_server(
     root = tmp_path_factory.mktemp("history_ui")
     storage = open_storage(f"file://{root / 'checkpoints'}")
     story = write_story(storage)
+    # a running job, for the trends and badges; a 60 s interval: stale only after 3 min
+    write_trend_story(storage, time.time(), interval_s=60.0)
     dags = root / "dags"
     dags.mkdir()
     (dags / "history_ui_dag.py").write_text(DAG_FILE)
@@ -232,10 +241,24 @@ def test_job_page_renders_the_checkpoint_history(
     print(f"screenshot: {shot}")
 
 
+def _heartbeat(api_server: ApiServer) -> None:
+    """The running job's driver is alive: its lease heartbeat is fresh."""
+    storage = open_storage(api_server.storage_uri)
+    write_lease(storage, TREND_JOB, heartbeat_ts=time.time())
+    storage.close()
+
+
 def test_jobs_index_and_json(api_server: ApiServer, browser: Browser) -> None:
+    _heartbeat(api_server)
     tables, _ = parse_page(browser.dom(f"{api_server.url}/airflow-ckpt/"))
-    (row,) = tables["jobs"]
-    assert (row.cells["job"], row.cells["id"], row.cells["retained"]) == (JOB, "6", "2")
+    rows = {r.cells["job"]: r.cells for r in tables["jobs"]}
+    assert list(rows) == [TREND_JOB, JOB]
+    row = rows[JOB]
+    assert (row["id"], row["retained"], row["health"], row["dag"]) == ("6", "2", "finished",
+                                                                     DAG_ID)
+    assert rows[TREND_JOB]["health"] == "running"
+    assert rows[TREND_JOB]["age"].endswith(" ago")
+    assert rows[TREND_JOB]["dag"] == TREND_DAG
 
     stats = api_server.get_json(f"/airflow-ckpt/jobs/{JOB}/checkpoints")
     assert stats["counts"]["completed"] == 6
@@ -265,3 +288,28 @@ def test_operator_extra_link_leads_to_the_jobs_history(
     assert link.startswith(f"{api_server.url}/airflow-ckpt/task?"), link
     _, texts = parse_page(browser.dom(link))  # the browser follows the redirect
     assert texts["job-name"] == JOB
+
+
+def test_running_job_shows_trends_and_health(api_server: ApiServer, browser: Browser) -> None:
+    url = f"{api_server.url}/airflow-ckpt/view/{TREND_JOB}"
+    _heartbeat(api_server)
+    dom = browser.dom(url)
+    tables, texts = parse_page(dom)
+    assert texts["job-health"] == "running"
+    assert texts["last-completed-age"].endswith(" ago")
+    summary = {r.attrs["data-field"]: r.cells for r in tables["summary"]}
+    assert set(summary) == {"end_to_end_duration", "checkpointed_size", "state_size"}
+    stats = api_server.get_json(f"/airflow-ckpt/jobs/{TREND_JOB}/checkpoints")["summary"]
+    assert summary["end_to_end_duration"]["p99"] == f"{stats['end_to_end_duration']['p99']} ms"
+    assert summary["state_size"]["max"].endswith("MiB")
+    # inline SVG survived the browser's parsing under the page's CSP (no script, no style)
+    assert dom.count("<svg") == 2 and dom.count("<polyline") == 3, dom[-3000:]
+    assert dom.count('class="marker m-restart"') == 2
+    assert "<b>x</b>" not in dom  # the failure cause stays text in every tooltip
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = browser.screenshot(url, ARTIFACTS / "history-trends.png", size="1400,1300")
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.stat().st_size > 40_000, "the screenshot looks blank"
+    browser.screenshot(f"{api_server.url}/airflow-ckpt/", ARTIFACTS / "history-index.png",
+                       size="1400,400")
+    print(f"screenshots: {ARTIFACTS}")

@@ -163,6 +163,16 @@ def test_list_is_recursive_sorted_and_prefix_filtered(storage: CheckpointStorage
     assert _keys(storage, "a/x/y/z") == ["a/x/y/z"]
 
 
+def test_list_after_continues_where_a_reader_stopped(storage: CheckpointStorage) -> None:
+    for key in ["h/001.json", "h/002.json", "h/003.json", "h/segments/s/x.gz", "i/001"]:
+        storage.put_bytes(key, b"x")
+    assert [i.key for i in storage.list_after("h/", "h/002.json")] == [
+        "h/003.json", "h/segments/s/x.gz"]
+    assert [i.key for i in storage.list_after("h/", "h/000")] == [
+        "h/001.json", "h/002.json", "h/003.json", "h/segments/s/x.gz"]
+    assert storage.list_after("h/", "h/zzz") == []
+
+
 def test_list_dirs(storage: CheckpointStorage) -> None:
     assert storage.list_dirs() == []
     for key in ["job2/chk-1/_metadata", "job1/chk-2/x", "job1/chk-10/x", "job1/shared/s/1",

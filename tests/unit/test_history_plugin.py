@@ -106,9 +106,10 @@ def test_checkpoints_json_has_flink_rest_shape(
     assert latest["restored"]["id"] == 3
     assert latest["restored"]["external_path"].endswith(f"/{JOB}/chk-3")
 
-    sizes = [m.state_size for m in story.manifests.values()]
-    assert body["summary"]["state_size"] == {
-        "min": min(sizes), "max": max(sizes), "avg": round(sum(sizes) / len(sizes))}
+    sizes = sorted(m.state_size for m in story.manifests.values())
+    assert body["summary"]["state_size"] == {  # Flink's summary, nearest-rank percentiles
+        "min": min(sizes), "max": max(sizes), "avg": round(sum(sizes) / len(sizes)),
+        "p50": sizes[2], "p99": sizes[5], "count": 6}
     assert body["history_window"] == {"events_read": 15, "events_total": 15,
                                       "truncated": False}
     assert body["errors"] == []
@@ -177,7 +178,7 @@ def test_unreadable_event_and_manifest_are_reported_not_skipped(
 
 
 def test_storage_failure_is_502(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    def down(_: CheckpointStorage) -> list[dict[str, object]]:
+    def down(*_: object, **__: object) -> list[dict[str, object]]:
         raise EndpointUnreachableError("cannot reach http://127.0.0.1:1")
 
     monkeypatch.setattr(overview, "jobs_overview", down)

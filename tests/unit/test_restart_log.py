@@ -179,7 +179,8 @@ def test_backward_scan_stops_at_first_submit(
         return original(key)
 
     monkeypatch.setattr(history.storage, "get_bytes", counting)
-    log = RestartLog(history, FIXED, "r")
+    # a reader of its own (the writer remembers what it wrote and would read nothing)
+    log = RestartLog(JobHistory(history.storage, "job-a", compaction=None), FIXED, "r")
     assert log.last_submit_attempt() == 1
     assert len(reads) == 2  # not the 20 older events
     reads.clear()

@@ -56,6 +56,15 @@ class CheckpointStorage(ABC):
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose key starts with ``prefix`` (recursive), sorted by key."""
 
+    def list_after(self, prefix: str, start_after: str) -> builtins.list[ObjectInfo]:
+        """Like :meth:`list`, but only keys sorting after ``start_after`` (S3 ``StartAfter``).
+
+        Lets an incremental reader of an append-only prefix continue where it stopped
+        without listing what it has seen. This default filters a full listing; backends
+        that can skip server side override it.
+        """
+        return [info for info in self.list(prefix) if info.key > start_after]
+
     @abstractmethod
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """The immediate "sub-directories" under ``prefix``: names without ``/``, sorted."""

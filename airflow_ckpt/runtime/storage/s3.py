@@ -570,10 +570,14 @@ class S3Storage(CheckpointStorage):
         finally:
             tmp.unlink(missing_ok=True)
 
-    def _pages(self, prefix: str, delimiter: str | None = None) -> Iterator[dict[str, Any]]:
+    def _pages(
+        self, prefix: str, delimiter: str | None = None, start_after: str | None = None
+    ) -> Iterator[dict[str, Any]]:
         params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._root + prefix}
         if delimiter:
             params["Delimiter"] = delimiter
+        if start_after:
+            params["StartAfter"] = self._root + start_after
         paginator = self._client.get_paginator("list_objects_v2")
         with self._errors("list", prefix):
             for page in paginator.paginate(**params):
@@ -599,11 +603,18 @@ class S3Storage(CheckpointStorage):
 
         Probe objects of the conditional-write check are not listed.
         """
+        return self._list(prefix, None)
+
+    def list_after(self, prefix: str, start_after: str) -> builtins.list[ObjectInfo]:
+        """Keys under ``prefix`` after ``start_after``: ListObjectsV2 ``StartAfter``."""
+        return self._list(prefix, start_after)
+
+    def _list(self, prefix: str, start_after: str | None) -> builtins.list[ObjectInfo]:
         check_prefix(prefix)
         cut = len(self._root)
         out = [
             ObjectInfo(item["Key"][cut:], int(item["Size"]), item["LastModified"].timestamp())
-            for page in self._pages(prefix)
+            for page in self._pages(prefix, start_after=start_after)
             for item in page.get("Contents", [])
             if not item["Key"][cut:].startswith(PROBE_PREFIX)
         ]
