@@ -28,7 +28,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -71,7 +71,7 @@ def human_ms(ms: int) -> str:
 
 
 def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def table(rows: Sequence[Sequence[object]], header: Sequence[str], out: TextIO) -> None:
