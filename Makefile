@@ -49,10 +49,12 @@ unit: venv
 UNIT_PYTHONS ?= 3.10 3.11 3.12 3.13
 unit-matrix:
 	@status=0; for v in $(UNIT_PYTHONS); do \
-	  if ! command -v python$$v >/dev/null 2>&1 || ! python$$v -c '' 2>/dev/null; then \
+	  py=python$$v; $$py -c '' 2>/dev/null \
+	    || py=$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.*/bin/python$$v 2>/dev/null | tail -1); \
+	  if [ -z "$$py" ] || ! $$py -c '' 2>/dev/null; then \
 	    echo "== python$$v: not installed, skipped"; continue; fi; \
-	  echo "== python$$v"; \
-	  $(MAKE) --no-print-directory PYTHON=python$$v VENV=.venv-$$v venv >/dev/null || { status=1; continue; }; \
+	  echo "== python$$v ($$py)"; \
+	  $(MAKE) --no-print-directory PYTHON=$$py VENV=.venv-$$v venv >/dev/null || { status=1; continue; }; \
 	  .venv-$$v/bin/pytest -q -p no:cacheprovider tests/unit || status=1; \
 	done; exit $$status
 
