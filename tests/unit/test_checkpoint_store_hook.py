@@ -147,3 +147,21 @@ def test_missing_connection_warns_and_hands_over_nothing(
 def test_file_storage_needs_no_connection() -> None:
     hook = CheckpointStoreHook("file:///tmp/x", conn_id="no_such_conn")
     assert hook.job_env() == {} and hook.job_conf() == {} and hook.storage_options() == {}
+
+
+def test_resolved_secrets_are_masked_in_airflow_task_logs(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Spark hook's own log mask misses AWS_SESSION_TOKEN; Airflow's secrets masker
+    (which redacts every task-log line, spark-submit's output included) gets the values
+    as soon as the hook resolves them."""
+    from airflow.sdk._shared.secrets_masker.secrets_masker import redact
+
+    token = "FwoGZXIvYXdzEXAMPLESESSIONTOKEN"
+    set_conn(monkeypatch, "ckpt_mask", login="ASIAEXAMPLEMASK", password="secret-to-mask-1",
+             extra={"aws_session_token": token})
+    assert token in str(redact(f"env AWS_SESSION_TOKEN={token}x"))  # not yet known
+    CheckpointStoreHook("s3://bucket/prefix", conn_id="ckpt_mask").job_env()
+    line = f"spark-submit env: AWS_SESSION_TOKEN={token} secret secret-to-mask-1"
+    masked = str(redact(line))
+    assert token not in masked and "secret-to-mask-1" not in masked
