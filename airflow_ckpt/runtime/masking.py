@@ -77,19 +77,33 @@ def mask_secrets(text: str, secrets: Iterable[str | None] = (),
     ``environ`` (default ``os.environ``)."""
     if not text:
         return text
-    extra = [s for s in secrets if s and len(s) >= MIN_SECRET_LENGTH]
-    for value in sorted({*extra, *secret_values(environ)}, key=len, reverse=True):
+    return _mask(text, _known(secrets, environ))
+
+
+def mask_value(value: Any, secrets: Iterable[str | None] = (),
+               environ: Mapping[str, str] | None = None) -> Any:
+    """:func:`mask_secrets` applied to every string inside a JSON-like value (mappings
+    become dicts, tuples lists)."""
+    known = _known(secrets, environ)
+
+    def walk(item: Any) -> Any:
+        if isinstance(item, str):
+            return _mask(item, known)
+        if isinstance(item, Mapping):
+            return {k: walk(v) for k, v in item.items()}
+        if isinstance(item, list | tuple):
+            return [walk(v) for v in item]
+        return item
+
+    return walk(value)
+
+
+def _known(secrets: Iterable[str | None], environ: Mapping[str, str] | None) -> list[str]:
+    extra = {s for s in secrets if s and len(s) >= MIN_SECRET_LENGTH}
+    return sorted(extra.union(secret_values(environ)), key=len, reverse=True)
+
+
+def _mask(text: str, known: list[str]) -> str:
+    for value in known:
         text = text.replace(value, MASK)
     return _ASSIGNMENT.sub(lambda m: f"{m['name']}{m['sep']}{MASK}", text)
-
-
-def mask_value(value: Any, secrets: Iterable[str | None] = ()) -> Any:
-    """:func:`mask_secrets` applied to every string inside a JSON-like value."""
-    secrets = list(secrets)
-    if isinstance(value, str):
-        return mask_secrets(value, secrets)
-    if isinstance(value, Mapping):
-        return {k: mask_value(v, secrets) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [mask_value(v, secrets) for v in value]
-    return value
