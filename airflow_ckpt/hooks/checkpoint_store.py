@@ -148,13 +148,12 @@ class CheckpointStoreHook(BaseHook):
         """Without the Amazon provider: login/password/extras, refusing what needs it."""
         try:
             conn = self.get_connection(conn_id)
-        except Exception as exc:  # AirflowNotFoundException (its module varies by version)
-            if type(exc).__name__ != "AirflowNotFoundException":
-                raise
+        except Exception as exc:  # AirflowNotFoundException; its module and, outside a
+            # task (api-server, CLI), the error itself vary by Airflow version
             self.log.warning(
-                "connection %r not found: using this machine's AWS environment for the "
+                "connection %r not found (%s): using this machine's AWS environment for the "
                 "storage; the Spark driver gets no credentials and must find its own",
-                conn_id)
+                conn_id, type(exc).__name__)
             return StoreSettings()
         extra = conn.extra_dejson or {}
         needs = sorted(k for k in _NEEDS_AMAZON if extra.get(k))
