@@ -6,19 +6,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint unit demo bench clean chromium crash-points
+.PHONY: venv test lint unit unit-matrix demo bench clean chromium crash-points
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@bash scripts/check_java.sh
-	@command -v $(PYTHON) >/dev/null || { echo "ERROR: $(PYTHON) not found (Python 3.11 is required)" >&2; exit 1; }
+	@command -v $(PYTHON) >/dev/null || { echo "ERROR: $(PYTHON) not found (Python 3.10-3.13 is required; PYTHON=python3.12 make ... picks another)" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q -e '.[dev]'
-	@# pyspark-client (from the Spark provider) and pyspark share the `pyspark` package;
-	@# reinstall the full pyspark last so its Python files match its jars.
-	$(PY) -m pip install -q --force-reinstall --no-deps "pyspark==$$($(PY) -c 'import importlib.metadata as m; print(m.version("pyspark"))')"
+	@# no reinstall step: the `spark` extra pins pyspark and pyspark-client to the same
+	@# version, whose shared files are identical; this checks the tree is whole.
+	$(PY) -c 'from airflow_ckpt.runtime.spark_features import check_pyspark_install as c; c()'
 	touch $(STAMP)
 
 lint: venv
@@ -47,6 +47,20 @@ unit: venv
 # explores every 7th); prints the number of crash points explored.
 crash-points: venv
 	$(PY) -m airflow_ckpt.testing.crashpoints
+# The unit tests under every Python that Airflow 3 supports and this package accepts
+# (3.10-3.13), each in its own .venv-<version>; a version that is not installed is skipped
+# with a message. UNIT_PYTHONS=3.12 make unit-matrix runs one.
+UNIT_PYTHONS ?= 3.10 3.11 3.12 3.13
+unit-matrix:
+	@status=0; for v in $(UNIT_PYTHONS); do \
+	  py=python$$v; $$py -c '' 2>/dev/null \
+	    || py=$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.*/bin/python$$v 2>/dev/null | tail -1); \
+	  if [ -z "$$py" ] || ! $$py -c '' 2>/dev/null; then \
+	    echo "== python$$v: not installed, skipped"; continue; fi; \
+	  echo "== python$$v ($$py)"; \
+	  $(MAKE) --no-print-directory PYTHON=$$py VENV=.venv-$$v venv >/dev/null || { status=1; continue; }; \
+	  .venv-$$v/bin/pytest -q -p no:cacheprovider tests/unit || status=1; \
+	done; exit $$status
 
 demo: venv
 	$(PY) -m airflow_ckpt.demo
@@ -55,4 +69,4 @@ bench: venv
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .venv-3.* .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -9,14 +9,18 @@
     airflow-ckpt --storage ... history <job> [--type T] [--limit N] [--json]
     airflow-ckpt --storage ... dispose <savepoint path> [--yes] [--force]
     airflow-ckpt --storage ... state <savepoint path> [--json]   # needs pyspark
+    airflow-ckpt --version
 
-The storage is ``--storage`` or ``$AIRFLOW_CKPT_STORAGE``; the S3 endpoint and region come
-from ``--endpoint-url`` / ``--region`` or the standard AWS environment
-(``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``, credentials from ``AWS_ACCESS_KEY_ID`` /
-``AWS_SECRET_ACCESS_KEY``, profiles, instance roles). Nothing here imports Airflow;
-pyspark is imported only by ``state``.
+Every listing takes ``-o table|json|yaml`` (``--output``, as Airflow's CLI; ``--json`` is
+``-o json``). The storage is ``--storage`` or ``$AIRFLOW_CKPT_STORAGE``. Credentials,
+endpoint and region come from ``--conn-id <aws connection>`` (resolved by Airflow, with the
+Amazon provider's semantics when it is installed) or else from ``--endpoint-url`` /
+``--region`` and the standard AWS environment (``AWS_ENDPOINT_URL``,
+``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, profiles,
+instance roles). Airflow is imported only for ``--conn-id``; pyspark only by ``state``.
 
-Exit codes: 0 success, 1 an operation failed (message on stderr), 2 bad arguments.
+Exit codes: 0 success, 1 an operation failed (message on stderr; also a ``file://`` root
+that does not exist), 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from airflow_ckpt.errors import AirflowCkptError
+from airflow_ckpt import __version__
+from airflow_ckpt.errors import AirflowCkptError, StorageAccessDeniedError
 from airflow_ckpt.runtime.catalog import CheckpointCatalog, CompletedRef
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.layout import JobLayout
@@ -45,6 +50,7 @@ from airflow_ckpt.runtime.savepoints import (
     resolve_snapshot,
 )
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.runtime.storage.factory import parse_storage_uri
 
 STORAGE_ENV = "AIRFLOW_CKPT_STORAGE"
 
@@ -71,7 +77,7 @@ def human_ms(ms: int) -> str:
 
 
 def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def table(rows: Sequence[Sequence[object]], header: Sequence[str], out: TextIO) -> None:
@@ -107,8 +113,24 @@ SNAPSHOT_HEADER = ("id", "kind", "trigger", "batch", "completed (UTC)", "state s
                    "uploaded", "end-to-end", "start delay", "sync", "async", "files")
 
 
-def _print_json(obj: Any, out: TextIO) -> None:
+OUTPUTS = ("table", "json", "yaml")
+
+
+def _print_json(obj: Any, out: TextIO, output: str = "json") -> None:
+    """Print ``obj`` as JSON or YAML (``-o json|yaml``)."""
+    if output == "yaml":
+        try:
+            import yaml
+        except ImportError as exc:  # pragma: no cover - PyYAML comes with Airflow
+            raise CliError("-o yaml needs PyYAML: pip install pyyaml") from exc
+        plain = json.loads(json.dumps(obj, default=str))
+        out.write(yaml.safe_dump(plain, sort_keys=True, default_flow_style=False))
+        return
     out.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def _structured(args: argparse.Namespace) -> bool:
+    return bool(args.output != "table")
 
 
 # --------------------------------------------------------------------------- commands
@@ -131,8 +153,8 @@ def cmd_jobs(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) 
             "status": event.type if event else None,
             "status_since": iso(event.ts) if event else None,
         })
-    if args.json:
-        _print_json(rows, out)
+    if _structured(args):
+        _print_json(rows, out, args.output)
     elif not rows:
         out.write(f"no jobs in {storage.uri}\n")
     else:
@@ -144,9 +166,9 @@ def cmd_jobs(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) 
 
 def _list_snapshots(manifests: list[Manifest], what: str, job: str, args: argparse.Namespace,
                     out: TextIO) -> int:
-    if args.json:
+    if _structured(args):
         _print_json([{**m.history_entry(), "completed_ts": m.timings.completed_ts,
-                      "files": len(m.files)} for m in manifests], out)
+                      "files": len(m.files)} for m in manifests], out, args.output)
     elif not manifests:
         out.write(f"job {job!r} has no completed {what}\n")
     else:
@@ -172,9 +194,9 @@ def _read(storage: CheckpointStorage, ref: CompletedRef) -> tuple[CheckpointCata
 def cmd_describe(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:
     ref = resolve_snapshot(storage, args.path, args.job)
     catalog, m = _read(storage, ref)
-    if args.json:
+    if _structured(args):
         _print_json({"uri": catalog.uri_of(ref), "stats": m.history_entry(),
-                     "manifest": asdict(m)}, out)
+                     "manifest": asdict(m)}, out, args.output)
         return 0
     t = m.timings
     shared = [f for f in m.files if f.shared]
@@ -217,8 +239,8 @@ def cmd_history(storage: CheckpointStorage, args: argparse.Namespace, out: TextI
     events = JobHistory(storage, args.job).events(args.type or None)
     if args.limit:
         events = events[-args.limit:]
-    if args.json:
-        _print_json([e.data for e in events], out)
+    if _structured(args):
+        _print_json([e.data for e in events], out, args.output)
         return 0
     if not events:
         out.write(f"job {args.job!r} has no history events\n")
@@ -324,9 +346,9 @@ def cmd_state(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO)
         target = Path(args.keep) if args.keep else Path(tmp) / "checkpoint"
         materialize(storage, manifest, JobLayout(ref.job).root, target)
         stores = summarize_state(target, manifest)
-    if args.json:
+    if _structured(args):
         _print_json({"uri": catalog.uri_of(ref), "batch_id": manifest.batch_id,
-                     "stores": stores}, out)
+                     "stores": stores}, out, args.output)
         return 0
     out.write(f"{catalog.uri_of(ref)} (batch {manifest.batch_id})\n")
     if not stores:
@@ -353,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="airflow-ckpt",
         description="Inspect and administer airflow-ckpt checkpoint storage.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--storage", default=os.environ.get(STORAGE_ENV),
                         help=f"storage root, s3://bucket/prefix or file:///path "
                              f"(default: ${STORAGE_ENV})")
@@ -360,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL / AWS)")
     parser.add_argument("--region", default=None,
                         help="S3 region (default: $AWS_DEFAULT_REGION / AWS config)")
+    parser.add_argument("--conn-id", default=None, metavar="CONN_ID",
+                        help="take credentials, endpoint and region from this Airflow aws "
+                             "connection (needs Airflow; --endpoint-url/--region override)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
 
     def add(name: str, func: Command, help_text: str) -> argparse.ArgumentParser:
@@ -367,23 +393,29 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
+    def add_output(p: argparse.ArgumentParser, json_help: str = "same as -o json") -> None:
+        p.add_argument("-o", "--output", choices=OUTPUTS, default="table",
+                       help="output format (default: table)")
+        p.add_argument("--json", action="store_const", dest="output", const="json",
+                       help=json_help)
+
     p = add("jobs", cmd_jobs, "list the jobs in the storage")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_output(p, "print JSON")
     for name, func, what in (("checkpoints", cmd_checkpoints, "retained checkpoints"),
                              ("savepoints", cmd_savepoints, "savepoints")):
         p = add(name, func, f"list a job's completed {what} with their stats")
         p.add_argument("job")
-        p.add_argument("--json", action="store_true", help="print the Flink-style stats as JSON")
+        add_output(p, "print the Flink-style stats as JSON")
     p = add("describe", cmd_describe, "show one checkpoint's or savepoint's manifest stats")
     p.add_argument("path", help="full URI, <job>/chk-<n>, <job>/savepoints/sp-<id>; or with "
                                 "--job: <n>, chk-<n>, sp-<id>")
     p.add_argument("--job", help="the job, when PATH is short")
-    p.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
+    add_output(p, "print the whole manifest as JSON")
     p = add("history", cmd_history, "show a job's history events")
     p.add_argument("job")
     p.add_argument("--type", action="append", help="only events of this type (repeatable)")
     p.add_argument("--limit", type=int, default=0, help="only the newest N events")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_output(p, "print JSON")
     p = add("dispose", cmd_dispose, "delete a savepoint (never a checkpoint)")
     p.add_argument("path", help="the savepoint: full URI or <job>/savepoints/sp-<id>")
     p.add_argument("--job", help="the job, when PATH is short (sp-<id>)")
@@ -396,13 +428,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job", help="the job, when PATH is short (sp-<id>)")
     p.add_argument("--keep", metavar="DIR",
                    help="materialise into DIR and keep it (default: a temporary directory)")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_output(p, "print JSON")
     return parser
 
 
+def connection_options(storage_uri: str, conn_id: str) -> dict[str, Any]:
+    """Storage options from an Airflow ``aws`` connection (imports Airflow)."""
+    try:
+        from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+    except ImportError as exc:
+        raise CliError(f"--conn-id needs Apache Airflow installed ({exc})") from exc
+    return CheckpointStoreHook(storage_uri, conn_id).storage_options()
+
+
 def open_cli_storage(args: argparse.Namespace) -> CheckpointStorage:
-    options = {"endpoint_url": args.endpoint_url, "region_name": args.region}
-    return open_storage(args.storage, **{k: v for k, v in options.items() if v})
+    parsed = parse_storage_uri(args.storage)
+    if parsed.scheme == "file" and not Path(str(parsed.path)).is_dir():
+        raise CliError(f"storage root {parsed.uri} does not exist (or is not a directory)")
+    options: dict[str, Any] = {}
+    if args.conn_id and parsed.scheme == "s3":
+        options.update(connection_options(args.storage, args.conn_id))
+    overrides = {"endpoint_url": args.endpoint_url, "region_name": args.region}
+    options.update({k: v for k, v in overrides.items() if v})
+    return open_storage(args.storage, **options)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -421,6 +469,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             return code
         finally:
             storage.close()
+    except StorageAccessDeniedError as exc:
+        hint = "" if args.conn_id else (
+            "\nairflow-ckpt: hint: --conn-id <aws connection> uses an Airflow connection's "
+            "credentials; otherwise set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE")
+        sys.stderr.write(f"airflow-ckpt: error: {exc}{hint}\n")
+        return 1
     except AirflowCkptError as exc:
         sys.stderr.write(f"airflow-ckpt: error: {exc}\n")
         return 1

@@ -15,6 +15,43 @@ from airflow_ckpt import __version__
 
 INTEGRATION = "Checkpointed Spark Structured Streaming"
 
+#: The ``[airflow_ckpt]`` section (read by the UI plugin). Declared here so that
+#: ``airflow config list`` / ``airflow config get-value`` know the options and defaults.
+CONFIG: dict[str, Any] = {
+    "airflow_ckpt": {
+        "description": "airflow-ckpt: where the checkpoint history pages read from.",
+        "options": {
+            "storage_uri": {
+                "description": (
+                    "Checkpoint storage root the UI plugin reads, s3://bucket/prefix or "
+                    "file:///path. Empty: $AIRFLOW_CKPT_STORAGE."
+                ),
+                "version_added": "0.1.0",
+                "type": "string",
+                "example": "s3://my-bucket/checkpoints",
+                "default": "",
+            },
+            "storage_conn_id": {
+                "description": (
+                    "aws-type connection for the storage (Amazon provider semantics when it "
+                    "is installed). Empty: the api-server's own AWS environment."
+                ),
+                "version_added": "0.1.0",
+                "type": "string",
+                "example": "aws_default",
+                "default": "aws_default",
+            },
+            "history_limit": {
+                "description": "Newest history events read per job page or JSON request.",
+                "version_added": "0.1.0",
+                "type": "integer",
+                "example": "1000",
+                "default": "1000",
+            },
+        },
+    },
+}
+
 
 def get_provider_info() -> dict[str, Any]:
     """The provider-info dict (schema: ``airflow/provider_info.schema.json``)."""
@@ -54,6 +91,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_ckpt.sensors.checkpoint"],
             }
         ],
+        "config": CONFIG,
         "triggers": [
             {
                 "integration-name": INTEGRATION,

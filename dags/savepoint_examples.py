@@ -61,6 +61,7 @@ with DAG(
 ):
     savepoint = TriggerSavepointOperator(
         task_id="savepoint",
+        deferrable=True,  # explicit: the default follows [operators] default_deferrable
         job_name="{{ params.job_name }}",
         checkpoint_storage="{{ params.storage }}",
         storage_conn_id=CONN_ID,
@@ -175,6 +176,7 @@ with DAG(
 ):
     CheckpointSensor(
         task_id="next_checkpoint",
+        deferrable=True,  # explicit: the default follows [operators] default_deferrable
         job_name="{{ params.job_name }}",
         checkpoint_storage="{{ params.storage }}",
         storage_conn_id=CONN_ID,

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import BaseOperator, Context, conf
 
 from airflow_ckpt.durations import parse_duration
 from airflow_ckpt.errors import SavepointError
@@ -96,7 +96,7 @@ class TriggerSavepointOperator(BaseOperator):
         stop: bool | str = False,
         timeout: float | str | timedelta = 600.0,
         savepoint_id: str | None = None,
-        deferrable: bool = True,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float = 2.0,
         wait_for_completion: bool = True,
         **kwargs: Any,

@@ -26,7 +26,7 @@ storage reads in its thread pool.
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -99,7 +99,7 @@ class _Stores:
 def _ms_time(ms: Any) -> str:
     if not isinstance(ms, int | float):
         return ""
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _s_time(ts: Any) -> str:

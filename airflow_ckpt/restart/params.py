@@ -120,7 +120,7 @@ class OptionSpec:
         try:
             return parser(value)
         except ValueError:
-            raise ValueError(f"expected {self.allowed()}, got {value!r}") from None
+            raise ValueError(f"{value_problem(self)}, got {value!r}") from None
 
     def _parse_int(self, value: Any) -> int:
         if self.infinite and isinstance(value, str) and value.strip().lower() == INFINITE:
@@ -295,6 +295,24 @@ def _unknown_key_problem(key: str, strategy: str | None) -> str:
     return text
 
 
+def type_problem() -> str:
+    """What a bad ``type`` is told (the parser adds ``, got <value>``; the schema uses it
+    as is): one text for the trigger form and the operator."""
+    return f"expected one of {', '.join(TYPE_ALIASES)} (any case)"
+
+
+def value_problem(spec: OptionSpec) -> str:
+    """What a bad value of ``spec`` is told (the parser adds ``, got <value>``)."""
+    return f"expected {spec.allowed()}"
+
+
+def foreign_option_problem(spec: OptionSpec, strategy: str, type_given: bool) -> str:
+    """What an option of another strategy type is told."""
+    how = f"type is {strategy}" if type_given else f"type is not set (defaults to {DEFAULT_TYPE})"
+    return (f"is an option of the {spec.strategy} strategy, but {how}; "
+            f"remove it or set type: {spec.strategy}")
+
+
 def parse_restart_params(params: Mapping[str, Any] | None) -> StrategyOptions:
     """Validate ``params`` into the frozen options of one strategy type.
 
@@ -334,8 +352,7 @@ def parse_restart_params(params: Mapping[str, Any] | None) -> StrategyOptions:
         type_key, raw_type = given.pop(TYPE_KEY)
         resolved = TYPE_ALIASES.get(raw_type.strip().lower()) if isinstance(raw_type, str) else None
         if resolved is None:
-            allowed = ", ".join(TYPE_ALIASES)
-            problems.setdefault(type_key, f"expected one of {allowed} (any case), got {raw_type!r}")
+            problems.setdefault(type_key, f"{type_problem()}, got {raw_type!r}")
             strategy = None
         else:
             strategy = resolved
@@ -349,16 +366,7 @@ def parse_restart_params(params: Mapping[str, Any] | None) -> StrategyOptions:
     for canonical, (key, raw) in given.items():
         spec = OPTION_SPECS[canonical]
         if strategy is not None and spec.strategy != strategy:
-            how = (
-                f"type is {strategy}"
-                if type_given
-                else f"type is not set (defaults to {DEFAULT_TYPE})"
-            )
-            problems.setdefault(
-                key,
-                f"is an option of the {spec.strategy} strategy, but {how}; "
-                f"remove it or set type: {spec.strategy}",
-            )
+            problems.setdefault(key, foreign_option_problem(spec, strategy, type_given))
             continue
         try:
             values[spec.field] = (key, spec.parse(raw))

@@ -5,8 +5,19 @@ the trigger form rejects bad
 params before a run starts. It checks key names (both spellings), value shapes,
 numeric ranges and that only the chosen type's options appear.
 :func:`~airflow_ckpt.restart.params.parse_restart_params` stays authoritative:
-ranges of duration *strings*, ``initial-backoff <= max-backoff`` and upper-case
-type spellings are checked there only.
+ranges of duration *strings* and ``initial-backoff <= max-backoff`` are checked there only.
+
+Messages. Airflow validates params with plain ``jsonschema`` and shows the best error's
+message, which for ``anyOf``/``type`` rules reads ``'fixd-delay' is not valid under any of
+the given schemas`` or ``'1 s' is not of type 'null'``. So every rule here that can fail
+is written as ``{"if": <accepted>, "else": {"not": {"$comment": <explanation>}}}``: the
+failing ``not`` prints its schema, i.e. the explanation, which is the parser's own text
+(:func:`~airflow_ckpt.restart.params.type_problem`, ``value_problem``,
+``foreign_option_problem``), from the same :data:`OPTION_SPECS`. The form then says e.g.
+``'1 s' should not be valid under {'$comment': "fixed-delay.delay: is an option of the
+fixed-delay strategy, but type is exponential-delay; remove it or set type:
+fixed-delay"}``. Unknown keys keep ``additionalProperties: false``, whose message names
+the key.
 """
 
 from __future__ import annotations
@@ -25,7 +36,10 @@ from airflow_ckpt.restart.params import (
     TYPE_ALIASES,
     TYPE_KEYS,
     OptionSpec,
+    foreign_option_problem,
     options_of,
+    type_problem,
+    value_problem,
 )
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -39,6 +53,11 @@ def _duration_pattern() -> str:
     units = sorted(_UNITS, key=len, reverse=True)
     alternatives = "|".join(_case_insensitive(unit) for unit in units)
     return rf"^\s*\d+(\.\d+)?\s*({alternatives})?\s*$"
+
+
+def explained(accepted: dict[str, Any], key: str, problem: str) -> dict[str, Any]:
+    """``accepted``, failing with ``problem`` as the message (see the module docstring)."""
+    return {"if": accepted, "else": {"not": {"$comment": f"{key}: {problem}"}}}
 
 
 def _value_schema(spec: OptionSpec) -> dict[str, Any]:
@@ -63,15 +82,26 @@ def _value_schema(spec: OptionSpec) -> dict[str, Any]:
         "description": f"{spec.description} Only with type {spec.strategy}. "
         f"Allowed: {spec.allowed()}.",
         "default": spec.default,
-        "anyOf": alternatives,
+        **explained({"anyOf": alternatives}, spec.key, value_problem(spec)),
     }
 
 
 def _type_is(names: list[str]) -> dict[str, Any]:
-    """Schema: some type key is present and its value is one of ``names``."""
+    """Schema: some type key is present and its value is one of ``names`` (any case)."""
+    pattern = "^(" + "|".join(_case_insensitive(n) for n in names) + ")$"
     return {
-        "anyOf": [{"required": [key], "properties": {key: {"enum": names}}} for key in TYPE_KEYS]
+        "anyOf": [
+            {"required": [key], "properties": {key: {"type": "string", "pattern": pattern}}}
+            for key in TYPE_KEYS
+        ]
     }
+
+
+def _foreign(name: str, strategy: str, type_given: bool) -> dict[str, Any]:
+    """Schema of option ``name`` (any spelling) when the type is ``strategy``: null only."""
+    spec = OPTION_SPECS[name.removeprefix(PREFIX)]
+    return explained({"type": "null"}, spec.key,
+                     foreign_option_problem(spec, strategy, type_given))
 
 
 def _all_names(keys: list[str]) -> list[str]:
@@ -88,7 +118,11 @@ def restart_params_json_schema() -> dict[str, Any]:
         "description": "Restart strategy. Default: exponential-delay (Flink 2.x's default "
         "with checkpointing).",
         "default": DEFAULT_TYPE,
-        "anyOf": [{"enum": list(TYPE_ALIASES)}, {"type": "null"}],
+        **explained({"anyOf": [
+            {"type": "string",
+             "pattern": "^(" + "|".join(_case_insensitive(t) for t in TYPE_ALIASES) + ")$"},
+            {"type": "null"},
+        ]}, "type", type_problem()),
     }
     properties: dict[str, Any] = {key: type_schema for key in TYPE_KEYS}
     for spec in OPTION_SPECS.values():
@@ -100,9 +134,10 @@ def restart_params_json_schema() -> dict[str, Any]:
     for strategy in STRATEGY_TYPES:
         allowed_names = _all_names(options_of(strategy))
         # Options of other strategies may appear only with a null value.
-        others = [name for name in properties if name not in allowed_names]
+        others = [name for name in properties
+                  if name not in allowed_names and name not in TYPE_KEYS]
         forbid_others = {
-            "properties": {name: {"type": "null"} for name in others},
+            "properties": {name: _foreign(name, strategy, True) for name in others},
         }
         aliases = [alias for alias, canonical in TYPE_ALIASES.items() if canonical == strategy]
         rules.append({"if": _type_is(aliases), "then": forbid_others})
@@ -120,7 +155,8 @@ def restart_params_json_schema() -> dict[str, Any]:
             "if": no_type,
             "then": {
                 "properties": {
-                    name: {"type": "null"} for name in properties if name not in exp_names
+                    name: _foreign(name, EXPONENTIAL_DELAY, False)
+                    for name in properties if name not in exp_names and name not in TYPE_KEYS
                 }
             },
         }

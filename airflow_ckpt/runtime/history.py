@@ -45,6 +45,7 @@ from typing import Any
 
 from airflow_ckpt.errors import MetadataError, ObjectAlreadyExistsError, ObjectNotFoundError
 from airflow_ckpt.runtime.layout import JobLayout
+from airflow_ckpt.runtime.masking import mask_value
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 # Event types. Payload fields are documented in docs/storage-layout.md.
@@ -267,7 +268,7 @@ class JobHistory:
         while True:
             now = time.time()
             key = self.layout.history_event(_next_ms(now), uuid.uuid4().hex[:12])
-            body = {"type": event_type, "ts": now, "job": self.layout.job, **data}
+            body = {"type": event_type, "ts": now, "job": self.layout.job, **mask_value(data)}
             try:
                 self.storage.put_bytes(key, json.dumps(body, default=str).encode(),
                                        create_only=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 from airflow_ckpt.errors import (
     MetadataError,
@@ -42,7 +42,7 @@ LIFECYCLE_EVENTS = frozenset({JOB_STARTED, JOB_FINISHED, JOB_STOPPED, JOB_FAILED
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
 
 
 def describe_event(event: HistoryEvent | None) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
+from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
 from airflow_ckpt.durations import parse_duration
@@ -93,7 +93,7 @@ class CheckpointSensor(BaseSensorOperator):
         min_checkpoint_id: int | str | None = None,
         request_id: str | None = None,
         max_checkpoint_age: float | str | timedelta | None = None,
-        deferrable: bool = True,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poke_interval: float | timedelta = 5.0,
         **kwargs: Any,
     ) -> None:

@@ -35,3 +35,12 @@ def test_airflow_providers_list_shows_the_provider(airflow_env: AirflowEnv) -> N
 def test_airflow_plugins_lists_the_history_view(airflow_env: AirflowEnv) -> None:
     plugins = json.loads(airflow(airflow_env, "plugins", "--output", "json"))
     assert any(p["name"] == "airflow_ckpt" for p in plugins), plugins
+
+
+def test_airflow_config_knows_the_airflow_ckpt_options(airflow_env: AirflowEnv) -> None:
+    """The provider's ``config`` section reaches ``airflow config`` (defaults included)."""
+    listed = airflow(airflow_env, "config", "list", "--section", "airflow_ckpt", "--defaults")
+    for option in ("storage_uri", "storage_conn_id", "history_limit"):
+        assert option in listed, listed
+    value = airflow(airflow_env, "config", "get-value", "airflow_ckpt", "history_limit")
+    assert value.strip() == "1000"

@@ -13,6 +13,7 @@ from airflow_ckpt.cli import STORAGE_ENV, human_bytes, main
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.history import CHECKPOINT_COMPLETED, JOB_STARTED, JobHistory
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.testing import S3Endpoint
 from tests.fixtures.snapshots import write_snapshot
 
 JOB = "orders"
@@ -214,3 +215,70 @@ def test_spark_error_picks_the_informative_line() -> None:
     assert spark_error(wrapped).startswith("org.apache.spark.SparkException: [CANNOT_LOAD")
     assert spark_error(ValueError("[STATE_STORE_X] bad")) == "[STATE_STORE_X] bad"
     assert spark_error(ValueError("plain")) == "plain"
+
+
+# ------------------------------------------------------------------ conventions (issue 11)
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from airflow_ckpt import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"airflow-ckpt {__version__}"
+
+
+def test_missing_file_root_is_a_clear_error(tmp_path: object,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    missing = f"{tmp_path}/nowhere"
+    code, out = run("--storage", f"file://{missing}", "jobs")
+    assert code == 1 and out == ""
+    assert f"storage root file://{missing} does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [("-o", "json"), ("--output", "json"), ("--json",)])
+def test_output_json_spellings(store: CheckpointStorage, argv: tuple[str, ...]) -> None:
+    code, out = run("--storage", store.uri, "checkpoints", JOB, *argv)
+    assert code == 0 and [s["id"] for s in json.loads(out)] == [1, 2, 3]
+
+
+def test_output_yaml(store: CheckpointStorage) -> None:
+    import yaml
+
+    code, out = run("--storage", store.uri, "history", JOB, "-o", "yaml")
+    assert code == 0
+    assert [e["type"] for e in yaml.safe_load(out)] == [JOB_STARTED, CHECKPOINT_COMPLETED]
+    code, out = run("--storage", store.uri, "jobs", "-o", "table")
+    assert code == 0 and out.splitlines()[0].startswith("job")
+
+
+def test_bad_output_format_exits_2(store: CheckpointStorage) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--storage", store.uri, "jobs", "-o", "xml"])
+    assert exc.value.code == 2
+
+
+def test_conn_id_takes_the_connections_credentials(
+    s3_endpoint: S3Endpoint, s3_bucket: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without credentials in the environment, access fails with a hint naming --conn-id;
+    with --conn-id the Airflow connection's credentials and endpoint are used."""
+    key_id, secret = s3_endpoint.create_iam_user(f"cli-{s3_bucket[-8:]}")
+    with s3_endpoint.iam_auth():
+        for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG1")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-wrong-secret")
+        monkeypatch.setenv("AIRFLOW_CONN_CKPT_CLI", json.dumps({
+            "conn_type": "aws", "login": key_id, "password": secret,
+            "extra": {"endpoint_url": s3_endpoint.url, "region_name": s3_endpoint.region_name}}))
+        uri = f"s3://{s3_bucket}/cli"
+        code, _ = run("--storage", uri, "--endpoint-url", s3_endpoint.url, "jobs")
+        assert code == 1
+        err = capsys.readouterr().err
+        assert "--conn-id" in err
+        code, out = run("--storage", uri, "--conn-id", "ckpt_cli", "jobs", "-o", "json")
+        assert code == 0, capsys.readouterr().err
+        assert json.loads(out) == []

@@ -271,3 +271,27 @@ def test_host_ports_are_unique(services: dict[str, dict[str, Any]]) -> None:
             host = str(port).split(":")[0]
             assert host not in published, f"host port {host}: {published.get(host)} and {name}"
             published[host] = name
+
+
+def test_every_image_is_pinned(services: dict[str, dict[str, Any]]) -> None:
+    """No ``:latest`` and no untagged image: MinIO releases differ in what they honour
+    (conditional writes), so the compose file names the release it was checked with."""
+    for name, service in services.items():
+        image = service.get("image", "")
+        if not image or name.startswith("airflow"):  # built locally
+            continue
+        repo, _, tag = image.rpartition(":")
+        assert repo and tag and tag != "latest", f"{name}: image {image!r} is not pinned"
+    assert services["minio"]["image"].startswith("minio/minio:RELEASE.")
+    assert services["minio-init"]["image"].startswith("minio/mc:RELEASE.")
+
+
+def test_airflow_image_installs_the_extras_without_a_reinstall_step() -> None:
+    text = (REPO / "docker/airflow/Dockerfile").read_text()
+    assert "[spark,amazon]" in text
+    assert "--force-reinstall" not in text
+
+
+def test_deployment_defers_by_default(services: dict[str, dict[str, Any]]) -> None:
+    for name in AIRFLOW:
+        assert env(services[name])["AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"] == "true"

@@ -360,3 +360,44 @@ def test_now_is_rounded_to_the_nearest_millisecond() -> None:
     assert epoch_ms(1.001) == 1001  # 1.001 * 1000 == 1000.9999999999999
     assert epoch_ms(1_700_000_000.123) == 1_700_000_000_123
     assert epoch_ms(5) == 5000
+
+
+# ------------------------------------------------------- trigger-form messages (issue 11)
+
+
+def form_error(value: dict[str, Any]) -> str:
+    """The first line of what Airflow's trigger form reports for ``value`` (the API
+    validates with ``Param.resolve``: plain jsonschema, best error first)."""
+    from airflow.sdk import Param
+    from airflow.sdk.exceptions import ParamValidationError
+
+    param = Param({"type": "fixed-delay"}, schema=SCHEMA)
+    with pytest.raises(ParamValidationError) as err:
+        param.resolve(value)
+    return str(err.value).splitlines()[0]
+
+
+@pytest.mark.parametrize(("value", "explained_by"), [
+    ({"type": "fixd-delay"}, "type"),
+    ({"fixed-delay.delay": "1 s"}, "fixed-delay.delay"),  # no type: exponential-delay
+    ({"type": "fixed-delay", "exponential-delay.max-backoff": "1 min"},
+     "exponential-delay.max-backoff"),
+    ({"type": "fixed-delay", "fixed-delay.attempts": "three"}, "fixed-delay.attempts"),
+    ({"type": "failure-rate", "failure-rate.delay": "10 parsecs"}, "failure-rate.delay"),
+])
+def test_form_messages_are_the_parsers_explanations(value: dict[str, Any],
+                                                    explained_by: str) -> None:
+    """Not ``'1 s' is not of type 'null'`` / ``... is not valid under any of the given
+    schemas``: the form shows the parser's explanation for that key."""
+    message = form_error(value)
+    assert "is not of type" not in message and "any of the given schemas" not in message
+    with pytest.raises(ConfigError) as parsed:
+        restart_strategy_from_params(value)
+    [(_key, problem)] = parsed.value.problems.items()
+    assert f"{explained_by}: " in message
+    assert problem.split(", got ")[0] in message
+
+
+def test_form_accepts_any_case_type_like_the_parser() -> None:
+    assert VALIDATOR.is_valid({"type": "Fixed-Delay", "fixed-delay.attempts": 2})
+    assert not VALIDATOR.is_valid({"type": "Fixed-Delay", "failure-rate.delay": "1 s"})

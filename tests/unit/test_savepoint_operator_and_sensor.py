@@ -279,3 +279,28 @@ def test_reschedule_mode_cannot_keep_a_baseline(file_storage: CheckpointStorage)
 def test_bad_condition_fails_at_parse_time(file_storage: CheckpointStorage) -> None:
     with pytest.raises(ValueError, match="kind"):
         sensor(file_storage, kind="everything")
+
+
+# ------------------------------------------------- [operators] default_deferrable (issue 11)
+
+
+@pytest.mark.parametrize("setting", ["True", "False"])
+def test_deferrable_default_follows_operators_default_deferrable(setting: str) -> None:
+    """Like Airflow's own operators: the default comes from the config when the module is
+    imported (a fresh interpreter, as a worker or the dag-processor would be)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "from airflow_ckpt.sensors.checkpoint import CheckpointSensor as S\n"
+        "from airflow_ckpt.operators.savepoint import TriggerSavepointOperator as O\n"
+        "s = S(task_id='s', job_name='j', checkpoint_storage='file:///tmp/x')\n"
+        "o = O(task_id='o', job_name='j', checkpoint_storage='file:///tmp/x')\n"
+        "print(s.deferrable, o.deferrable)\n"
+    )
+    env = {**os.environ, "AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE": setting}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-2:] == [setting, setting]
