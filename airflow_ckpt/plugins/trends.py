@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from airflow_ckpt.cli import human_bytes, human_ms
@@ -95,7 +95,7 @@ def _nice_max(value: float) -> float:
 
 def _time_label(ms: float, span_ms: float) -> str:
     fmt = "%H:%M:%S" if span_ms < 86_400_000 else "%m-%d %H:%M"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime(fmt)
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime(fmt)
 
 
 def _chart(

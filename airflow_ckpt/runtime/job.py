@@ -49,6 +49,7 @@ from airflow_ckpt.runtime.restart_log import RestartLog
 from airflow_ckpt.runtime.restore import RestoreResult, restore
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
 from airflow_ckpt.runtime.snapshot import latest_batch
+from airflow_ckpt.runtime.spark_features import SparkSetupError, require_offline_repartition
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.store import CompletedCheckpointStore
@@ -307,7 +308,7 @@ class CheckpointedJob:
                 return self._run_supervised(build)
             finally:
                 self.lease.release()
-        except (ConfigError, RestoreError, ConcurrentDriverError) as exc:
+        except (ConfigError, RestoreError, ConcurrentDriverError, SparkSetupError) as exc:
             # Final: a restart cannot fix these. The supervisor reads this event and does
             # not resubmit.
             self.history.append(ev.JOB_FAILED, run_id=self.run_id, cause=str(exc)[:2000],
@@ -327,7 +328,8 @@ class CheckpointedJob:
             coordinator = self._start_coordinator(restored, initial=rescaled)
             try:
                 result = self._run_once(build, coordinator)
-            except (ConfigError, RestoreError, ConcurrentDriverError, LeaseExpiredError):
+            except (ConfigError, RestoreError, ConcurrentDriverError, LeaseExpiredError,
+                    SparkSetupError):
                 raise  # final, or (lease lost) only a new driver may continue
             except Exception as exc:  # the query failed (StreamingQueryException, ...)
                 if restored.path and _INCOMPATIBLE.search(str(exc)):
@@ -378,8 +380,9 @@ class CheckpointedJob:
             log.info("state already has %s partitions; no rescale needed", wanted)
             return False
         self.spark.streams.active  # noqa: B018 - starts Spark's StateStoreCoordinator
+        manager = require_offline_repartition(self.spark)  # SparkSetupError: final
         try:
-            self.spark._streamingCheckpointManager.repartition(str(self.workdir), wanted)
+            manager.repartition(str(self.workdir), wanted)
         except Exception as exc:
             raise IncompatibleStateError(
                 f"cannot rescale the state restored from {restored.path} from "
