@@ -47,6 +47,14 @@ FAKE = textwrap.dedent(
         log.record_failure("query", "StreamingQueryException: query died")
         sys.exit(1)
     if attempt <= int(confs.get("spark.fake.crash_attempts", "0")):
+        if confs.get("spark.fake.checkpoint_before_crash"):
+            from airflow_ckpt.runtime.history import CHECKPOINT_COMPLETED, JobHistory
+            from airflow_ckpt.runtime.storage import open_storage
+            storage = open_storage(confs["spark.airflow_ckpt.storage"])
+            n = 10 + attempt
+            storage.put_bytes(f"{{confs['spark.airflow_ckpt.job']}}/chk-{{n}}/_metadata", b"{{}}")
+            JobHistory(storage, confs["spark.airflow_ckpt.job"]).append(
+                CHECKPOINT_COMPLETED, id=n, trigger="initial")
         print("Traceback (most recent call last):")
         print('  File "job.py", line 1, in <module>')
         print(f"RuntimeError: injected crash on attempt {{attempt}}")
@@ -69,11 +77,11 @@ def fake_spark_submit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run(tmp_path: Path, strategy: dict[str, Any], conf: dict[str, str],
-        run_id: str = "manual__1") -> tuple[Any, JobHistory]:
+        run_id: str = "manual__1", **kwargs: Any) -> tuple[Any, JobHistory]:
     storage = (tmp_path / "ckpt").as_uri()
     op = CheckpointedSparkSubmitOperator(
         task_id="t", application="job.py", job_name="job-a", checkpoint_storage=storage,
-        restart_strategy=strategy, conf=conf, ship_runtime=False,
+        restart_strategy=strategy, conf=conf, ship_runtime=False, **kwargs,
     )
     ti = SimpleNamespace(dag_id="d", run_id=run_id, task_id="t", map_index=-1, try_number=1)
     history = JobHistory(open_storage(storage), "job-a")
@@ -96,6 +104,48 @@ def test_recovers_after_crashes(tmp_path: Path) -> None:
     assert failures[0].data["error_lines"][-1] == "RuntimeError: injected crash on attempt 1"
     assert [r.data["restart"] for r in history.events([RESTART])] == [True, True]
     assert history.events([JOB_FAILED]) == []
+
+
+def _older_runs_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A completed checkpoint left by an earlier run of the job (another supervision).
+
+    Only its marker exists (the catalog lists it); the final XCom does not read it.
+    """
+    from airflow_ckpt.runtime.catalog import CheckpointCatalog
+
+    monkeypatch.setattr(CheckpointCatalog, "latest_checkpoint", lambda self: None)
+    storage = open_storage((tmp_path / "ckpt").as_uri())
+    storage.put_bytes("job-a/chk-3/_metadata", b"{}")
+    JobHistory(storage, "job-a").append(JOB_SUBMITTED, run_id="d/older/t", attempt=1)
+
+
+@pytest.mark.parametrize("restore", ["none", "sp-1"])
+def test_resubmit_keeps_the_target_until_the_run_has_a_checkpoint(
+    tmp_path: Path, restore: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 8 defect 4: a first driver that dies before its initial checkpoint must not
+    make the resubmission resume an older run's checkpoint."""
+    _older_runs_checkpoint(tmp_path, monkeypatch)
+    if restore != "none":  # a savepoint target: accept it without a real manifest
+        monkeypatch.setattr(CheckpointedSparkSubmitOperator, "_check_restore_target",
+                            lambda self, catalog, target: f"file:///sp/{target}")
+    execute, history = run(tmp_path, FIXED, {"spark.fake.crash_attempts": "2"},
+                           restore=restore)
+    execute()
+    target = "none" if restore == "none" else f"file:///sp/{restore}"
+    assert [e.data.get("restore") for e in history.events([JOB_SUBMITTED])][2:] == [target] * 2
+
+
+def test_resubmit_restores_latest_once_the_run_checkpointed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _older_runs_checkpoint(tmp_path, monkeypatch)
+    execute, history = run(tmp_path, FIXED, {"spark.fake.crash_attempts": "2",
+                                             "spark.fake.checkpoint_before_crash": "1"},
+                           restore="none")
+    execute()
+    assert [e.data.get("restore") for e in history.events([JOB_SUBMITTED])][2:] == \
+        ["latest", "latest"]
 
 
 def test_fixed_delay_gives_up(tmp_path: Path) -> None:
@@ -178,3 +228,18 @@ def test_on_kill_stops_the_driver_and_the_loop(tmp_path: Path) -> None:
     assert errors and "killed" in str(errors[0])
     history = JobHistory(open_storage(storage), "job-a")
     assert history.events([RESTART]) == []  # a kill is not a failure to restart from
+
+
+def test_operator_is_deep_copyable(tmp_path: Path) -> None:
+    """``partial_subset`` deep-copies tasks; a copy gets its own kill switch."""
+    import copy
+
+    op = CheckpointedSparkSubmitOperator(
+        task_id="t", application="job.py", job_name="job-a",
+        checkpoint_storage=(tmp_path / "ckpt").as_uri(), restart_strategy=FIXED,
+    )
+    copied = copy.deepcopy(op)
+    assert copied is not op and copied.job_name == "job-a"
+    assert copied.restart_strategy == FIXED and copied.restart_strategy is not op.restart_strategy
+    op._killed.set()
+    assert not copied._killed.is_set()
