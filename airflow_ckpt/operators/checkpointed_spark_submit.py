@@ -76,6 +76,7 @@ from airflow_ckpt.runtime.history import JOB_FAILED, JOB_STOPPED, JOB_SUBMITTED,
 from airflow_ckpt.runtime.layout import validate_job_name
 from airflow_ckpt.runtime.restart_log import RestartLog, format_restart_history
 from airflow_ckpt.runtime.storage.factory import parse_storage_uri
+from airflow_ckpt.supervision import RunCheckpoints, resubmit_restore
 
 RESTORE_LATEST = "latest"
 RESTORE_NONE = "none"
@@ -160,6 +161,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         "conf": "json",
     }
     ui_color = "#f4a460"
+    # per-execution state: never deep-copied (a threading.Event cannot be), see __deepcopy__
+    shallow_copy_attrs: Sequence[str] = (*SparkSubmitOperator.shallow_copy_attrs, "_killed",
+                                         "_hook", "_output")
 
     def __init__(
         self,
@@ -189,6 +193,15 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.ship_runtime = ship_runtime
         self._killed = threading.Event()
         self._output: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CheckpointedSparkSubmitOperator:
+        """A copy with its own (fresh) execution state: ``partial_subset`` and similar
+        paths deep-copy tasks, and a ``threading.Event`` cannot be deep-copied."""
+        copied = super().__deepcopy__(memo)
+        copied._killed = threading.Event()
+        copied._hook = None
+        copied._output = deque(maxlen=OUTPUT_TAIL_LINES)
+        return copied
 
     # ================================================================ validation
 
@@ -272,8 +285,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         user_py_files = self.py_files
         py_files = _join_csv(runtime_py_files() if self.ship_runtime else None, user_py_files)
 
+        run_checkpoints = RunCheckpoints(history, run_id)
         attempt = restart_log.last_submit_attempt() + 1
-        restore = first_restore if attempt == 1 else self._resubmit_restore(catalog, first_restore)
+        restore = first_restore if attempt == 1 else self._resubmit_restore(
+            run_checkpoints, first_restore)
         if attempt > 1:
             self.log.info("continuing supervision %s at submission attempt %d "
                           "(earlier attempts are in the job's history)", run_id, attempt)
@@ -316,7 +331,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
                 if self._killed.wait(delay_s):
                     raise AirflowException(f"job {args.job}: killed while waiting to restart")
                 attempt += 1
-                restore = self._resubmit_restore(catalog, first_restore)
+                restore = self._resubmit_restore(run_checkpoints, first_restore)
         finally:
             self.conf, self.env_vars, self.py_files = user_conf, user_env, user_py_files
 
@@ -427,12 +442,16 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             cause = f"{cause} (driver status {driver_status})"
         return DriverFailure(attempt, exit_code, cause, error_lines)
 
-    def _resubmit_restore(self, catalog: CheckpointCatalog, first_restore: str) -> str:
-        """``latest`` once a checkpoint exists; before that, the original target again."""
-        if catalog.checkpoint_ids():
-            return RESTORE_LATEST
-        self.log.info("no completed checkpoint yet: resubmitting with restore=%s", first_restore)
-        return first_restore
+    def _resubmit_restore(self, run_checkpoints: RunCheckpoints, first_restore: str) -> str:
+        """``latest`` once *this run* has a checkpoint; before that, the original target.
+
+        (Issue 8, defect 4: an older run's checkpoints in the catalog do not count.)
+        """
+        restore = resubmit_restore(first_restore, run_checkpoints.progress())
+        if restore != RESTORE_LATEST:
+            self.log.info("this run has no completed checkpoint yet: resubmitting with "
+                          "restore=%s", restore)
+        return restore
 
     def _job_conf(
         self, args: ValidatedArgs, store: CheckpointStoreHook, restore: str, attempt: int,
