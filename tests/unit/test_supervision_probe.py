@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -110,13 +111,6 @@ def test_startup_timeout_without_a_lease(storage: CheckpointStorage) -> None:
     assert verdict is not None and verdict.kind == "driver_died" and "no lease" in verdict.cause
 
 
-class FakeManifest:
-    class timings:  # noqa: N801 - mimics Manifest.timings
-        completed_ts = 0.0
-
-    checkpoint_id = 7
-
-
 class FakeCatalog:
     def __init__(self, completed_ts: float | None) -> None:
         self.completed_ts = completed_ts
@@ -124,9 +118,8 @@ class FakeCatalog:
     def latest_checkpoint(self) -> Any:
         if self.completed_ts is None:
             return None
-        manifest = FakeManifest()
-        manifest.timings = type("T", (), {"completed_ts": self.completed_ts})()  # type: ignore[misc,assignment]
-        return manifest
+        return SimpleNamespace(checkpoint_id=7,
+                               timings=SimpleNamespace(completed_ts=self.completed_ts))
 
 
 def test_stale_checkpoints_while_the_heartbeat_lives(storage: CheckpointStorage) -> None:
