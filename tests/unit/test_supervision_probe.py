@@ -128,7 +128,7 @@ def test_stale_checkpoints_while_the_heartbeat_lives(storage: CheckpointStorage)
     catalog = FakeCatalog(completed_ts=5000.0)
     wall = [5025.0]
     p = probe(storage, clock, health=HealthRule(10.0, 3.0, restart=True),
-              catalog=catalog, wall_clock=lambda: wall[0])  # type: ignore[arg-type]
+              catalog=catalog, wall_clock=lambda: wall[0])
     put_lease(storage, 2, 1)
     assert p.poll() is None  # 25 s < 30 s
     wall[0] = 5031.0
@@ -178,7 +178,7 @@ def test_trigger_round_trips_and_fires_from_storage(tmp_path: Path,
         agen = again.run()
         history.append(JOB_FINISHED, run_id=RUN)
         event = await asyncio.wait_for(agen.__anext__(), 10)
-        await agen.aclose()
+        await agen.aclose()  # type: ignore[attr-defined]
         return event.payload
 
     payload = asyncio.run(first_event())
