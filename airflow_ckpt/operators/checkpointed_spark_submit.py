@@ -418,7 +418,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         submitted = self._record_submit(context, sup, hook, attempt, restore,
                                         driver_log=str(log_path), driver_host=host,
                                         detached=True)
-        driver = hook.submit_detached(self.application, log_path)
+        try:
+            driver = hook.submit_detached(self.application, log_path)
+        finally:
+            self._restore_user_args()
         self.log.info("job %s attempt %d submitted detached (pid %d, log %s); deferring",
                       sup.args.job, attempt, driver.pid, driver.log_path)
         trigger = DriverSupervisionTrigger(

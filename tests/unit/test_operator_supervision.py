@@ -243,3 +243,92 @@ def test_operator_is_deep_copyable(tmp_path: Path) -> None:
     assert copied.restart_strategy == FIXED and copied.restart_strategy is not op.restart_strategy
     op._killed.set()
     assert not copied._killed.is_set()
+
+
+def _wait_for_file(path: str, timeout_s: float = 30.0) -> None:
+    started = time.monotonic()
+    while not os.path.exists(path):
+        assert time.monotonic() - started < timeout_s, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def _fire(trigger: Any) -> dict[str, Any]:
+    import asyncio
+
+    async def first() -> dict[str, Any]:
+        agen = trigger.run()
+        event = await asyncio.wait_for(agen.__anext__(), 30)
+        await agen.aclose()
+        return dict(event.payload)
+
+    return asyncio.run(first())
+
+
+def test_deferrable_supervision_restarts_a_dead_driver(tmp_path: Path) -> None:
+    """Issue 10 part 1 with the fake spark-submit: submit detached, defer, the trigger sees
+    the driver die (exit file), the strategy restarts it after a deferred delay, the second
+    driver finishes, the XCom is the blocking path's."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_ckpt.triggers.supervision import DriverSupervisionTrigger
+
+    storage = (tmp_path / "ckpt").as_uri()
+    op = CheckpointedSparkSubmitOperator(
+        task_id="t", application="job.py", job_name="job-a", checkpoint_storage=storage,
+        restart_strategy=FIXED, conf={"spark.fake.crash_attempts": "1"}, ship_runtime=False,
+        deferrable=True, poll_interval=0.05, driver_log_dir=str(tmp_path / "logs"),
+        storage_conn_id=None,
+    )
+    ctx: Any = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1,
+                                      try_number=1)}
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx)
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, DriverSupervisionTrigger)
+    assert deferred.value.method_name == "execute_complete"
+    kwargs = deferred.value.kwargs or {}
+    assert kwargs["attempt"] == 1
+    history = JobHistory(open_storage(storage), "job-a")
+    (submitted,) = history.events([JOB_SUBMITTED])
+    assert submitted.data["detached"] and submitted.data["driver_log"] == kwargs["driver_log"]
+    assert op.conf == {"spark.fake.crash_attempts": "1"}  # the user's conf is back
+    _wait_for_file(f"{kwargs['driver_log']}.exit")
+    event = _fire(DriverSupervisionTrigger(**trigger.serialize()[1]))
+    assert event["kind"] == "driver_died" and event["exit_code"] == 17
+
+    with pytest.raises(TaskDeferred) as waiting:  # the restart delay, deferred too
+        op.execute_complete(ctx, event, **kwargs)
+    assert waiting.value.method_name == "resubmit"
+    (failure,) = history.events([FAILURE])
+    assert failure.data["cause"] == "RuntimeError: injected crash on attempt 1 (exit code 17)"
+    with pytest.raises(TaskDeferred) as deferred:
+        op.resubmit(ctx, None, **(waiting.value.kwargs or {}))
+    kwargs = deferred.value.kwargs or {}
+    assert kwargs["attempt"] == 2
+    _wait_for_file(f"{kwargs['driver_log']}.exit")
+    event = _fire(deferred.value.trigger)
+    assert event["kind"] == "finished"
+    result = op.execute_complete(ctx, event, **kwargs)
+    assert result["attempts"] == 2 and result["outcome"] == "finished"
+    assert [e.data["attempt"] for e in history.events([JOB_SUBMITTED])] == [1, 2]
+    assert [r.data["restart"] for r in history.events([RESTART])] == [True]
+
+
+def test_deferrable_final_failure_is_not_restarted(tmp_path: Path) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    storage = (tmp_path / "ckpt").as_uri()
+    op = CheckpointedSparkSubmitOperator(
+        task_id="t", application="job.py", job_name="job-a", checkpoint_storage=storage,
+        restart_strategy=FIXED, conf={}, ship_runtime=False, deferrable=True,
+        driver_log_dir=str(tmp_path / "logs"), storage_conn_id=None,
+    )
+    ctx: Any = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1,
+                                      try_number=1)}
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx)
+    event = {"kind": "failed", "cause": "state does not fit the query", "exit_code": 1}
+    with pytest.raises(CheckpointedJobFailedError, match="failed for good"):
+        op.execute_complete(ctx, event, **(deferred.value.kwargs or {}))
+    history = JobHistory(open_storage(storage), "job-a")
+    assert history.events([RESTART]) == []  # the driver's own decision is not re-counted
