@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -46,8 +45,6 @@ import socket
 import sys
 import tempfile
 import threading
-import time
-import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -60,7 +57,7 @@ from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-import airflow_ckpt
+from airflow_ckpt.driver_output import summarize_driver_output
 from airflow_ckpt.errors import (
     AirflowCkptError,
     ConfigError,
@@ -89,13 +86,12 @@ from airflow_ckpt.runtime.layout import validate_job_name
 from airflow_ckpt.runtime.lease import lease_epochs
 from airflow_ckpt.runtime.restart_log import RestartLog, format_restart_history
 from airflow_ckpt.runtime.storage.factory import parse_storage_uri
+from airflow_ckpt.shipping import runtime_py_files
 from airflow_ckpt.supervision import RunCheckpoints, Verdict, resubmit_restore
 from airflow_ckpt.triggers.supervision import DriverSupervisionTrigger, kill_detached
 
 RESTORE_LATEST = "latest"
 RESTORE_NONE = "none"
-#: error lines recorded in a FAILURE event / the task's error message
-ERROR_LINES = 40
 
 
 class CheckpointedJobConfigError(ConfigError, AirflowFailException):
@@ -776,54 +772,6 @@ def _python_configured(
     return bool(env.get(env_name) or conf.get(conf_key) or os.environ.get(env_name))
 
 
-_TRACEBACK = "Traceback (most recent call last):"
-_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(:.*)?$")
-_JVM_EXCEPTION = re.compile(r'Exception in thread "[^"]*"')
-_SPARK_LOG_LINE = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR) ")
-
-
-def _last_index(lines: Sequence[str], match: Any) -> int | None:
-    found = [i for i, line in enumerate(lines) if match(line)]
-    return found[-1] if found else None
-
-
-def summarize_driver_output(lines: Sequence[str], exit_code: int | None) -> tuple[str, list[str]]:
-    """The driver's last error from spark-submit output: (one-line cause, error lines).
-
-    Takes the last Python traceback (or else the last JVM ``Exception in thread``) up
-    to its final ``SomeError: message`` line plus the message's continuation lines;
-    without either, the last lines of output. The cause is that final error line, or
-    "driver exited with code N" when the driver died without one (e.g. ``os._exit``
-    or a kill).
-    """
-    stripped = [line.strip() for line in lines]
-    start = _last_index(stripped, lambda line: line == _TRACEBACK)
-    if start is None:
-        start = _last_index(stripped, lambda line: bool(_JVM_EXCEPTION.search(line)))
-    cause = None
-    if start is None:
-        block = stripped[-20:]
-    else:
-        rest = stripped[start:]
-        error_at = _last_index(rest, lambda line: bool(_ERROR_LINE.match(line)))
-        if error_at is None:
-            block = rest[:ERROR_LINES]
-        else:
-            cause = rest[error_at]
-            end = error_at + 1
-            while end < len(rest) and end - error_at <= 15 and rest[end] \
-                    and not _SPARK_LOG_LINE.match(rest[end]):
-                end += 1
-            block = rest[:end]
-    if len(block) > ERROR_LINES:
-        block = [*block[:10], "...", *block[-(ERROR_LINES - 11):]]
-    if cause is None:
-        cause = "driver failed" if exit_code is None else f"driver exited with code {exit_code}"
-    elif exit_code is not None:
-        cause = f"{cause} (exit code {exit_code})"
-    return cause[:1000], [line[:500] for line in block]
-
-
 def _child_processes(pid: int) -> list[Any]:
     try:
         import psutil
@@ -831,43 +779,3 @@ def _child_processes(pid: int) -> list[Any]:
         return list(psutil.Process(pid).children(recursive=True))
     except Exception:  # psutil missing or the process is gone
         return []
-
-
-# ------------------------------------------------------------------ runtime shipping
-
-_ZIP_LOCK = threading.Lock()
-
-
-def runtime_py_files(cache_dir: Path | None = None) -> str:
-    """Path of a zip of the installed ``airflow_ckpt`` package, for ``--py-files``.
-
-    Why always ship it: in client mode the driver could import the installed package
-    (same interpreter), but executors on other hosts, standalone/YARN/K8s cluster-mode
-    drivers, and a driver started with another interpreter could not, or would import a
-    different version. One zip works everywhere and pins the runtime to the operator's
-    version. It is built once per content (version + every file's path, size and mtime,
-    so an editable install's edits are picked up) into a cache directory and reused;
-    the write is atomic, so concurrent tasks never see a half-written zip.
-    """
-    package_dir = Path(airflow_ckpt.__file__).resolve().parent
-    files = sorted(
-        p for p in package_dir.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".typed")
-    )
-    digest = hashlib.sha256(airflow_ckpt.__version__.encode())
-    for path in files:
-        stat = path.stat()
-        digest.update(f"{path.relative_to(package_dir)}\0{stat.st_size}\0{stat.st_mtime_ns}\n"
-                      .encode())
-    cache = cache_dir or Path(tempfile.gettempdir()) / "airflow-ckpt-py-files"
-    target = cache / f"airflow_ckpt-{airflow_ckpt.__version__}-{digest.hexdigest()[:16]}.zip"
-    with _ZIP_LOCK:
-        if target.exists():
-            return str(target)
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".{os.getpid()}.{time.monotonic_ns()}.tmp")
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
-            for path in files:
-                archive.write(path, Path("airflow_ckpt") / path.relative_to(package_dir))
-        os.replace(tmp, target)
-    return str(target)
