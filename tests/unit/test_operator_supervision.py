@@ -36,6 +36,9 @@ FAKE = textwrap.dedent(
     confs = dict(a.split("=", 1) for a in sys.argv if a.startswith("spark.") and "=" in a)
     attempt = int(confs["spark.airflow_ckpt.attempt"])
     print("25/01/01 10:00:00 INFO SparkContext: attempt", attempt, flush=True)
+    if confs.get("spark.fake.print_env"):
+        import os
+        print("RuntimeError: token", os.environ.get(confs["spark.fake.print_env"]), flush=True)
     time.sleep(float(confs.get("spark.fake.sleep_s", "0")))
     if confs.get("spark.fake.runtime_gives_up"):
         from airflow_ckpt.runtime.history import JobHistory
@@ -332,3 +335,25 @@ def test_deferrable_final_failure_is_not_restarted(tmp_path: Path) -> None:
         op.execute_complete(ctx, event, **(deferred.value.kwargs or {}))
     history = JobHistory(open_storage(storage), "job-a")
     assert history.events([RESTART]) == []  # the driver's own decision is not re-counted
+
+
+def test_no_secret_value_reaches_history_or_logs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 11: credentials handed to the driver (here a session token, which the Spark
+    provider's own mask misses) never appear in the history or the task log, even when
+    the driver prints them."""
+    secret = "tok-SECRET-4711"
+    execute, history = run(
+        tmp_path, {"type": "none"},
+        {"spark.fake.print_env": "AWS_SESSION_TOKEN", "spark.fake.crash_attempts": "1"},
+        env_vars={"AWS_SESSION_TOKEN": secret},
+    )
+    with caplog.at_level("DEBUG"), pytest.raises(CheckpointedJobFailedError) as err:
+        execute()
+    assert secret not in str(err.value)
+    for event in history.events():
+        assert secret not in json.dumps(event.data)
+    out, errout = capfd.readouterr()
+    assert "RuntimeError: token ******" in out + errout + caplog.text  # the line was logged
+    assert secret not in out + errout + caplog.text
