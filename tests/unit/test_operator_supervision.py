@@ -357,3 +357,14 @@ def test_no_secret_value_reaches_history_or_logs(
     out, errout = capfd.readouterr()
     assert "RuntimeError: token ******" in out + errout + caplog.text  # the line was logged
     assert secret not in out + errout + caplog.text
+
+
+def test_standalone_cluster_mode_is_refused_before_submitting(tmp_path: Path) -> None:
+    """Issue 11: Spark refuses Python applications in standalone cluster deploy mode."""
+    from airflow_ckpt.operators import CheckpointedJobConfigError
+
+    execute, history = run(tmp_path, FIXED, {}, master="spark://127.0.0.1:7077",
+                           deploy_mode="cluster")
+    with pytest.raises(CheckpointedJobConfigError, match="standalone cluster"):
+        execute()
+    assert history.events([JOB_SUBMITTED]) == []
