@@ -23,3 +23,16 @@ def test_custom_multiple_and_validation() -> None:
     assert checkpoint_progress(1000.0, 10.0, 1015.0, multiple=2.0) == "ok"
     with pytest.raises(ValueError):
         checkpoint_progress(1000.0, 10.0, 1015.0, multiple=0)
+
+
+def test_checkpoint_sensor_can_wait_for_healthy() -> None:
+    from airflow_ckpt.sensors.checkpoint import CheckpointSensor
+
+    sensor = CheckpointSensor(task_id="s", job_name="job", checkpoint_storage="file:///tmp/x",
+                              new_only=False, wait_for_healthy=True,
+                              checkpoint_interval="10 s", checkpoint_progress_multiple=2)
+    condition = sensor._condition()
+    assert condition.healthy_interval_s == 10.0 and condition.healthy_multiple == 2.0
+    with pytest.raises(ValueError, match="checkpoint_interval"):
+        CheckpointSensor(task_id="s2", job_name="job", checkpoint_storage="file:///tmp/x",
+                         wait_for_healthy=True)
