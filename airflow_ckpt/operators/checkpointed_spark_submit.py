@@ -427,12 +427,11 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             exit_path=driver.exit_path, health=self._health_kwargs(sup.args),
             poll_interval=float(self.poll_interval),
             startup_timeout_s=float(self.startup_timeout_s),
-            stop_timeout_s=float(self.stop_timeout_s),
+            stop_timeout_s=float(self.stop_timeout_s), attempt=attempt,
+            driver_log=driver.log_path,
         )
-        self.defer(trigger=trigger, method_name="execute_complete", kwargs={
-            "attempt": attempt, "driver_pid": driver.pid, "driver_host": host,
-            "driver_log": driver.log_path,
-        })
+        # the event carries the submission (attempt, pid, host, log): no resume kwargs
+        self.defer(trigger=trigger, method_name="execute_complete")
 
     def _health_kwargs(self, args: ValidatedArgs) -> dict[str, Any] | None:
         if self.checkpoint_progress_multiple is None:
@@ -442,13 +441,14 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
                 "restart": bool(self.restart_on_stale_checkpoints)}
 
     def execute_complete(
-        self, context: Context, event: dict[str, Any], attempt: int,
-        driver_pid: int | None = None, driver_host: str | None = None,
-        driver_log: str | None = None,
+        self, context: Context, event: dict[str, Any], **kwargs: Any
     ) -> dict[str, Any]:
         """Resumed by the supervision trigger: end, give up, or restart (deferred again)."""
         sup = self._supervision(context)
         verdict = Verdict.from_payload(event)
+        attempt = int(event.get("attempt") or sup.restart_log.last_submit_attempt())
+        driver_pid, driver_host = event.get("driver_pid"), event.get("driver_host")
+        driver_log = event.get("driver_log")
         if verdict.kind == "finished":
             return self._result(sup.catalog, sup.args.job, attempt,
                                 sup.restart_log.refresh().last_terminal)
@@ -467,12 +467,13 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         if delay_s > 0:
             # wait deferred as well: no sleeping in a worker
             self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=delay_s)),
-                       method_name="resubmit", kwargs={"attempt": attempt + 1})
+                       method_name="resubmit")
         return self._submit_and_defer(context, sup, attempt + 1)
 
-    def resubmit(self, context: Context, event: Any = None, attempt: int = 1) -> NoReturn:
-        """Resumed after the restart delay: resubmit and defer again."""
-        self._submit_and_defer(context, self._supervision(context), attempt)
+    def resubmit(self, context: Context, event: Any = None, **kwargs: Any) -> NoReturn:
+        """Resumed after the restart delay: resubmit (the next attempt, from history)."""
+        sup = self._supervision(context)
+        self._submit_and_defer(context, sup, sup.restart_log.last_submit_attempt() + 1)
 
     # ---------------------------------------------------------------- submission
 

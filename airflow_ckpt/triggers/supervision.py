@@ -50,6 +50,11 @@ class DriverSupervisionTrigger(BaseTrigger):
     :param poll_interval: seconds between polls
     :param startup_timeout_s: how long the driver may take to hold its lease
     :param stop_timeout_s: on_kill: how long a graceful stop may take before the kill
+    :param attempt: the submission attempt (echoed in the event)
+    :param driver_log: the detached driver's log file (echoed in the event)
+
+    The event payload is :meth:`Verdict.to_payload` plus ``attempt``, ``driver_pid``,
+    ``driver_host`` and ``driver_log``: the resumed task needs nothing else.
     """
 
     def __init__(
@@ -68,6 +73,8 @@ class DriverSupervisionTrigger(BaseTrigger):
         poll_interval: float = 5.0,
         startup_timeout_s: float = 300.0,
         stop_timeout_s: float = 120.0,
+        attempt: int | None = None,
+        driver_log: str | None = None,
     ) -> None:
         super().__init__()
         self.storage_uri = storage_uri
@@ -83,6 +90,8 @@ class DriverSupervisionTrigger(BaseTrigger):
         self.poll_interval = float(poll_interval)
         self.startup_timeout_s = float(startup_timeout_s)
         self.stop_timeout_s = float(stop_timeout_s)
+        self.attempt = attempt
+        self.driver_log = driver_log
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return f"{type(self).__module__}.{type(self).__qualname__}", {
@@ -99,6 +108,8 @@ class DriverSupervisionTrigger(BaseTrigger):
             "poll_interval": self.poll_interval,
             "startup_timeout_s": self.startup_timeout_s,
             "stop_timeout_s": self.stop_timeout_s,
+            "attempt": self.attempt,
+            "driver_log": self.driver_log,
         }
 
     def _local(self) -> bool:
@@ -141,11 +152,16 @@ class DriverSupervisionTrigger(BaseTrigger):
                     verdict = None  # reported only
                 if verdict is not None:
                     self.log.info("job %s: %s (%s)", self.job, verdict.kind, verdict.cause)
-                    yield TriggerEvent(verdict.to_payload())
+                    yield TriggerEvent({**verdict.to_payload(), **self._submission()})
                     return
                 await asyncio.sleep(self.poll_interval)
         finally:
             hook.close()
+
+    def _submission(self) -> dict[str, Any]:
+        """Which submission the event is about (the resumed task needs nothing else)."""
+        return {"attempt": self.attempt, "driver_pid": self.driver_pid,
+                "driver_host": self.driver_host, "driver_log": self.driver_log}
 
     async def on_kill(self) -> None:
         """Stop the job: a graceful stop request first, the kill after a timeout."""

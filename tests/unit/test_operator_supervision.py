@@ -289,29 +289,31 @@ def test_deferrable_supervision_restarts_a_dead_driver(tmp_path: Path) -> None:
     trigger = deferred.value.trigger
     assert isinstance(trigger, DriverSupervisionTrigger)
     assert deferred.value.method_name == "execute_complete"
-    kwargs = deferred.value.kwargs or {}
-    assert kwargs["attempt"] == 1
+    assert not deferred.value.kwargs  # everything the resume needs is in the event
+    trigger = DriverSupervisionTrigger(**trigger.serialize()[1])  # a round trip
+    assert trigger.attempt == 1
     history = JobHistory(open_storage(storage), "job-a")
     (submitted,) = history.events([JOB_SUBMITTED])
-    assert submitted.data["detached"] and submitted.data["driver_log"] == kwargs["driver_log"]
+    assert submitted.data["detached"] and submitted.data["driver_log"] == trigger.driver_log
     assert op.conf == {"spark.fake.crash_attempts": "1"}  # the user's conf is back
-    _wait_for_file(f"{kwargs['driver_log']}.exit")
-    event = _fire(DriverSupervisionTrigger(**trigger.serialize()[1]))
+    _wait_for_file(f"{trigger.driver_log}.exit")
+    event = _fire(trigger)
     assert event["kind"] == "driver_died" and event["exit_code"] == 17
+    assert event["attempt"] == 1 and event["driver_log"] == trigger.driver_log
 
     with pytest.raises(TaskDeferred) as waiting:  # the restart delay, deferred too
-        op.execute_complete(ctx, event, **kwargs)
+        op.execute_complete(ctx, event)
     assert waiting.value.method_name == "resubmit"
     (failure,) = history.events([FAILURE])
     assert failure.data["cause"] == "RuntimeError: injected crash on attempt 1 (exit code 17)"
     with pytest.raises(TaskDeferred) as deferred:
-        op.resubmit(ctx, None, **(waiting.value.kwargs or {}))
-    kwargs = deferred.value.kwargs or {}
-    assert kwargs["attempt"] == 2
-    _wait_for_file(f"{kwargs['driver_log']}.exit")
-    event = _fire(deferred.value.trigger)
+        op.resubmit(ctx, None)
+    trigger = deferred.value.trigger
+    assert trigger.attempt == 2
+    _wait_for_file(f"{trigger.driver_log}.exit")
+    event = _fire(trigger)
     assert event["kind"] == "finished"
-    result = op.execute_complete(ctx, event, **kwargs)
+    result = op.execute_complete(ctx, event)
     assert result["attempts"] == 2 and result["outcome"] == "finished"
     assert [e.data["attempt"] for e in history.events([JOB_SUBMITTED])] == [1, 2]
     assert [r.data["restart"] for r in history.events([RESTART])] == [True]
@@ -332,7 +334,7 @@ def test_deferrable_final_failure_is_not_restarted(tmp_path: Path) -> None:
         op.execute(ctx)
     event = {"kind": "failed", "cause": "state does not fit the query", "exit_code": 1}
     with pytest.raises(CheckpointedJobFailedError, match="failed for good"):
-        op.execute_complete(ctx, event, **(deferred.value.kwargs or {}))
+        op.execute_complete(ctx, {**event, "attempt": deferred.value.trigger.attempt})
     history = JobHistory(open_storage(storage), "job-a")
     assert history.events([RESTART]) == []  # the driver's own decision is not re-counted
 
