@@ -184,3 +184,35 @@ def test_trigger_round_trips_and_fires_from_storage(tmp_path: Path,
     payload = asyncio.run(first_event())
     assert Verdict.from_payload(payload) == Verdict("finished", "the job finished", None,
                                                     "finished")
+
+
+def test_trigger_on_kill_asks_for_a_graceful_stop_then_kills(
+    tmp_path: Path, storage: CheckpointStorage
+) -> None:
+    """A user killing the deferred task: stop-with-savepoint request first; a driver that
+    does not stop within ``stop_timeout_s`` is killed (its whole process group)."""
+    import socket
+    import subprocess
+    import sys
+
+    from airflow_ckpt.runtime.control import ControlChannel
+
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              start_new_session=True)
+    history = JobHistory(storage, "job")
+    submitted = history.append(JOB_SUBMITTED, run_id=RUN, attempt=1)
+    trigger = DriverSupervisionTrigger(
+        storage_uri=(tmp_path / "ckpt").as_uri(), job="job", run_id=RUN,
+        submitted_key=submitted.key, lease_epoch_before=0, conn_id=None,
+        driver_pid=driver.pid, driver_host=socket.gethostname(), poll_interval=0.05,
+        stop_timeout_s=0.5,
+    )
+    import threading
+
+    reaper = threading.Thread(target=driver.wait)  # reap it as its parent would be gone
+    reaper.start()
+    asyncio.run(trigger.on_kill())
+    (request,) = ControlChannel(storage, "job").pending()
+    assert request.stop and "on_kill" in request.requested_by
+    reaper.join(15)
+    assert driver.returncode is not None and driver.returncode != 0  # killed
