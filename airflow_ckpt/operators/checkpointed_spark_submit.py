@@ -83,7 +83,7 @@ from airflow_ckpt.runtime.history import (
     JobHistory,
 )
 from airflow_ckpt.runtime.layout import validate_job_name
-from airflow_ckpt.runtime.lease import lease_epochs
+from airflow_ckpt.runtime.lease import lease_epochs, read_lease
 from airflow_ckpt.runtime.restart_log import RestartLog, format_restart_history
 from airflow_ckpt.runtime.storage.factory import parse_storage_uri
 from airflow_ckpt.shipping import runtime_py_files
@@ -312,10 +312,40 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         if self.deferrable:
             attempt = sup.restart_log.last_submit_attempt() + 1
             if attempt > 1:
+                self._reattach(sup, attempt - 1)
                 self.log.info("continuing supervision %s at submission attempt %d",
                               sup.run_id, attempt)
             self._submit_and_defer(context, sup, attempt)
         return self._supervise_blocking(context, sup)
+
+    def _reattach(self, sup: _Supervision, attempt: int) -> None:
+        """A retried deferrable task whose driver still holds the lease: watch it again.
+
+        (The task was retried - e.g. its worker died while resuming - but the detached
+        driver of ``attempt`` kept running: resubmitting would start a second driver,
+        which the lease refuses as final.) Returns when there is nothing to re-attach to.
+        """
+        record = read_lease(sup.store.storage, sup.args.job)
+        if record is None or record.released or record.owner != sup.run_id:
+            return
+        submits = [e for e in sup.history.events([JOB_SUBMITTED])
+                   if e.data.get("run_id") == sup.run_id and e.data.get("attempt") == attempt]
+        if not submits:
+            return
+        submitted = submits[-1]
+        self.log.info("the driver of attempt %d still holds the job's lease (epoch %d): "
+                      "watching it again instead of resubmitting", attempt, record.epoch)
+        driver_log = submitted.data.get("driver_log")
+        self.defer(trigger=DriverSupervisionTrigger(
+            storage_uri=sup.args.storage_uri, job=sup.args.job, run_id=sup.run_id,
+            submitted_key=submitted.key, lease_epoch_before=record.epoch - 1,
+            conn_id=self.storage_conn_id, driver_pid=None,
+            driver_host=submitted.data.get("driver_host"),
+            exit_path=f"{driver_log}.exit" if driver_log else None,
+            health=self._health_kwargs(sup.args), poll_interval=float(self.poll_interval),
+            startup_timeout_s=float(self.startup_timeout_s),
+            stop_timeout_s=float(self.stop_timeout_s), attempt=attempt, driver_log=driver_log,
+        ), method_name="execute_complete")
 
     def _supervision(self, context: Context) -> _Supervision:
         """Everything one supervision step needs, rebuilt from arguments and storage.

@@ -370,3 +370,33 @@ def test_standalone_cluster_mode_is_refused_before_submitting(tmp_path: Path) ->
     with pytest.raises(CheckpointedJobConfigError, match="standalone cluster"):
         execute()
     assert history.events([JOB_SUBMITTED]) == []
+
+
+def test_deferrable_retry_reattaches_to_a_driver_that_still_holds_the_lease(
+    tmp_path: Path,
+) -> None:
+    """A retried deferred task must not start a second driver next to a live one."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_ckpt.runtime.lease import LeaseRecord
+
+    storage_uri = (tmp_path / "ckpt").as_uri()
+    storage = open_storage(storage_uri)
+    history = JobHistory(storage, "job-a")
+    history.append(JOB_SUBMITTED, run_id="d/r/t", attempt=1, driver_log="/x/d.log",
+                   driver_host="h", detached=True)
+    record = LeaseRecord(epoch=4, owner="d/r/t", host="h", pid=1, acquired_ts=0.0,
+                         heartbeat_ts=0.0, seq=3)
+    storage.put_bytes("job-a/lease/0000000004.json", record.to_json())
+    op = CheckpointedSparkSubmitOperator(
+        task_id="t", application="job.py", job_name="job-a", checkpoint_storage=storage_uri,
+        restart_strategy=FIXED, ship_runtime=False, deferrable=True, storage_conn_id=None,
+    )
+    ctx: Any = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1,
+                                      try_number=2)}
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx)
+    trigger = deferred.value.trigger
+    assert trigger.attempt == 1 and trigger.lease_epoch_before == 3
+    assert trigger.exit_path == "/x/d.log.exit"
+    assert len(history.events([JOB_SUBMITTED])) == 1  # nothing resubmitted
