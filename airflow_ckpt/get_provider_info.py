@@ -73,7 +73,8 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["airflow_ckpt.hooks.checkpoint_store"],
+                "python-modules": ["airflow_ckpt.hooks.checkpoint_store",
+                                   "airflow_ckpt.hooks.spark_submit"],
             }
         ],
         "operators": [
@@ -95,7 +96,8 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["airflow_ckpt.triggers.checkpoint"],
+                "python-modules": ["airflow_ckpt.triggers.checkpoint",
+                                   "airflow_ckpt.triggers.supervision"],
             }
         ],
     }

@@ -38,51 +38,60 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import hashlib
-import importlib.util
 import json
 import os
 import re
-import shutil
+import socket
 import sys
 import tempfile
 import threading
-import time
-import zipfile
-from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.configuration import conf
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-import airflow_ckpt
+from airflow_ckpt.driver_output import summarize_driver_output
 from airflow_ckpt.errors import (
     AirflowCkptError,
     ConfigError,
     InvalidStorageUriError,
     RestartsExhaustedError,
 )
+from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+from airflow_ckpt.hooks.spark_submit import (
+    CheckpointedSparkSubmitHook,
+    log_tail,
+    secret_values,
+)
 from airflow_ckpt.restart import RestartStrategy, restart_strategy_from_params
 from airflow_ckpt.runtime import sparkconf
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.config import CheckpointConfig
-from airflow_ckpt.runtime.history import JOB_FAILED, JOB_STOPPED, JOB_SUBMITTED, JobHistory
+from airflow_ckpt.runtime.history import (
+    JOB_FAILED,
+    JOB_STOPPED,
+    JOB_SUBMITTED,
+    HistoryEvent,
+    JobHistory,
+)
 from airflow_ckpt.runtime.layout import validate_job_name
+from airflow_ckpt.runtime.lease import lease_epochs, read_lease
 from airflow_ckpt.runtime.restart_log import RestartLog, format_restart_history
 from airflow_ckpt.runtime.storage.factory import parse_storage_uri
+from airflow_ckpt.shipping import runtime_py_files
+from airflow_ckpt.supervision import RunCheckpoints, Verdict, resubmit_restore
+from airflow_ckpt.triggers.supervision import DriverSupervisionTrigger, kill_detached
 
 RESTORE_LATEST = "latest"
 RESTORE_NONE = "none"
-#: spark-submit output lines kept per attempt to report the driver's last error
-OUTPUT_TAIL_LINES = 400
-#: error lines recorded in a FAILURE event / the task's error message
-ERROR_LINES = 40
 
 
 class CheckpointedJobConfigError(ConfigError, AirflowFailException):
@@ -103,6 +112,20 @@ class ValidatedArgs:
     restart_params: dict[str, Any]  # canonical: ``strategy.options()``
     strategy: RestartStrategy
     restore: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Supervision:
+    """One supervision step's collaborators, rebuilt on every (re)entry of the task."""
+
+    args: ValidatedArgs
+    store: CheckpointStoreHook
+    catalog: CheckpointCatalog
+    history: JobHistory
+    run_id: str
+    restart_log: RestartLog
+    run_checkpoints: RunCheckpoints
+    first_restore: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +183,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         "conf": "json",
     }
     ui_color = "#f4a460"
+    # per-execution state: never deep-copied (a threading.Event cannot be), see __deepcopy__
+    shallow_copy_attrs: Sequence[str] = (*SparkSubmitOperator.shallow_copy_attrs, "_killed",
+                                         "_hook")
 
     def __init__(
         self,
@@ -174,6 +200,13 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         workdir: str | None = None,
         master: str | None = None,
         ship_runtime: bool = True,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        poll_interval: float = 10.0,
+        startup_timeout_s: float = 300.0,
+        stop_timeout_s: float = 120.0,
+        driver_log_dir: str | None = None,
+        checkpoint_progress_multiple: float | None = None,
+        restart_on_stale_checkpoints: bool = False,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", job_name)
@@ -187,8 +220,28 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.workdir = workdir
         self.master = master
         self.ship_runtime = ship_runtime
+        self.deferrable = deferrable
+        self.poll_interval = poll_interval
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.driver_log_dir = driver_log_dir
+        self.checkpoint_progress_multiple = checkpoint_progress_multiple
+        self.restart_on_stale_checkpoints = restart_on_stale_checkpoints
+        if restart_on_stale_checkpoints and checkpoint_progress_multiple is None:
+            self.checkpoint_progress_multiple = DEFAULT_MULTIPLE
         self._killed = threading.Event()
-        self._output: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
+        # the user's conf / env_vars / py_files, kept while an attempt's are set
+        self._user_conf: dict[str, Any] | None = None
+        self._user_env: dict[str, Any] | None = None
+        self._user_py_files: str | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CheckpointedSparkSubmitOperator:
+        """A copy with its own (fresh) execution state: ``partial_subset`` and similar
+        paths deep-copy tasks, and a ``threading.Event`` cannot be deep-copied."""
+        copied = super().__deepcopy__(memo)
+        copied._killed = threading.Event()
+        copied._hook = None
+        return copied
 
     # ================================================================ validation
 
@@ -254,71 +307,286 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     # ================================================================ execution
 
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
-        """Validate, then submit and supervise until a clean end or the strategy gives up."""
-        args = self.validate_arguments()
-        self.log.info(
-            "job %r, storage %s, checkpointing %s, restart strategy %s, restore %s",
-            args.job, args.storage_uri, args.checkpoint_config.to_dict(),
-            args.strategy.describe(), args.restore,
-        )
-        store = CheckpointStoreHook(args.storage_uri, conn_id=self.storage_conn_id)
-        catalog = store.catalog(args.job)
-        history = store.history(args.job)
-        first_restore = self._check_restore_target(catalog, args.restore)
-        run_id = supervision_id(context)
-        restart_log = RestartLog(history, args.restart_params, run_id)
-        user_conf = dict(self.conf or {})
-        user_env = dict(self.env_vars or {})
-        user_py_files = self.py_files
-        py_files = _join_csv(runtime_py_files() if self.ship_runtime else None, user_py_files)
+        """Validate, submit, then supervise: blocking, or deferred on the triggerer."""
+        sup = self._supervision(context)
+        if self.deferrable:
+            attempt = sup.restart_log.last_submit_attempt() + 1
+            if attempt > 1:
+                self._reattach(sup, attempt - 1)
+                self.log.info("continuing supervision %s at submission attempt %d",
+                              sup.run_id, attempt)
+            self._submit_and_defer(context, sup, attempt)
+        return self._supervise_blocking(context, sup)
 
-        attempt = restart_log.last_submit_attempt() + 1
-        restore = first_restore if attempt == 1 else self._resubmit_restore(catalog, first_restore)
+    def _reattach(self, sup: _Supervision, attempt: int) -> None:
+        """A retried deferrable task whose driver still holds the lease: watch it again.
+
+        (The task was retried - e.g. its worker died while resuming - but the detached
+        driver of ``attempt`` kept running: resubmitting would start a second driver,
+        which the lease refuses as final.) Returns when there is nothing to re-attach to.
+        """
+        record = read_lease(sup.store.storage, sup.args.job)
+        if record is None or record.released or record.owner != sup.run_id:
+            return
+        submits = [e for e in sup.history.events([JOB_SUBMITTED])
+                   if e.data.get("run_id") == sup.run_id and e.data.get("attempt") == attempt]
+        if not submits:
+            return
+        submitted = submits[-1]
+        self.log.info("the driver of attempt %d still holds the job's lease (epoch %d): "
+                      "watching it again instead of resubmitting", attempt, record.epoch)
+        driver_log = submitted.data.get("driver_log")
+        self.defer(trigger=DriverSupervisionTrigger(
+            storage_uri=sup.args.storage_uri, job=sup.args.job, run_id=sup.run_id,
+            submitted_key=submitted.key, lease_epoch_before=record.epoch - 1,
+            conn_id=self.storage_conn_id, driver_pid=None,
+            driver_host=submitted.data.get("driver_host"),
+            exit_path=f"{driver_log}.exit" if driver_log else None,
+            health=self._health_kwargs(sup.args), poll_interval=float(self.poll_interval),
+            startup_timeout_s=float(self.startup_timeout_s),
+            stop_timeout_s=float(self.stop_timeout_s), attempt=attempt, driver_log=driver_log,
+        ), method_name="execute_complete")
+
+    def _supervision(self, context: Context) -> _Supervision:
+        """Everything one supervision step needs, rebuilt from arguments and storage.
+
+        Both paths start here, and the deferrable path after every resume: nothing is
+        kept in the operator between deferrals, so a worker restart loses nothing.
+        """
+        args = self.validate_arguments()
+        store = CheckpointStoreHook(args.storage_uri, conn_id=self.storage_conn_id)
+        history = store.history(args.job)
+        run_id = supervision_id(context)
+        sup = _Supervision(
+            args=args, store=store, catalog=store.catalog(args.job), history=history,
+            run_id=run_id, restart_log=RestartLog(history, args.restart_params, run_id),
+            run_checkpoints=RunCheckpoints(history, run_id),
+            first_restore=self._check_restore_target(store.catalog(args.job), args.restore),
+        )
+        self.log.info(
+            "job %r, storage %s, checkpointing %s, restart strategy %s, restore %s%s",
+            args.job, args.storage_uri, args.checkpoint_config.to_dict(),
+            args.strategy.describe(), args.restore, " (deferrable)" if self.deferrable else "",
+        )
+        return sup
+
+    def _restore_for(self, sup: _Supervision, attempt: int) -> str:
+        return sup.first_restore if attempt == 1 else self._resubmit_restore(
+            sup.run_checkpoints, sup.first_restore)
+
+    def _supervise_blocking(self, context: Context, sup: _Supervision) -> dict[str, Any]:
+        attempt = sup.restart_log.last_submit_attempt() + 1
         if attempt > 1:
             self.log.info("continuing supervision %s at submission attempt %d "
-                          "(earlier attempts are in the job's history)", run_id, attempt)
-        job_env = self._job_env(store, user_conf, user_env)
+                          "(earlier attempts are in the job's history)", sup.run_id, attempt)
+        while True:
+            restore = self._restore_for(sup, attempt)
+            before = sup.restart_log.refresh()
+            restored_before, terminal_before = len(before.restored), before.last_terminal
+            failure = self._submit(context, sup, attempt, restore)
+            state = sup.restart_log.refresh()
+            for event in state.restored[restored_before:]:
+                self.log.info("attempt %d restored from %s %s (batch %s)", attempt,
+                              event.data.get("kind", "checkpoint"), event.data.get("path"),
+                              event.data.get("batch_id"))
+            if failure is None:
+                return self._result(sup.catalog, sup.args.job, attempt, state.last_terminal)
+            if self._killed.is_set():
+                raise AirflowException(f"job {sup.args.job}: killed while attempt {attempt} ran")
+            terminal = state.last_terminal
+            final = (terminal is not None and terminal is not terminal_before
+                     and terminal.type == JOB_FAILED and terminal.data.get("run_id") == sup.run_id)
+            delay_s = self._after_failure(
+                sup, failure, final_cause=terminal.data.get("cause") if final and terminal
+                else None)
+            if self._killed.wait(delay_s):
+                raise AirflowException(f"job {sup.args.job}: killed while waiting to restart")
+            attempt += 1
+
+    def _after_failure(
+        self, sup: _Supervision, failure: DriverFailure, *, final_cause: str | None
+    ) -> float:
+        """The one supervision decision both paths use: the restart delay, or raise.
+
+        ``final_cause``: the driver itself declared the failure final (``job_failed`` of
+        this run: invalid settings, state that does not fit the query, another driver
+        owns the job, or its in-process strategy gave up) - resubmitting cannot help.
+        """
+        if final_cause is not None:
+            restart, delay_s, by_runtime = False, 0.0, True
+            reason = f"the job failed for good: {final_cause}"
+        else:
+            restart, delay_s, reason, by_runtime = self._decide(sup.restart_log, failure)
+        if not restart:
+            self._fail(sup.history, sup.restart_log, sup.args, failure, failure.attempt,
+                       reason, write_job_failed=not by_runtime)
+        self.log.info(
+            "job %s attempt %d failed (%s); restarting in %.3f s (%s)",
+            sup.args.job, failure.attempt, failure.cause, delay_s, reason,
+        )
+        return delay_s
+
+    # ---------------------------------------------------------------- deferrable path
+
+    def _submit_and_defer(self, context: Context, sup: _Supervision, attempt: int) -> NoReturn:
+        """Submit attempt ``attempt`` detached and defer on its supervision trigger."""
+        restore = self._restore_for(sup, attempt)
+        hook = self._prepare(sup, attempt, restore)
+        if hook.is_yarn_or_kubernetes and hook.is_cluster_mode:
+            self.log.info("cluster deploy mode: the driver runs in the cluster; the local "
+                          "spark-submit client is detached as well")
+        epochs = lease_epochs(sup.store.storage, sup.args.job)
+        log_dir = Path(str(self.driver_log_dir)) if self.driver_log_dir else \
+            Path(tempfile.gettempdir()) / "airflow-ckpt-drivers"
+        safe_run = re.sub(r"[^A-Za-z0-9_.-]+", "_", sup.run_id)
+        log_path = log_dir / f"{sup.args.job}-{safe_run}-{attempt}.log"
+        host = socket.gethostname()
+        submitted = self._record_submit(context, sup, hook, attempt, restore,
+                                        driver_log=str(log_path), driver_host=host,
+                                        detached=True)
         try:
-            while True:
-                self.conf = {**user_conf, **self._job_conf(args, store, restore, attempt, run_id)}
-                self.env_vars = dict(job_env)
-                self.py_files = py_files
-                before = restart_log.refresh()
-                restored_before, terminal_before = len(before.restored), before.last_terminal
-                failure = self._submit(context, history, args, attempt, restore, run_id)
-                state = restart_log.refresh()
-                for event in state.restored[restored_before:]:
-                    self.log.info("attempt %d restored from %s %s (batch %s)", attempt,
-                                  event.data.get("kind", "checkpoint"), event.data.get("path"),
-                                  event.data.get("batch_id"))
-                if failure is None:
-                    return self._result(catalog, args.job, attempt, state.last_terminal)
-                if self._killed.is_set():
-                    raise AirflowException(f"job {args.job}: killed while attempt {attempt} ran")
-                terminal = state.last_terminal
-                if (terminal is not None and terminal is not terminal_before
-                        and terminal.type == JOB_FAILED
-                        and terminal.data.get("run_id") == run_id):
-                    # The driver itself declared the failure final (invalid settings,
-                    # state that does not fit the query, another driver owns the job,
-                    # or its in-process strategy gave up): resubmitting cannot help.
-                    restart, delay_s, by_runtime = False, 0.0, True
-                    reason = f"the job failed for good: {terminal.data.get('cause')}"
-                else:
-                    restart, delay_s, reason, by_runtime = self._decide(restart_log, failure)
-                if not restart:
-                    self._fail(history, restart_log, args, failure, attempt, reason,
-                               write_job_failed=not by_runtime)
-                self.log.info(
-                    "job %s attempt %d failed (%s); restarting in %.3f s from the latest "
-                    "retained checkpoint (%s)", args.job, attempt, failure.cause, delay_s, reason,
-                )
-                if self._killed.wait(delay_s):
-                    raise AirflowException(f"job {args.job}: killed while waiting to restart")
-                attempt += 1
-                restore = self._resubmit_restore(catalog, first_restore)
+            driver = hook.submit_detached(self.application, log_path)
         finally:
-            self.conf, self.env_vars, self.py_files = user_conf, user_env, user_py_files
+            self._restore_user_args()
+        self.log.info("job %s attempt %d submitted detached (pid %d, log %s); deferring",
+                      sup.args.job, attempt, driver.pid, driver.log_path)
+        trigger = DriverSupervisionTrigger(
+            storage_uri=sup.args.storage_uri, job=sup.args.job, run_id=sup.run_id,
+            submitted_key=submitted.key, lease_epoch_before=epochs[-1] if epochs else 0,
+            conn_id=self.storage_conn_id, driver_pid=driver.pid, driver_host=host,
+            exit_path=driver.exit_path, health=self._health_kwargs(sup.args),
+            poll_interval=float(self.poll_interval),
+            startup_timeout_s=float(self.startup_timeout_s),
+            stop_timeout_s=float(self.stop_timeout_s), attempt=attempt,
+            driver_log=driver.log_path,
+        )
+        # the event carries the submission (attempt, pid, host, log): no resume kwargs
+        self.defer(trigger=trigger, method_name="execute_complete")
+
+    def _health_kwargs(self, args: ValidatedArgs) -> dict[str, Any] | None:
+        if self.checkpoint_progress_multiple is None:
+            return None
+        return {"interval_s": args.checkpoint_config.interval_s,
+                "multiple": float(self.checkpoint_progress_multiple),
+                "restart": bool(self.restart_on_stale_checkpoints)}
+
+    def execute_complete(
+        self, context: Context, event: dict[str, Any], **kwargs: Any
+    ) -> dict[str, Any]:
+        """Resumed by the supervision trigger: end, give up, or restart (deferred again)."""
+        sup = self._supervision(context)
+        verdict = Verdict.from_payload(event)
+        attempt = int(event.get("attempt") or sup.restart_log.last_submit_attempt())
+        driver_pid, driver_host = event.get("driver_pid"), event.get("driver_host")
+        driver_log = event.get("driver_log")
+        if verdict.kind == "finished":
+            return self._result(sup.catalog, sup.args.job, attempt,
+                                sup.restart_log.refresh().last_terminal)
+        local = driver_host == socket.gethostname()
+        if verdict.kind == "stale" and local:
+            self.log.warning("job %s: %s; killing the stuck driver to restart it",
+                             sup.args.job, verdict.cause)
+            kill_detached(driver_pid)
+        lines = log_tail(driver_log) if local else []
+        cause, error_lines = summarize_driver_output(lines, verdict.exit_code)
+        if verdict.kind != "failed" and (not lines or verdict.exit_code is None):
+            cause = verdict.cause
+        failure = DriverFailure(attempt, verdict.exit_code, cause, error_lines)
+        delay_s = self._after_failure(
+            sup, failure, final_cause=verdict.cause if verdict.kind == "failed" else None)
+        if delay_s > 0:
+            # wait deferred as well: no sleeping in a worker
+            self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=delay_s)),
+                       method_name="resubmit")
+        return self._submit_and_defer(context, sup, attempt + 1)
+
+    def resubmit(self, context: Context, event: Any = None, **kwargs: Any) -> NoReturn:
+        """Resumed after the restart delay: resubmit (the next attempt, from history)."""
+        sup = self._supervision(context)
+        self._submit_and_defer(context, sup, sup.restart_log.last_submit_attempt() + 1)
+
+    # ---------------------------------------------------------------- submission
+
+    def _prepare(
+        self, sup: _Supervision, attempt: int, restore: str
+    ) -> CheckpointedSparkSubmitHook:
+        """Set this attempt's conf/env/py_files and build its hook."""
+        user_conf = dict(self._user_conf if self._user_conf is not None else self.conf or {})
+        user_env = dict(self._user_env if self._user_env is not None else self.env_vars or {})
+        if self._user_conf is None:
+            self._user_conf, self._user_env, self._user_py_files = (
+                user_conf, user_env, self.py_files)
+        self.conf = {**user_conf, **self._job_conf(sup.args, sup.store, restore, attempt,
+                                                   sup.run_id)}
+        self.py_files = _join_csv(runtime_py_files() if self.ship_runtime else None,
+                                  self._user_py_files)
+        self.env_vars = {}
+        probe = self._get_hook()
+        if probe.is_standalone_cluster_mode:
+            raise CheckpointedJobConfigError(
+                "CheckpointedSparkSubmitOperator arguments",
+                {"deploy_mode": "standalone cluster deploy mode cannot run Python "
+                                "applications (Spark refuses it): use client mode, or YARN / "
+                                "Kubernetes cluster mode"})
+        self.env_vars = self._job_env(probe, sup.store, user_conf, user_env)
+        self._hook = None
+        hook = self._get_hook()
+        self._hook = hook
+        hook.clear_output()
+        return hook
+
+    def _record_submit(
+        self, context: Context, sup: _Supervision, hook: CheckpointedSparkSubmitHook,
+        attempt: int, restore: str, **extra: Any,
+    ) -> HistoryEvent:
+        self.log.info("submitting job %s, attempt %d, restore=%s, master %s", sup.args.job,
+                      attempt, restore, hook.master)
+        return sup.history.append(
+            JOB_SUBMITTED, run_id=sup.run_id, attempt=attempt, restore=restore,
+            master=hook.master, deploy_mode=hook.deploy_mode, application=self.application,
+            airflow=_airflow_ids(context), **extra,
+        )
+
+    def _submit(
+        self, context: Context, sup: _Supervision, attempt: int, restore: str
+    ) -> DriverFailure | None:
+        """Run one spark-submit (blocking); None on exit 0, else what went wrong.
+
+        Errors that are not a driver failure (spark-submit missing, bad connection, ...)
+        propagate unchanged.
+        """
+        try:
+            hook = self._prepare(sup, attempt, restore)
+            self._record_submit(context, sup, hook, attempt, restore)
+            try:
+                super().execute(context)
+            except (AirflowException, RuntimeError) as exc:
+                failure = self._driver_failure(hook, exc, attempt)
+                if failure is None:
+                    raise
+                return failure
+            return None
+        finally:
+            self._restore_user_args()
+
+    def _restore_user_args(self) -> None:
+        if self._user_conf is not None:
+            self.conf, self.env_vars, self.py_files = (
+                self._user_conf, self._user_env, self._user_py_files)
+
+    def _driver_failure(
+        self, hook: CheckpointedSparkSubmitHook, exc: BaseException, attempt: int
+    ) -> DriverFailure | None:
+        """Classify an exception of one submission: a driver failure, or None (re-raise)."""
+        exit_code = hook.exit_code
+        driver_status = hook.driver_status
+        if exit_code in (None, 0) and not (hook.tracks_driver and isinstance(exc, RuntimeError)) \
+                and driver_status not in ("FAILED", "ERROR", "KILLED", "UNKNOWN"):
+            return None
+        cause, error_lines = summarize_driver_output(hook.output_tail, exit_code)
+        if driver_status and driver_status != "FINISHED":
+            cause = f"{cause} (driver status {driver_status})"
+        return DriverFailure(attempt, exit_code, cause, error_lines)
 
     def _decide(
         self, restart_log: RestartLog, failure: DriverFailure
@@ -370,69 +638,16 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.log.error("%s", message)
         raise CheckpointedJobFailedError(message)
 
-    def _submit(
-        self,
-        context: Context,
-        history: JobHistory,
-        args: ValidatedArgs,
-        attempt: int,
-        restore: str,
-        run_id: str,
-    ) -> DriverFailure | None:
-        """Run one spark-submit; None on exit 0, else what went wrong.
+    def _resubmit_restore(self, run_checkpoints: RunCheckpoints, first_restore: str) -> str:
+        """``latest`` once *this run* has a checkpoint; before that, the original target.
 
-        Errors that are not a driver failure (spark-submit missing, bad connection, ...)
-        propagate unchanged.
+        (Issue 8, defect 4: an older run's checkpoints in the catalog do not count.)
         """
-        self._hook = None
-        hook = self._get_hook()
-        self._hook = hook
-        self._output.clear()
-        _tee_submit_output(hook, self._output)
-        history.append(
-            JOB_SUBMITTED,
-            run_id=run_id,
-            attempt=attempt,
-            restore=restore,
-            master=hook._connection["master"],
-            deploy_mode=hook._connection["deploy_mode"] or "client",
-            application=self.application,
-            airflow=_airflow_ids(context),
-        )
-        self.log.info("submitting job %s, attempt %d, restore=%s, master %s", args.job,
-                      attempt, restore, hook._connection["master"])
-        try:
-            super().execute(context)
-        except (AirflowException, RuntimeError) as exc:
-            failure = self._driver_failure(hook, exc, attempt)
-            if failure is None:
-                raise
-            return failure
-        return None
-
-    def _driver_failure(
-        self, hook: SparkSubmitHook, exc: BaseException, attempt: int
-    ) -> DriverFailure | None:
-        """Classify an exception of one submission: a driver failure, or None (re-raise)."""
-        process = hook._submit_sp
-        exit_code = process.returncode if process is not None else None
-        driver_status = hook._driver_status
-        tracked = hook._should_track_driver_status or hook._is_yarn or hook._is_kubernetes
-        if exit_code in (None, 0) and not (tracked and isinstance(exc, RuntimeError)) \
-                and driver_status not in ("FAILED", "ERROR", "KILLED", "UNKNOWN"):
-            return None
-        lines = list(self._output) or list(hook._last_submit_log_lines)
-        cause, error_lines = summarize_driver_output(lines, exit_code)
-        if driver_status and driver_status != "FINISHED":
-            cause = f"{cause} (driver status {driver_status})"
-        return DriverFailure(attempt, exit_code, cause, error_lines)
-
-    def _resubmit_restore(self, catalog: CheckpointCatalog, first_restore: str) -> str:
-        """``latest`` once a checkpoint exists; before that, the original target again."""
-        if catalog.checkpoint_ids():
-            return RESTORE_LATEST
-        self.log.info("no completed checkpoint yet: resubmitting with restore=%s", first_restore)
-        return first_restore
+        restore = resubmit_restore(first_restore, run_checkpoints.progress())
+        if restore != RESTORE_LATEST:
+            self.log.info("this run has no completed checkpoint yet: resubmitting with "
+                          "restore=%s", restore)
+        return restore
 
     def _job_conf(
         self, args: ValidatedArgs, store: CheckpointStoreHook, restore: str, attempt: int,
@@ -453,46 +668,48 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         return conf
 
     def _job_env(
-        self, store: CheckpointStoreHook, user_conf: Mapping[str, Any], user_env: Mapping[str, Any]
+        self, probe: CheckpointedSparkSubmitHook, store: CheckpointStoreHook,
+        user_conf: Mapping[str, Any], user_env: Mapping[str, Any],
     ) -> dict[str, Any]:
         """spark-submit's environment: the user's, AWS credentials, and the Python to use.
 
         In client mode the driver runs here, so it defaults to this interpreter (which
         has pyspark, boto3 and this package); executors default to it only with a
         ``local`` master. Explicit ``PYSPARK_*`` variables, ``spark.pyspark.*`` confs or
-        the worker's own environment win. Standalone cluster mode does not accept
-        environment variables (a SparkSubmitHook limitation): there the driver host's
-        own AWS environment must provide the credentials.
+        the worker's own environment win.
+
+        On YARN / Kubernetes the Spark hook turns ``env_vars`` into
+        ``spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` confs, which are
+        visible in ``ps`` and the Spark UI: the storage credentials are therefore *not*
+        passed there; the driver must get them from its own environment (instance
+        profile / IRSA / a Kubernetes secret, e.g.
+        ``spark.kubernetes.driver.secretKeyRef.AWS_SECRET_ACCESS_KEY``).
         """
-        probe = self._get_hook()
-        if probe._connection["deploy_mode"] == "cluster" and not (
-            probe._is_yarn or probe._is_kubernetes
-        ):
-            if store.job_env():
+        credentials = store.job_env()
+        if probe.is_yarn_or_kubernetes:
+            if credentials:
                 self.log.warning(
-                    "standalone cluster mode cannot pass environment variables: the driver "
-                    "must find S3 credentials in its own AWS environment"
-                )
-            return dict(user_env)
-        env: dict[str, Any] = {**store.job_env(), **user_env}
-        master = str(probe._connection["master"])
-        client = probe._connection["deploy_mode"] != "cluster"
+                    "%s: the storage connection's credentials are not passed to the driver "
+                    "(they would travel as Spark conf); give the driver its own AWS "
+                    "credentials", probe.master)
+            credentials = {}
+        env: dict[str, Any] = {**credentials, **user_env}
+        client = not probe.is_cluster_mode
         if client and not _python_configured(
             "PYSPARK_DRIVER_PYTHON", "spark.pyspark.driver.python", user_conf, env
         ) and not _python_configured("PYSPARK_PYTHON", "spark.pyspark.python", user_conf, env):
             env["PYSPARK_DRIVER_PYTHON"] = sys.executable
-        if master.startswith("local") and not _python_configured(
+        if probe.master.startswith("local") and not _python_configured(
             "PYSPARK_PYTHON", "spark.pyspark.python", user_conf, env
         ):
             env["PYSPARK_PYTHON"] = sys.executable
         return env
 
-    def _get_hook(self) -> SparkSubmitHook:
-        hook = super()._get_hook()
-        if self.master:
-            _override_master(hook, str(self.master))
-        hook._connection["spark_binary"] = resolve_spark_binary(hook._connection["spark_binary"])
-        return hook
+    def _get_hook(self) -> CheckpointedSparkSubmitHook:
+        return CheckpointedSparkSubmitHook.adopt(
+            super()._get_hook(), master=str(self.master) if self.master else None,
+            secret_values=secret_values(self.env_vars or {}),
+        )
 
     def _result(
         self, catalog: CheckpointCatalog, job: str, attempt: int, terminal: Any
@@ -517,11 +734,15 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         return result
 
     def on_kill(self) -> None:
-        """Stop supervising and kill the driver (spark-submit and its Python child)."""
+        """Blocking path: stop supervising and kill the driver (spark-submit and children).
+
+        While deferred, the task runs nowhere: killing it (mark failed / clear) calls the
+        supervision trigger's ``on_kill`` instead - a graceful stop request, then the kill.
+        """
         self._killed.set()
         hook = self._hook
-        process = hook._submit_sp if hook is not None else None
-        children = _child_processes(process.pid) if process is not None else []
+        pid = hook.pid if isinstance(hook, CheckpointedSparkSubmitHook) else None
+        children = _child_processes(pid) if pid is not None else []
         if hook is not None:
             super().on_kill()
         for child in children:
@@ -582,102 +803,6 @@ def _python_configured(
     return bool(env.get(env_name) or conf.get(conf_key) or os.environ.get(env_name))
 
 
-def _override_master(hook: SparkSubmitHook, master: str) -> None:
-    """Point a SparkSubmitHook at ``master`` instead of its connection's.
-
-    The hook derives these flags from the master in its constructor; they are
-    recomputed the same way here (covered by a unit test on the built command).
-    """
-    hook._connection["master"] = master
-    hook._connection["rest_endpoint"] = None
-    hook._is_yarn = "yarn" in master
-    hook._is_yarn_cluster_mode = hook._is_yarn and hook._connection["deploy_mode"] == "cluster"
-    hook._is_kubernetes = "k8s" in master
-    hook._should_track_driver_status = hook._resolve_should_track_driver_status()
-
-
-def resolve_spark_binary(name: str) -> str:
-    """``name`` if it is on PATH (or a path); else the one of this interpreter's pyspark.
-
-    An Airflow worker started without activating its virtualenv does not have the
-    venv's ``bin`` on PATH, but pip's ``pyspark`` ships a complete ``spark-submit``
-    beside the interpreter and in ``pyspark/bin``.
-    """
-    if os.sep in name or shutil.which(name):
-        return name
-    candidates = [Path(sys.executable).parent / name]
-    spec = importlib.util.find_spec("pyspark")
-    if spec is not None and spec.origin:
-        candidates.append(Path(spec.origin).parent / "bin" / name)
-    for candidate in candidates:
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return name
-
-
-def _tee_submit_output(hook: SparkSubmitHook, sink: deque[str]) -> None:
-    """Keep our own tail of spark-submit's output (the hook keeps only ~20 lines)."""
-    original = hook._process_spark_submit_log
-
-    def capture(lines: Iterator[Any]) -> Iterator[Any]:
-        for line in lines:
-            sink.append(str(line).rstrip("\n"))
-            yield line
-
-    def process(itr: Iterator[Any]) -> None:
-        original(capture(itr))
-
-    hook._process_spark_submit_log = process  # type: ignore[method-assign]
-
-
-_TRACEBACK = "Traceback (most recent call last):"
-_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(:.*)?$")
-_JVM_EXCEPTION = re.compile(r'Exception in thread "[^"]*"')
-_SPARK_LOG_LINE = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR) ")
-
-
-def _last_index(lines: Sequence[str], match: Any) -> int | None:
-    found = [i for i, line in enumerate(lines) if match(line)]
-    return found[-1] if found else None
-
-
-def summarize_driver_output(lines: Sequence[str], exit_code: int | None) -> tuple[str, list[str]]:
-    """The driver's last error from spark-submit output: (one-line cause, error lines).
-
-    Takes the last Python traceback (or else the last JVM ``Exception in thread``) up
-    to its final ``SomeError: message`` line plus the message's continuation lines;
-    without either, the last lines of output. The cause is that final error line, or
-    "driver exited with code N" when the driver died without one (e.g. ``os._exit``
-    or a kill).
-    """
-    stripped = [line.strip() for line in lines]
-    start = _last_index(stripped, lambda line: line == _TRACEBACK)
-    if start is None:
-        start = _last_index(stripped, lambda line: bool(_JVM_EXCEPTION.search(line)))
-    cause = None
-    if start is None:
-        block = stripped[-20:]
-    else:
-        rest = stripped[start:]
-        error_at = _last_index(rest, lambda line: bool(_ERROR_LINE.match(line)))
-        if error_at is None:
-            block = rest[:ERROR_LINES]
-        else:
-            cause = rest[error_at]
-            end = error_at + 1
-            while end < len(rest) and end - error_at <= 15 and rest[end] \
-                    and not _SPARK_LOG_LINE.match(rest[end]):
-                end += 1
-            block = rest[:end]
-    if len(block) > ERROR_LINES:
-        block = [*block[:10], "...", *block[-(ERROR_LINES - 11):]]
-    if cause is None:
-        cause = "driver failed" if exit_code is None else f"driver exited with code {exit_code}"
-    elif exit_code is not None:
-        cause = f"{cause} (exit code {exit_code})"
-    return cause[:1000], [line[:500] for line in block]
-
-
 def _child_processes(pid: int) -> list[Any]:
     try:
         import psutil
@@ -685,43 +810,3 @@ def _child_processes(pid: int) -> list[Any]:
         return list(psutil.Process(pid).children(recursive=True))
     except Exception:  # psutil missing or the process is gone
         return []
-
-
-# ------------------------------------------------------------------ runtime shipping
-
-_ZIP_LOCK = threading.Lock()
-
-
-def runtime_py_files(cache_dir: Path | None = None) -> str:
-    """Path of a zip of the installed ``airflow_ckpt`` package, for ``--py-files``.
-
-    Why always ship it: in client mode the driver could import the installed package
-    (same interpreter), but executors on other hosts, standalone/YARN/K8s cluster-mode
-    drivers, and a driver started with another interpreter could not, or would import a
-    different version. One zip works everywhere and pins the runtime to the operator's
-    version. It is built once per content (version + every file's path, size and mtime,
-    so an editable install's edits are picked up) into a cache directory and reused;
-    the write is atomic, so concurrent tasks never see a half-written zip.
-    """
-    package_dir = Path(airflow_ckpt.__file__).resolve().parent
-    files = sorted(
-        p for p in package_dir.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix in (".py", ".typed")
-    )
-    digest = hashlib.sha256(airflow_ckpt.__version__.encode())
-    for path in files:
-        stat = path.stat()
-        digest.update(f"{path.relative_to(package_dir)}\0{stat.st_size}\0{stat.st_mtime_ns}\n"
-                      .encode())
-    cache = cache_dir or Path(tempfile.gettempdir()) / "airflow-ckpt-py-files"
-    target = cache / f"airflow_ckpt-{airflow_ckpt.__version__}-{digest.hexdigest()[:16]}.zip"
-    with _ZIP_LOCK:
-        if target.exists():
-            return str(target)
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".{os.getpid()}.{time.monotonic_ns()}.tmp")
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as archive:
-            for path in files:
-                archive.write(path, Path("airflow_ckpt") / path.relative_to(package_dir))
-        os.replace(tmp, target)
-    return str(target)

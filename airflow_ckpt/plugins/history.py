@@ -37,7 +37,7 @@ from urllib.parse import urlencode, urljoin
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseOperatorLink
 
-from airflow_ckpt.health import DEFAULT_STALE_MULTIPLE
+from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.runtime.layout import is_job_name
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ class PluginSettings:
     storage_uri: str | None
     conn_id: str | None = DEFAULT_CONN_ID
     history_limit: int = DEFAULT_HISTORY_LIMIT
-    stale_multiple: float = DEFAULT_STALE_MULTIPLE
+    stale_multiple: float = DEFAULT_MULTIPLE
 
 
 def load_settings() -> PluginSettings:
@@ -71,9 +71,9 @@ def load_settings() -> PluginSettings:
     conn_id = conf.get(CONFIG_SECTION, "storage_conn_id", fallback=DEFAULT_CONN_ID)
     limit = conf.getint(CONFIG_SECTION, "history_limit", fallback=DEFAULT_HISTORY_LIMIT)
     multiple = conf.getfloat(CONFIG_SECTION, "stale_checkpoint_multiple",
-                             fallback=DEFAULT_STALE_MULTIPLE)
+                             fallback=DEFAULT_MULTIPLE)
     return PluginSettings(uri.strip() or None, conn_id.strip() or None, max(1, limit),
-                          multiple if multiple > 0 else DEFAULT_STALE_MULTIPLE)
+                          multiple if multiple > 0 else DEFAULT_MULTIPLE)
 
 
 def task_history_path(dag_id: str, run_id: str, task_id: str, job: str | None = None) -> str:

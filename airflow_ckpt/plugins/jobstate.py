@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_ckpt.errors import AirflowCkptError, ObjectNotFoundError
-from airflow_ckpt.health import DEFAULT_STALE_MULTIPLE, checkpoint_age_s, checkpoints_stale
+from airflow_ckpt.health import DEFAULT_MULTIPLE, checkpoint_age_s, checkpoints_stale
 from airflow_ckpt.plugins.redact import driver_text
 from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime.config import CheckpointConfig
@@ -184,7 +184,7 @@ def job_health(
     last_completed_ts: float | None,
     lease: LeaseView | None,
     now: float,
-    stale_multiple: float = DEFAULT_STALE_MULTIPLE,
+    stale_multiple: float = DEFAULT_MULTIPLE,
 ) -> Health:
     """The badge of the module docstring."""
     age = checkpoint_age_s(last_completed_ts, None, now)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_ckpt.errors import AirflowCkptError, MetadataError, RestoreError
-from airflow_ckpt.health import DEFAULT_STALE_MULTIPLE
+from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.plugins import jobstate, trends
 from airflow_ckpt.plugins.access import EVERY_DAG, DagAccess
 from airflow_ckpt.plugins.redact import driver_text
@@ -115,7 +115,7 @@ def job_view(
     limit: int,
     access: DagAccess = EVERY_DAG,
     cache: EventCache | None = None,
-    stale_multiple: float = DEFAULT_STALE_MULTIPLE,
+    stale_multiple: float = DEFAULT_MULTIPLE,
     now: float | None = None,
 ) -> dict[str, Any]:
     """Everything the job page shows (the template's context), read from storage.
@@ -356,7 +356,7 @@ def jobs_overview(
     storage: CheckpointStorage,
     cache: EventCache | None = None,
     now: float | None = None,
-    stale_multiple: float = DEFAULT_STALE_MULTIPLE,
+    stale_multiple: float = DEFAULT_MULTIPLE,
 ) -> list[dict[str, Any]]:
     """Every job under the root: its newest retained checkpoint, the DAG of its newest
     submission (``dag_id``) and its health badge. Per job: the catalog's listings, one

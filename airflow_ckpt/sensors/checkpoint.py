@@ -15,6 +15,7 @@ from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
 from airflow_ckpt.durations import parse_duration
+from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.triggers.checkpoint import DEFAULT_CONN_ID, CheckpointTrigger
 from airflow_ckpt.triggers.matching import (
@@ -61,6 +62,12 @@ class CheckpointSensor(BaseSensorOperator):
     newest completed checkpoint is older than this (a job without any checkpoint gets
     this long from the sensor's start). ``"10 min"``, seconds or a ``timedelta``.
 
+    ``wait_for_healthy`` (with ``checkpoint_interval``) waits for "healthy" as well: a
+    match counts only while the job's newest completed checkpoint is no older than
+    ``checkpoint_progress_multiple`` x ``checkpoint_interval`` (the supervisor's
+    checkpoint-progress rule, :func:`airflow_ckpt.health.checkpoint_progress`). Use it
+    with ``new_only=False`` to wait until a running job is healthy.
+
     ``deferrable=True`` (default) releases the worker slot: the wait runs in the
     triggerer (:class:`~airflow_ckpt.triggers.checkpoint.CheckpointTrigger`) and the
     sensor's ``timeout`` becomes the deferral's timeout. ``deferrable=False`` pokes
@@ -93,6 +100,9 @@ class CheckpointSensor(BaseSensorOperator):
         min_checkpoint_id: int | str | None = None,
         request_id: str | None = None,
         max_checkpoint_age: float | str | timedelta | None = None,
+        wait_for_healthy: bool = False,
+        checkpoint_interval: float | str | timedelta | None = None,
+        checkpoint_progress_multiple: float = DEFAULT_MULTIPLE,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poke_interval: float | timedelta = 5.0,
         **kwargs: Any,
@@ -110,6 +120,15 @@ class CheckpointSensor(BaseSensorOperator):
             max_checkpoint_age = max_checkpoint_age.total_seconds()
         self.max_checkpoint_age_s = (None if max_checkpoint_age is None
                                      else parse_duration(max_checkpoint_age))
+        if isinstance(checkpoint_interval, timedelta):
+            checkpoint_interval = checkpoint_interval.total_seconds()
+        if wait_for_healthy and checkpoint_interval is None:
+            raise ValueError("CheckpointSensor: wait_for_healthy needs checkpoint_interval "
+                             "(the job's execution.checkpointing.interval)")
+        self.healthy_interval_s = (parse_duration(checkpoint_interval)
+                                   if wait_for_healthy and checkpoint_interval is not None
+                                   else None)
+        self.checkpoint_progress_multiple = float(checkpoint_progress_multiple)
         self.deferrable = deferrable
         if not deferrable and self.reschedule and self.new_only:
             raise ValueError(
@@ -134,6 +153,8 @@ class CheckpointSensor(BaseSensorOperator):
             min_checkpoint_id=min_id,  # type: ignore[arg-type]  # validated there
             request_id=self.request_id or None,
             max_checkpoint_age_s=self.max_checkpoint_age_s,
+            healthy_interval_s=self.healthy_interval_s,
+            healthy_multiple=self.checkpoint_progress_multiple,
         )
 
     def _hook(self) -> CheckpointStoreHook:

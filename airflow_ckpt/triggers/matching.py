@@ -33,6 +33,7 @@ from airflow_ckpt.errors import (
     EndpointUnreachableError,
     RestoreError,
 )
+from airflow_ckpt.health import checkpoint_progress
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.control import ControlChannel
 from airflow_ckpt.runtime.layout import parse_savepoint_dir
@@ -64,6 +65,10 @@ class CheckpointCondition:
     :param min_checkpoint_id: only snapshots whose checkpoint id is >= this
     :param request_id: only the savepoint answering this control request
     :param max_checkpoint_age_s: fail when no checkpoint completed within this window
+    :param healthy_interval_s: wait for "healthy" too: match only while the job's newest
+        completed checkpoint is no older than ``healthy_multiple`` x this interval
+        (:func:`airflow_ckpt.health.checkpoint_progress` says ``ok``)
+    :param healthy_multiple: the multiple of the health rule
     """
 
     job: str
@@ -73,6 +78,8 @@ class CheckpointCondition:
     min_checkpoint_id: int | None = None
     request_id: str | None = None
     max_checkpoint_age_s: float | None = None
+    healthy_interval_s: float | None = None
+    healthy_multiple: float = 3.0
 
     def __post_init__(self) -> None:
         problems: dict[str, str] = {}
@@ -98,6 +105,15 @@ class CheckpointCondition:
         if age is not None and (isinstance(age, bool) or not isinstance(age, int | float)
                                 or age <= 0):
             problems["max_checkpoint_age_s"] = f"must be a positive number of seconds, got {age!r}"
+        interval = self.healthy_interval_s
+        if interval is not None and (isinstance(interval, bool)
+                                     or not isinstance(interval, int | float) or interval <= 0):
+            problems["healthy_interval_s"] = (
+                f"must be a positive number of seconds, got {interval!r}")
+        if isinstance(self.healthy_multiple, bool) or not isinstance(
+                self.healthy_multiple, int | float) or self.healthy_multiple <= 0:
+            problems["healthy_multiple"] = (
+                f"must be a positive number, got {self.healthy_multiple!r}")
         if problems:
             raise ConfigError("checkpoint condition", problems)
 
@@ -311,6 +327,16 @@ def _stale(catalog: CheckpointCatalog, max_age_s: float, now: float,
     return None
 
 
+def _healthy(catalog: CheckpointCatalog, condition: CheckpointCondition, now: float) -> bool:
+    """True without a health condition, else when the checkpoint-progress rule says ok."""
+    if condition.healthy_interval_s is None:
+        return True
+    latest = _latest_completed_checkpoint(catalog)
+    completed_ts = None if latest is None else catalog.checkpoint(latest).timings.completed_ts
+    return checkpoint_progress(completed_ts, condition.healthy_interval_s, now,
+                               condition.healthy_multiple) == "ok"
+
+
 def find_match(
     catalog: CheckpointCatalog,
     condition: CheckpointCondition,
@@ -333,7 +359,7 @@ def find_match(
             return outcome
     else:
         matches = new_snapshots(catalog, condition)
-        if matches:
+        if matches and _healthy(catalog, condition, now):
             return MatchResult("matched", summary=summarize(catalog, matches[-1]),
                                checked_ts=now)
     if condition.max_checkpoint_age_s is not None:
@@ -409,4 +435,7 @@ def describe(condition: CheckpointCondition) -> str:
         parts.append("newer than the baseline")
     if condition.min_checkpoint_id is not None:
         parts.append(f"with id >= {condition.min_checkpoint_id}")
+    if condition.healthy_interval_s is not None:
+        parts.append(f"while healthy (newest checkpoint within {condition.healthy_multiple:g} x "
+                     f"{condition.healthy_interval_s:g} s)")
     return " ".join(parts)

@@ -214,3 +214,33 @@ def test_submits_to_a_standalone_master_in_client_mode(
     assert data(events(storage, job, RESTART), "restart") == [True]
     assert "flaky job: done" in result.log
     assert result.xcom["on_standalone"]["attempts"] == 2
+
+
+# ------------------------------------------------------------------ deferrable supervision
+
+
+def test_deferred_supervision_restarts_a_dead_driver(
+    airflow_env: AirflowEnv, s3_env: dict[str, str], storage_uri: str,
+    storage: CheckpointStorage,
+) -> None:
+    """Real Airflow (``dags test`` runs the trigger inline) and a real detached driver:
+    attempt 1 dies, the trigger reports it, the strategy restarts after a deferred delay,
+    attempt 2 succeeds. (The real-triggerer + SIGKILL + triggerer-restart test of issue
+    10 is not written yet.)"""
+    prefix = f"ds-{uuid.uuid4().hex[:8]}"
+    result = airflow_env.dags_test(
+        E2E_DAGS / "deferred_supervision_e2e.py", "deferred_supervision_e2e",
+        {"storage": storage_uri, "prefix": prefix, "master": "local[1]"},
+        extra_env=s3_env,
+    )
+    assert result.task_states["deferred"] == "success", explain(result)
+    job = f"{prefix}-deferred"
+    submits = events(storage, job, JOB_SUBMITTED)
+    assert data(submits, "attempt") == [1, 2]
+    assert data(submits, "detached") == [True, True]
+    assert all(path and path.endswith(".log") for path in data(submits, "driver_log"))
+    failures = events(storage, job, FAILURE)
+    assert len(failures) == 1 and failures[0].data["exit_code"] not in (None, 0)
+    assert "injected failure on attempt 1" in failures[0].data["cause"]
+    assert data(events(storage, job, RESTART), "restart") == [True]
+    assert events(storage, job, JOB_FAILED) == []

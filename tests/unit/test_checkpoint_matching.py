@@ -15,6 +15,7 @@ from airflow_ckpt.triggers.matching import (
     CheckpointCondition,
     MatchResult,
     advance,
+    describe,
     find_match,
     new_snapshots,
     poll_once,
@@ -278,3 +279,20 @@ def test_wait_for_match_polls_until_done(catalog: CheckpointCatalog) -> None:
     got = wait_for_match(catalog, cond, poll_interval=0.5, wait_started_ts=time.time(),
                          sleep=sleep)
     assert got.status == "matched" and sleeps == [0.5, 0.5, 0.5]
+
+
+def test_wait_for_healthy_matches_only_while_checkpoints_progress(
+        catalog: CheckpointCatalog) -> None:
+    """Issue 10 part 2: the sensor's "healthy" wait uses the supervisor's stale rule."""
+    now = time.time()
+    write_snapshot(catalog.storage, JOB, 1, completed_ts=now - 100)
+    healthy = CheckpointCondition(job=JOB, kind="checkpoint", healthy_interval_s=10)
+    assert "while healthy" in describe(healthy)
+    assert check(catalog, healthy, now=now).status == "waiting"  # 100 s > 3 x 10 s: stale
+    write_snapshot(catalog.storage, JOB, 2, completed_ts=now - 5)
+    assert check(catalog, healthy, now=now).status == "matched"
+    lenient = CheckpointCondition(job=JOB, healthy_interval_s=1, healthy_multiple=2)
+    assert check(catalog, lenient, now=now).status == "waiting"
+    assert CheckpointCondition.from_dict(healthy.to_dict()) == healthy
+    with pytest.raises(ConfigError):
+        CheckpointCondition(job=JOB, healthy_interval_s=0)

@@ -36,6 +36,9 @@ FAKE = textwrap.dedent(
     confs = dict(a.split("=", 1) for a in sys.argv if a.startswith("spark.") and "=" in a)
     attempt = int(confs["spark.airflow_ckpt.attempt"])
     print("25/01/01 10:00:00 INFO SparkContext: attempt", attempt, flush=True)
+    if confs.get("spark.fake.print_env"):
+        import os
+        print("RuntimeError: token", os.environ.get(confs["spark.fake.print_env"]), flush=True)
     time.sleep(float(confs.get("spark.fake.sleep_s", "0")))
     if confs.get("spark.fake.runtime_gives_up"):
         from airflow_ckpt.runtime.history import JobHistory
@@ -47,6 +50,14 @@ FAKE = textwrap.dedent(
         log.record_failure("query", "StreamingQueryException: query died")
         sys.exit(1)
     if attempt <= int(confs.get("spark.fake.crash_attempts", "0")):
+        if confs.get("spark.fake.checkpoint_before_crash"):
+            from airflow_ckpt.runtime.history import CHECKPOINT_COMPLETED, JobHistory
+            from airflow_ckpt.runtime.storage import open_storage
+            storage = open_storage(confs["spark.airflow_ckpt.storage"])
+            n = 10 + attempt
+            storage.put_bytes(f"{{confs['spark.airflow_ckpt.job']}}/chk-{{n}}/_metadata", b"{{}}")
+            JobHistory(storage, confs["spark.airflow_ckpt.job"]).append(
+                CHECKPOINT_COMPLETED, id=n, trigger="initial")
         print("Traceback (most recent call last):")
         print('  File "job.py", line 1, in <module>')
         print(f"RuntimeError: injected crash on attempt {{attempt}}")
@@ -69,11 +80,11 @@ def fake_spark_submit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run(tmp_path: Path, strategy: dict[str, Any], conf: dict[str, str],
-        run_id: str = "manual__1") -> tuple[Any, JobHistory]:
+        run_id: str = "manual__1", **kwargs: Any) -> tuple[Any, JobHistory]:
     storage = (tmp_path / "ckpt").as_uri()
     op = CheckpointedSparkSubmitOperator(
         task_id="t", application="job.py", job_name="job-a", checkpoint_storage=storage,
-        restart_strategy=strategy, conf=conf, ship_runtime=False,
+        restart_strategy=strategy, conf=conf, ship_runtime=False, **kwargs,
     )
     ti = SimpleNamespace(dag_id="d", run_id=run_id, task_id="t", map_index=-1, try_number=1)
     history = JobHistory(open_storage(storage), "job-a")
@@ -96,6 +107,48 @@ def test_recovers_after_crashes(tmp_path: Path) -> None:
     assert failures[0].data["error_lines"][-1] == "RuntimeError: injected crash on attempt 1"
     assert [r.data["restart"] for r in history.events([RESTART])] == [True, True]
     assert history.events([JOB_FAILED]) == []
+
+
+def _older_runs_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A completed checkpoint left by an earlier run of the job (another supervision).
+
+    Only its marker exists (the catalog lists it); the final XCom does not read it.
+    """
+    from airflow_ckpt.runtime.catalog import CheckpointCatalog
+
+    monkeypatch.setattr(CheckpointCatalog, "latest_checkpoint", lambda self: None)
+    storage = open_storage((tmp_path / "ckpt").as_uri())
+    storage.put_bytes("job-a/chk-3/_metadata", b"{}")
+    JobHistory(storage, "job-a").append(JOB_SUBMITTED, run_id="d/older/t", attempt=1)
+
+
+@pytest.mark.parametrize("restore", ["none", "sp-1"])
+def test_resubmit_keeps_the_target_until_the_run_has_a_checkpoint(
+    tmp_path: Path, restore: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 8 defect 4: a first driver that dies before its initial checkpoint must not
+    make the resubmission resume an older run's checkpoint."""
+    _older_runs_checkpoint(tmp_path, monkeypatch)
+    if restore != "none":  # a savepoint target: accept it without a real manifest
+        monkeypatch.setattr(CheckpointedSparkSubmitOperator, "_check_restore_target",
+                            lambda self, catalog, target: f"file:///sp/{target}")
+    execute, history = run(tmp_path, FIXED, {"spark.fake.crash_attempts": "2"},
+                           restore=restore)
+    execute()
+    target = "none" if restore == "none" else f"file:///sp/{restore}"
+    assert [e.data.get("restore") for e in history.events([JOB_SUBMITTED])][2:] == [target] * 2
+
+
+def test_resubmit_restores_latest_once_the_run_checkpointed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _older_runs_checkpoint(tmp_path, monkeypatch)
+    execute, history = run(tmp_path, FIXED, {"spark.fake.crash_attempts": "2",
+                                             "spark.fake.checkpoint_before_crash": "1"},
+                           restore="none")
+    execute()
+    assert [e.data.get("restore") for e in history.events([JOB_SUBMITTED])][2:] == \
+        ["latest", "latest"]
 
 
 def test_fixed_delay_gives_up(tmp_path: Path) -> None:
@@ -178,3 +231,172 @@ def test_on_kill_stops_the_driver_and_the_loop(tmp_path: Path) -> None:
     assert errors and "killed" in str(errors[0])
     history = JobHistory(open_storage(storage), "job-a")
     assert history.events([RESTART]) == []  # a kill is not a failure to restart from
+
+
+def test_operator_is_deep_copyable(tmp_path: Path) -> None:
+    """``partial_subset`` deep-copies tasks; a copy gets its own kill switch."""
+    import copy
+
+    op = CheckpointedSparkSubmitOperator(
+        task_id="t", application="job.py", job_name="job-a",
+        checkpoint_storage=(tmp_path / "ckpt").as_uri(), restart_strategy=FIXED,
+    )
+    copied = copy.deepcopy(op)
+    assert copied is not op and copied.job_name == "job-a"
+    assert copied.restart_strategy == FIXED and copied.restart_strategy is not op.restart_strategy
+    op._killed.set()
+    assert not copied._killed.is_set()
+
+
+def _wait_for_file(path: str, timeout_s: float = 30.0) -> None:
+    started = time.monotonic()
+    while not os.path.exists(path):
+        assert time.monotonic() - started < timeout_s, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def _fire(trigger: Any) -> dict[str, Any]:
+    import asyncio
+
+    async def first() -> dict[str, Any]:
+        agen = trigger.run()
+        event = await asyncio.wait_for(agen.__anext__(), 30)
+        await agen.aclose()
+        return dict(event.payload)
+
+    return asyncio.run(first())
+
+
+def test_deferrable_supervision_restarts_a_dead_driver(tmp_path: Path) -> None:
+    """Issue 10 part 1 with the fake spark-submit: submit detached, defer, the trigger sees
+    the driver die (exit file), the strategy restarts it after a deferred delay, the second
+    driver finishes, the XCom is the blocking path's."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_ckpt.triggers.supervision import DriverSupervisionTrigger
+
+    storage = (tmp_path / "ckpt").as_uri()
+    op = CheckpointedSparkSubmitOperator(
+        task_id="t", application="job.py", job_name="job-a", checkpoint_storage=storage,
+        restart_strategy=FIXED, conf={"spark.fake.crash_attempts": "1"}, ship_runtime=False,
+        deferrable=True, poll_interval=0.05, driver_log_dir=str(tmp_path / "logs"),
+        storage_conn_id=None,
+    )
+    ctx: Any = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1,
+                                      try_number=1)}
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx)
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, DriverSupervisionTrigger)
+    assert deferred.value.method_name == "execute_complete"
+    assert not deferred.value.kwargs  # everything the resume needs is in the event
+    trigger = DriverSupervisionTrigger(**trigger.serialize()[1])  # a round trip
+    assert trigger.attempt == 1
+    history = JobHistory(open_storage(storage), "job-a")
+    (submitted,) = history.events([JOB_SUBMITTED])
+    assert submitted.data["detached"] and submitted.data["driver_log"] == trigger.driver_log
+    assert op.conf == {"spark.fake.crash_attempts": "1"}  # the user's conf is back
+    _wait_for_file(f"{trigger.driver_log}.exit")
+    event = _fire(trigger)
+    assert event["kind"] == "driver_died" and event["exit_code"] == 17
+    assert event["attempt"] == 1 and event["driver_log"] == trigger.driver_log
+
+    with pytest.raises(TaskDeferred) as waiting:  # the restart delay, deferred too
+        op.execute_complete(ctx, event)
+    assert waiting.value.method_name == "resubmit"
+    (failure,) = history.events([FAILURE])
+    assert failure.data["cause"] == "RuntimeError: injected crash on attempt 1 (exit code 17)"
+    with pytest.raises(TaskDeferred) as deferred:
+        op.resubmit(ctx, None)
+    trigger = deferred.value.trigger
+    assert trigger.attempt == 2
+    _wait_for_file(f"{trigger.driver_log}.exit")
+    event = _fire(trigger)
+    assert event["kind"] == "finished"
+    result = op.execute_complete(ctx, event)
+    assert result["attempts"] == 2 and result["outcome"] == "finished"
+    assert [e.data["attempt"] for e in history.events([JOB_SUBMITTED])] == [1, 2]
+    assert [r.data["restart"] for r in history.events([RESTART])] == [True]
+
+
+def test_deferrable_final_failure_is_not_restarted(tmp_path: Path) -> None:
+    from airflow.sdk.exceptions import TaskDeferred
+
+    storage = (tmp_path / "ckpt").as_uri()
+    op = CheckpointedSparkSubmitOperator(
+        task_id="t", application="job.py", job_name="job-a", checkpoint_storage=storage,
+        restart_strategy=FIXED, conf={}, ship_runtime=False, deferrable=True,
+        driver_log_dir=str(tmp_path / "logs"), storage_conn_id=None,
+    )
+    ctx: Any = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1,
+                                      try_number=1)}
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx)
+    event = {"kind": "failed", "cause": "state does not fit the query", "exit_code": 1}
+    with pytest.raises(CheckpointedJobFailedError, match="failed for good"):
+        op.execute_complete(ctx, {**event, "attempt": deferred.value.trigger.attempt})
+    history = JobHistory(open_storage(storage), "job-a")
+    assert history.events([RESTART]) == []  # the driver's own decision is not re-counted
+
+
+def test_no_secret_value_reaches_history_or_logs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 11: credentials handed to the driver (here a session token, which the Spark
+    provider's own mask misses) never appear in the history or the task log, even when
+    the driver prints them."""
+    secret = "tok-SECRET-4711"
+    execute, history = run(
+        tmp_path, {"type": "none"},
+        {"spark.fake.print_env": "AWS_SESSION_TOKEN", "spark.fake.crash_attempts": "1"},
+        env_vars={"AWS_SESSION_TOKEN": secret},
+    )
+    with caplog.at_level("DEBUG"), pytest.raises(CheckpointedJobFailedError) as err:
+        execute()
+    assert secret not in str(err.value)
+    for event in history.events():
+        assert secret not in json.dumps(event.data)
+    out, errout = capfd.readouterr()
+    assert "RuntimeError: token ******" in out + errout + caplog.text  # the line was logged
+    assert secret not in out + errout + caplog.text
+
+
+def test_standalone_cluster_mode_is_refused_before_submitting(tmp_path: Path) -> None:
+    """Issue 11: Spark refuses Python applications in standalone cluster deploy mode."""
+    from airflow_ckpt.operators import CheckpointedJobConfigError
+
+    execute, history = run(tmp_path, FIXED, {}, master="spark://127.0.0.1:7077",
+                           deploy_mode="cluster")
+    with pytest.raises(CheckpointedJobConfigError, match="standalone cluster"):
+        execute()
+    assert history.events([JOB_SUBMITTED]) == []
+
+
+def test_deferrable_retry_reattaches_to_a_driver_that_still_holds_the_lease(
+    tmp_path: Path,
+) -> None:
+    """A retried deferred task must not start a second driver next to a live one."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_ckpt.runtime.lease import LeaseRecord
+
+    storage_uri = (tmp_path / "ckpt").as_uri()
+    storage = open_storage(storage_uri)
+    history = JobHistory(storage, "job-a")
+    history.append(JOB_SUBMITTED, run_id="d/r/t", attempt=1, driver_log="/x/d.log",
+                   driver_host="h", detached=True)
+    record = LeaseRecord(epoch=4, owner="d/r/t", host="h", pid=1, acquired_ts=0.0,
+                         heartbeat_ts=0.0, seq=3)
+    storage.put_bytes("job-a/lease/0000000004.json", record.to_json())
+    op = CheckpointedSparkSubmitOperator(
+        task_id="t", application="job.py", job_name="job-a", checkpoint_storage=storage_uri,
+        restart_strategy=FIXED, ship_runtime=False, deferrable=True, storage_conn_id=None,
+    )
+    ctx: Any = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1,
+                                      try_number=2)}
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx)
+    trigger = deferred.value.trigger
+    assert trigger.attempt == 1 and trigger.lease_epoch_before == 3
+    assert trigger.exit_path == "/x/d.log.exit"
+    assert len(history.events([JOB_SUBMITTED])) == 1  # nothing resubmitted

@@ -1,0 +1,292 @@
+"""Supervision decisions shared by the blocking and the deferrable supervisor (no Airflow).
+
+Typed predicates over the job's history (STYLE.md point 3): the operator and the
+supervision trigger ask these objects instead of reading raw event dicts.
+
+* :class:`RunCheckpoints` answers "has *this* supervision run completed a checkpoint of
+  its own?" (issue 8, defect 4). A run started from a savepoint or ``none`` must keep
+  that target on resubmission until its own ``initial`` checkpoint exists; the job's
+  catalog may hold an *older* run's checkpoints, and ``restore=latest`` would resume
+  those instead. One driver per job runs at a time (the lease), so a
+  ``checkpoint_completed`` event written after this run's first ``job_submitted`` is
+  this run's.
+* :func:`resubmit_restore` turns that answer into the resubmission's restore target.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from airflow_ckpt.errors import MetadataError
+from airflow_ckpt.health import DEFAULT_MULTIPLE, checkpoint_progress
+from airflow_ckpt.runtime.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.history import (
+    CHECKPOINT_COMPLETED,
+    FAILURE,
+    JOB_FAILED,
+    JOB_FINISHED,
+    JOB_STARTED,
+    JOB_STOPPED,
+    JOB_SUBMITTED,
+    RESTART,
+    HistoryEvent,
+    JobHistory,
+)
+from airflow_ckpt.runtime.lease import LeaseObserver
+
+RESTORE_LATEST = "latest"
+RESTORE_NONE = "none"
+
+#: events that carry the ``run_id`` of the supervision that wrote them
+_RUN_EVENTS = frozenset({JOB_SUBMITTED, JOB_STARTED, FAILURE, RESTART})
+
+
+@dataclass(frozen=True, slots=True)
+class RunProgress:
+    """What the history says about one supervision run's own progress."""
+
+    submitted: bool  # the run's first ``job_submitted`` was found
+    own_checkpoint: bool  # a checkpoint completed after the run's first submission
+
+    @property
+    def may_restore_latest(self) -> bool:
+        """True once ``restore=latest`` resumes this run's state, not an older run's."""
+        return self.own_checkpoint
+
+
+class RunCheckpoints:
+    """Incrementally watches the history for the run's first submit and own checkpoints.
+
+    The first :meth:`progress` scans newest-first down to the run's first
+    ``job_submitted`` (attempt 1) or another run's event; later calls only read keys
+    newer than the last one seen (history keys sort chronologically).
+    """
+
+    def __init__(self, history: JobHistory, run_id: str) -> None:
+        self.history = history
+        self.run_id = run_id
+        self._cursor: str | None = None
+        self._submitted = False
+        self._own_checkpoint = False
+
+    def progress(self) -> RunProgress:
+        keys = [
+            info.key for info in self.history.storage.list(self.history.layout.history_prefix)
+            if info.key.endswith(".json")
+        ]
+        if self._cursor is None:
+            for key in reversed(keys):
+                event = self._read(key)
+                run = event.data.get("run_id")
+                if event.type in _RUN_EVENTS and run is not None and run != self.run_id:
+                    break  # an earlier supervision: nothing older is ours
+                if event.type == CHECKPOINT_COMPLETED:
+                    self._own_checkpoint = True
+                if event.type == JOB_SUBMITTED and run == self.run_id:
+                    self._submitted = True
+                    if int(event.data.get("attempt") or 0) <= 1:
+                        break
+            if not self._submitted:
+                # nothing of ours yet: checkpoints seen belong to someone else
+                self._own_checkpoint = False
+        else:
+            for key in keys:
+                if key <= self._cursor:
+                    continue
+                event = self._read(key)
+                if event.type == JOB_SUBMITTED and event.data.get("run_id") == self.run_id:
+                    self._submitted = True
+                elif event.type == CHECKPOINT_COMPLETED and self._submitted:
+                    self._own_checkpoint = True
+        if keys:
+            self._cursor = max(keys[-1], self._cursor or "")
+        else:
+            self._cursor = self._cursor or ""
+        return RunProgress(self._submitted, self._own_checkpoint)
+
+    def _read(self, key: str) -> HistoryEvent:
+        return _read_event(self.history, key)
+
+
+def resubmit_restore(first_restore: str, progress: RunProgress) -> str:
+    """The restore target of a resubmission after a driver death.
+
+    ``latest`` once the run has a checkpoint of its own; until then the original target
+    (a savepoint/checkpoint URI, ``none`` or ``latest``) again, so a driver that died
+    during restore or before its initial checkpoint never resumes another run's state.
+    """
+    if first_restore == RESTORE_LATEST or progress.may_restore_latest:
+        return RESTORE_LATEST
+    return first_restore
+
+
+# ====================================================================== watching a driver
+
+VerdictKind = Literal["finished", "failed", "driver_died", "stale"]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the supervision probe concluded about one submission (a trigger event payload).
+
+    * ``finished``: the job ended cleanly (``job_finished`` / ``job_stopped``, or the
+      submission exited 0); ``outcome`` is ``finished`` or ``stopped``.
+    * ``failed``: the driver itself declared the failure final (``job_failed`` of this
+      run): no restart, nothing more to count.
+    * ``driver_died``: heartbeat gone (``expired`` / ``dead``) or the submission ended
+      non-zero, with no terminal event: record a driver failure and ask the strategy.
+    * ``stale``: the heartbeat is alive but checkpoints stopped progressing (health rule).
+    """
+
+    kind: VerdictKind
+    cause: str
+    exit_code: int | None = None
+    outcome: str | None = None
+
+    @property
+    def needs_restart_decision(self) -> bool:
+        return self.kind in ("driver_died", "stale")
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"kind": self.kind, "cause": self.cause, "exit_code": self.exit_code,
+                "outcome": self.outcome}
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> Verdict:
+        kind = payload.get("kind")
+        if kind not in ("finished", "failed", "driver_died", "stale"):
+            raise ValueError(f"not a supervision event: {payload!r}")
+        code = payload.get("exit_code")
+        return cls(kind, str(payload.get("cause") or ""),
+                   None if code is None else int(code), payload.get("outcome"))
+
+
+@dataclass(frozen=True, slots=True)
+class HealthRule:
+    """Flink's ``checkpoint-progress`` check: stale after ``multiple`` x ``interval_s``."""
+
+    interval_s: float
+    multiple: float = DEFAULT_MULTIPLE
+    restart: bool = False  # restart a stale job (counted by the restart strategy)
+
+
+class SupervisionProbe:
+    """One submission's observed state, polled by the trigger (sync; run it in a thread).
+
+    Keep one probe across polls: the lease observer judges liveness by the heartbeat
+    sequence *not moving* for ``ttl_s + max_write_s`` of this process's monotonic
+    clock. A new probe (a restarted triggerer) therefore waits one full expiry again
+    before calling a silent driver dead; terminal events and the exit code are read
+    from storage / the exit file and need no memory.
+
+    :param lease_epoch_before: the newest lease epoch when the submission started;
+        records of that epoch or older belong to an earlier driver
+    :param startup_timeout_s: a submission whose driver takes no lease within this
+        long (probe clock) is dead
+    """
+
+    def __init__(
+        self,
+        history: JobHistory,
+        run_id: str,
+        *,
+        submitted_key: str,
+        lease_epoch_before: int,
+        exit_code: Callable[[], int | None] = lambda: None,
+        health: HealthRule | None = None,
+        catalog: CheckpointCatalog | None = None,
+        startup_timeout_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.history = history
+        self.run_id = run_id
+        self.submitted_key = submitted_key
+        self.lease_epoch_before = lease_epoch_before
+        self.exit_code = exit_code
+        self.health = health
+        self.catalog = catalog
+        self.startup_timeout_s = startup_timeout_s
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.observer = LeaseObserver(history.storage, history.layout.job, clock=clock)
+        self._started = clock()
+        self._cursor = submitted_key
+        self._released_polls = 0
+
+    def poll(self) -> Verdict | None:
+        """A verdict, or None while the driver runs healthily (or is still starting)."""
+        terminal = self._terminal()
+        if terminal is not None:
+            return terminal
+        code = self.exit_code()
+        if code is not None:
+            if code == 0:
+                return Verdict("finished", "spark-submit exited 0", 0, "finished")
+            return Verdict("driver_died", f"driver exited with code {code}", code)
+        lease = self.observer.poll()
+        ours = lease.record is not None and lease.record.epoch > self.lease_epoch_before
+        if not ours:
+            if self.clock() - self._started >= self.startup_timeout_s:
+                return Verdict("driver_died", f"the driver took no lease within "
+                               f"{self.startup_timeout_s:.0f} s of its submission")
+            return None
+        if lease.status in ("expired", "dead"):
+            return Verdict("driver_died", f"driver heartbeat {lease.status} (unchanged for "
+                           f"{lease.unchanged_for_s:.1f} s) without a terminal event")
+        if lease.status == "released":
+            # released after its terminal event is written: give the listing one more poll
+            self._released_polls += 1
+            if self._released_polls >= 2:
+                return Verdict("driver_died", "driver released its lease without a "
+                               "terminal event")
+            return None
+        return self._health()
+
+    def _health(self) -> Verdict | None:
+        if self.health is None or self.catalog is None:
+            return None
+        latest = self.catalog.latest_checkpoint()
+        status = checkpoint_progress(
+            latest.timings.completed_ts if latest else None, self.health.interval_s,
+            self.wall_clock(), self.health.multiple)
+        if status == "stale" and latest is not None:
+            return Verdict("stale", f"no checkpoint completed for more than "
+                           f"{self.health.multiple:g} x {self.health.interval_s:g} s "
+                           f"(last: chk-{latest.checkpoint_id}) while the driver's heartbeat "
+                           f"is alive")
+        return None
+
+    def _terminal(self) -> Verdict | None:
+        keys = [
+            info.key for info in self.history.storage.list(self.history.layout.history_prefix)
+            if info.key.endswith(".json") and info.key > self._cursor
+        ]
+        verdict = None
+        for key in keys:
+            self._cursor = key
+            event = _read_event(self.history, key)
+            run = event.data.get("run_id")
+            if run is not None and run != self.run_id:
+                continue
+            if event.type in (JOB_FINISHED, JOB_STOPPED):
+                outcome = "stopped" if event.type == JOB_STOPPED else "finished"
+                verdict = Verdict("finished", f"the job {outcome}", None, outcome)
+            elif event.type == JOB_FAILED and run == self.run_id:
+                verdict = Verdict("failed", str(event.data.get("cause") or "job failed"))
+            if verdict is not None:
+                return verdict
+        return None
+
+
+def _read_event(history: JobHistory, key: str) -> HistoryEvent:
+    raw = history.storage.get_bytes(key)
+    try:
+        body = json.loads(raw)
+        return HistoryEvent(str(body["type"]), float(body["ts"]), key, body)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MetadataError(f"history event {key} is unreadable: {exc}") from exc

@@ -1,0 +1,204 @@
+"""DriverSupervisionTrigger: watch one submission of a supervised job from the triggerer.
+
+The deferrable :class:`~airflow_ckpt.operators.CheckpointedSparkSubmitOperator` submits
+the driver detached and defers on this trigger; the worker slot is free while the job
+streams. The trigger polls (in a worker thread: the storage client is synchronous, the
+event loop never blocks) a :class:`~airflow_ckpt.supervision.SupervisionProbe`: the
+job's lease heartbeat, its terminal history events, the detached launcher's exit file
+(same host only) and the checkpoint-progress health rule. It fires one event, a
+:meth:`~airflow_ckpt.supervision.Verdict.to_payload`, and the operator resumes to decide
+(restart strategy) what next.
+
+Triggerer restarts: everything the trigger needs is in its kwargs and in storage. The
+heartbeat judgement needs two looks on one clock, so a restarted trigger waits one full
+``ttl_s + max_write_s`` before it calls a silent driver dead.
+
+``on_kill`` (a user marks the deferred task failed / clears it): a stop request through
+the control channel (graceful: stop-with-savepoint, a final savepoint), then, if no
+terminal event arrives within ``stop_timeout_s``, SIGTERM and SIGKILL to the detached
+driver's process group when it runs on this host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+from airflow_ckpt.hooks.spark_submit import read_exit_code, signal_detached
+from airflow_ckpt.supervision import HealthRule, SupervisionProbe, Verdict
+
+
+class DriverSupervisionTrigger(BaseTrigger):
+    """Fire once when a supervised submission ends, dies or stops making progress.
+
+    :param storage_uri: the checkpoint storage root
+    :param job: the job name
+    :param run_id: the supervision run id (``<dag>/<run>/<task>[/<map>]``)
+    :param submitted_key: history key of this submission's ``job_submitted`` event
+    :param lease_epoch_before: newest lease epoch before the submission
+    :param conn_id: the storage's ``aws`` connection
+    :param driver_pid: the detached launcher's pid (its process group), if local
+    :param driver_host: the host the detached launcher runs on
+    :param exit_path: the launcher's exit-code file (readable on ``driver_host`` only)
+    :param health: ``{"interval_s", "multiple", "restart"}`` or None (no health check)
+    :param poll_interval: seconds between polls
+    :param startup_timeout_s: how long the driver may take to hold its lease
+    :param stop_timeout_s: on_kill: how long a graceful stop may take before the kill
+    :param attempt: the submission attempt (echoed in the event)
+    :param driver_log: the detached driver's log file (echoed in the event)
+
+    The event payload is :meth:`Verdict.to_payload` plus ``attempt``, ``driver_pid``,
+    ``driver_host`` and ``driver_log``: the resumed task needs nothing else.
+    """
+
+    def __init__(
+        self,
+        *,
+        storage_uri: str,
+        job: str,
+        run_id: str,
+        submitted_key: str,
+        lease_epoch_before: int,
+        conn_id: str | None = None,
+        driver_pid: int | None = None,
+        driver_host: str | None = None,
+        exit_path: str | None = None,
+        health: dict[str, Any] | None = None,
+        poll_interval: float = 5.0,
+        startup_timeout_s: float = 300.0,
+        stop_timeout_s: float = 120.0,
+        attempt: int | None = None,
+        driver_log: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.storage_uri = storage_uri
+        self.job = job
+        self.run_id = run_id
+        self.submitted_key = submitted_key
+        self.lease_epoch_before = int(lease_epoch_before)
+        self.conn_id = conn_id
+        self.driver_pid = driver_pid
+        self.driver_host = driver_host
+        self.exit_path = exit_path
+        self.health = dict(health) if health else None
+        self.poll_interval = float(poll_interval)
+        self.startup_timeout_s = float(startup_timeout_s)
+        self.stop_timeout_s = float(stop_timeout_s)
+        self.attempt = attempt
+        self.driver_log = driver_log
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{type(self).__module__}.{type(self).__qualname__}", {
+            "storage_uri": self.storage_uri,
+            "job": self.job,
+            "run_id": self.run_id,
+            "submitted_key": self.submitted_key,
+            "lease_epoch_before": self.lease_epoch_before,
+            "conn_id": self.conn_id,
+            "driver_pid": self.driver_pid,
+            "driver_host": self.driver_host,
+            "exit_path": self.exit_path,
+            "health": self.health,
+            "poll_interval": self.poll_interval,
+            "startup_timeout_s": self.startup_timeout_s,
+            "stop_timeout_s": self.stop_timeout_s,
+            "attempt": self.attempt,
+            "driver_log": self.driver_log,
+        }
+
+    def _local(self) -> bool:
+        import socket
+
+        return self.driver_host is not None and self.driver_host == socket.gethostname()
+
+    def _exit_code(self) -> int | None:
+        return read_exit_code(self.exit_path) if self._local() else None
+
+    def _probe(self, hook: CheckpointStoreHook) -> SupervisionProbe:
+        health = None
+        if self.health:
+            health = HealthRule(float(self.health["interval_s"]),
+                                float(self.health.get("multiple", 3.0)),
+                                bool(self.health.get("restart", False)))
+        return SupervisionProbe(
+            hook.history(self.job), self.run_id, submitted_key=self.submitted_key,
+            lease_epoch_before=self.lease_epoch_before, exit_code=self._exit_code,
+            health=health, catalog=hook.catalog(self.job) if health else None,
+            startup_timeout_s=self.startup_timeout_s,
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        hook = CheckpointStoreHook(self.storage_uri, conn_id=self.conn_id)
+        try:
+            probe = await asyncio.to_thread(self._probe, hook)
+            self.log.info("supervising job %s (run %s) from %s", self.job, self.run_id,
+                          self.submitted_key)
+            while True:
+                try:
+                    verdict = await asyncio.to_thread(probe.poll)
+                except Exception as exc:  # storage hiccup: keep watching
+                    self.log.warning("supervision poll failed, will retry: %s", exc)
+                    verdict = None
+                if verdict is not None and verdict.kind == "stale" and not (
+                    self.health and self.health.get("restart")
+                ):
+                    self.log.warning("job %s: %s", self.job, verdict.cause)
+                    verdict = None  # reported only
+                if verdict is not None:
+                    self.log.info("job %s: %s (%s)", self.job, verdict.kind, verdict.cause)
+                    yield TriggerEvent({**verdict.to_payload(), **self._submission()})
+                    return
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            hook.close()
+
+    def _submission(self) -> dict[str, Any]:
+        """Which submission the event is about (the resumed task needs nothing else)."""
+        return {"attempt": self.attempt, "driver_pid": self.driver_pid,
+                "driver_host": self.driver_host, "driver_log": self.driver_log}
+
+    async def on_kill(self) -> None:
+        """Stop the job: a graceful stop request first, the kill after a timeout."""
+        hook = CheckpointStoreHook(self.storage_uri, conn_id=self.conn_id)
+        try:
+            await asyncio.to_thread(
+                lambda: hook.control(self.job).request_savepoint(
+                    stop=True, timeout_s=self.stop_timeout_s,
+                    requested_by=f"airflow on_kill {self.run_id}"))
+            probe = await asyncio.to_thread(self._probe, hook)
+            deadline = time.monotonic() + self.stop_timeout_s
+            while time.monotonic() < deadline:
+                verdict = await asyncio.to_thread(probe.poll)
+                if verdict is not None and verdict.kind != "stale":
+                    return
+                await asyncio.sleep(min(self.poll_interval, 2.0))
+            self.log.warning("job %s did not stop within %.0f s: killing the driver",
+                             self.job, self.stop_timeout_s)
+            kill_detached(self.driver_pid if self._local() else None)
+        finally:
+            hook.close()
+
+
+def kill_detached(pid: int | None, grace_s: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``, to a detached driver's process group."""
+    if pid is None:
+        return
+    if not signal_detached(pid, signal.SIGTERM):
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not signal_detached(pid, 0):
+            return
+        time.sleep(0.2)
+    signal_detached(pid, signal.SIGKILL)
+
+
+def verdict_of(event: dict[str, Any]) -> Verdict:
+    """The typed verdict of a trigger event payload."""
+    return Verdict.from_payload(event)

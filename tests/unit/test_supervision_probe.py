@@ -1,0 +1,218 @@
+"""SupervisionProbe and DriverSupervisionTrigger against local storage and a fake clock.
+
+The probe is the deferrable supervisor's eyes: terminal events of this run, the lease
+heartbeat judged on the probe's own clock, the detached launcher's exit code and the
+checkpoint-progress health rule (issue 10 parts 1 and 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from airflow_ckpt.runtime.history import (
+    CHECKPOINT_COMPLETED,
+    JOB_FAILED,
+    JOB_FINISHED,
+    JOB_STOPPED,
+    JOB_SUBMITTED,
+    JobHistory,
+)
+from airflow_ckpt.runtime.lease import LeaseRecord
+from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.supervision import HealthRule, RunCheckpoints, SupervisionProbe, Verdict
+from airflow_ckpt.triggers.supervision import DriverSupervisionTrigger
+
+RUN = "d/r/t"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> CheckpointStorage:
+    return open_storage((tmp_path / "ckpt").as_uri())
+
+
+def put_lease(storage: CheckpointStorage, epoch: int, seq: int, released: bool = False) -> None:
+    record = LeaseRecord(epoch=epoch, owner=RUN, host="another-host", pid=1, acquired_ts=0.0,
+                         heartbeat_ts=0.0, released=released, seq=seq, ttl_s=30.0,
+                         max_write_s=10.0)
+    storage.put_bytes(f"job/lease/{epoch:010d}.json", record.to_json())
+
+
+def probe(storage: CheckpointStorage, clock: FakeClock, **kwargs: Any) -> SupervisionProbe:
+    history = JobHistory(storage, "job")
+    submitted = history.append(JOB_SUBMITTED, run_id=RUN, attempt=1)
+    return SupervisionProbe(history, RUN, submitted_key=submitted.key, clock=clock,
+                            lease_epoch_before=kwargs.pop("lease_epoch_before", 1), **kwargs)
+
+
+def test_silent_heartbeat_is_a_dead_driver_after_ttl_plus_max_write(
+    storage: CheckpointStorage,
+) -> None:
+    clock = FakeClock()
+    put_lease(storage, 1, 50, released=True)  # the previous driver's
+    p = probe(storage, clock)
+    assert p.poll() is None  # the old epoch is not ours: still starting
+    put_lease(storage, 2, 1)
+    assert p.poll() is None
+    clock.now += 20
+    put_lease(storage, 2, 2)  # beats
+    assert p.poll() is None
+    clock.now += 39.9
+    assert p.poll() is None
+    clock.now += 0.2
+    verdict = p.poll()
+    assert verdict is not None and verdict.kind == "driver_died"
+    assert verdict.needs_restart_decision and "expired" in verdict.cause
+
+
+def test_terminal_events_of_this_run_win(storage: CheckpointStorage) -> None:
+    clock = FakeClock()
+    p = probe(storage, clock)
+    history = JobHistory(storage, "job")
+    history.append(JOB_FINISHED, run_id="another/run/t")  # not ours
+    assert p.poll() is None
+    history.append(JOB_STOPPED, run_id=RUN, savepoint="s3://x")
+    verdict = p.poll()
+    assert verdict == Verdict("finished", "the job stopped", None, "stopped")
+    p2 = probe(storage, clock)
+    history.append(JOB_FAILED, run_id=RUN, cause="state does not fit")
+    verdict = p2.poll()
+    assert verdict is not None and verdict.kind == "failed" and not verdict.needs_restart_decision
+
+
+def test_exit_code_of_the_detached_submission(storage: CheckpointStorage) -> None:
+    codes: list[int | None] = [None]
+    p = probe(storage, FakeClock(), exit_code=lambda: codes[0])
+    assert p.poll() is None
+    codes[0] = 137
+    verdict = p.poll()
+    assert verdict is not None and verdict.kind == "driver_died" and verdict.exit_code == 137
+
+
+def test_startup_timeout_without_a_lease(storage: CheckpointStorage) -> None:
+    clock = FakeClock()
+    p = probe(storage, clock, startup_timeout_s=60)
+    assert p.poll() is None
+    clock.now += 61
+    verdict = p.poll()
+    assert verdict is not None and verdict.kind == "driver_died" and "no lease" in verdict.cause
+
+
+class FakeCatalog:
+    def __init__(self, completed_ts: float | None) -> None:
+        self.completed_ts = completed_ts
+
+    def latest_checkpoint(self) -> Any:
+        if self.completed_ts is None:
+            return None
+        return SimpleNamespace(checkpoint_id=7,
+                               timings=SimpleNamespace(completed_ts=self.completed_ts))
+
+
+def test_stale_checkpoints_while_the_heartbeat_lives(storage: CheckpointStorage) -> None:
+    """Issue 10 part 2: last checkpoint older than multiple x interval, heartbeat alive."""
+    clock = FakeClock()
+    catalog = FakeCatalog(completed_ts=5000.0)
+    wall = [5025.0]
+    p = probe(storage, clock, health=HealthRule(10.0, 3.0, restart=True),
+              catalog=catalog, wall_clock=lambda: wall[0])
+    put_lease(storage, 2, 1)
+    assert p.poll() is None  # 25 s < 30 s
+    wall[0] = 5031.0
+    clock.now += 5
+    put_lease(storage, 2, 2)
+    verdict = p.poll()
+    assert verdict is not None and verdict.kind == "stale" and "chk-7" in verdict.cause
+    assert verdict.needs_restart_decision
+    catalog.completed_ts = None  # no checkpoint yet: unknown, never stale
+    assert p.poll() is None
+
+
+def test_run_checkpoints_only_counts_checkpoints_after_the_runs_first_submit(
+    storage: CheckpointStorage,
+) -> None:
+    history = JobHistory(storage, "job")
+    history.append(JOB_SUBMITTED, run_id="older", attempt=1)
+    history.append(CHECKPOINT_COMPLETED, id=3)
+    watch = RunCheckpoints(history, RUN)
+    assert not watch.progress().own_checkpoint
+    history.append(JOB_SUBMITTED, run_id=RUN, attempt=1)
+    assert watch.progress() == watch.progress()
+    assert not watch.progress().own_checkpoint
+    history.append(CHECKPOINT_COMPLETED, id=4, trigger="initial")
+    assert watch.progress().own_checkpoint
+    # a fresh reader (a retried task) finds the same
+    assert RunCheckpoints(history, RUN).progress().own_checkpoint
+
+
+def test_trigger_round_trips_and_fires_from_storage(tmp_path: Path,
+                                                    storage: CheckpointStorage) -> None:
+    history = JobHistory(storage, "job")
+    submitted = history.append(JOB_SUBMITTED, run_id=RUN, attempt=1)
+    trigger = DriverSupervisionTrigger(
+        storage_uri=(tmp_path / "ckpt").as_uri(), job="job", run_id=RUN,
+        submitted_key=submitted.key, lease_epoch_before=0, conn_id=None, driver_pid=None,
+        driver_host="h", exit_path=None, health={"interval_s": 10, "multiple": 3},
+        poll_interval=0.05,
+    )
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_ckpt.triggers.supervision.DriverSupervisionTrigger"
+    json.dumps(kwargs)  # plain JSON
+    again = DriverSupervisionTrigger(**kwargs)
+    assert again.serialize() == (classpath, kwargs)
+
+    async def first_event() -> Any:
+        agen = again.run()
+        history.append(JOB_FINISHED, run_id=RUN)
+        event = await asyncio.wait_for(agen.__anext__(), 10)
+        await agen.aclose()  # type: ignore[attr-defined]
+        return event.payload
+
+    payload = asyncio.run(first_event())
+    assert Verdict.from_payload(payload) == Verdict("finished", "the job finished", None,
+                                                    "finished")
+
+
+def test_trigger_on_kill_asks_for_a_graceful_stop_then_kills(
+    tmp_path: Path, storage: CheckpointStorage
+) -> None:
+    """A user killing the deferred task: stop-with-savepoint request first; a driver that
+    does not stop within ``stop_timeout_s`` is killed (its whole process group)."""
+    import socket
+    import subprocess
+    import sys
+
+    from airflow_ckpt.runtime.control import ControlChannel
+
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              start_new_session=True)
+    history = JobHistory(storage, "job")
+    submitted = history.append(JOB_SUBMITTED, run_id=RUN, attempt=1)
+    trigger = DriverSupervisionTrigger(
+        storage_uri=(tmp_path / "ckpt").as_uri(), job="job", run_id=RUN,
+        submitted_key=submitted.key, lease_epoch_before=0, conn_id=None,
+        driver_pid=driver.pid, driver_host=socket.gethostname(), poll_interval=0.05,
+        stop_timeout_s=0.5,
+    )
+    import threading
+
+    reaper = threading.Thread(target=driver.wait)  # reap it as its parent would be gone
+    reaper.start()
+    asyncio.run(trigger.on_kill())
+    (request,) = ControlChannel(storage, "job").pending()
+    assert request.stop and "on_kill" in request.requested_by
+    reaper.join(15)
+    assert driver.returncode is not None and driver.returncode != 0  # killed
