@@ -75,25 +75,56 @@ def _executor_storage(uri: str, options: dict[str, Any]) -> CheckpointStorage:
         return storage
 
 
+#: rows buffered per Parquet row group (Spark hands Arrow batches of 10k rows; row
+#: groups that small make writing and reading slow)
+ROW_GROUP_ROWS = 1 << 20
+
+
 def _write_parquet(batches: Iterator[pa.RecordBatch], path: str, compression: str) -> int:
     """Write the batches into one Parquet file at ``path``; return the row count (0 and
     no file when there was no row)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     writer = None
     rows = 0
+    buffered: list[pa.RecordBatch] = []
+    pending = 0
+
+    def flush() -> None:
+        nonlocal writer, pending
+        if not buffered:
+            return
+        table = pa.Table.from_batches(buffered)
+        if writer is None:
+            writer = pq.ParquetWriter(path, table.schema, compression=compression)
+        writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        buffered.clear()
+        pending = 0
+
     try:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            if writer is None:
-                writer = pq.ParquetWriter(path, batch.schema, compression=compression)
-            writer.write_batch(batch)
+            buffered.append(batch)
+            pending += batch.num_rows
             rows += batch.num_rows
+            if pending >= ROW_GROUP_ROWS:
+                flush()
+        flush()
     finally:
         if writer is not None:
             writer.close()
     return rows
+
+
+def _local_path(storage: CheckpointStorage, key: str) -> Path | None:
+    """Where ``key`` lives if ``storage`` is a local directory (None for S3)."""
+    from airflow_ckpt.runtime.storage.local import LocalStorage
+
+    if isinstance(storage, LocalStorage):
+        return storage.root.joinpath(*key.split("/"))
+    return None
 
 
 def _partition_writer(uri: str, options: dict[str, Any], prefix: str, compression: str) -> Any:
@@ -106,17 +137,28 @@ def _partition_writer(uri: str, options: dict[str, Any], prefix: str, compressio
         ctx = TaskContext.get()
         part = ctx.partitionId() if ctx is not None else 0
         task = ctx.taskAttemptId() if ctx is not None else 0
-        fd, tmp = tempfile.mkstemp(prefix="airflow-ckpt-", suffix=".parquet")
-        os.close(fd)
-        try:
-            rows = _write_parquet(batches, tmp, compression)
+        name = f"part-{part:05d}-{task}.parquet"
+        storage = _executor_storage(uri, options)
+        direct = _local_path(storage, prefix + name)
+        if direct is not None:  # file://: write in place (staging is invisible anyway)
+            direct.parent.mkdir(parents=True, exist_ok=True)
+            rows = _write_parquet(batches, str(direct), compression)
             if rows == 0:
                 return
-            name = f"part-{part:05d}-{task}.parquet"
-            size = os.path.getsize(tmp)
-            _executor_storage(uri, options).upload_file(Path(tmp), prefix + name)
-        finally:
-            os.unlink(tmp)
+            with open(direct, "rb") as fh:
+                os.fsync(fh.fileno())
+            size = direct.stat().st_size
+        else:
+            fd, tmp = tempfile.mkstemp(prefix="airflow-ckpt-", suffix=".parquet")
+            os.close(fd)
+            try:
+                rows = _write_parquet(batches, tmp, compression)
+                if rows == 0:
+                    return
+                size = os.path.getsize(tmp)
+                storage.upload_file(Path(tmp), prefix + name)
+            finally:
+                os.unlink(tmp)
         yield pa.RecordBatch.from_pydict(
             {"name": [name], "size": [size], "rows": [rows]},
             schema=pa.schema([("name", pa.string()), ("size", pa.int64()), ("rows", pa.int64())]),
@@ -241,8 +283,17 @@ class ParquetSink(TwoPhaseCommitSink):
 
     def _publish(self, decision: dict[str, Any]) -> None:
         def one(entry: dict[str, Any]) -> None:
+            staged = _local_path(self.storage, entry["staged"])
+            final = _local_path(self.storage, entry["final"])
             try:
-                self.storage.copy(entry["staged"], entry["final"])
+                if staged is not None and final is not None:
+                    # file://: an atomic rename, no second write of the data
+                    try:
+                        os.replace(staged, final)
+                    except FileNotFoundError:
+                        raise ObjectNotFoundError(entry["staged"]) from None
+                else:
+                    self.storage.copy(entry["staged"], entry["final"])
             except ObjectNotFoundError:
                 # Published by an earlier commit whose clean-up removed the staging.
                 if not self.storage.exists(entry["final"]):
@@ -259,6 +310,13 @@ class ParquetSink(TwoPhaseCommitSink):
         with ThreadPoolExecutor(max_workers=min(self.max_workers, len(files))) as pool:
             for future in [pool.submit(one, e) for e in files]:
                 future.result()
+        table_dir = _local_path(self.storage, files[0]["final"])
+        if table_dir is not None:  # make the renames durable
+            fd = os.open(table_dir.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def _cleanup(self, batch_id: int) -> None:
         # Staging first, record last: a crash in between leaves the record, so the
