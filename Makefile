@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint unit demo bench clean chromium
+.PHONY: venv test lint unit demo bench bench-scale clean chromium
 
 venv: $(STAMP)
 
@@ -48,6 +48,9 @@ demo: venv
 
 bench: venv
 	$(PY) -m bench
+
+bench-scale: venv
+	$(PY) -m bench.scale
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
