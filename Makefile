@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint unit unit-matrix demo bench clean chromium crash-points
+.PHONY: venv test lint unit unit-matrix demo bench bench-scale clean chromium crash-points
 
 venv: $(STAMP)
 
@@ -67,6 +67,9 @@ demo: venv
 
 bench: venv
 	$(PY) -m bench
+
+bench-scale: venv
+	$(PY) -m bench.scale
 
 clean:
 	rm -rf $(VENV) .venv-3.* .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from airflow_ckpt.errors import (
     CheckpointDeclinedError,
+    CheckpointError,
     CheckpointFailureLimitError,
     ConcurrentDriverError,
     LeaseExpiredError,
@@ -39,6 +40,7 @@ from airflow_ckpt.runtime.snapshot import CapturedSnapshot, capture, latest_batc
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.upload import DigestCache, UploadTarget, upload_snapshot
+from airflow_ckpt.runtime.workdir_check import WorkdirNotSharedError, check_captured
 
 log = logging.getLogger("airflow_ckpt.checkpoint")
 
@@ -86,9 +88,7 @@ class CheckpointFailureManager:
     def __init__(self, tolerable: int) -> None:
         self.tolerable = tolerable
         self.consecutive = 0
-        self.fatal: (
-            CheckpointFailureLimitError | ConcurrentDriverError | LeaseExpiredError | None
-        ) = None
+        self.fatal: CheckpointError | ConcurrentDriverError | LeaseExpiredError | None = None
 
     def on_success(self) -> None:
         self.consecutive = 0
@@ -364,7 +364,10 @@ class CheckpointCoordinator:
                 snap = CapturedSnapshot(-1, (), (), [], (), staging)
             else:
                 snap = capture(self.workdir, p.barrier_batch or 0, staging)
+                check_captured(self.workdir, snap)  # executors' state on other hosts
         except CheckpointDeclinedError as exc:
+            if isinstance(exc, WorkdirNotSharedError):
+                self.failures.fatal = exc  # no later checkpoint could see the state either
             self._fail(p, str(exc))
             return
         sync_ms = int((time.monotonic() - start) * 1000)

@@ -3,8 +3,9 @@
 Restore (the working directory a query restarts on) and the CLI's ``state`` command
 (Spark's state data source reads a local checkpoint directory) both need the files of a
 manifest laid out as Spark wrote them. :func:`materialize` downloads every
-:class:`~airflow_ckpt.runtime.metadata.FileEntry` to ``dest_dir / entry.path`` and
-verifies its size and SHA-256; a missing or damaged file raises
+:class:`~airflow_ckpt.runtime.metadata.FileEntry` that loading the restored state
+version reads to ``dest_dir / entry.path`` (one streamed GET per file in a bounded pool,
+hashed while written) and verifies its size and SHA-256; a missing or damaged file raises
 :class:`~airflow_ckpt.errors.CorruptCheckpointError` naming the file, so nothing is ever
 restored from a partial copy.
 """
@@ -17,6 +18,7 @@ from pathlib import Path, PurePosixPath
 
 from airflow_ckpt.errors import CorruptCheckpointError, ObjectNotFoundError
 from airflow_ckpt.runtime.metadata import FileEntry, Manifest
+from airflow_ckpt.runtime.state_files import needed_state_files
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 _CHUNK = 1 << 20
@@ -44,23 +46,29 @@ def _local_path(dest_dir: Path, entry: FileEntry, where: str) -> Path:
 
 def _fetch(storage: CheckpointStorage, key: str, target: Path, entry: FileEntry,
            where: str) -> None:
+    """One GET streamed into ``target``, hashed as it is written (no HEAD, no re-read)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    size = 0
     try:
-        storage.download_file(key, target)
+        with storage.open_stream(key) as src, target.open("wb") as out:
+            while chunk := src.read(_CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
     except ObjectNotFoundError as exc:
         raise CorruptCheckpointError(
             f"{where}: file {entry.path!r} (stored at {key}) is missing", key
         ) from exc
-    size = target.stat().st_size
     if size != entry.size:
         raise CorruptCheckpointError(
             f"{where}: file {entry.path!r} (stored at {key}) has {size} bytes, "
             f"the manifest records {entry.size}", key
         )
-    digest = sha256_of(target)
-    if digest != entry.sha256:
+    if digest.hexdigest() != entry.sha256:
         raise CorruptCheckpointError(
-            f"{where}: file {entry.path!r} (stored at {key}) has SHA-256 {digest}, "
-            f"the manifest records {entry.sha256}", key
+            f"{where}: file {entry.path!r} (stored at {key}) has SHA-256 "
+            f"{digest.hexdigest()}, the manifest records {entry.sha256}", key
         )
 
 
@@ -70,7 +78,8 @@ def materialize(
     job_root_key: str,
     dest_dir: Path,
     *,
-    max_workers: int = 8,
+    max_workers: int = 16,
+    only_needed: bool = True,
 ) -> Path:
     """Download every file of ``manifest`` into ``dest_dir`` and verify it.
 
@@ -80,7 +89,10 @@ def materialize(
         ``FileEntry.key`` is relative to it
     :param dest_dir: where the files go (``dest_dir / entry.path``); created if absent.
         Files already there with the same names are replaced.
-    :param max_workers: parallel downloads
+    :param max_workers: parallel downloads (one streamed GET each: no HEAD, since the
+        manifest records every size and hash; the hash is computed while writing)
+    :param only_needed: skip state files that loading the restored version cannot read
+        (older than the newest snapshot, see :mod:`airflow_ckpt.runtime.state_files`)
     :returns: ``dest_dir``
     :raises CorruptCheckpointError: a file is missing, has the wrong size or checksum, or
         its path would escape ``dest_dir``. The message names the file. Files already
@@ -91,7 +103,9 @@ def materialize(
              else f"{root}chk-{manifest.checkpoint_id}")
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [(root + e.key, _local_path(dest_dir, e, where), e) for e in manifest.files]
+    files = (needed_state_files(manifest.files, manifest.batch_id + 1) if only_needed
+             else list(manifest.files))
+    jobs = [(root + e.key, _local_path(dest_dir, e, where), e) for e in files]
     seen: set[Path] = set()
     for _, target, entry in jobs:
         if target in seen:

@@ -8,10 +8,13 @@ ending in ``/``.
 from __future__ import annotations
 
 import builtins
+import contextlib
+import io
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,16 @@ class CheckpointStorage(ABC):
     @abstractmethod
     def download_file(self, key: str, path: Path) -> None:
         """Download ``key`` to ``path`` (parents are created; written atomically)."""
+
+    @contextlib.contextmanager
+    def open_stream(self, key: str) -> Iterator[BinaryIO]:
+        """Read ``key`` as a stream of bytes: one request, no metadata lookup first.
+
+        Restore reads through this so that it can hash while it writes and needs no
+        per-file HEAD (the manifest already records size and SHA-256). Raises
+        ``ObjectNotFoundError`` if absent. The default reads the whole object.
+        """
+        yield io.BytesIO(self.get_bytes(key))
 
     @abstractmethod
     def copy(self, src_key: str, dst_key: str) -> None:

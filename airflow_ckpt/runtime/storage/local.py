@@ -218,6 +218,14 @@ class LocalStorage(CheckpointStorage):
                 f"cannot {action} {self._where(key)}: no such object"
             ) from exc
 
+    @contextmanager
+    def open_stream(self, key: str) -> Iterator[BinaryIO]:
+        """The stored file, opened for reading (``ObjectNotFoundError`` if absent)."""
+        with self._errors("download", key):
+            fh = self._open_object(key, "download")
+            with fh:
+                yield fh
+
     def copy(self, src_key: str, dst_key: str) -> None:
         """Copy ``src_key`` to ``dst_key`` (replacing it); durable on return."""
         with self._errors("copy", src_key):

@@ -570,6 +570,19 @@ class S3Storage(CheckpointStorage):
         finally:
             tmp.unlink(missing_ok=True)
 
+    @contextlib.contextmanager
+    def open_stream(self, key: str) -> Iterator[Any]:
+        """One GetObject, its body streamed (no HeadObject, unlike ``download_file``).
+
+        Errors while reading the body (connection reset...) map like request errors.
+        """
+        with self._errors("download", key):
+            body = self._client.get_object(Bucket=self.bucket, Key=self._full(key))["Body"]
+            try:
+                yield body
+            finally:
+                body.close()
+
     def _pages(
         self, prefix: str, delimiter: str | None = None, start_after: str | None = None
     ) -> Iterator[dict[str, Any]]:

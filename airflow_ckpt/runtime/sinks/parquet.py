@@ -1,0 +1,367 @@
+"""An exactly-once Parquet file sink whose executors write the data.
+
+Layout under the table directory ``uri`` (``file://...`` or ``s3://bucket/prefix``)::
+
+    part-<batch>-<n>.parquet          published files: what every plain reader reads
+    _staging/<batch>/<attempt>/...    files the executors wrote for one attempt of a batch
+    _txn/<batch>.json                 pre-commit record: the attempt and its staged files
+    _committed/<batch>.json           commit decision (create-only): attempt + final names
+
+Spark (``spark.read.parquet``), pyarrow datasets and pandas skip every path segment that
+starts with ``_`` or ``.``, so staged, pending and aborted files are never read by them.
+
+* ``stage``: a fresh attempt id; ``df.mapInArrow`` makes each task write its partition
+  into a local Parquet file with pyarrow and upload it into ``_staging/<batch>/<attempt>/``
+  (boto3 for S3, no Hadoop); the tasks return one row per file (name, bytes, rows), which
+  is all the driver collects. Only the files of *successful* task attempts are listed, so
+  a retried or speculative task never adds a second copy. The driver then writes
+  ``_txn/<batch>.json`` (``pre_commit``).
+* ``commit``: writes ``_committed/<batch>.json`` create-only (the atomic decision: the
+  first attempt recorded there is the one published, ever), copies its staged files to
+  ``part-<batch>-<n>.parquet`` (names fixed by the record, so re-running a commit
+  rewrites the same objects with the same bytes), then deletes the staging and the
+  ``_txn`` record. A replayed batch whose decision exists is dropped: no second copy.
+* ``abort``: deletes ``_staging/<batch>/`` and ``_txn/<batch>.json``. If a decision
+  exists the batch is already (partly) visible, so abort rolls the commit forward.
+
+A plain reader sees the files of a batch appear one by one while ``commit`` copies them
+(and, after a crash mid-commit, the rest when recovery commits again). Readers that
+need whole batches atomically read :meth:`ParquetSink.committed_files`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_ckpt.errors import (
+    CorruptCheckpointError,
+    ObjectAlreadyExistsError,
+    ObjectNotFoundError,
+)
+from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
+from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.factory import open_storage
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger("airflow_ckpt.sinks")
+
+#: schema of the rows each task returns to the driver (one per file it wrote)
+FILE_LIST_SCHEMA = "name string, size long, rows long"
+
+# One storage per (uri, options) in each Python worker process: a boto3 client is
+# expensive to build and Spark reuses its Python workers across tasks.
+_EXECUTOR_STORAGES: dict[str, CheckpointStorage] = {}
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def _executor_storage(uri: str, options: dict[str, Any]) -> CheckpointStorage:
+    cache_key = json.dumps([uri, options], sort_keys=True, default=str)
+    with _EXECUTOR_LOCK:
+        storage = _EXECUTOR_STORAGES.get(cache_key)
+        if storage is None:
+            storage = _EXECUTOR_STORAGES[cache_key] = open_storage(uri, **options)
+        return storage
+
+
+#: rows buffered per Parquet row group (Spark hands Arrow batches of 10k rows; row
+#: groups that small make writing and reading slow)
+ROW_GROUP_ROWS = 1 << 20
+
+
+def _write_parquet(batches: Iterator[pa.RecordBatch], path: str, compression: str) -> int:
+    """Write the batches into one Parquet file at ``path``; return the row count (0 and
+    no file when there was no row)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    writer = None
+    rows = 0
+    buffered: list[pa.RecordBatch] = []
+    pending = 0
+
+    def flush() -> None:
+        nonlocal writer, pending
+        if not buffered:
+            return
+        table = pa.Table.from_batches(buffered)
+        if writer is None:
+            writer = pq.ParquetWriter(path, table.schema, compression=compression)
+        writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        buffered.clear()
+        pending = 0
+
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            buffered.append(batch)
+            pending += batch.num_rows
+            rows += batch.num_rows
+            if pending >= ROW_GROUP_ROWS:
+                flush()
+        flush()
+    finally:
+        if writer is not None:
+            writer.close()
+    return rows
+
+
+def _local_path(storage: CheckpointStorage, key: str) -> Path | None:
+    """Where ``key`` lives if ``storage`` is a local directory (None for S3)."""
+    from airflow_ckpt.runtime.storage.local import LocalStorage
+
+    if isinstance(storage, LocalStorage):
+        return storage.root.joinpath(*key.split("/"))
+    return None
+
+
+def _partition_writer(uri: str, options: dict[str, Any], prefix: str, compression: str) -> Any:
+    """The ``mapInArrow`` function run by every task (pickled: only plain values captured)."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        part = ctx.partitionId() if ctx is not None else 0
+        task = ctx.taskAttemptId() if ctx is not None else 0
+        name = f"part-{part:05d}-{task}.parquet"
+        storage = _executor_storage(uri, options)
+        direct = _local_path(storage, prefix + name)
+        if direct is not None:  # file://: write in place (staging is invisible anyway)
+            direct.parent.mkdir(parents=True, exist_ok=True)
+            rows = _write_parquet(batches, str(direct), compression)
+            if rows == 0:
+                return
+            with open(direct, "rb") as fh:
+                os.fsync(fh.fileno())
+            size = direct.stat().st_size
+        else:
+            fd, tmp = tempfile.mkstemp(prefix="airflow-ckpt-", suffix=".parquet")
+            os.close(fd)
+            try:
+                rows = _write_parquet(batches, tmp, compression)
+                if rows == 0:
+                    return
+                size = os.path.getsize(tmp)
+                storage.upload_file(Path(tmp), prefix + name)
+            finally:
+                os.unlink(tmp)
+        yield pa.RecordBatch.from_pydict(
+            {"name": [name], "size": [size], "rows": [rows]},
+            schema=pa.schema([("name", pa.string()), ("size", pa.int64()), ("rows", pa.int64())]),
+        )
+
+    return write
+
+
+class ParquetSink(TwoPhaseCommitSink):
+    """Exactly-once Parquet output written by the executors (see the module docstring).
+
+    :param uri: the table directory, ``file:///abs/path`` or ``s3://bucket/prefix``
+    :param compression: Parquet codec (pyarrow's names: ``snappy``, ``zstd``, ``none``...)
+    :param max_workers: parallel copies on the driver during ``commit``
+    :param s3_options: :class:`~airflow_ckpt.runtime.storage.factory.S3Options` fields;
+        they are shipped to the executors, which otherwise resolve endpoint and
+        credentials from their environment (``AWS_*`` variables...) as the runtime does
+    """
+
+    def __init__(self, uri: str, *, compression: str = "snappy", max_workers: int = 8,
+                 **s3_options: Any) -> None:
+        self.uri = uri.rstrip("/")
+        self.compression = compression
+        self.max_workers = max(1, max_workers)
+        self._options = dict(s3_options)
+        self.storage = open_storage(self.uri, **self._options)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"ParquetSink({self.uri!r})"
+
+    # ------------------------------------------------------------------ keys
+
+    @staticmethod
+    def _staging_prefix(batch_id: int, attempt: str | None = None) -> str:
+        base = f"_staging/{batch_id:012d}/"
+        return base + f"{attempt}/" if attempt else base
+
+    @staticmethod
+    def _txn_key(batch_id: int) -> str:
+        return f"_txn/{batch_id:012d}.json"
+
+    @staticmethod
+    def _committed_key(batch_id: int) -> str:
+        return f"_committed/{batch_id:012d}.json"
+
+    @staticmethod
+    def part_key(batch_id: int, n: int) -> str:
+        return f"part-{batch_id:012d}-{n:05d}.parquet"
+
+    def _read_json(self, key: str) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads(self.storage.get_bytes(key))
+        except ObjectNotFoundError:
+            return None
+        return data
+
+    # ------------------------------------------------------------------ protocol
+
+    def stage(self, df: DataFrame, batch_id: int) -> None:
+        """Executors write the batch into a fresh staging attempt; the driver records
+        the file list (never rows)."""
+        attempt = uuid.uuid4().hex[:16]
+        prefix = self._staging_prefix(batch_id, attempt)
+        writer = _partition_writer(self.uri, self._options, prefix, self.compression)
+        files = [r.asDict() for r in df.mapInArrow(writer, FILE_LIST_SCHEMA).collect()]
+        self._record(batch_id, attempt, files)
+
+    def pre_commit(self, batch_id: int, rows: Sequence[dict[str, Any]]) -> None:
+        """Driver-side staging of a small batch of rows (one Parquet file)."""
+        import pyarrow as pa
+
+        attempt = uuid.uuid4().hex[:16]
+        files: list[dict[str, Any]] = []
+        if rows:
+            table = pa.Table.from_pylist(list(rows))
+            fd, tmp = tempfile.mkstemp(prefix="airflow-ckpt-", suffix=".parquet")
+            os.close(fd)
+            try:
+                _write_parquet(iter(table.to_batches()), tmp, self.compression)
+                name = "part-00000-0.parquet"
+                self.storage.upload_file(Path(tmp), self._staging_prefix(batch_id, attempt) + name)
+                files.append({"name": name, "size": os.path.getsize(tmp), "rows": len(rows)})
+            finally:
+                os.unlink(tmp)
+        self._record(batch_id, attempt, files)
+
+    def _record(self, batch_id: int, attempt: str, files: list[dict[str, Any]]) -> None:
+        files.sort(key=lambda f: f["name"])
+        record = {"batch": batch_id, "attempt": attempt, "files": files}
+        # Replaces the record of an earlier attempt of this batch (a replay): only the
+        # newest attempt can be committed; older staged files go with the staging prefix.
+        self.storage.put_bytes(self._txn_key(batch_id), json.dumps(record).encode())
+        log.debug("batch %d staged: attempt %s, %d files", batch_id, attempt, len(files))
+
+    def commit(self, batch_id: int) -> None:
+        with self._lock:
+            decision = self._read_json(self._committed_key(batch_id))
+            if decision is None:
+                txn = self._read_json(self._txn_key(batch_id))
+                if txn is None:
+                    self._cleanup(batch_id)  # never fully staged, or already committed
+                    return
+                staging = self._staging_prefix(batch_id, txn["attempt"])
+                decision = {
+                    "batch": batch_id,
+                    "attempt": txn["attempt"],
+                    "files": [
+                        {"staged": staging + f["name"], "final": self.part_key(batch_id, n),
+                         "size": f["size"], "rows": f["rows"]}
+                        for n, f in enumerate(txn["files"])
+                    ],
+                }
+                try:
+                    self.storage.put_bytes(self._committed_key(batch_id),
+                                           json.dumps(decision).encode(), create_only=True)
+                except ObjectAlreadyExistsError:
+                    decision = self._read_json(self._committed_key(batch_id))
+                    assert decision is not None
+            self._publish(decision)
+            self._cleanup(batch_id)
+
+    def _publish(self, decision: dict[str, Any]) -> None:
+        def one(entry: dict[str, Any]) -> None:
+            staged = _local_path(self.storage, entry["staged"])
+            final = _local_path(self.storage, entry["final"])
+            try:
+                if staged is not None and final is not None:
+                    # file://: an atomic rename, no second write of the data
+                    try:
+                        os.replace(staged, final)
+                    except FileNotFoundError:
+                        raise ObjectNotFoundError(entry["staged"]) from None
+                else:
+                    self.storage.copy(entry["staged"], entry["final"])
+            except ObjectNotFoundError:
+                # Published by an earlier commit whose clean-up removed the staging.
+                if not self.storage.exists(entry["final"]):
+                    raise CorruptCheckpointError(
+                        f"{self.uri}: batch {decision['batch']} was committed but neither "
+                        f"its staged file {entry['staged']} nor its published file "
+                        f"{entry['final']} exists; the table directory was modified "
+                        "outside the sink"
+                    ) from None
+
+        files = decision["files"]
+        if not files:
+            return
+        with ThreadPoolExecutor(max_workers=min(self.max_workers, len(files))) as pool:
+            for future in [pool.submit(one, e) for e in files]:
+                future.result()
+        table_dir = _local_path(self.storage, files[0]["final"])
+        if table_dir is not None:  # make the renames durable
+            fd = os.open(table_dir.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def _cleanup(self, batch_id: int) -> None:
+        # Staging first, record last: a crash in between leaves the record, so the
+        # batch is still pending and the next commit/abort finishes the clean-up.
+        self.storage.delete_prefix(self._staging_prefix(batch_id))
+        self.storage.delete_many([self._txn_key(batch_id)])
+
+    def abort(self, batch_id: int) -> None:
+        if self.storage.exists(self._committed_key(batch_id)):
+            log.warning("batch %d: abort after its commit decision; finishing the commit "
+                        "(its files are already visible to readers)", batch_id)
+            self.commit(batch_id)
+            return
+        with self._lock:
+            self._cleanup(batch_id)
+
+    def pending(self) -> list[int]:
+        batches = {
+            int(name)
+            for name in self.storage.list_dirs("_staging/")
+            if name.isdigit()
+        }
+        for info in self.storage.list("_txn/"):
+            name = info.key.rsplit("/", 1)[-1]
+            if name.endswith(".json") and name[:-5].isdigit():
+                batches.add(int(name[:-5]))
+        return sorted(batches)
+
+    # ------------------------------------------------------------------ readers
+
+    def committed_batches(self) -> list[int]:
+        """Batch ids with a commit decision, ascending."""
+        out = []
+        for info in self.storage.list("_committed/"):
+            name = info.key.rsplit("/", 1)[-1]
+            if name.endswith(".json") and name[:-5].isdigit():
+                out.append(int(name[:-5]))
+        return sorted(out)
+
+    def committed_files(self) -> list[str]:
+        """Keys (relative to :attr:`uri`) of every published file, batch by batch: what a
+        reader that wants whole batches only reads."""
+        keys: list[str] = []
+        for batch_id in self.committed_batches():
+            decision = self._read_json(self._committed_key(batch_id))
+            if decision is not None:
+                keys.extend(f["final"] for f in decision["files"])
+        return keys
