@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,9 @@ class CheckpointedSparkSubmitHook(SparkSubmitHook):
         return adopted
 
     def _setup(self, master: str | None, secret_values: tuple[str, ...]) -> None:
+        #: called right before each real submission (never for a ``durable`` task
+        #: retry that reconnects to a driver already submitted)
+        self.before_submit: Callable[[], object] | None = None
         self._secret_values = tuple(v for v in secret_values if v)
         self._tail: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
         if master:
@@ -152,6 +155,12 @@ class CheckpointedSparkSubmitHook(SparkSubmitHook):
         super()._process_spark_submit_log(capture(itr))
 
     # ------------------------------------------------------------------ detached submit
+
+    def submit(self, application: str = "", **kwargs: Any) -> None:
+        """``SparkSubmitHook.submit``, after :attr:`before_submit`."""
+        if self.before_submit is not None:
+            self.before_submit()
+        super().submit(application, **kwargs)
 
     def submit_detached(self, application: str, log_path: str | Path) -> DetachedDriver:
         """Start spark-submit in its own session (it outlives this process); don't wait.

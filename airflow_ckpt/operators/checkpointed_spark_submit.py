@@ -48,6 +48,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -557,7 +558,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         """
         try:
             hook = self._prepare(sup, attempt, restore)
-            self._record_submit(context, sup, hook, attempt, restore)
+            # Recorded when spark-submit really runs: a durable (YARN/K8s) task retry that
+            # reconnects to the driver it submitted before submits nothing.
+            hook.before_submit = partial(self._record_submit, context, sup, hook, attempt,
+                                         restore)
             try:
                 super().execute(context)
             except (AirflowException, RuntimeError) as exc:

@@ -7,6 +7,7 @@ on its output) on the attempts it is told to crash.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -400,3 +401,25 @@ def test_deferrable_retry_reattaches_to_a_driver_that_still_holds_the_lease(
     assert trigger.attempt == 1 and trigger.lease_epoch_before == 3
     assert trigger.exit_path == "/x/d.log.exit"
     assert len(history.events([JOB_SUBMITTED])) == 1  # nothing resubmitted
+
+
+def test_a_durable_reconnection_that_submits_nothing_records_no_submission(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 11: on YARN/K8s with ``durable=True`` a task retry reconnects to the driver
+    it submitted before (``execute_resumable`` polls the stored id, no spark-submit). It
+    must not write a ``job_submitted`` event for a submission that did not happen."""
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    def reconnect_only(self: Any, context: Any) -> None:
+        return None  # the driver found by its stored id finished: nothing submitted
+
+    execute, history = run(tmp_path, FIXED, {})
+    with monkeypatch.context() as patch:
+        patch.setattr(SparkSubmitOperator, "execute", reconnect_only)
+        with contextlib.suppress(Exception):  # the supervisor may then miss a terminal event
+            execute()
+    assert history.events([JOB_SUBMITTED]) == []
+    execute, history = run(tmp_path, FIXED, {}, run_id="manual__2")
+    execute()  # a real submission is recorded, once
+    assert [e.data["run_id"] for e in history.events([JOB_SUBMITTED])] == ["d/manual__2/t"]
