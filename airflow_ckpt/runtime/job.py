@@ -258,6 +258,7 @@ class CheckpointedJob:
 
     def _register(self, sink: TwoPhaseCommitSink) -> None:
         if not any(sink is s for s in self.sinks):
+            sink.fence(self.lease.gate)
             self.sinks.append(sink)
             if self._building:
                 self._attempt_sinks.append(sink)

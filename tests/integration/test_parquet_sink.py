@@ -157,3 +157,25 @@ def test_driver_side_pre_commit(sink: ParquetSink) -> None:
     assert plain_rows(sink) == []
     sink.recover(commit=[7, 8])
     assert plain_rows(sink) == [(1, 2), (3, 4)]
+
+
+def test_a_fenced_sink_publishes_nothing_once_the_lease_is_lost(sink: ParquetSink) -> None:
+    """A job registers the sink with its lease gate: a deposed driver can neither decide
+    nor publish a commit (on ``file://`` the publishing rename is gated too)."""
+    from airflow_ckpt.errors import LeaseExpiredError
+
+    lost = [False]
+
+    def gate() -> None:
+        if lost[0]:
+            raise LeaseExpiredError("this driver stopped writing")
+
+    sink.fence(gate)
+    sink.pre_commit(1, [{"k": 1, "v": 2}])
+    lost[0] = True
+    with pytest.raises(LeaseExpiredError):
+        sink.commit(1)
+    assert plain_rows(sink) == []
+    lost[0] = False  # a new holder of the lease recovers and publishes it, once
+    sink.recover(commit=[1])
+    assert plain_rows(sink) == [(1, 2)]

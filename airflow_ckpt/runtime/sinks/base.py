@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -25,6 +25,12 @@ log = logging.getLogger("airflow_ckpt.sinks")
 class TwoPhaseCommitSink(ABC):
     """A sink whose transactions are micro-batches. Implementations must be idempotent:
     ``commit`` and ``abort`` may be called again for the same batch after a crash."""
+
+    def fence(self, gate: Callable[[], None]) -> None:  # noqa: B027 - optional hook
+        """Gate the driver-side writes of this sink with the job's lease (called when the
+        sink is registered). A sink writing through ``job.storage`` is gated already; a
+        sink with storage of its own wraps it in a
+        :class:`~airflow_ckpt.runtime.storage.fenced.FencedStorage`."""
 
     def stage(self, df: DataFrame, batch_id: int) -> None:
         """Pre-commit the batch held in ``df`` (called from ``foreachBatch`` on the driver).

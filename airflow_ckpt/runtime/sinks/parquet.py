@@ -37,7 +37,7 @@ import os
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +50,7 @@ from airflow_ckpt.errors import (
 from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.factory import open_storage
+from airflow_ckpt.runtime.storage.fenced import FencedStorage
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -122,8 +123,9 @@ def _local_path(storage: CheckpointStorage, key: str) -> Path | None:
     """Where ``key`` lives if ``storage`` is a local directory (None for S3)."""
     from airflow_ckpt.runtime.storage.local import LocalStorage
 
-    if isinstance(storage, LocalStorage):
-        return storage.root.joinpath(*key.split("/"))
+    base = storage.inner if isinstance(storage, FencedStorage) else storage
+    if isinstance(base, LocalStorage):
+        return base.root.joinpath(*key.split("/"))
     return None
 
 
@@ -189,6 +191,12 @@ class ParquetSink(TwoPhaseCommitSink):
 
     def __repr__(self) -> str:
         return f"ParquetSink({self.uri!r})"
+
+    def fence(self, gate: Callable[[], None]) -> None:
+        """Gate the driver's commit decisions, publishing and clean-up with the job's
+        lease (executors only write staging files, which nothing publishes unfenced)."""
+        if not isinstance(self.storage, FencedStorage):
+            self.storage = FencedStorage(self.storage, gate)
 
     # ------------------------------------------------------------------ keys
 
@@ -288,6 +296,8 @@ class ParquetSink(TwoPhaseCommitSink):
             try:
                 if staged is not None and final is not None:
                     # file://: an atomic rename, no second write of the data
+                    if isinstance(self.storage, FencedStorage):
+                        self.storage.gate()
                     try:
                         os.replace(staged, final)
                     except FileNotFoundError:
