@@ -135,6 +135,9 @@ def test_confs_env_and_master_override(
 ) -> None:
     import sys
 
+    # the operator leaves a Python the task's environment already names alone
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    monkeypatch.delenv("PYSPARK_DRIVER_PYTHON", raising=False)
     op = make(tmp_path, master="local[2]", conf={"spark.user.key": "kept"},
               env_vars={"USER_VAR": "1"}, restore="none",
               checkpoint_config={"interval": "1 s"})
