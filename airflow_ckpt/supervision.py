@@ -187,6 +187,10 @@ class SupervisionProbe:
         records of that epoch or older belong to an earlier driver
     :param startup_timeout_s: a submission whose driver takes no lease within this
         long (probe clock) is dead
+    :param launcher_alive: whether the process that will report the submission's exit
+        code (the detached launcher) still runs. A driver's Python process dies before
+        spark-submit's JVM has exited and the code is written, so a lease that says
+        "dead" while the launcher runs waits for the code, at most ``exit_grace_s``
     """
 
     def __init__(
@@ -200,6 +204,8 @@ class SupervisionProbe:
         health: HealthRule | None = None,
         catalog: CheckpointCatalog | None = None,
         startup_timeout_s: float = 300.0,
+        launcher_alive: Callable[[], bool] = lambda: False,
+        exit_grace_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -211,12 +217,15 @@ class SupervisionProbe:
         self.health = health
         self.catalog = catalog
         self.startup_timeout_s = startup_timeout_s
+        self.launcher_alive = launcher_alive
+        self.exit_grace_s = exit_grace_s
         self.clock = clock
         self.wall_clock = wall_clock
         self.observer = LeaseObserver(history.storage, history.layout.job, clock=clock)
         self._started = clock()
         self._cursor = submitted_key
         self._released_polls = 0
+        self._gone_since: float | None = None
 
     def poll(self) -> Verdict | None:
         """A verdict, or None while the driver runs healthily (or is still starting)."""
@@ -236,16 +245,25 @@ class SupervisionProbe:
                                f"{self.startup_timeout_s:.0f} s of its submission")
             return None
         if lease.status in ("expired", "dead"):
-            return Verdict("driver_died", f"driver heartbeat {lease.status} (unchanged for "
-                           f"{lease.unchanged_for_s:.1f} s) without a terminal event")
+            return self._gone(f"driver heartbeat {lease.status} (unchanged for "
+                              f"{lease.unchanged_for_s:.1f} s) without a terminal event")
         if lease.status == "released":
             # released after its terminal event is written: give the listing one more poll
             self._released_polls += 1
             if self._released_polls >= 2:
-                return Verdict("driver_died", "driver released its lease without a "
-                               "terminal event")
+                return self._gone("driver released its lease without a terminal event")
             return None
         return self._health()
+
+    def _gone(self, cause: str) -> Verdict | None:
+        """The lease says the driver is gone: wait for the launcher's exit code while it
+        still runs (bounded), so the failure is recorded with it."""
+        now = self.clock()
+        if self._gone_since is None:
+            self._gone_since = now
+        if self.launcher_alive() and now - self._gone_since < self.exit_grace_s:
+            return None
+        return Verdict("driver_died", cause)
 
     def _health(self) -> Verdict | None:
         if self.health is None or self.catalog is None:

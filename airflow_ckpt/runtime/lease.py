@@ -71,7 +71,7 @@ Clock = Callable[[], float]
 
 def _read_text(path: str) -> str:
     try:
-        with open(path, encoding="ascii") as fh:
+        with open(path, encoding="ascii", errors="replace") as fh:
             return fh.read().strip()
     except OSError:
         return ""
@@ -93,14 +93,17 @@ def _start_ticks(pid: int) -> int:
         return 0
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (a zombie, exited but not yet reaped by
+    its parent, counts as dead)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    stat = _read_text(f"/proc/{pid}/stat")
+    return not stat or stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +130,7 @@ class HolderIdentity:
             return False  # a record without the identity (an old driver): never guess
         if (self.host, self.boot_id, self.pid_ns) != (me.host, me.boot_id, me.pid_ns):
             return False
-        return not _pid_alive(self.pid) or _start_ticks(self.pid) != self.start_ticks
+        return not pid_alive(self.pid) or _start_ticks(self.pid) != self.start_ticks
 
 
 @dataclass(frozen=True, slots=True)

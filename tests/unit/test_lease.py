@@ -7,8 +7,10 @@ reached exactly.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from airflow_ckpt.runtime.lease import (
     JobLease,
     LeaseObserver,
     LeaseRecord,
+    pid_alive,
     read_lease,
     valid_checkpoint_ids,
 )
@@ -184,6 +187,19 @@ def test_a_dead_process_on_this_machine_frees_the_lease_at_once(
     assert new.acquire(wait_s=0).epoch == 2
     assert [i.key for i in store.list("job/lease/")] == ["job/lease/0000000002.json"]
     new.release()
+
+
+def test_a_zombie_is_dead() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert pid_alive(os.getpid())
+    for _ in range(500):  # exited but not reaped: a zombie
+        stat = Path(f"/proc/{child.pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.01)
+    assert not pid_alive(child.pid)
+    child.wait()
+    assert not pid_alive(child.pid)
 
 
 @pytest.mark.parametrize("field", ["pid_ns", "boot_id", "host"])

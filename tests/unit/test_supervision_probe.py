@@ -102,6 +102,39 @@ def test_exit_code_of_the_detached_submission(storage: CheckpointStorage) -> Non
     assert verdict is not None and verdict.kind == "driver_died" and verdict.exit_code == 137
 
 
+def test_a_gone_driver_waits_for_the_running_launchers_exit_code(
+    storage: CheckpointStorage,
+) -> None:
+    # the driver's Python dies before spark-submit's JVM exits and the launcher writes
+    # the code: the failure is recorded with the code, not without it
+    clock = FakeClock()
+    codes: list[int | None] = [None]
+    launcher = [True]
+    p = probe(storage, clock, exit_code=lambda: codes[0], launcher_alive=lambda: launcher[0],
+              exit_grace_s=60.0)
+    put_lease(storage, 2, 1)
+    assert p.poll() is None
+    clock.now += 41  # the heartbeat expired
+    assert p.poll() is None  # the launcher still runs: wait for its code
+    codes[0] = 17
+    verdict = p.poll()
+    assert verdict is not None and verdict.kind == "driver_died" and verdict.exit_code == 17
+
+
+def test_the_exit_code_wait_is_bounded(storage: CheckpointStorage) -> None:
+    clock = FakeClock()
+    p = probe(storage, clock, launcher_alive=lambda: True, exit_grace_s=60.0)
+    put_lease(storage, 2, 1)
+    assert p.poll() is None
+    clock.now += 41
+    assert p.poll() is None
+    clock.now += 59.9
+    assert p.poll() is None
+    clock.now += 0.2
+    verdict = p.poll()
+    assert verdict is not None and verdict.kind == "driver_died" and verdict.exit_code is None
+
+
 def test_startup_timeout_without_a_lease(storage: CheckpointStorage) -> None:
     clock = FakeClock()
     p = probe(storage, clock, startup_timeout_s=60)
