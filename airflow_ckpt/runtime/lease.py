@@ -94,13 +94,19 @@ def _start_ticks(pid: int) -> int:
 
 
 def _pid_alive(pid: int) -> bool:
+    """False if no process has ``pid``, or only a zombie that nobody reaped yet (a
+    SIGKILLed driver whose parent, the detached launcher, died with it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    stat = _read_text(f"/proc/{pid}/stat")
+    try:
+        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except IndexError:
+        return True  # no /proc (or it vanished): os.kill said it exists
 
 
 @dataclass(frozen=True, slots=True)

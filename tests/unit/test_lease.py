@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -184,6 +185,24 @@ def test_a_dead_process_on_this_machine_frees_the_lease_at_once(
     assert new.acquire(wait_s=0).epoch == 2
     assert [i.key for i in store.list("job/lease/")] == ["job/lease/0000000002.json"]
     new.release()
+
+
+def test_a_zombie_holder_is_dead(store: CheckpointStorage, clock: FakeClock) -> None:
+    """A SIGKILLed driver whose parent died with it stays a zombie until someone reaps
+    it (a container's init may never do so): it holds nothing."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        stat = Path(f"/proc/{child.pid}/stat")
+        deadline = time.monotonic() + 60
+        while (fields := stat.read_text().rsplit(")", 1)[1].split())[0] != "Z":
+            assert time.monotonic() < deadline, "the child never exited"  # exited, unreaped
+            time.sleep(0.05)
+        zombie = replace(HolderIdentity.current(), pid=child.pid, start_ticks=int(fields[19]))
+        assert zombie.is_dead_here()
+        store.put_bytes("job/lease/0000000001.json", _record_of(zombie))
+        assert lease(store, clock, "run-b").acquire(wait_s=0).epoch == 2
+    finally:
+        child.wait()
 
 
 @pytest.mark.parametrize("field", ["pid_ns", "boot_id", "host"])
