@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from airflow_ckpt.driver_output import summarize_driver_output
 from airflow_ckpt.errors import MetadataError
 from airflow_ckpt.health import DEFAULT_MULTIPLE, checkpoint_progress
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
@@ -163,6 +164,35 @@ class Verdict:
         code = payload.get("exit_code")
         return cls(kind, str(payload.get("cause") or ""),
                    None if code is None else int(code), payload.get("outcome"))
+
+
+@dataclass(frozen=True, slots=True)
+class DriverFailure:
+    """One non-zero end of a submission: exit code (None if unknown), cause, error lines."""
+
+    attempt: int
+    exit_code: int | None
+    cause: str
+    error_lines: list[str]
+
+    @classmethod
+    def of_output(cls, attempt: int, exit_code: int | None, lines: Sequence[str],
+                  driver_status: str | None = None) -> DriverFailure:
+        """The failure as the driver's output tells it (its last error, see
+        :func:`~airflow_ckpt.driver_output.summarize_driver_output`)."""
+        cause, error_lines = summarize_driver_output(lines, exit_code)
+        if driver_status and driver_status != "FINISHED":
+            cause = f"{cause} (driver status {driver_status})"
+        return cls(attempt, exit_code, cause, error_lines)
+
+    @classmethod
+    def of_verdict(cls, attempt: int, verdict: Verdict, lines: Sequence[str]) -> DriverFailure:
+        """The failure a supervision verdict reports; the driver's log (``lines``, empty
+        when it is on another host) adds the last error when the driver exited."""
+        failure = cls.of_output(attempt, verdict.exit_code, lines)
+        if verdict.kind != "failed" and (not lines or verdict.exit_code is None):
+            return cls(attempt, verdict.exit_code, verdict.cause, failure.error_lines)
+        return failure
 
 
 @dataclass(frozen=True, slots=True)
