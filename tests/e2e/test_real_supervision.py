@@ -14,8 +14,8 @@ example odd/even job continuously over a directory of number files. The story:
 3. more input arrives; the triggerer starts again, picks the trigger up from the DB,
    sees from storage alone that the driver is dead, and fires;
 4. the task resumes, records the driver failure, the fixed-delay strategy restarts it
-   (its delay waited deferred), the new driver restores the latest checkpoint and the
-   task defers again;
+   (no delay: see the DAG for the Airflow bug a short deferred delay trips), the new
+   driver restores the latest checkpoint and the task defers again;
 5. once the output holds every input number, a stop request (stop-with-savepoint
    through the control channel) ends the job; the trigger sees ``job_stopped`` and the
    task succeeds.
@@ -249,7 +249,7 @@ def test_deferred_supervision_survives_driver_sigkill_and_triggerer_restart(
     assert failure.ts > restarted_ts  # decided after the triggerer came back
     [restart] = s.history(RESTART)
     assert restart.data["restart"] is True and restart.data["strategy"] == "fixed-delay"
-    assert submits[1].ts >= restart.ts + restart.data["delay_s"] - 0.01
+    assert submits[1].ts >= restart.ts
     [restored] = [e for e in s.history(RESTORED) if e.ts > killed_ts]
     assert restored.data["checkpoint_id"] == restorable.checkpoint_id
     [stopped] = s.history(JOB_STOPPED)
