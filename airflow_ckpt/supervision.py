@@ -217,6 +217,11 @@ class SupervisionProbe:
         records of that epoch or older belong to an earlier driver
     :param startup_timeout_s: a submission whose driver takes no lease within this
         long (probe clock) is dead
+    :param exit_pending: True while the submission's exit code may still arrive (the
+        detached launcher on this host is alive). A driver found dead by its lease while
+        its launcher lives is reported once the exit code is there (at most
+        ``exit_grace_s`` later): a driver that exited non-zero is reported with its
+        code and last error, not as a silent death
     """
 
     def __init__(
@@ -230,6 +235,8 @@ class SupervisionProbe:
         health: HealthRule | None = None,
         catalog: CheckpointCatalog | None = None,
         startup_timeout_s: float = 300.0,
+        exit_pending: Callable[[], bool] = lambda: False,
+        exit_grace_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -241,12 +248,15 @@ class SupervisionProbe:
         self.health = health
         self.catalog = catalog
         self.startup_timeout_s = startup_timeout_s
+        self.exit_pending = exit_pending
+        self.exit_grace_s = exit_grace_s
         self.clock = clock
         self.wall_clock = wall_clock
         self.observer = LeaseObserver(history.storage, history.layout.job, clock=clock)
         self._started = clock()
         self._cursor = submitted_key
         self._released_polls = 0
+        self._gone_since: float | None = None
 
     def poll(self) -> Verdict | None:
         """A verdict, or None while the driver runs healthily (or is still starting)."""
@@ -266,16 +276,24 @@ class SupervisionProbe:
                                f"{self.startup_timeout_s:.0f} s of its submission")
             return None
         if lease.status in ("expired", "dead"):
+            if self._awaiting_exit_code():
+                return None
             return Verdict("driver_died", f"driver heartbeat {lease.status} (unchanged for "
                            f"{lease.unchanged_for_s:.1f} s) without a terminal event")
         if lease.status == "released":
             # released after its terminal event is written: give the listing one more poll
             self._released_polls += 1
-            if self._released_polls >= 2:
+            if self._released_polls >= 2 and not self._awaiting_exit_code():
                 return Verdict("driver_died", "driver released its lease without a "
                                "terminal event")
             return None
         return self._health()
+
+    def _awaiting_exit_code(self) -> bool:
+        """The driver is gone but its launcher lives: its exit code is on the way."""
+        if self._gone_since is None:
+            self._gone_since = self.clock()
+        return self.clock() - self._gone_since < self.exit_grace_s and self.exit_pending()
 
     def _health(self) -> Verdict | None:
         if self.health is None or self.catalog is None:

@@ -93,8 +93,8 @@ def _start_ticks(pid: int) -> int:
         return 0
 
 
-def _pid_alive(pid: int) -> bool:
-    """False if no process has ``pid``, or only a zombie that nobody reaped yet (a
+def pid_alive(pid: int) -> bool:
+    """False if no process has ``pid`` here, or only a zombie that nobody reaped yet (a
     SIGKILLed driver whose parent, the detached launcher, died with it)."""
     try:
         os.kill(pid, 0)
@@ -133,7 +133,7 @@ class HolderIdentity:
             return False  # a record without the identity (an old driver): never guess
         if (self.host, self.boot_id, self.pid_ns) != (me.host, me.boot_id, me.pid_ns):
             return False
-        return not _pid_alive(self.pid) or _start_ticks(self.pid) != self.start_ticks
+        return not pid_alive(self.pid) or _start_ticks(self.pid) != self.start_ticks
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.hooks.spark_submit import read_exit_code, signal_detached
+from airflow_ckpt.runtime.lease import pid_alive
 from airflow_ckpt.supervision import HealthRule, SupervisionProbe, Verdict
 
 
@@ -120,6 +121,11 @@ class DriverSupervisionTrigger(BaseTrigger):
     def _exit_code(self) -> int | None:
         return read_exit_code(self.exit_path) if self._local() else None
 
+    def _exit_pending(self) -> bool:
+        """The detached launcher (on this host) lives: it will write the exit code."""
+        return self._local() and self.driver_pid is not None \
+            and pid_alive(int(self.driver_pid))
+
     def _probe(self, hook: CheckpointStoreHook) -> SupervisionProbe:
         health = None
         if self.health:
@@ -129,6 +135,7 @@ class DriverSupervisionTrigger(BaseTrigger):
         return SupervisionProbe(
             hook.history(self.job), self.run_id, submitted_key=self.submitted_key,
             lease_epoch_before=self.lease_epoch_before, exit_code=self._exit_code,
+            exit_pending=self._exit_pending,
             health=health, catalog=hook.catalog(self.job) if health else None,
             startup_timeout_s=self.startup_timeout_s,
         )

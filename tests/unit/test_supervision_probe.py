@@ -102,6 +102,42 @@ def test_exit_code_of_the_detached_submission(storage: CheckpointStorage) -> Non
     assert verdict is not None and verdict.kind == "driver_died" and verdict.exit_code == 137
 
 
+def test_a_dead_driver_whose_launcher_lives_is_reported_with_its_exit_code(
+    storage: CheckpointStorage,
+) -> None:
+    """A driver that exited non-zero leaves the lease before spark-submit has exited:
+    while the local launcher lives, the exit code (and so the last error) is awaited."""
+    clock = FakeClock()
+    codes: list[int | None] = [None]
+    launcher = [True]
+    p = probe(storage, clock, exit_code=lambda: codes[0], exit_pending=lambda: launcher[0],
+              exit_grace_s=30)
+    put_lease(storage, 2, 1)
+    assert p.poll() is None
+    clock.now += 41  # the heartbeat expired: the driver is gone, the launcher is not
+    assert p.poll() is None
+    codes[0] = 17
+    verdict = p.poll()
+    assert verdict is not None and (verdict.kind, verdict.exit_code) == ("driver_died", 17)
+    # a launcher killed with the driver writes nothing: reported at once
+    launcher[0], codes[0] = False, None
+    p = probe(storage, clock, exit_code=lambda: codes[0], exit_pending=lambda: launcher[0])
+    assert p.poll() is None
+    clock.now += 41
+    verdict = p.poll()
+    assert verdict is not None and verdict.exit_code is None and "expired" in verdict.cause
+    # a launcher that never writes: reported after the grace period
+    launcher[0] = True
+    p = probe(storage, clock, exit_code=lambda: None, exit_pending=lambda: True,
+              exit_grace_s=30)
+    assert p.poll() is None
+    clock.now += 41
+    assert p.poll() is None
+    clock.now += 30
+    verdict = p.poll()
+    assert verdict is not None and verdict.kind == "driver_died"
+
+
 def test_startup_timeout_without_a_lease(storage: CheckpointStorage) -> None:
     clock = FakeClock()
     p = probe(storage, clock, startup_timeout_s=60)
