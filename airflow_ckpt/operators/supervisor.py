@@ -37,6 +37,7 @@ from airflow_ckpt.operators.arguments import ValidatedArgs
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.history import (
     JOB_FAILED,
+    JOB_FINISHED,
     JOB_STOPPED,
     JOB_SUBMITTED,
     HistoryEvent,
@@ -191,7 +192,7 @@ class Supervisor:
     def result(self, attempt: int) -> dict[str, Any]:
         """The XCom of a clean end: the job, its last completed checkpoint, the attempts,
         ``outcome`` (``finished`` / ``stopped``) and the stop's ``savepoint_path``."""
-        terminal = self.restart_log.refresh().last_terminal
+        terminal = self.restart_log.refresh().last_terminal or self._terminal_of_this_run()
         latest = self.catalog.latest_checkpoint()
         result: dict[str, Any] = {
             "job": self.args.job,
@@ -209,6 +210,21 @@ class Supervisor:
         self.log.info("job %s ended cleanly after %d submission(s); last checkpoint %s",
                       self.args.job, attempt, result["checkpoint_path"])
         return result
+
+    def _terminal_of_this_run(self) -> HistoryEvent | None:
+        """The job's newest terminal event if it came after this run's last submission.
+
+        A supervisor rebuilt after the end (the deferred resume) reads the history
+        backwards from the end, and a terminal event ends the scan there: it is not in
+        the run state, but it is how this run ended (``job_stopped``: its savepoint).
+        """
+        found, _ = self.history.newest_until(
+            lambda event: True, (JOB_FINISHED, JOB_STOPPED, JOB_FAILED, JOB_SUBMITTED))
+        newest = found[0] if found else None
+        if newest is None or newest.type == JOB_SUBMITTED \
+                or newest.data.get("run_id") not in (None, self.run_id):
+            return None
+        return newest
 
     # ------------------------------------------------------------------ blocking path
 
