@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from airflow_ckpt.driver_output import summarize_driver_output
 from airflow_ckpt.errors import MetadataError
 from airflow_ckpt.health import DEFAULT_MULTIPLE, checkpoint_progress
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
@@ -166,6 +167,35 @@ class Verdict:
 
 
 @dataclass(frozen=True, slots=True)
+class DriverFailure:
+    """One non-zero end of a submission: exit code (None if unknown), cause, error lines."""
+
+    attempt: int
+    exit_code: int | None
+    cause: str
+    error_lines: list[str]
+
+    @classmethod
+    def of_output(cls, attempt: int, exit_code: int | None, lines: Sequence[str],
+                  driver_status: str | None = None) -> DriverFailure:
+        """The failure as the driver's output tells it (its last error, see
+        :func:`~airflow_ckpt.driver_output.summarize_driver_output`)."""
+        cause, error_lines = summarize_driver_output(lines, exit_code)
+        if driver_status and driver_status != "FINISHED":
+            cause = f"{cause} (driver status {driver_status})"
+        return cls(attempt, exit_code, cause, error_lines)
+
+    @classmethod
+    def of_verdict(cls, attempt: int, verdict: Verdict, lines: Sequence[str]) -> DriverFailure:
+        """The failure a supervision verdict reports; the driver's log (``lines``, empty
+        when it is on another host) adds the last error when the driver exited."""
+        failure = cls.of_output(attempt, verdict.exit_code, lines)
+        if verdict.kind != "failed" and (not lines or verdict.exit_code is None):
+            return cls(attempt, verdict.exit_code, verdict.cause, failure.error_lines)
+        return failure
+
+
+@dataclass(frozen=True, slots=True)
 class HealthRule:
     """Flink's ``checkpoint-progress`` check: stale after ``multiple`` x ``interval_s``."""
 
@@ -187,10 +217,11 @@ class SupervisionProbe:
         records of that epoch or older belong to an earlier driver
     :param startup_timeout_s: a submission whose driver takes no lease within this
         long (probe clock) is dead
-    :param launcher_alive: whether the process that will report the submission's exit
-        code (the detached launcher) still runs. A driver's Python process dies before
-        spark-submit's JVM has exited and the code is written, so a lease that says
-        "dead" while the launcher runs waits for the code, at most ``exit_grace_s``
+    :param exit_pending: True while the submission's exit code may still arrive (the
+        detached launcher on this host is alive). A driver found dead by its lease while
+        its launcher lives is reported once the exit code is there (at most
+        ``exit_grace_s`` later): a driver that exited non-zero is reported with its
+        code and last error, not as a silent death
     """
 
     def __init__(
@@ -204,8 +235,8 @@ class SupervisionProbe:
         health: HealthRule | None = None,
         catalog: CheckpointCatalog | None = None,
         startup_timeout_s: float = 300.0,
-        launcher_alive: Callable[[], bool] = lambda: False,
-        exit_grace_s: float = 60.0,
+        exit_pending: Callable[[], bool] = lambda: False,
+        exit_grace_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -217,7 +248,7 @@ class SupervisionProbe:
         self.health = health
         self.catalog = catalog
         self.startup_timeout_s = startup_timeout_s
-        self.launcher_alive = launcher_alive
+        self.exit_pending = exit_pending
         self.exit_grace_s = exit_grace_s
         self.clock = clock
         self.wall_clock = wall_clock
@@ -245,25 +276,24 @@ class SupervisionProbe:
                                f"{self.startup_timeout_s:.0f} s of its submission")
             return None
         if lease.status in ("expired", "dead"):
-            return self._gone(f"driver heartbeat {lease.status} (unchanged for "
-                              f"{lease.unchanged_for_s:.1f} s) without a terminal event")
+            if self._awaiting_exit_code():
+                return None
+            return Verdict("driver_died", f"driver heartbeat {lease.status} (unchanged for "
+                           f"{lease.unchanged_for_s:.1f} s) without a terminal event")
         if lease.status == "released":
             # released after its terminal event is written: give the listing one more poll
             self._released_polls += 1
-            if self._released_polls >= 2:
-                return self._gone("driver released its lease without a terminal event")
+            if self._released_polls >= 2 and not self._awaiting_exit_code():
+                return Verdict("driver_died", "driver released its lease without a "
+                               "terminal event")
             return None
         return self._health()
 
-    def _gone(self, cause: str) -> Verdict | None:
-        """The lease says the driver is gone: wait for the launcher's exit code while it
-        still runs (bounded), so the failure is recorded with it."""
-        now = self.clock()
+    def _awaiting_exit_code(self) -> bool:
+        """The driver is gone but its launcher lives: its exit code is on the way."""
         if self._gone_since is None:
-            self._gone_since = now
-        if self.launcher_alive() and now - self._gone_since < self.exit_grace_s:
-            return None
-        return Verdict("driver_died", cause)
+            self._gone_since = self.clock()
+        return self.clock() - self._gone_since < self.exit_grace_s and self.exit_pending()
 
     def _health(self) -> Verdict | None:
         if self.health is None or self.catalog is None:

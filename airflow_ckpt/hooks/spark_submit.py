@@ -2,7 +2,10 @@
 
 The operator and the supervision trigger use only the public properties below
 (``master``, ``deploy_mode``, ``is_cluster_mode``, ``exit_code``, ``driver_status``,
-``output_tail``) and :meth:`submit_detached`. The provider's private attributes this
+``output_tail``) and methods: :meth:`~CheckpointedSparkSubmitHook.submission_env` (the
+driver's environment), :meth:`~CheckpointedSparkSubmitHook.failure_of` (is an error of a
+submission a driver failure?), :meth:`~CheckpointedSparkSubmitHook.kill_tree` and
+:meth:`~CheckpointedSparkSubmitHook.submit_detached`. The provider's private attributes this
 class reads (``_connection``, ``_submit_sp``, ``_driver_status``,
 ``_last_submit_log_lines``, ``_is_yarn``, ``_is_kubernetes``, ``_is_yarn_cluster_mode``,
 ``_should_track_driver_status``, ``_build_spark_submit_command``, ``_env``) are those of
@@ -20,10 +23,12 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -31,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+from airflow_ckpt.supervision import DriverFailure
 
 #: spark-submit output lines kept per submission to report the driver's last error
 OUTPUT_TAIL_LINES = 400
@@ -110,6 +117,14 @@ class CheckpointedSparkSubmitHook(SparkSubmitHook):
         return self.is_cluster_mode and not self.is_yarn_or_kubernetes
 
     @property
+    def unsupported_deploy_mode(self) -> str | None:
+        """Why this master / deploy mode cannot run a Python application, or None."""
+        if self.is_standalone_cluster_mode:
+            return ("standalone cluster deploy mode cannot run Python applications (Spark "
+                    "refuses it): use client mode, or YARN / Kubernetes cluster mode")
+        return None
+
+    @property
     def tracks_driver(self) -> bool:
         return bool(self._should_track_driver_status or self.is_yarn_or_kubernetes)
 
@@ -134,6 +149,69 @@ class CheckpointedSparkSubmitHook(SparkSubmitHook):
 
     def clear_output(self) -> None:
         self._tail.clear()
+
+    # ------------------------------------------------------------------ submission
+
+    def submission_env(
+        self, credentials: Mapping[str, str], user_conf: Mapping[str, Any],
+        user_env: Mapping[str, Any], log: Any = None,
+    ) -> dict[str, Any]:
+        """spark-submit's environment: the user's, the storage credentials, the Python.
+
+        In client mode the driver runs here, so it defaults to this interpreter (which
+        has pyspark, boto3 and this package); executors default to it only with a
+        ``local`` master. Explicit ``PYSPARK_*`` variables, ``spark.pyspark.*`` confs or
+        the worker's own environment win.
+
+        On YARN / Kubernetes the Spark hook turns ``env_vars`` into
+        ``spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*`` confs, which are
+        visible in ``ps`` and the Spark UI: ``credentials`` are therefore *not* passed
+        there; the driver must get them from its own environment (instance profile /
+        IRSA / a Kubernetes secret, e.g.
+        ``spark.kubernetes.driver.secretKeyRef.AWS_SECRET_ACCESS_KEY``).
+        """
+        if self.is_yarn_or_kubernetes and credentials:
+            if log is not None:
+                log.warning("%s: the storage connection's credentials are not passed to the "
+                            "driver (they would travel as Spark conf); give the driver its "
+                            "own AWS credentials", self.master)
+            credentials = {}
+        env: dict[str, Any] = {**credentials, **user_env}
+
+        def configured(env_name: str, conf_key: str) -> bool:
+            return bool(env.get(env_name) or user_conf.get(conf_key)
+                        or os.environ.get(env_name))
+
+        if not self.is_cluster_mode and not configured(
+            "PYSPARK_DRIVER_PYTHON", "spark.pyspark.driver.python"
+        ) and not configured("PYSPARK_PYTHON", "spark.pyspark.python"):
+            env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        if self.master.startswith("local") and not configured(
+            "PYSPARK_PYTHON", "spark.pyspark.python"
+        ):
+            env["PYSPARK_PYTHON"] = sys.executable
+        return env
+
+    def failure_of(self, exc: BaseException, attempt: int) -> DriverFailure | None:
+        """Classify an error raised by a blocking submission: a driver failure (non-zero
+        exit, or a tracked driver that ended FAILED / ERROR / KILLED / UNKNOWN), or None
+        when it is no driver failure (spark-submit missing, a bad connection, ...) and
+        must propagate unchanged."""
+        exit_code, status = self.exit_code, self.driver_status
+        if exit_code in (None, 0) and not (self.tracks_driver and isinstance(exc, RuntimeError)) \
+                and status not in ("FAILED", "ERROR", "KILLED", "UNKNOWN"):
+            return None
+        return DriverFailure.of_output(attempt, exit_code, self.output_tail, status)
+
+    def kill_tree(self, kill: Callable[[], object] | None = None) -> None:
+        """Kill the running spark-submit with ``kill`` (default: this hook's ``on_kill``;
+        the operator passes its deploy-mode backend's), then every process it had
+        started (a client-mode driver's JVM and Python), which ``on_kill`` misses."""
+        children = _child_processes(self.pid) if self.pid is not None else []
+        (kill or self.on_kill)()
+        for child in children:
+            with contextlib.suppress(Exception):  # already gone
+                child.kill()
 
     # ------------------------------------------------------------------ masking
 
@@ -177,6 +255,9 @@ class CheckpointedSparkSubmitHook(SparkSubmitHook):
         exit_path = f"{log_file}.exit"
         with contextlib.suppress(FileNotFoundError):
             os.unlink(exit_path)
+        if self.is_cluster_mode:
+            self.log.info("cluster deploy mode: the driver runs in the cluster; the local "
+                          "spark-submit client is detached as well")
         self.log.info("Spark-Submit cmd (detached, log %s): %s", log_file,
                       self._mask_cmd(command))
         with open(log_file, "ab") as out:
@@ -252,3 +333,20 @@ def resolve_spark_binary(name: str) -> str:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     return name
+
+
+def detached_log_path(log_dir: str | None, job: str, run_id: str, attempt: int) -> Path:
+    """Where a detached driver's output goes: ``<log_dir>/<job>-<run id>-<attempt>.log``
+    (default directory ``$TMPDIR/airflow-ckpt-drivers``; the run id made file-safe)."""
+    base = Path(log_dir) if log_dir else Path(tempfile.gettempdir()) / "airflow-ckpt-drivers"
+    safe_run = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)
+    return base / f"{job}-{safe_run}-{attempt}.log"
+
+
+def _child_processes(pid: int) -> list[Any]:
+    try:
+        import psutil
+
+        return list(psutil.Process(pid).children(recursive=True))
+    except Exception:  # psutil missing or the process is gone
+        return []

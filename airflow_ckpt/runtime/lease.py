@@ -94,8 +94,8 @@ def _start_ticks(pid: int) -> int:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host (a zombie, exited but not yet reaped by
-    its parent, counts as dead)."""
+    """False if no process has ``pid`` here, or only a zombie that nobody reaped yet (a
+    SIGKILLed driver whose parent, the detached launcher, died with it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -103,7 +103,10 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     stat = _read_text(f"/proc/{pid}/stat")
-    return not stat or stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
+    try:
+        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except IndexError:
+        return True  # no /proc (or it vanished): os.kill said it exists
 
 
 @dataclass(frozen=True, slots=True)

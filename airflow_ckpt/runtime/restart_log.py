@@ -86,6 +86,25 @@ class RunState:
     restored: list[HistoryEvent] = field(default_factory=list)
     last_terminal: HistoryEvent | None = None
 
+    @property
+    def in_process_gave_up(self) -> str | None:
+        """The cause, if the newest decision is the runtime's in-process (query level)
+        strategy declining a restart: that failure is counted already and final."""
+        last = self.last_restart
+        if last is not None and last.get("level") == "query" and not last.get("restart"):
+            return str(last.get("cause") or "")
+        return None
+
+    def failed_for_good(self, run_id: str, before: HistoryEvent | None) -> str | None:
+        """The cause, if a ``JOB_FAILED`` of ``run_id`` newer than ``before`` (the terminal
+        event seen before the submission) is the newest terminal event: the driver
+        declared its failure final."""
+        terminal = self.last_terminal
+        if terminal is None or terminal is before or terminal.type != JOB_FAILED \
+                or terminal.data.get("run_id") != run_id:
+            return None
+        return str(terminal.data.get("cause") or "job failed")
+
 
 class RestartLog:
     """Records failures of one supervised run and decides, via the restart strategy, what next.

@@ -35,14 +35,26 @@ class GroundTruth:
     totals: dict[str, tuple[int, int]]
     numbers: int
 
+    def plus(self, other: GroundTruth) -> GroundTruth:
+        """The ground truth of both inputs together (disjoint numbers)."""
+        totals = dict(self.totals)
+        for key, (count, total) in other.totals.items():
+            before = totals.get(key, (0, 0))
+            totals[key] = (before[0] + count, before[1] + total)
+        return GroundTruth(totals, self.numbers + other.numbers)
+
 
 def write_numbers(directory: Path, files: int, per_file: int, *, start: int = 1,
-                  keyed: bool = False) -> GroundTruth:
-    """Write ``files`` text files of consecutive integers; return the ground truth."""
+                  keyed: bool = False, first_file: int = 0) -> GroundTruth:
+    """Write ``files`` text files of consecutive integers; return the ground truth.
+
+    Files are named ``f<index>.txt`` from ``first_file`` on, so a second call with
+    ``first_file`` and ``start`` past the first call's adds input (see :meth:`GroundTruth.plus`).
+    """
     directory.mkdir(parents=True, exist_ok=True)
     totals: dict[str, list[int]] = {}
     n = start
-    for i in range(files):
+    for i in range(first_file, first_file + files):
         values = list(range(n, n + per_file))
         n += per_file
         tmp = directory / f".f{i:05d}.tmp"

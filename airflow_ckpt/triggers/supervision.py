@@ -121,8 +121,10 @@ class DriverSupervisionTrigger(BaseTrigger):
     def _exit_code(self) -> int | None:
         return read_exit_code(self.exit_path) if self._local() else None
 
-    def _launcher_alive(self) -> bool:
-        return self._local() and self.driver_pid is not None and pid_alive(self.driver_pid)
+    def _exit_pending(self) -> bool:
+        """The detached launcher (on this host) lives: it will write the exit code."""
+        return self._local() and self.driver_pid is not None \
+            and pid_alive(int(self.driver_pid))
 
     def _probe(self, hook: CheckpointStoreHook) -> SupervisionProbe:
         health = None
@@ -133,8 +135,9 @@ class DriverSupervisionTrigger(BaseTrigger):
         return SupervisionProbe(
             hook.history(self.job), self.run_id, submitted_key=self.submitted_key,
             lease_epoch_before=self.lease_epoch_before, exit_code=self._exit_code,
+            exit_pending=self._exit_pending,
             health=health, catalog=hook.catalog(self.job) if health else None,
-            startup_timeout_s=self.startup_timeout_s, launcher_alive=self._launcher_alive,
+            startup_timeout_s=self.startup_timeout_s,
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

@@ -229,8 +229,8 @@ def test_deferred_supervision_restarts_a_dead_driver(
 ) -> None:
     """Real Airflow (``dags test`` runs the trigger inline) and a real detached driver:
     attempt 1 dies, the trigger reports it, the strategy restarts after a deferred delay,
-    attempt 2 succeeds. (The real-triggerer + SIGKILL + triggerer-restart test of issue
-    10 is not written yet.)"""
+    attempt 2 succeeds. (A real scheduler and triggerer, a SIGKILLed driver and a
+    triggerer restart: tests/e2e/test_real_supervision.py.)"""
     prefix = f"ds-{uuid.uuid4().hex[:8]}"
     result = airflow_env.dags_test(
         E2E_DAGS / "deferred_supervision_e2e.py", "deferred_supervision_e2e",

@@ -24,6 +24,7 @@ from airflow_ckpt.operators import CheckpointedJobFailedError, CheckpointedSpark
 from airflow_ckpt.runtime.history import (
     FAILURE,
     JOB_FAILED,
+    JOB_STOPPED,
     JOB_SUBMITTED,
     RESTART,
     JobHistory,
@@ -423,3 +424,27 @@ def test_a_durable_reconnection_that_submits_nothing_records_no_submission(
     execute, history = run(tmp_path, FIXED, {}, run_id="manual__2")
     execute()  # a real submission is recorded, once
     assert [e.data["run_id"] for e in history.events([JOB_SUBMITTED])] == ["d/manual__2/t"]
+
+
+def test_deferred_end_by_stop_with_savepoint_returns_its_savepoint(tmp_path: Path) -> None:
+    """The supervisor rebuilt on resume reads the history backwards, and a terminal event
+    ends that scan: the result must still see the stop that ended the run."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    storage = (tmp_path / "ckpt").as_uri()
+    op = CheckpointedSparkSubmitOperator(
+        task_id="t", application="job.py", job_name="job-a", checkpoint_storage=storage,
+        restart_strategy=FIXED, conf={}, ship_runtime=False, deferrable=True,
+        driver_log_dir=str(tmp_path / "logs"), storage_conn_id=None,
+    )
+    ctx: Any = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1,
+                                      try_number=1)}
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx)
+    history = JobHistory(open_storage(storage), "job-a")
+    history.append(JOB_STOPPED, run_id="d/r/t", savepoint=f"{storage}/job-a/savepoints/sp-1")
+    event = {"kind": "finished", "cause": "the job stopped", "exit_code": None,
+             "outcome": "stopped", "attempt": deferred.value.trigger.attempt}
+    result = op.execute_complete(ctx, event)
+    assert (result["outcome"], result["attempts"]) == ("stopped", 1)
+    assert result["savepoint_path"] == f"{storage}/job-a/savepoints/sp-1"

@@ -10,12 +10,10 @@ from typing import Any
 
 import pytest
 
+from airflow_ckpt.driver_output import summarize_driver_output
 from airflow_ckpt.operators import CheckpointedJobConfigError, CheckpointedSparkSubmitOperator
-from airflow_ckpt.operators.checkpointed_spark_submit import (
-    runtime_py_files,
-    summarize_driver_output,
-)
 from airflow_ckpt.runtime import sparkconf
+from airflow_ckpt.shipping import runtime_py_files
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ from airflow_ckpt.errors import ConfigError
 from airflow_ckpt.runtime.history import (
     CHECKPOINT_COMPLETED,
     FAILURE,
+    JOB_FAILED,
     JOB_FINISHED,
     JOB_STARTED,
     JOB_SUBMITTED,
@@ -192,3 +193,24 @@ def test_backward_scan_stops_at_first_submit(
 def test_bad_level_rejected(history: JobHistory) -> None:
     with pytest.raises(ValueError, match="level"):
         RestartLog(history, FIXED, "r").record_failure("cluster", "x")  # type: ignore[arg-type]
+
+
+def test_typed_predicates_of_the_run_state(history: JobHistory) -> None:
+    """The supervisor asks these instead of reading raw event dicts (STYLE.md point 3)."""
+    log = RestartLog(history, FIXED, "r")
+    history.append(JOB_SUBMITTED, run_id="r", attempt=1)
+    state = log.refresh()
+    assert state.in_process_gave_up is None
+    before = state.last_terminal
+    assert state.failed_for_good("r", before) is None
+    # the runtime's in-process strategy declined: final, and already counted
+    history.append(RESTART, run_id="r", level="query", restart=False, cause="boom",
+                   strategy="fixed-delay", options=FIXED)
+    assert log.refresh().in_process_gave_up == "boom"
+    # a JOB_FAILED of another run, then of ours
+    history.append(JOB_FAILED, run_id="other", cause="not ours")
+    assert log.refresh().failed_for_good("r", before) is None
+    history.append(JOB_FAILED, run_id="r", cause="state does not fit")
+    state = log.refresh()
+    assert state.failed_for_good("r", before) == "state does not fit"
+    assert state.failed_for_good("r", state.last_terminal) is None  # seen before: not new

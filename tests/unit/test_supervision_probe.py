@@ -102,37 +102,40 @@ def test_exit_code_of_the_detached_submission(storage: CheckpointStorage) -> Non
     assert verdict is not None and verdict.kind == "driver_died" and verdict.exit_code == 137
 
 
-def test_a_gone_driver_waits_for_the_running_launchers_exit_code(
+def test_a_dead_driver_whose_launcher_lives_is_reported_with_its_exit_code(
     storage: CheckpointStorage,
 ) -> None:
-    # the driver's Python dies before spark-submit's JVM exits and the launcher writes
-    # the code: the failure is recorded with the code, not without it
+    """A driver that exited non-zero leaves the lease before spark-submit has exited:
+    while the local launcher lives, the exit code (and so the last error) is awaited."""
     clock = FakeClock()
     codes: list[int | None] = [None]
     launcher = [True]
-    p = probe(storage, clock, exit_code=lambda: codes[0], launcher_alive=lambda: launcher[0],
-              exit_grace_s=60.0)
+    p = probe(storage, clock, exit_code=lambda: codes[0], exit_pending=lambda: launcher[0],
+              exit_grace_s=30)
     put_lease(storage, 2, 1)
     assert p.poll() is None
-    clock.now += 41  # the heartbeat expired
-    assert p.poll() is None  # the launcher still runs: wait for its code
+    clock.now += 41  # the heartbeat expired: the driver is gone, the launcher is not
+    assert p.poll() is None
     codes[0] = 17
     verdict = p.poll()
-    assert verdict is not None and verdict.kind == "driver_died" and verdict.exit_code == 17
-
-
-def test_the_exit_code_wait_is_bounded(storage: CheckpointStorage) -> None:
-    clock = FakeClock()
-    p = probe(storage, clock, launcher_alive=lambda: True, exit_grace_s=60.0)
-    put_lease(storage, 2, 1)
+    assert verdict is not None and (verdict.kind, verdict.exit_code) == ("driver_died", 17)
+    # a launcher killed with the driver writes nothing: reported at once
+    launcher[0], codes[0] = False, None
+    p = probe(storage, clock, exit_code=lambda: codes[0], exit_pending=lambda: launcher[0])
+    assert p.poll() is None
+    clock.now += 41
+    verdict = p.poll()
+    assert verdict is not None and verdict.exit_code is None and "expired" in verdict.cause
+    # a launcher that never writes: reported after the grace period
+    launcher[0] = True
+    p = probe(storage, clock, exit_code=lambda: None, exit_pending=lambda: True,
+              exit_grace_s=30)
     assert p.poll() is None
     clock.now += 41
     assert p.poll() is None
-    clock.now += 59.9
-    assert p.poll() is None
-    clock.now += 0.2
+    clock.now += 30
     verdict = p.poll()
-    assert verdict is not None and verdict.kind == "driver_died" and verdict.exit_code is None
+    assert verdict is not None and verdict.kind == "driver_died"
 
 
 def test_startup_timeout_without_a_lease(storage: CheckpointStorage) -> None:
