@@ -30,6 +30,7 @@ from typing import Any, Literal
 from airflow.sdk import BaseHook
 
 from airflow_ckpt.errors import ConfigError
+from airflow_ckpt.hooks import DEFAULT_CONN_ID
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.control import ControlChannel
 from airflow_ckpt.runtime.history import JobHistory
@@ -37,8 +38,6 @@ from airflow_ckpt.runtime.masking import register_secrets
 from airflow_ckpt.runtime.savepoints import DisposedSavepoint, dispose_savepoint
 from airflow_ckpt.runtime.sparkconf import ENDPOINT_URL, REGION_NAME
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
-
-DEFAULT_CONN_ID = "aws_default"
 
 #: Connection extra: how the driver gets credentials. ``"connection"`` (default): the
 #: connection's credentials as ``AWS_*`` variables; ``"environment"``: none, the driver uses

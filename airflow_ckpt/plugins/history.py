@@ -38,6 +38,7 @@ from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseOperatorLink
 
 from airflow_ckpt.health import DEFAULT_MULTIPLE
+from airflow_ckpt.hooks import DEFAULT_CONN_ID
 from airflow_ckpt.runtime.layout import is_job_name
 
 if TYPE_CHECKING:
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
 
 CONFIG_SECTION = "airflow_ckpt"
 STORAGE_ENV = "AIRFLOW_CKPT_STORAGE"
-DEFAULT_CONN_ID = "aws_default"
 DEFAULT_HISTORY_LIMIT = 1000
 URL_PREFIX = "/airflow-ckpt"
 APP_NAME = "Checkpoint history"

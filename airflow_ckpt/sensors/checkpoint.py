@@ -16,8 +16,8 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
 from airflow_ckpt.durations import parse_duration
 from airflow_ckpt.health import DEFAULT_MULTIPLE
-from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
-from airflow_ckpt.triggers.checkpoint import DEFAULT_CONN_ID, CheckpointTrigger
+from airflow_ckpt.hooks.checkpoint_store import DEFAULT_CONN_ID, CheckpointStoreHook
+from airflow_ckpt.triggers.checkpoint import CheckpointTrigger
 from airflow_ckpt.triggers.matching import (
     CheckpointCondition,
     Kind,

@@ -23,6 +23,7 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
 from airflow_ckpt.errors import EndpointUnreachableError
+from airflow_ckpt.hooks import DEFAULT_CONN_ID
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.metadata import Manifest
@@ -37,8 +38,6 @@ from airflow_ckpt.triggers.matching import (
     summarize,
     take_baseline,
 )
-
-DEFAULT_CONN_ID = "aws_default"
 
 
 def _classpath(obj: object) -> str:
