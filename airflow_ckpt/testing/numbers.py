@@ -224,7 +224,12 @@ def install_pause(point: str, nth: int, paused_file: Path) -> None:
         if not released.wait(600):
             raise TimeoutError(f"paused at {point} for 600 s and never killed")
 
-    interleave.installed(point, hook).__enter__()
+    installed = interleave.installed(point, hook)
+    installed.__enter__()
+    _INSTALLED.append(installed)  # a dropped context manager would uninstall on GC
+
+
+_INSTALLED: list[Any] = []
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout_s: float) -> bool:

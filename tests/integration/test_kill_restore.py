@@ -197,7 +197,10 @@ def test_parquet_sink_under_kills_during_staging_commit_and_after_the_marker(
     truth = write_numbers(tmp_path / "in", files=16, per_file=100)
     table_uri = s3_uri + "-table"
     storage = s3_endpoint.storage(s3_uri)
-    sink = ParquetSink(table_uri)
+    sink = ParquetSink(table_uri, endpoint_url=s3_endpoint.url,  # the test's own reader
+                       region_name=s3_endpoint.region_name,
+                       aws_access_key_id=s3_endpoint.access_key_id,
+                       aws_secret_access_key=s3_endpoint.secret_access_key)
     job = "parquet-kill"
     paused = tmp_path / "paused"
     paused.mkdir()
