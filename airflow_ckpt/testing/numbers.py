@@ -169,14 +169,16 @@ def after_seconds(low: float, high: float, rng: random.Random) -> KillMoment:
 
 
 def after_checkpoint(storage: CheckpointStorage, job: str, rng: random.Random, *,
-                     within_s: float, timeout_s: float = 120) -> KillMoment:
+                     within_s: float, timeout_s: float = 300) -> KillMoment:
     """Kill at a random moment ``0..within_s`` s after this life's first completed
     checkpoint (an event, so the kill lands in the running query on a loaded machine
     too, never in a JVM that is still starting)."""
 
     def moment(proc: subprocess.Popen[bytes], round_: int) -> bool:
         if wait_for_checkpoints(storage, job, 1, proc, timeout_s) < 1:
-            return proc.poll() is None and _fail(f"no checkpoint in {timeout_s} s")
+            if proc.poll() is not None:
+                return False
+            raise AssertionError(f"no checkpoint completed in {timeout_s} s")
         return _alive_after(proc, rng.uniform(0, within_s))
 
     return moment
@@ -189,10 +191,6 @@ def _alive_after(proc: subprocess.Popen[bytes], delay_s: float) -> bool:
     except subprocess.TimeoutExpired:
         return True
     return False
-
-
-def _fail(message: str) -> bool:
-    raise AssertionError(message)
 
 
 # ------------------------------------------------------------------ pause points

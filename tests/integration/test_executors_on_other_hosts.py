@@ -152,8 +152,7 @@ def test_shared_working_directory_kill_test_passes_through_the_other_host(
 
     # a random moment within ~3 batches after this life's first completed checkpoint
     kills = run_with_kills(spec, s3_endpoint.env(), tmp_path / "driver.log", kills=KILLS,
-                           moment=after_checkpoint(storage, spec.job, rng, within_s=3.0,
-                                                  timeout_s=300),
+                           moment=after_checkpoint(storage, spec.job, rng, within_s=3.0),
                            after_kill=after_kill)
     print(f"kills landed: {kills}")
     assert kills >= 1, f"seed {seed}: the driver finished before the first kill"

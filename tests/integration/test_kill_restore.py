@@ -225,7 +225,7 @@ def test_parquet_sink_under_kills_during_staging_commit_and_after_the_marker(
             extra_args=["--distinct", "--sink", "parquet", "--state-store", "rocksdb"],
         )
 
-    random_moment = after_checkpoint(storage, job, rng, within_s=2.0, timeout_s=300)
+    random_moment = after_checkpoint(storage, job, rng, within_s=2.0)
 
     def moment(proc: subprocess.Popen[bytes], round_: int) -> bool:
         if phases[round_] == "random":
