@@ -107,8 +107,11 @@ def main(argv: list[str] | None = None) -> int:
 
         from airflow_ckpt.testing.numbers import install_pause
 
+        paused_file = conf.get(DEMO + "paused_file", None)
+        if not paused_file:
+            raise SystemExit(f"{DEMO}pause_at needs {DEMO}paused_file")
         point, nth = pause_at.rsplit(":", 1)
-        install_pause(point, int(nth), Path(conf.get(DEMO + "paused_file")))
+        install_pause(point, int(nth), Path(paused_file))
 
     crash_after = int(conf.get(DEMO + "crash_after_batch", "-1"))
     crash_attempts = int(conf.get(DEMO + "crash_attempts", "0"))
