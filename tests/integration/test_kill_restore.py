@@ -181,6 +181,7 @@ def _landed_in(phase: str, sink: ParquetSink, storage: CheckpointStorage, job: s
     return True
 
 
+@pytest.mark.timeout(900)  # five driver lives: ~2 min idle, 5-9 min on a loaded 2-core CI
 def test_parquet_sink_under_kills_during_staging_commit_and_after_the_marker(
     s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
