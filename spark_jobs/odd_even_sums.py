@@ -5,7 +5,10 @@ The seeds' example. The source is Spark's file source over a directory of text f
 offsets. State is the running (count, sum) per parity, in Spark's state store
 (HDFS-backed by default, ``--state-store rocksdb`` for RocksDB with changelog
 checkpointing). ``--keyed`` switches to a keyed aggregation: counts and sums per
-``n % 10``. Output goes through an exactly-once two-phase-commit sink.
+``n % 10``. ``--distinct`` instead writes every distinct input number once, with its
+batch id (a ``dropDuplicates`` on ``n``: keyed state, and one output row per input row).
+Output goes through an exactly-once two-phase-commit sink: JSON lines written by the
+driver, or ``--sink parquet`` (``ParquetSink``: the executors write Parquet).
 
 Run it under the Airflow operator, with spark-submit, or plainly with python:
 
@@ -18,6 +21,9 @@ Fault injection for tests and the demo (Spark confs):
   spark.airflow_ckpt.demo.fail_query_at_batch=K + fail_query_times=M : the query
       raises while processing batch K, the first M times in this driver
   spark.airflow_ckpt.demo.batch_delay_s=S : sleep S seconds in every batch
+  spark.airflow_ckpt.demo.pause_at=<point>:<n> + paused_file=<path> : the n-th thread
+      reaching the interleaving point (airflow_ckpt.runtime.interleave) writes <path>
+      and blocks, for a test to kill the driver exactly there
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from pyspark.sql import functions as F
 
 from airflow_ckpt.runtime import sparkconf
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.sinks import JsonLinesSink
+from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
 from airflow_ckpt.runtime.storage import open_storage
 
 DEMO = sparkconf.CONF_PREFIX + "demo."
@@ -49,6 +55,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--files-per-batch", type=int, default=1)
     p.add_argument("--state-store", choices=("hdfs", "rocksdb"), default="hdfs")
     p.add_argument("--keyed", action="store_true", help="count and sum per n %% 10")
+    p.add_argument("--distinct", action="store_true",
+                   help="write every distinct input number once (n, batch) instead of sums")
+    p.add_argument("--sink", choices=("jsonl", "parquet"), default="jsonl",
+                   help="jsonl: JsonLinesSink (driver); parquet: ParquetSink (executors) "
+                        "into the --output table directory")
+    p.add_argument("--master", help="Spark master when run with python (default local[2])")
     p.add_argument("--continuous", action="store_true",
                    help="keep running (processing-time trigger) instead of stopping when "
                         "the input is exhausted")
@@ -62,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     builder = SparkSession.builder.appName("odd_even_sums")
     if "PYSPARK_GATEWAY_PORT" not in os.environ:  # run with python, not spark-submit
-        builder = builder.master("local[2]")
+        builder = builder.master(args.master or "local[2]")
     spark = (
         builder.config("spark.sql.shuffle.partitions", "4")
         .config("spark.ui.enabled", "false")
@@ -81,8 +93,25 @@ def main(argv: list[str] | None = None) -> int:
     if not input_dir:
         raise SystemExit("no input directory: pass --input or set " + DEMO + "input")
     output = args.output or conf.get(DEMO + "output", None)
-    sink_storage = open_storage(output) if output else job.storage
-    sink = JsonLinesSink(sink_storage, "" if output else f"_output/{job.job}")
+    sink: TwoPhaseCommitSink
+    if args.sink == "parquet":
+        if not output:
+            raise SystemExit("--sink parquet needs --output (the table directory)")
+        sink = ParquetSink(output)
+    else:
+        sink_storage = open_storage(output) if output else job.storage
+        sink = JsonLinesSink(sink_storage, "" if output else f"_output/{job.job}")
+    pause_at = conf.get(DEMO + "pause_at", None)
+    if pause_at:  # tests only
+        from pathlib import Path
+
+        from airflow_ckpt.testing.numbers import install_pause
+
+        paused_file = conf.get(DEMO + "paused_file", None)
+        if not paused_file:
+            raise SystemExit(f"{DEMO}pause_at needs {DEMO}paused_file")
+        point, nth = pause_at.rsplit(":", 1)
+        install_pause(point, int(nth), Path(paused_file))
 
     crash_after = int(conf.get(DEMO + "crash_after_batch", "-1"))
     crash_attempts = int(conf.get(DEMO + "crash_attempts", "0"))
@@ -94,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     def each_batch(df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
         if delay:
             time.sleep(delay)
+        if args.distinct:
+            df = df.withColumn("batch", F.lit(batch_id))
         write(df, batch_id)
         if batch_id == crash_after and job.attempt <= crash_attempts:
             logging.getLogger("demo").warning("fault injection: driver dies in batch %d", batch_id)
@@ -109,12 +140,16 @@ def main(argv: list[str] | None = None) -> int:
             .select(F.col("value").cast("long").alias("n"))
             .where(F.col("n").isNotNull())
         )
-        parity = F.when(F.col("n") % 2 == 0, "even").otherwise("odd")
-        key = (F.col("n") % 10).cast("string") if args.keyed else parity
-        agg = numbers.groupBy(key.alias("key")).agg(
-            F.count("*").alias("count"), F.sum("n").alias("sum")
-        )
-        writer = agg.writeStream.outputMode("update").foreachBatch(each_batch)
+        if args.distinct:
+            writer = numbers.dropDuplicates(["n"]).writeStream.outputMode("append")
+        else:
+            parity = F.when(F.col("n") % 2 == 0, "even").otherwise("odd")
+            key = (F.col("n") % 10).cast("string") if args.keyed else parity
+            agg = numbers.groupBy(key.alias("key")).agg(
+                F.count("*").alias("count"), F.sum("n").alias("sum")
+            )
+            writer = agg.writeStream.outputMode("update")
+        writer = writer.foreachBatch(each_batch)
         if args.continuous:
             return writer.trigger(processingTime="1 second")
         return writer.trigger(availableNow=True)

@@ -315,6 +315,8 @@ class CheckpointCoordinator:
         cfg = self.config
         if self._query_ended:
             return False  # the final checkpoint follows; a periodic one would repeat it
+        if self.failures.fatal is not None:
+            return False  # the job is failing; no later checkpoint can succeed
         if now - self._last_trigger < cfg.interval_s:
             return False
         if now - self._last_completion < cfg.min_pause_s:

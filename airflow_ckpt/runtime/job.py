@@ -53,6 +53,7 @@ from airflow_ckpt.runtime.spark_features import SparkSetupError, require_offline
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.workdir_check import WorkdirNotSharedError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -309,9 +310,11 @@ class CheckpointedJob:
                 return self._run_supervised(build)
             finally:
                 self.lease.release()
-        except (ConfigError, RestoreError, ConcurrentDriverError, SparkSetupError) as exc:
-            # Final: a restart cannot fix these. The supervisor reads this event and does
-            # not resubmit.
+        except (ConfigError, RestoreError, ConcurrentDriverError, SparkSetupError,
+                WorkdirNotSharedError) as exc:
+            # Final: a restart cannot fix these (nor the executors' state on other hosts:
+            # every later checkpoint would miss it too). The supervisor reads this event
+            # and does not resubmit.
             self.history.append(ev.JOB_FAILED, run_id=self.run_id, cause=str(exc)[:2000],
                                 error=type(exc).__name__)
             raise
@@ -330,7 +333,7 @@ class CheckpointedJob:
             try:
                 result = self._run_once(build, coordinator)
             except (ConfigError, RestoreError, ConcurrentDriverError, LeaseExpiredError,
-                    SparkSetupError):
+                    SparkSetupError, WorkdirNotSharedError):
                 raise  # final, or (lease lost) only a new driver may continue
             except Exception as exc:  # the query failed (StreamingQueryException, ...)
                 if restored.path and _INCOMPATIBLE.search(str(exc)):

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
+from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.metadata import OperatorInfo
+from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.runtime.workdir_check import WorkdirNotSharedError, check_state_visible
+from tests.unit.test_coordinator_races import JOB, start
+from tests.unit.test_snapshot_capture import make_workdir
 
 OPS = (OperatorInfo(0, 2),)
 
@@ -26,3 +33,28 @@ def test_only_driver_written_files_is_the_other_host_case() -> None:
 def test_one_partition_on_another_host() -> None:
     with pytest.raises(WorkdirNotSharedError, match=r"for state/0/1:"):
         check_state_visible("/w", ["state/0/0/2.zip", "state/0/0/SSTs/1-a.sst"], OPS)
+
+
+def test_the_coordinator_fails_fatally_uploads_nothing_and_triggers_no_more(
+    tmp_path: Path,
+) -> None:
+    """Wiring: the sync phase refuses the checkpoint before any upload, records the error
+    as fatal (the job loop raises it; ``CheckpointedJob`` treats it as final), and no
+    periodic checkpoint is triggered after it."""
+    workdir = make_workdir(tmp_path, batches=3, running=False)
+    for delta in workdir.glob("state/0/1/*.delta"):  # partition 1 ran on another host
+        delta.unlink()
+    storage = open_storage((tmp_path / "s").as_uri())
+    coordinator = start(storage, workdir)
+    try:
+        p = coordinator.trigger("manual")
+        assert p.done.wait(10) and p.manifest is None
+        assert isinstance(coordinator.fatal, WorkdirNotSharedError)
+        assert "state/0/1" in str(coordinator.fatal) and "state/0/0" not in str(
+            coordinator.fatal)
+        assert not coordinator._periodic_due(time.monotonic() + 3600)
+    finally:
+        coordinator.shutdown()
+    assert CheckpointCatalog(storage, JOB).checkpoint_ids(completed_only=False) == []
+    assert storage.list(f"{JOB}/shared/") == []
+    assert not list(coordinator.staging_root.glob("*"))  # staging links discarded

@@ -47,6 +47,7 @@ from airflow_ckpt.errors import (
     ObjectAlreadyExistsError,
     ObjectNotFoundError,
 )
+from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.factory import open_storage
@@ -233,6 +234,7 @@ class ParquetSink(TwoPhaseCommitSink):
         prefix = self._staging_prefix(batch_id, attempt)
         writer = _partition_writer(self.uri, self._options, prefix, self.compression)
         files = [r.asDict() for r in df.mapInArrow(writer, FILE_LIST_SCHEMA).collect()]
+        interleave.point(interleave.SINK_STAGED_BEFORE_RECORD)
         self._record(batch_id, attempt, files)
 
     def pre_commit(self, batch_id: int, rows: Sequence[dict[str, Any]]) -> None:
@@ -291,6 +293,7 @@ class ParquetSink(TwoPhaseCommitSink):
 
     def _publish(self, decision: dict[str, Any]) -> None:
         def one(entry: dict[str, Any]) -> None:
+            interleave.point(interleave.SINK_BEFORE_PUBLISH_FILE)
             staged = _local_path(self.storage, entry["staged"])
             final = _local_path(self.storage, entry["final"])
             try:
