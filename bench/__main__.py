@@ -2,7 +2,8 @@
 
 ``python -m bench history [--events N]``: the history suite alone (see :mod:`bench.history`).
 
-One local SparkSession and one local S3 endpoint serve every run. Per repeat, four runs
+One local SparkSession and one local S3 endpoint (moto, in its own process, so that its
+CPU is not the driver's) serve every run. Per repeat, four runs
 of the example query over the same input, in alternating order (so that neither variant
 always runs on a warmer JVM): plain Spark on S3, checkpointed incremental on S3,
 checkpointed full on S3, checkpointed incremental on the file backend. Unmeasured
@@ -27,7 +28,7 @@ from typing import Any
 
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.testing.numbers import GroundTruth, write_numbers
-from airflow_ckpt.testing.s3_server import S3Endpoint, local_s3_server
+from airflow_ckpt.testing.s3_server import S3Endpoint, s3_server_process
 from bench import suites
 from bench.harness import RunResult, run_checkpointed, run_plain, spark_session
 
@@ -135,7 +136,8 @@ def run_all(args: argparse.Namespace) -> tuple[list[RunResult], dict[str, Any]]:
     """Warm up, then every (variant, backend) of :data:`PLAN` ``args.repeats`` times."""
     results: list[RunResult] = []
     with tempfile.TemporaryDirectory(prefix="airflow-ckpt-bench-") as tmp, \
-            local_s3_server() as endpoint:
+            s3_server_process() as server:
+        endpoint = server.endpoint
         root = Path(tmp)
         endpoint.create_bucket(BUCKET)
         truth = write_numbers(root / "in", files=args.files, per_file=args.per_file)
