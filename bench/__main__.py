@@ -174,25 +174,6 @@ SUITES: tuple[tuple[str, Callable[[Sequence[RunResult]], list[suites.Row]]], ...
 )
 
 
-def _fmt(value: float) -> str:
-    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.2f}"
-
-
-def table(rows: Sequence[suites.Row]) -> str:
-    """A compact text table: one row per figure, ratio = subject / baseline."""
-    lines = [f"{'benchmark':<14} {'metric':<26} {'unit':<4} {'baseline':>22} "
-             f"{'subject':>23} {'ratio':>7}"]
-    lines.append("-" * len(lines[0]))
-    for r in rows:
-        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
-        lines.append(
-            f"{r.bench:<14} {r.metric:<26} {r.unit:<4} "
-            f"{r.baseline:>13} {_fmt(r.baseline_value):>8} "
-            f"{r.subject:>14} {_fmt(r.subject_value):>8} {ratio:>7}"
-        )
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["history"]:  # the history suite runs alone: no Spark
@@ -220,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{args.files} batches/run x {args.per_file} numbers, {args.repeats} repeat(s), "
           f"{elapsed:.0f} s total, load average {info['loadavg_1m']['before']:.1f} "
           f"before / {info['loadavg_1m']['after']:.1f} after")
-    print(table(rows))
+    print(suites.table(rows))
     wrong = [r.label for r in results if not r.correct]
     document = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

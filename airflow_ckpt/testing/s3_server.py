@@ -16,7 +16,7 @@ moto keeps its state per process: every server started here (and any ``mock_aws`
 shares the same buckets.
 
 ``s3_server_process()`` runs the same server in a child process
-(``python -m airflow_ckpt.testing.s3_server``): what the benchmarks use, so that the
+(:func:`_serve`): what the benchmarks use, so that the
 endpoint's CPU is its own (its own GIL, measurable per process) and not the client's.
 """
 
@@ -294,7 +294,8 @@ def s3_server_process(*, serialize_writes: bool = True) -> Iterator[S3ServerProc
     (:meth:`S3ServerProcess.bulk_load`). ``serialize_writes`` as in
     :func:`local_s3_server` (benchmarks with one writer per key may turn it off).
     """
-    cmd = [sys.executable, "-m", "airflow_ckpt.testing.s3_server"]
+    # -c, not -m: the package imports this module, which -m would then run a second time
+    cmd = [sys.executable, "-c", "from airflow_ckpt.testing.s3_server import _serve; _serve()"]
     if not serialize_writes:
         cmd.append("--parallel-writes")
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -316,7 +317,7 @@ def s3_server_process(*, serialize_writes: bool = True) -> Iterator[S3ServerProc
 
 def _serve(argv: Sequence[str] | None = None) -> None:
     """The child of :func:`s3_server_process`."""
-    p = argparse.ArgumentParser(prog="python -m airflow_ckpt.testing.s3_server")
+    p = argparse.ArgumentParser(prog="airflow_ckpt.testing.s3_server")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--parallel-writes", action="store_true",
                    help="do not serialise PUT/POST/DELETE (see the module docstring)")
@@ -336,6 +337,3 @@ def _serve(argv: Sequence[str] | None = None) -> None:
                     n += 1
             print(n, flush=True)
 
-
-if __name__ == "__main__":
-    _serve()
