@@ -270,7 +270,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, help="repeats of each run (default 2)")
     p.add_argument("--no-full", dest="full", action="store_false",
                    help="skip the full-checkpoint run (benchmark b)")
-    p.add_argument("--full-batches", type=int, default=10,
+    p.add_argument("--full-batches", type=int,
                    help="steady batches of the full-checkpoint run (default 10)")
     p.add_argument("--files", type=int, default=48, help="synthetic restore: files")
     p.add_argument("--file-mib", type=int, default=2, help="synthetic restore: MiB per file")
@@ -288,6 +288,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.rows = pick(args.rows, 200_000, 20_000)
     args.batches = pick(args.batches, 24, 8)
     args.repeats = pick(args.repeats, 2, 1)
+    args.full_batches = pick(args.full_batches, 10, 4)
     args.repeats_transfer = 3 if not q else 1
     args.sink_rows = pick(args.sink_rows, 1_000_000, 100_000)
     args.sink_batches = pick(args.sink_batches, 4, 2)

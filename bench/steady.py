@@ -19,7 +19,7 @@ a random 24-character string, so each key holds ~40 bytes of incompressible stat
 * **incremental** / **full**: the same query under ``CheckpointedJob`` (5 s interval,
   3 retained), restored from a server-side copy of the seed prefix (so each run finds
   its own job's ``shared/`` files, as a long-running job does). The full run (for
-  benchmark b only) processes the first ``full_batches`` steady batches.
+  benchmark b only) is stopped after ``full_batches`` steady batches.
 * **fresh**: ``CheckpointedJob`` with ``restore=none`` over batch 1 alone: the first
   batch of a job without state, the baseline of restore-to-first-batch.
 
@@ -191,6 +191,10 @@ def child(spec_path: str) -> None:
     cpu: dict[str, dict[str, float]] = {}
     sample = _cpu_sampler(spec["endpoint_pid"])
 
+    def stop_all() -> None:
+        for query in spark.streams.active:
+            query.stop()
+
     class Progress(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:
             pass
@@ -202,6 +206,10 @@ def child(spec_path: str) -> None:
             start = datetime.fromisoformat(p.timestamp.replace("Z", "+00:00")).timestamp()
             progress.append({"batch": p.batchId, "start": start, "rows": p.numInputRows,
                              "ms": p.durationMs.get("triggerExecution", 0)})
+            if spec.get("max_batches") and len(progress) == spec["max_batches"]:
+                # batch committed: stop the query as if its source had ended (not from
+                # the listener's own thread, which stop() would wait for)
+                threading.Thread(target=stop_all, daemon=True).start()
 
         def onQueryIdle(self, event: Any) -> None:
             pass
@@ -396,7 +404,7 @@ class Steady:
 
     def launch(self, variant: str, repeat: int, *, input_dir: Path, location: Path,
                prefix: str | None = None, restore: str = "latest", changelog: bool = True,
-               incremental: bool = True) -> Run:
+               incremental: bool = True, max_batches: int | None = None) -> Run:
         """One driver process; returns when it exited, its output checked."""
         self._count += 1
         tag = f"{self._count:02d}-{variant}"
@@ -407,7 +415,7 @@ class Steady:
             "storage": f"s3://{BUCKET}/{prefix}" if prefix else None,
             "endpoint": self.endpoint.url, "restore": restore, "changelog": changelog,
             "checkpoint_config": checkpoint_config(incremental),
-            "endpoint_pid": self.server.pid, "out": str(out)}
+            "endpoint_pid": self.server.pid, "max_batches": max_batches, "out": str(out)}
         spec_path = self.root / f"spec-{tag}.json"
         spec_path.write_text(json.dumps(spec))
         cpu = _cpu_s(self.server.pid)
@@ -438,8 +446,9 @@ class Steady:
         else:
             expected = dict(enumerate(self.truth("main", [])))
             expected.pop(0)
-            if run.variant == "full":
-                expected = {b: c for b, c in expected.items() if b <= self.full_batches}
+            if run.variant == "full":  # stopped after full_batches (one more may run)
+                expected = {b: c for b, c in expected.items() if b in got}
+                return got == expected and len(got) >= self.full_batches
         return got == expected and len(run.progress) == len(expected)
 
     def truth(self, name: str, batches: Sequence[int]) -> list[Checksum]:
@@ -478,12 +487,9 @@ class Steady:
         truth.join()
         for i in range(1, self.workload.batches + 1):
             self.workload.write(self.input, i, base + i)
-        # Other input directories hold links to some of the same files: the file source
-        # knows b00000 as seen by its path in "in", so it is left out of them.
-        for name, last in (("in-fresh", 1), ("in-full", self.full_batches)):
-            (self.root / name).mkdir()
-            for i in range(1, last + 1):
-                os.link(self.input / f"b{i:05d}.parquet", self.root / name / f"b{i:05d}.parquet")
+        fresh = self.root / "in-fresh"  # batch 1 alone (a link)
+        fresh.mkdir()
+        os.link(self.input / "b00001.parquet", fresh / "b00001.parquet")
         manifest = CheckpointCatalog(self.storage("seed"), JOB).latest_checkpoint()
         assert manifest is not None
         return run, manifest
@@ -510,8 +516,9 @@ class Steady:
                                location=location, prefix=tag, restore="none")
         self.clone(tag)
         full = variant == "full"
-        return self.launch(variant, repeat, input_dir=self.root / "in-full" if full else
-                           self.input, location=location, prefix=tag, incremental=not full)
+        return self.launch(variant, repeat, input_dir=self.input, location=location,
+                           prefix=tag, incremental=not full,
+                           max_batches=self.full_batches if full else None)
 
 
 # ----------------------------------------------------------------------------- transfers
