@@ -10,5 +10,9 @@ machine and the same input, and reports ratios (absolute times depend on the mac
 3. sync-phase vs. async-phase cost and end-to-end duration per checkpoint, S3 vs. file.
 
 Real local Spark (one SparkSession for every run) and a real S3 HTTP endpoint (moto on
-127.0.0.1, :func:`airflow_ckpt.testing.s3_server.local_s3_server`).
+127.0.0.1 in its own process, :func:`airflow_ckpt.testing.s3_server.s3_server_process`).
+
+``python -m bench.scale`` is the realistic-scale suite (RocksDB state of millions of
+keys, restore, the exactly-once Parquet sink); ``python -m bench history`` the history
+suite.
 """

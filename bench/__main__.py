@@ -2,7 +2,8 @@
 
 ``python -m bench history [--events N]``: the history suite alone (see :mod:`bench.history`).
 
-One local SparkSession and one local S3 endpoint serve every run. Per repeat, four runs
+One local SparkSession and one local S3 endpoint (moto, in its own process, so that its
+CPU is not the driver's) serve every run. Per repeat, four runs
 of the example query over the same input, in alternating order (so that neither variant
 always runs on a warmer JVM): plain Spark on S3, checkpointed incremental on S3,
 checkpointed full on S3, checkpointed incremental on the file backend. Unmeasured
@@ -27,7 +28,7 @@ from typing import Any
 
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.testing.numbers import GroundTruth, write_numbers
-from airflow_ckpt.testing.s3_server import S3Endpoint, local_s3_server
+from airflow_ckpt.testing.s3_server import S3Endpoint, s3_server_process
 from bench import suites
 from bench.harness import RunResult, run_checkpointed, run_plain, spark_session
 
@@ -135,7 +136,8 @@ def run_all(args: argparse.Namespace) -> tuple[list[RunResult], dict[str, Any]]:
     """Warm up, then every (variant, backend) of :data:`PLAN` ``args.repeats`` times."""
     results: list[RunResult] = []
     with tempfile.TemporaryDirectory(prefix="airflow-ckpt-bench-") as tmp, \
-            local_s3_server() as endpoint:
+            s3_server_process() as server:
+        endpoint = server.endpoint
         root = Path(tmp)
         endpoint.create_bucket(BUCKET)
         truth = write_numbers(root / "in", files=args.files, per_file=args.per_file)
@@ -172,25 +174,6 @@ SUITES: tuple[tuple[str, Callable[[Sequence[RunResult]], list[suites.Row]]], ...
 )
 
 
-def _fmt(value: float) -> str:
-    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.2f}"
-
-
-def table(rows: Sequence[suites.Row]) -> str:
-    """A compact text table: one row per figure, ratio = subject / baseline."""
-    lines = [f"{'benchmark':<14} {'metric':<26} {'unit':<4} {'baseline':>22} "
-             f"{'subject':>23} {'ratio':>7}"]
-    lines.append("-" * len(lines[0]))
-    for r in rows:
-        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
-        lines.append(
-            f"{r.bench:<14} {r.metric:<26} {r.unit:<4} "
-            f"{r.baseline:>13} {_fmt(r.baseline_value):>8} "
-            f"{r.subject:>14} {_fmt(r.subject_value):>8} {ratio:>7}"
-        )
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["history"]:  # the history suite runs alone: no Spark
@@ -218,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{args.files} batches/run x {args.per_file} numbers, {args.repeats} repeat(s), "
           f"{elapsed:.0f} s total, load average {info['loadavg_1m']['before']:.1f} "
           f"before / {info['loadavg_1m']['after']:.1f} after")
-    print(table(rows))
+    print(suites.table(rows))
     wrong = [r.label for r in results if not r.correct]
     document = {
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -34,9 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -57,7 +55,7 @@ from airflow_ckpt.runtime.history import (
 )
 from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
-from airflow_ckpt.testing.s3_server import S3Endpoint
+from airflow_ckpt.testing.s3_server import s3_server_process
 from bench.suites import Row
 
 BUCKET = "airflow-ckpt-bench-history"
@@ -89,69 +87,6 @@ def _log(message: str) -> None:
 
 
 # ----------------------------------------------------------------------------- S3 server
-
-# The child serves S3 over HTTP and, on a line naming a JSON-lines file on its stdin,
-# stores that file's objects straight into moto's backend (no HTTP): bulk loading.
-_SERVE = """
-import json, sys
-from moto.core import DEFAULT_ACCOUNT_ID
-from moto.s3.models import s3_backends
-from airflow_ckpt.testing.s3_server import local_s3_server
-with local_s3_server(serialize_writes=False) as endpoint:
-    print(endpoint.url, flush=True)
-    backend = s3_backends[DEFAULT_ACCOUNT_ID]["global"]
-    for line in sys.stdin:  # until the parent closes our stdin
-        n = 0
-        with open(line.strip()) as objects:
-            for row in objects:
-                o = json.loads(row)
-                backend.put_object(o["bucket"], o["key"], o["body"].encode())
-                n += 1
-        print(n, flush=True)
-"""
-
-
-class S3Process:
-    """moto's S3 server in a child process (its own GIL: the client is measured alone)."""
-
-    def __init__(self, proc: subprocess.Popen[str], url: str, tmp: Path) -> None:
-        self.proc, self.endpoint, self.tmp = proc, S3Endpoint(url=url), tmp
-
-    def bulk_load(self, bucket: str, objects: Sequence[tuple[str, bytes]]) -> float:
-        """Store objects server side (what a PUT stores, without the HTTP); objects/s."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        started = time.perf_counter()
-        path = self.tmp / f"load-{uuid.uuid4().hex}.jsonl"
-        with path.open("w") as f:
-            for key, body in objects:
-                f.write(json.dumps({"bucket": bucket, "key": key, "body": body.decode()}) + "\n")
-        self.proc.stdin.write(f"{path}\n")
-        self.proc.stdin.flush()
-        stored = int(self.proc.stdout.readline())
-        path.unlink()
-        assert stored == len(objects), (stored, len(objects))
-        return len(objects) / (time.perf_counter() - started)
-
-
-@contextmanager
-def s3_server_process(tmp: Path) -> Iterator[S3Process]:
-    """Start the child; stop it (close its stdin) at the end."""
-    proc = subprocess.Popen([sys.executable, "-c", _SERVE], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
-        if not url.startswith("http"):
-            raise RuntimeError(f"the S3 server did not start (exit {proc.poll()})")
-        yield S3Process(proc, url, tmp)
-    finally:
-        if proc.stdin:
-            proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class RequestCounter:
@@ -309,10 +244,10 @@ def _raw_objects(events: Sequence[HistoryEvent]) -> list[tuple[str, bytes]]:
     return [(f"{ROOT}/{e.key}", json.dumps(e.data, default=str).encode()) for e in events]
 
 
-def run(args: argparse.Namespace, tmp: Path) -> tuple[list[Row], dict[str, Any]]:
+def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
     rows: list[Row] = []
     report: dict[str, Any] = {}
-    with s3_server_process(tmp) as server:
+    with s3_server_process(serialize_writes=False) as server:
         endpoint = server.endpoint
         stores: dict[str, CheckpointStorage] = {}
         counters: dict[str, RequestCounter] = {}
@@ -429,8 +364,7 @@ def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
     load = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="airflow-ckpt-bench-history-") as tmp:
-        rows, report = run(args, Path(tmp))
+    rows, report = run(args)
     elapsed = time.perf_counter() - started
     print(f"\nairflow-ckpt history benchmark: {args.events} events per job, "
           f"{os.cpu_count()} CPUs, {elapsed:.0f} s total, load average {load:.1f} before")

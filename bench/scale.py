@@ -1,16 +1,23 @@
-"""``python -m bench.scale``: the parts of the realistic-scale suite that exist so far.
+"""``python -m bench.scale [--quick]``: the realistic-scale suite (issue 9), one invocation,
+every figure a ratio to a baseline measured in the same run. Results:
+``bench/results/scale.json``.
 
-* **restore download** (issue 9, target d): ``materialize`` of a checkpoint of
-  ``--files`` x ``--file-mib`` state files vs a raw pool of 16 boto3 ``get_object`` calls
-  writing the same files from the same endpoint. The endpoint (moto) runs in its own
-  process. Alternating order, ``--repeats`` each, medians; both verify the bytes.
-* **exactly-once Parquet sink vs Spark's native parquet sink** (target f): the same
-  streaming query (``--batches`` input files of ``--rows`` rows, one file per batch),
-  each variant in its own driver process on ``file://``; wall time and peak RSS of the
-  driver process tree (Python + JVM). Output checked against the ground truth
-  (row count and sum) with pyarrow.
+* **RocksDB steady state** (:mod:`bench.steady`, benchmarks a-e): ``--keys`` keys (3M:
+  ~130 MB of RocksDB state), batches touching 1 % of them, 5 s checkpoint interval,
+  ``local[2]``: (a) throughput and per-batch p50/p99 vs plain Spark with its own
+  ``checkpointLocation``; (b) uploaded bytes / state size per checkpoint, incremental vs
+  full; (c) the runtime's upload path vs a raw boto3 pool, same files; (d) restore's
+  download (``materialize``) vs a raw boto3 pool, same files, on the real RocksDB
+  checkpoint and on ``--files`` x ``--file-mib`` synthetic files; (e) process start to
+  first batch, restored vs fresh.
+* **exactly-once Parquet sink vs Spark's native parquet sink** (f): the same
+  streaming query (``--sink-batches`` input files of ``--sink-rows`` rows), each variant
+  in its own driver process on ``file://``; wall time and peak RSS of the driver
+  (Python + JVM). Output checked against the ground truth (row count and sum).
 
-Not yet here: the RocksDB steady-state run, upload ratios, restore-to-first-batch.
+The S3 endpoint (moto) runs in its own process
+(:func:`airflow_ckpt.testing.s3_server.s3_server_process`); its CPU time is reported
+per run. Repeated variants run in alternating order; figures are medians.
 """
 
 from __future__ import annotations
@@ -21,54 +28,39 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-MiB = 1 << 20
+from bench.steady import (
+    BUCKET,
+    JOB,
+    MiB,
+    Steady,
+    Workload,
+    compare_download,
+    compare_upload,
+    figures,
+)
+from bench.suites import Row, table
+
+RESULTS = Path(__file__).resolve().parent / "results" / "scale.json"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _endpoint() -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-p",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc, url
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("moto_server did not start")
-
-
-def restore_download(url: str, files: int, file_mib: int, repeats: int) -> dict[str, Any]:
-    import boto3
-
+def restore_download(server: Any, work: Path, files: int, file_mib: int,
+                     repeats: int) -> dict[str, Any]:
+    """(d) on synthetic files: many mid-sized files, where per-request costs show."""
     from airflow_ckpt.runtime.layout import JobLayout
-    from airflow_ckpt.runtime.materialize import materialize
     from airflow_ckpt.runtime.metadata import FileEntry
-    from airflow_ckpt.runtime.storage import open_storage
     from tests.fixtures.snapshots import make_manifest
 
-    creds = {"aws_access_key_id": "x", "aws_secret_access_key": "x", "region_name": "us-east-1"}
-    client = boto3.client("s3", endpoint_url=url, **creds)
-    client.create_bucket(Bucket="scale")
-    storage = open_storage("s3://scale/r", endpoint_url=url, **creds)
+    endpoint = server.endpoint
+    storage = endpoint.storage(f"s3://{BUCKET}/synthetic")
     layout = JobLayout("job")
     entries = []
     for i in range(files):
@@ -79,35 +71,11 @@ def restore_download(url: str, files: int, file_mib: int, repeats: int) -> dict[
         entries.append(FileEntry(path, key[len(layout.root):], len(data),
                                  hashlib.sha256(data).hexdigest(), False))
     manifest = make_manifest("job", 1, files=tuple(entries), batch_id=0)
-
-    def ours(dest: Path) -> None:
-        materialize(storage, manifest, layout.root, dest)
-
-    def raw(dest: Path) -> None:
-        def one(entry: FileEntry) -> None:
-            target = dest / entry.path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            body = client.get_object(Bucket="scale", Key="r/" + layout.root + entry.key)["Body"]
-            with target.open("wb") as out:
-                while chunk := body.read(MiB):
-                    out.write(chunk)
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(one, entries))
-
-    times: dict[str, list[float]] = {"ours": [], "raw": []}
-    for r in range(repeats):
-        for name, fn in (("ours", ours), ("raw", raw)) if r % 2 == 0 else (("raw", raw),
-                                                                             ("ours", ours)):
-            dest = Path(tempfile.mkdtemp(prefix="scale-restore-"))
-            start = time.perf_counter()
-            fn(dest)
-            times[name].append(time.perf_counter() - start)
-            got = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file())
-            assert got == files * file_mib * MiB, (name, got)
-            shutil.rmtree(dest)
-    ours_s, raw_s = statistics.median(times["ours"]), statistics.median(times["raw"])
-    return {"files": files, "bytes": files * file_mib * MiB, "ours_s": ours_s, "raw_s": raw_s,
-            "ratio": ours_s / raw_s, "runs": times}
+    try:
+        return compare_download(endpoint, storage, manifest, layout.root, "synthetic/",
+                                work, repeats)
+    finally:
+        storage.close()
 
 
 # ---------------------------------------------------------------- sink comparison
@@ -200,43 +168,188 @@ def sink_comparison(rows: int, batches: int, repeats: int) -> dict[str, Any]:
 
     return {
         "rows_per_batch": rows, "batches": batches,
+        "native_wall_s": med("native", "wall_s"), "sink_wall_s": med("parquet_sink", "wall_s"),
+        "native_rss_mb": med("native", "driver_rss_mb"),
+        "sink_rss_mb": med("parquet_sink", "driver_rss_mb"),
         "wall_ratio": med("parquet_sink", "wall_s") / med("native", "wall_s"),
         "rss_ratio": med("parquet_sink", "driver_rss_mb") / med("native", "driver_rss_mb"),
         "runs": runs,
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.splitlines()[0])
-    p.add_argument("--files", type=int, default=64, help="state files for the restore run")
-    p.add_argument("--file-mib", type=int, default=2)
-    p.add_argument("--rows", type=int, default=1_000_000, help="rows per batch (sink run)")
-    p.add_argument("--batches", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--only", choices=["restore", "sink"])
+def steady_suite(server: Any, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Benchmarks a-e (see :mod:`bench.steady`)."""
+    workload = Workload(args.keys, args.touched, args.rows, args.batches)
+    steady = Steady(server, work, workload, args.full_batches)
+    print(f"seed: {args.keys} keys ...", file=sys.stderr, flush=True)
+    seed, manifest = steady.seed()
+    if not seed.correct:
+        raise RuntimeError("the seed run's output differs from the ground truth")
+    seed_storage = steady.storage("seed")
+    local_seed = work / "seed-local"
+    download = compare_download(server.endpoint, seed_storage, manifest, f"{JOB}/", "seed/",
+                                work, args.repeats_transfer, keep=local_seed)
+    upload = compare_upload(server.endpoint, local_seed, args.repeats_transfer)
+    seed_storage.close()
+    seed_ckpt = seed.manifests[-1]
+    runs = steady.measured(args.repeats, args.full, local_seed)
+    out = figures(runs)
+    out["seed"] = {"state_mb": manifest.state_size / MiB, "files": len(manifest.files),
+                   "async_ms": seed_ckpt["async_ms"], "wall_s": seed.wall_s,
+                   "checkpointed_mb": seed_ckpt["checkpointed_size"] / MiB}
+    out["c_upload"] = upload
+    out["d_restore_download"] = download
+    out["workload"] = {"keys": args.keys, "touched": args.touched,
+                       "touched_keys": workload.touched_keys, "rows_per_batch": args.rows,
+                       "steady_batches": args.batches, "repeats": args.repeats}
+    out["runs"] = [r.summary() for r in [seed, *runs]]
+    out["wrong_output"] = [f"{r.variant}/{r.repeat}" for r in runs if not r.correct]
+    return out
+
+
+def rows_of(out: dict[str, Any]) -> list[Row]:
+    """The printed table."""
+    rows: list[Row] = []
+    if "steady" in out:
+        s = out["steady"]
+        a, e = s["a_steady_state"], s["e_first_batch"]
+        rows += [
+            Row("a steady", "rows/s after 1st batch", "1/s", "plain",
+                a["plain_rows_per_s"], "checkpointed", a["ckpt_rows_per_s"]),
+            Row("a steady", "batch p50", "ms", "plain", a["plain_p50_ms"],
+                "checkpointed", a["ckpt_p50_ms"]),
+            Row("a steady", "batch p99", "ms", "plain", a["plain_p99_ms"],
+                "checkpointed", a["ckpt_p99_ms"]),
+            Row("a steady", "CPU s, steady batches", "s", "plain",
+                sum(a["plain_cpu_s"].values()), "checkpointed", sum(a["ckpt_cpu_s"].values())),
+            Row("a steady", "process wall time", "s", "plain", a["plain_wall_s"],
+                "checkpointed", a["ckpt_wall_s"]),
+        ]
+        b = s["b_incremental_vs_full"]
+        if "incremental" in b and "full" in b:
+            rows += [
+                Row("b upload", "uploaded/state per ckpt", "%", "incremental",
+                    100 * b["incremental"]["uploaded_fraction_median"], "full",
+                    100 * b["full"]["uploaded_fraction_median"]),
+                Row("b upload", "uploaded per ckpt", "MiB", "incremental",
+                    b["incremental"]["uploaded_mb_median"], "full",
+                    b["full"]["uploaded_mb_median"]),
+            ]
+        c, d = s["c_upload"], s["d_restore_download"]
+        rows += [
+            Row("c upload", f"{c['bytes'] / MiB:.0f} MiB, {c['files']} files", "s",
+                "raw boto3", c["raw_s"], "upload_snapshot", c["ours_s"]),
+            Row("d restore", f"{d['bytes'] / MiB:.0f} MiB, {d['files']} files", "s",
+                "raw boto3", d["raw_s"], "materialize", d["ours_s"]),
+            Row("e start", "start -> 1st batch", "s", "fresh", e["fresh_s"], "restored",
+                e["restored_s"]),
+        ]
+    if "restore_download" in out:
+        r = out["restore_download"]
+        rows.append(Row("d restore", f"{r['bytes'] / MiB:.0f} MiB, {r['files']} files", "s",
+                        "raw boto3", r["raw_s"], "materialize", r["ours_s"]))
+    if "sink" in out:
+        k = out["sink"]
+        rows += [Row("f sink", "wall time", "s", "native parquet", k["native_wall_s"],
+                     "ParquetSink", k["sink_wall_s"]),
+                 Row("f sink", "driver RSS", "MiB", "native parquet", k["native_rss_mb"],
+                     "ParquetSink", k["sink_rss_mb"])]
+    return rows
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.scale",
+                                description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 300k keys, fewer batches, one repeat (a few minutes)")
+    p.add_argument("--only", choices=["steady", "restore", "sink"])
+    p.add_argument("--keys", type=int, help="keys of state (default 3,000,000)")
+    p.add_argument("--touched", type=float, default=0.01, help="fraction of keys per batch")
+    p.add_argument("--rows", type=int, help="rows per steady batch (default 200,000)")
+    p.add_argument("--batches", type=int, help="steady batches per run (default 24)")
+    p.add_argument("--repeats", type=int, help="repeats of each run (default 2)")
+    p.add_argument("--no-full", dest="full", action="store_false",
+                   help="skip the full-checkpoint run (benchmark b)")
+    p.add_argument("--full-batches", type=int,
+                   help="steady batches of the full-checkpoint run (default 10)")
+    p.add_argument("--files", type=int, default=48, help="synthetic restore: files")
+    p.add_argument("--file-mib", type=int, default=2, help="synthetic restore: MiB per file")
+    p.add_argument("--sink-rows", type=int, help="rows per sink batch (default 1,000,000)")
+    p.add_argument("--sink-batches", type=int, help="sink batches (default 4)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     p.add_argument("--sink-child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    q = args.quick
+
+    def pick(value: int | None, full: int, quick: int) -> int:
+        return value if value is not None else (quick if q else full)
+
+    args.keys = pick(args.keys, 3_000_000, 300_000)
+    args.rows = pick(args.rows, 200_000, 20_000)
+    args.batches = pick(args.batches, 24, 8)
+    args.repeats = pick(args.repeats, 2, 1)
+    args.full_batches = pick(args.full_batches, 10, 4)
+    args.repeats_transfer = 3 if not q else 1
+    args.sink_rows = pick(args.sink_rows, 1_000_000, 100_000)
+    args.sink_batches = pick(args.sink_batches, 4, 2)
+    if args.quick:
+        args.files = min(args.files, 16)
+    if args.batches < 2 or args.repeats < 1 or not 0 < args.touched <= 1:
+        p.error("--batches must be >= 2, --repeats >= 1, 0 < --touched <= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.sink_child:
         _sink_child(*args.sink_child)
         return 0
+    from airflow_ckpt.testing.s3_server import s3_server_process
+    from bench.__main__ import machine
+
+    started = time.perf_counter()
+    load_before = os.getloadavg()[0]
     out: dict[str, Any] = {}
-    if args.only in (None, "restore"):
-        proc, url = _endpoint()
-        try:
-            out["restore_download"] = restore_download(url, args.files, args.file_mib,
-                                                       args.repeats)
-        finally:
-            proc.terminate()
-            proc.wait()
-        r = out["restore_download"]
-        print(f"restore download {r['files']} files, {r['bytes'] / MiB:.0f} MiB: "
-              f"ours {r['ours_s']:.2f} s, raw boto3 pool {r['raw_s']:.2f} s, "
-              f"ratio {r['ratio']:.2f}x")
+    with tempfile.TemporaryDirectory(prefix="airflow-ckpt-scale-") as tmp, \
+            s3_server_process(serialize_writes=False) as server:
+        work = Path(tmp)
+        server.endpoint.create_bucket(BUCKET)
+        if args.only in (None, "steady"):
+            out["steady"] = steady_suite(server, work / "steady", args)
+        if args.only in (None, "restore"):
+            out["restore_download"] = restore_download(server, work, args.files,
+                                                       args.file_mib, args.repeats_transfer)
     if args.only in (None, "sink"):
-        out["sink"] = s = sink_comparison(args.rows, args.batches, args.repeats)
-        print(f"ParquetSink vs native parquet sink, {args.batches} x {args.rows} rows: "
-              f"wall {s['wall_ratio']:.2f}x, driver RSS {s['rss_ratio']:.2f}x")
-    print(json.dumps(out, indent=1, default=str))
+        out["sink"] = sink_comparison(args.sink_rows, args.sink_batches, args.repeats)
+    import pyspark
+
+    info = machine(pyspark.__version__)
+    info["loadavg_1m"] = {"before": round(load_before, 2),
+                          "after": round(os.getloadavg()[0], 2)}
+    elapsed = time.perf_counter() - started
+    rows = rows_of(out)
+    print(f"\nairflow-ckpt scale benchmarks: {info['cpus']} CPUs, Spark {info['spark']}, "
+          f"{elapsed:.0f} s total, load average {info['loadavg_1m']['before']:.1f} before / "
+          f"{info['loadavg_1m']['after']:.1f} after")
+    if "steady" in out:
+        s = out["steady"]
+        w = s["workload"]
+        print(f"RocksDB: {w['keys']} keys ({s['seed']['state_mb']:.0f} MiB of state in the "
+              f"seed checkpoint), {w['steady_batches']} batches x {w['rows_per_batch']} rows "
+              f"touching {w['touched_keys']} keys, {w['repeats']} repeat(s)")
+    print(table(rows))
+    document = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "command": "python -m bench.scale " + " ".join(argv or sys.argv[1:]),
+                "elapsed_s": round(elapsed, 1), "machine": info, "benchmarks": out,
+                "table": [r.to_dict() for r in rows]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(document, indent=1, default=str) + "\n")
+    print(f"\nwritten: {args.out}")
+    wrong = out.get("steady", {}).get("wrong_output", [])
+    if wrong:
+        print(f"ERROR: runs whose output differs from the ground truth: {wrong}",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -41,6 +41,25 @@ class Row:
         return out
 
 
+def _fmt(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.2f}"
+
+
+def table(rows: Sequence[Row]) -> str:
+    """A compact text table: one row per figure, ratio = subject / baseline."""
+    lines = [f"{'benchmark':<14} {'metric':<26} {'unit':<4} {'baseline':>22} "
+             f"{'subject':>23} {'ratio':>7}"]
+    lines.append("-" * len(lines[0]))
+    for r in rows:
+        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
+        lines.append(
+            f"{r.bench:<14} {r.metric:<26} {r.unit:<4} "
+            f"{r.baseline:>13} {_fmt(r.baseline_value):>8} "
+            f"{r.subject:>14} {_fmt(r.subject_value):>8} {ratio:>7}"
+        )
+    return "\n".join(lines)
+
+
 def _runs(results: Sequence[RunResult], variant: str, backend: str) -> list[RunResult]:
     runs = [r for r in results if r.variant == variant and r.backend == backend]
     if not runs:

@@ -14,16 +14,27 @@ race. Reads are not serialised.
 
 moto keeps its state per process: every server started here (and any ``mock_aws``)
 shares the same buckets.
+
+``s3_server_process()`` runs the same server in a child process
+(:func:`_serve`): what the benchmarks use, so that the
+endpoint's CPU is its own (its own GIL, measurable per process) and not the client's.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import subprocess
+import sys
+import tempfile
 import threading
+import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
@@ -239,3 +250,90 @@ def local_s3_server(
         server.shutdown()
         thread.join(timeout=10)
         server.server_close()
+
+
+class S3ServerProcess:
+    """A :func:`local_s3_server` running in a child process (see :func:`s3_server_process`)."""
+
+    def __init__(self, proc: subprocess.Popen[str], url: str) -> None:
+        self.proc = proc
+        self.endpoint = S3Endpoint(url=url)
+
+    @property
+    def pid(self) -> int:
+        """The server's process id (e.g. to read its CPU time)."""
+        return self.proc.pid
+
+    def bulk_load(self, bucket: str, objects: Sequence[tuple[str, bytes]]) -> float:
+        """Store UTF-8 objects straight into the server's moto backend, without HTTP (what
+        a PUT stores): for benchmarks that need more objects than PUTs could write in
+        time. Returns objects/s."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        started = time.perf_counter()
+        with tempfile.NamedTemporaryFile("w", suffix=f"-{uuid.uuid4().hex}.jsonl",
+                                         delete=False) as f:
+            for key, body in objects:
+                f.write(json.dumps({"bucket": bucket, "key": key, "body": body.decode()}) + "\n")
+        try:
+            self.proc.stdin.write(f"{f.name}\n")
+            self.proc.stdin.flush()
+            stored = int(self.proc.stdout.readline())
+        finally:
+            Path(f.name).unlink()
+        if stored != len(objects):
+            raise RuntimeError(f"the S3 server stored {stored} of {len(objects)} objects")
+        return len(objects) / (time.perf_counter() - started)
+
+
+@contextmanager
+def s3_server_process(*, serialize_writes: bool = True) -> Iterator[S3ServerProcess]:
+    """Run :func:`local_s3_server` in a child process while in the block.
+
+    The child prints its URL, then serves until its stdin closes (the end of the block),
+    bulk-loading the objects of every JSON-lines file named on a stdin line
+    (:meth:`S3ServerProcess.bulk_load`). ``serialize_writes`` as in
+    :func:`local_s3_server` (benchmarks with one writer per key may turn it off).
+    """
+    # -c, not -m: the package imports this module, which -m would then run a second time
+    cmd = [sys.executable, "-c", "from airflow_ckpt.testing.s3_server import _serve; _serve()"]
+    if not serialize_writes:
+        cmd.append("--parallel-writes")
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().strip()
+        if not url.startswith("http"):
+            raise RuntimeError(f"the S3 server did not start (exit {proc.poll()})")
+        yield S3ServerProcess(proc, url)
+    finally:
+        if proc.stdin:
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _serve(argv: Sequence[str] | None = None) -> None:
+    """The child of :func:`s3_server_process`."""
+    p = argparse.ArgumentParser(prog="airflow_ckpt.testing.s3_server")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--parallel-writes", action="store_true",
+                   help="do not serialise PUT/POST/DELETE (see the module docstring)")
+    args = p.parse_args(argv)
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    with local_s3_server(args.port, serialize_writes=not args.parallel_writes) as endpoint:
+        print(endpoint.url, flush=True)
+        backend = s3_backends[DEFAULT_ACCOUNT_ID]["global"]
+        for line in sys.stdin:  # until the parent closes our stdin
+            n = 0
+            with open(line.strip()) as objects:
+                for row in objects:
+                    o = json.loads(row)
+                    backend.put_object(o["bucket"], o["key"], o["body"].encode())
+                    n += 1
+            print(n, flush=True)
+

@@ -325,3 +325,33 @@ def test_incomplete_multipart_uploads_of_a_dead_driver_are_aborted_on_recover(
     CompletedCheckpointStore(storage, "job", num_retained=1).recover()
     left = client.list_multipart_uploads(Bucket=storage.bucket).get("Uploads", [])
     assert [u["UploadId"] for u in left] == [other["UploadId"]]  # another job's: untouched
+
+
+# ---------------------------------------------------------------- transport checksums
+
+
+def test_restore_reads_skip_the_crc_but_still_detect_damage(s3_storage: Any,
+                                                            tmp_path: Path) -> None:
+    """open_stream (restore) does not ask for the stored CRC32, get_bytes and
+    download_file do; a same-size damaged object is still caught by materialize's
+    SHA-256."""
+    from airflow_ckpt.errors import CorruptCheckpointError
+    from airflow_ckpt.runtime.materialize import materialize
+    from tests.fixtures.snapshots import write_snapshot
+
+    storage = _s3(s3_storage)
+    modes: list[bytes | str | None] = []
+
+    def record(request: Any, **_: Any) -> None:
+        modes.append(request.headers.get("x-amz-checksum-mode"))
+
+    storage._client.meta.events.register("before-send.s3.GetObject", record)
+    manifest = write_snapshot(storage, "job", 4, contents={"state/0/0/4.delta": b"a" * 4096})
+    with storage.open_stream("job/chk-4/state/0/0/4.delta") as body:
+        assert body.read() == b"a" * 4096
+    storage.get_bytes("job/chk-4/state/0/0/4.delta")
+    assert modes == [None, b"ENABLED"]
+
+    storage.put_bytes("job/chk-4/state/0/0/4.delta", b"b" * 4096)  # same size, other bytes
+    with pytest.raises(CorruptCheckpointError, match="SHA-256"):
+        materialize(storage, manifest, "job/", tmp_path / "wd")

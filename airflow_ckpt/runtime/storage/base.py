@@ -85,8 +85,9 @@ class CheckpointStorage(ABC):
         """Read ``key`` as a stream of bytes: one request, no metadata lookup first.
 
         Restore reads through this so that it can hash while it writes and needs no
-        per-file HEAD (the manifest already records size and SHA-256). Raises
-        ``ObjectNotFoundError`` if absent. The default reads the whole object.
+        per-file HEAD (the manifest already records size and SHA-256). The caller
+        verifies the bytes: a backend need not check them (S3 skips its CRC32 here).
+        Raises ``ObjectNotFoundError`` if absent. The default reads the whole object.
         """
         yield io.BytesIO(self.get_bytes(key))
 

@@ -1,0 +1,43 @@
+"""bench.scale / bench.steady without Spark: the ground truth and the argument sizes.
+
+No timings here: speed is measured by ``python -m bench.scale``, not by tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numpy")
+pytest.importorskip("pyarrow")
+
+from bench.scale import parse_args
+from bench.steady import Workload
+
+
+def test_truth_counts_every_touched_key_once_per_batch() -> None:
+    w = Workload(keys=1000, touched=0.05, rows=200, batches=3)
+    truth = w.truth(range(4))
+    assert truth[0][:3] == (1000, 1000, int(w.batch(0)[1].sum()))
+    for rows, counts, _sums, _crc in truth[1:]:
+        assert rows == 50  # 5 % of the keys, each at least once
+        assert counts >= 200  # running counts of the touched keys include this batch
+    assert w.truth([1, 2]) != truth[1:3]  # from empty state, not after batch 0
+
+
+def test_inputs_are_deterministic_parquet(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    w = Workload(keys=100, touched=0.1, rows=30, batches=1)
+    path = w.write(tmp_path, 1, mtime=1_000_000.0)
+    table = pq.read_table(path)
+    assert table.num_rows == 30 and table.schema.names == ["k", "v", "p"]
+    assert table.column("p").to_pylist() == [x.decode() for x in w.batch(1)[2].tolist()]
+    assert path.stat().st_mtime == 1_000_000.0
+
+
+def test_quick_is_smaller_than_the_default() -> None:
+    quick, full = parse_args(["--quick"]), parse_args([])
+    assert quick.keys < full.keys and quick.batches < full.batches
+    assert (full.keys, full.touched, full.batches) == (3_000_000, 0.01, 24)
