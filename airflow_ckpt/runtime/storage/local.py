@@ -49,7 +49,8 @@ def _temp_name(name: str) -> str:
     return f".{name}.tmp-{uuid.uuid4().hex}"
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make the directory entries in ``path`` durable (a rename or create in it)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
@@ -57,7 +58,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_temp(directory: Path, name: str, fill: Callable[[BinaryIO], None]) -> Path:
+def write_temp(directory: Path, name: str, fill: Callable[[BinaryIO], None]) -> Path:
     """Create a fresh temp file in ``directory``, fill it, fsync it; return its path."""
     tmp = directory / _temp_name(name)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -88,7 +89,7 @@ def _makedirs(directory: Path) -> None:
             if not path.is_dir():
                 raise
             continue
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
 
 class LocalStorage(CheckpointStorage):
@@ -156,7 +157,7 @@ class LocalStorage(CheckpointStorage):
                     "directory (the file backend cannot hold both 'a' and 'a/b')"
                 ) from exc
             try:
-                tmp = _write_temp(path.parent, path.name, fill)
+                tmp = write_temp(path.parent, path.name, fill)
                 break
             except FileNotFoundError:
                 # A concurrent delete_many removed the directory we just created.
@@ -185,7 +186,7 @@ class LocalStorage(CheckpointStorage):
                     raise
             else:
                 os.replace(tmp, path)
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -264,7 +265,7 @@ class LocalStorage(CheckpointStorage):
                 current = current.parent
             with self._errors("delete", self._key(directory)):
                 if current.is_dir():
-                    _fsync_dir(current)
+                    fsync_dir(current)
 
     # ------------------------------------------------------------------ reads
 
@@ -295,12 +296,12 @@ class LocalStorage(CheckpointStorage):
             fh_src = self._open_object(key, "download")
         with fh_src:
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = _write_temp(
+            tmp = write_temp(
                 target.parent, target.name, lambda fh: shutil.copyfileobj(fh_src, fh, _COPY_BUFFER)
             )
             try:
                 os.replace(tmp, target)
-                _fsync_dir(target.parent)
+                fsync_dir(target.parent)
             finally:
                 tmp.unlink(missing_ok=True)
 

@@ -52,7 +52,7 @@ from airflow_ckpt.errors import (
 )
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo
 from airflow_ckpt.runtime.storage.factory import S3Options
-from airflow_ckpt.runtime.storage.local import _fsync_dir, _write_temp
+from airflow_ckpt.runtime.storage.local import fsync_dir, write_temp
 from airflow_ckpt.runtime.storage.naming import (
     bucket_name_problem,
     check_key,
@@ -575,12 +575,12 @@ class S3Storage(CheckpointStorage):
             except Exception as exc:  # mapped (or re-raised as is) by _raise below
                 result.append(exc)
 
-        tmp = _write_temp(target.parent, target.name, fill)
+        tmp = write_temp(target.parent, target.name, fill)
         try:
             if result:
                 self._raise(result[0], "download", key)
             os.replace(tmp, target)
-            _fsync_dir(target.parent)
+            fsync_dir(target.parent)
         finally:
             tmp.unlink(missing_ok=True)
 
