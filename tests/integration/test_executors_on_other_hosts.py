@@ -54,7 +54,7 @@ from tests.fixtures.spark_standalone import SparkStandalone, standalone_cluster
 
 pytestmark = pytest.mark.integration
 
-KILLS = 2
+KILLS = 1  # the random-kill tests in test_kill_restore.py do more; this one proves the path
 CHECKPOINTS = {
     "execution.checkpointing.interval": "300 ms",
     "execution.checkpointing.num-retained": 2,

@@ -110,4 +110,6 @@ def test_trigger_polls_s3_from_a_thread(s3_endpoint: S3Endpoint, s3_storage: Che
     latency = event.payload["checked_ts"] - written[0]
     print(f"\nCheckpointTrigger on S3 (poll 0.1 s): detected {latency * 1000:.0f} ms after the "
           "write began")
-    assert 0 <= latency < 5
+    # checked_ts is taken when the poll that saw the marker began, which may be just
+    # before the write began (the listing ran after the write completed)
+    assert latency < 5
