@@ -321,7 +321,9 @@ def test_deferrable_supervision_restarts_a_dead_driver(tmp_path: Path) -> None:
     assert [r.data["restart"] for r in history.events([RESTART])] == [True]
 
 
-def test_deferrable_final_failure_is_not_restarted(tmp_path: Path) -> None:
+def _deferred_once(tmp_path: Path) -> tuple[str, CheckpointedSparkSubmitOperator, Any, Any]:
+    """A deferrable operator run up to its first deferral: (storage, operator, context,
+    the trigger it deferred on)."""
     from airflow.sdk.exceptions import TaskDeferred
 
     storage = (tmp_path / "ckpt").as_uri()
@@ -334,9 +336,14 @@ def test_deferrable_final_failure_is_not_restarted(tmp_path: Path) -> None:
                                       try_number=1)}
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(ctx)
+    return storage, op, ctx, deferred.value.trigger
+
+
+def test_deferrable_final_failure_is_not_restarted(tmp_path: Path) -> None:
+    storage, op, ctx, trigger = _deferred_once(tmp_path)
     event = {"kind": "failed", "cause": "state does not fit the query", "exit_code": 1}
     with pytest.raises(CheckpointedJobFailedError, match="failed for good"):
-        op.execute_complete(ctx, {**event, "attempt": deferred.value.trigger.attempt})
+        op.execute_complete(ctx, {**event, "attempt": trigger.attempt})
     history = JobHistory(open_storage(storage), "job-a")
     assert history.events([RESTART]) == []  # the driver's own decision is not re-counted
 
@@ -429,22 +436,11 @@ def test_a_durable_reconnection_that_submits_nothing_records_no_submission(
 def test_deferred_end_by_stop_with_savepoint_returns_its_savepoint(tmp_path: Path) -> None:
     """The supervisor rebuilt on resume reads the history backwards, and a terminal event
     ends that scan: the result must still see the stop that ended the run."""
-    from airflow.sdk.exceptions import TaskDeferred
-
-    storage = (tmp_path / "ckpt").as_uri()
-    op = CheckpointedSparkSubmitOperator(
-        task_id="t", application="job.py", job_name="job-a", checkpoint_storage=storage,
-        restart_strategy=FIXED, conf={}, ship_runtime=False, deferrable=True,
-        driver_log_dir=str(tmp_path / "logs"), storage_conn_id=None,
-    )
-    ctx: Any = {"ti": SimpleNamespace(dag_id="d", run_id="r", task_id="t", map_index=-1,
-                                      try_number=1)}
-    with pytest.raises(TaskDeferred) as deferred:
-        op.execute(ctx)
+    storage, op, ctx, trigger = _deferred_once(tmp_path)
     history = JobHistory(open_storage(storage), "job-a")
     history.append(JOB_STOPPED, run_id="d/r/t", savepoint=f"{storage}/job-a/savepoints/sp-1")
     event = {"kind": "finished", "cause": "the job stopped", "exit_code": None,
-             "outcome": "stopped", "attempt": deferred.value.trigger.attempt}
+             "outcome": "stopped", "attempt": trigger.attempt}
     result = op.execute_complete(ctx, event)
     assert (result["outcome"], result["attempts"]) == ("stopped", 1)
     assert result["savepoint_path"] == f"{storage}/job-a/savepoints/sp-1"
