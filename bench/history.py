@@ -56,7 +56,7 @@ from airflow_ckpt.runtime.history import (
 from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.testing.s3_server import s3_server_process
-from bench.suites import Row
+from bench.suites import Row, table
 
 BUCKET = "airflow-ckpt-bench-history"
 RESULTS = Path(__file__).resolve().parent / "results" / "history.json"
@@ -348,18 +348,6 @@ def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
     return rows, report
 
 
-def table(rows: Sequence[Row]) -> str:
-    lines = [f"{'benchmark':<12} {'metric':<26} {'unit':<4} {'baseline':>24} "
-             f"{'subject':>24} {'ratio':>9}"]
-    lines.append("-" * len(lines[0]))
-    for r in rows:
-        ratio = "-" if r.ratio is None else f"{r.ratio:.4f}x"
-        lines.append(f"{r.bench:<12} {r.metric:<26} {r.unit:<4} {r.baseline:>15} "
-                     f"{r.baseline_value:>8.3f} {r.subject:>15} {r.subject_value:>8.3f} "
-                     f"{ratio:>9}")
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
@@ -368,7 +356,8 @@ def main(argv: Sequence[str]) -> int:
     elapsed = time.perf_counter() - started
     print(f"\nairflow-ckpt history benchmark: {args.events} events per job, "
           f"{os.cpu_count()} CPUs, {elapsed:.0f} s total, load average {load:.1f} before")
-    print(table(rows))
+    # request-count ratios are small (1/40): four digits, values to the millisecond
+    print(table(rows, ratio_digits=4, value=lambda v: f"{v:.3f}"))
     c = report["compaction"]
     print(f"compaction of a raw backlog: {c['result']['compacted']} events in "
           f"{c['seconds']:.2f} s, {c['requests']} requests ({c['requests_per_event']:.2f}/event, "

@@ -45,17 +45,19 @@ def _fmt(value: float) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.2f}"
 
 
-def table(rows: Sequence[Row]) -> str:
+def table(rows: Sequence[Row], *, ratio_digits: int = 2,
+          value: Callable[[float], str] = _fmt) -> str:
     """A compact text table: one row per figure, ratio = subject / baseline."""
+    width = 5 + ratio_digits
     lines = [f"{'benchmark':<14} {'metric':<26} {'unit':<4} {'baseline':>22} "
-             f"{'subject':>23} {'ratio':>7}"]
+             f"{'subject':>23} {'ratio':>{width}}"]
     lines.append("-" * len(lines[0]))
     for r in rows:
-        ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
+        ratio = "-" if r.ratio is None else f"{r.ratio:.{ratio_digits}f}x"
         lines.append(
             f"{r.bench:<14} {r.metric:<26} {r.unit:<4} "
-            f"{r.baseline:>13} {_fmt(r.baseline_value):>8} "
-            f"{r.subject:>14} {_fmt(r.subject_value):>8} {ratio:>7}"
+            f"{r.baseline:>13} {value(r.baseline_value):>8} "
+            f"{r.subject:>14} {value(r.subject_value):>8} {ratio:>{width}}"
         )
     return "\n".join(lines)
 
