@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -54,6 +53,7 @@ from tests.fixtures.checkpoint_history import (
     write_story,
     write_trend_story,
 )
+from tests.fixtures.net import api_server_healthy, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -130,20 +130,6 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Browser:
     return Browser(binary, tmp_path_factory.mktemp("chromium-profile"))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _healthy(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/api/v2/monitor/health", timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """Stop the api-server and its workers: the process group this fixture created."""
     if proc.poll() is None:
@@ -167,7 +153,7 @@ def api_server(
     dags = root / "dags"
     dags.mkdir()
     (dags / "history_ui_dag.py").write_text(DAG_FILE)
-    port = _free_port()
+    port = free_port()
     env = {
         **airflow_env.env,
         "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
@@ -190,7 +176,7 @@ def api_server(
                                      check=False)
         assert reserialize.returncode == 0, reserialize.stderr[-3000:]
         url = f"http://127.0.0.1:{port}"
-        while not _healthy(url):
+        while not api_server_healthy(url):
             if proc.poll() is not None or time.monotonic() - started > STARTUP_TIMEOUT_S:
                 pytest.fail(f"the api-server did not start:\n{log.read_text()[-5000:]}")
             time.sleep(0.5)

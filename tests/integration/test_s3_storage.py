@@ -7,7 +7,6 @@ resolution from the AWS environment, and the conditional-write safeguards.
 from __future__ import annotations
 
 import os
-import socket
 import time
 import uuid
 from pathlib import Path
@@ -26,6 +25,7 @@ from airflow_ckpt.errors import (
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.runtime.storage.s3 import S3Storage
 from airflow_ckpt.testing import S3Endpoint, local_s3_server
+from tests.fixtures.net import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -116,15 +116,9 @@ def test_refused_credentials_raise_access_denied(s3_endpoint: S3Endpoint, s3_buc
 # ---------------------------------------------------------------- unreachable endpoint
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.parametrize("max_attempts", [1, 3])
 def test_unreachable_endpoint_fails_fast(max_attempts: int) -> None:
-    url = f"http://127.0.0.1:{_closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     storage = open_storage(
         "s3://bucket/ckpt",
         endpoint_url=url,
