@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import logging
 import os
 import platform
@@ -215,14 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": [r.summary() for r in results],
         "wrong_output": wrong,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=1) + "\n")
-    print(f"\nwritten: {args.out}")
-    if wrong:
-        print(f"ERROR: runs with output that does not match the ground truth: {wrong}",
-              file=sys.stderr)
-        return 1
-    return 0
+    return suites.write_report(args.out, document, wrong)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
-import json
 import os
 import shutil
 import statistics
@@ -47,7 +46,7 @@ from bench.steady import (
     compare_upload,
     figures,
 )
-from bench.suites import Row, table
+from bench.suites import Row, table, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "scale.json"
 
@@ -342,15 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "command": "python -m bench.scale " + " ".join(argv or sys.argv[1:]),
                 "elapsed_s": round(elapsed, 1), "machine": info, "benchmarks": out,
                 "table": [r.to_dict() for r in rows]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(document, indent=1, default=str) + "\n")
-    print(f"\nwritten: {args.out}")
-    wrong = out.get("steady", {}).get("wrong_output", [])
-    if wrong:
-        print(f"ERROR: runs whose output differs from the ground truth: {wrong}",
-              file=sys.stderr)
-        return 1
-    return 0
+    return write_report(args.out, document, out.get("steady", {}).get("wrong_output", []))
 
 
 if __name__ == "__main__":

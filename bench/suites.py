@@ -7,9 +7,12 @@ checkpoint of every repeat (per-checkpoint timings).
 
 from __future__ import annotations
 
+import json
 import statistics
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from bench.harness import RunResult
@@ -60,6 +63,19 @@ def table(rows: Sequence[Row], *, ratio_digits: int = 2,
             f"{r.subject:>14} {value(r.subject_value):>8} {ratio:>{width}}"
         )
     return "\n".join(lines)
+
+
+def write_report(path: Path, document: dict[str, Any], wrong: Sequence[str]) -> int:
+    """Write the JSON report to ``path``; the exit status: 1 (said on stderr) if a run's
+    output differed from its ground truth, else 0."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=1, default=str) + "\n")
+    print(f"\nwritten: {path}")
+    if wrong:
+        print(f"ERROR: runs whose output differs from the ground truth: {list(wrong)}",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 def _runs(results: Sequence[RunResult], variant: str, backend: str) -> list[RunResult]:
