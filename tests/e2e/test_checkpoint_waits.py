@@ -23,7 +23,7 @@ import pytest
 
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing import S3Endpoint
-from tests.fixtures.airflow_env import AirflowEnv, DagRunResult
+from tests.fixtures.airflow_env import AirflowEnv
 from tests.fixtures.snapshots import write_snapshot
 
 pytestmark = pytest.mark.e2e
@@ -49,10 +49,6 @@ def read_observations(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def explain(result: DagRunResult) -> str:
-    return f"DAG run {result.state} {result.task_states}; log tail:\n{result.log[-6000:]}"
 
 
 class DeferralWatcher(threading.Thread):
@@ -125,7 +121,7 @@ def test_deferred_sensor_resumes_when_the_marker_appears(
         watcher.stop.set()
         watcher.join(10)
 
-    assert result.state == "success", explain(result)
+    assert result.state == "success", result.explain()
     assert result.task_states == {"wait": "success", "downstream": "success"}
     summary_text = result.xcom["downstream"]
     assert summary_text == f"checkpoint 2 at {ckpt_storage.uri}/{job}/chk-2"

@@ -34,16 +34,12 @@ from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing import S3Endpoint
 from airflow_ckpt.testing.numbers import JobSpec, kill_hard, start_job, write_numbers
-from tests.fixtures.airflow_env import AirflowEnv, DagRunResult
+from tests.fixtures.airflow_env import AirflowEnv
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "dags" / "savepoint_examples.py"
-
-
-def explain(result: DagRunResult) -> str:
-    return f"DAG run {result.state} {result.task_states}; log tail:\n{result.log[-8000:]}"
 
 
 def wait_until(predicate: object, timeout_s: float, what: str,
@@ -115,7 +111,7 @@ def test_savepoints_of_a_running_spark_job(
             EXAMPLES, "savepoint_manual",
             {"job_name": job, "storage": uri, "stop": False, "savepoint_id": "before-more"},
             extra_env=conn_env)
-        assert first.state == "success", explain(first)
+        assert first.state == "success", first.explain()
         sp1 = f"{uri}/{job}/savepoints/sp-before-more"
         assert first.xcom["savepoint"] == sp1
         assert first.xcom["report"] == sp1
@@ -148,7 +144,7 @@ def test_savepoints_of_a_running_spark_job(
             EXAMPLES, "savepoint_manual",
             {"job_name": job, "storage": uri, "stop": True, "savepoint_id": "final"},
             extra_env=conn_env)
-        assert second.state == "success", explain(second)
+        assert second.state == "success", second.explain()
         assert second.xcom["savepoint"] == f"{uri}/{job}/savepoints/sp-final"
         assert proc.wait(timeout=120) == 0, log.read_text()[-4000:]
         stopped = history.last(ev.JOB_STOPPED)
@@ -172,7 +168,7 @@ def test_savepoints_of_a_running_spark_job(
         {"savepoint": sp1, "job_name": restored, "storage": uri, "input_dir": str(inputs),
          "master": "local[2]"},
         extra_env=conn_env)
-    assert run.state == "success", explain(run)
+    assert run.state == "success", run.explain()
     [restore_event] = JobHistory(storage, restored).events([ev.RESTORED])
     assert restore_event.data["path"] == sp1 and restore_event.data["from_job"] == job
     final: dict[str, tuple[int, int]] = {}

@@ -65,14 +65,6 @@ def data(found: list[HistoryEvent], key: str) -> list[Any]:
     return [event.data.get(key) for event in found]
 
 
-def explain(result: DagRunResult) -> str:
-    """The run's states, its error-looking log lines, and the log's tail."""
-    errors = [line[:400] for line in result.log.splitlines()
-              if any(w in line for w in ("ERROR", "Error", "Exception", "failed", "Traceback"))]
-    return (f"DAG run {result.state} {result.task_states}\nerror lines:\n"
-            + "\n".join(errors[-80:]) + f"\nlog tail:\n{result.log[-3000:]}")
-
-
 # ------------------------------------------------------------------ restart strategies
 
 
@@ -92,7 +84,7 @@ def test_fixed_delay_stops_after_its_attempts(
     strategies_run: tuple[DagRunResult, str], storage: CheckpointStorage
 ) -> None:
     result, prefix = strategies_run
-    assert result.task_states["fixed_delay"] == "failed", explain(result)
+    assert result.task_states["fixed_delay"] == "failed", result.explain()
     job = f"{prefix}-fixed"
     submits = events(storage, job, JOB_SUBMITTED)
     assert data(submits, "attempt") == [1, 2]  # 1 + fixed-delay.attempts
@@ -117,7 +109,7 @@ def test_failure_rate_stops_when_the_rate_is_exceeded(
     strategies_run: tuple[DagRunResult, str], storage: CheckpointStorage
 ) -> None:
     result, prefix = strategies_run
-    assert result.task_states["failure_rate"] == "failed", explain(result)
+    assert result.task_states["failure_rate"] == "failed", result.explain()
     job = f"{prefix}-rate"
     restarts = events(storage, job, RESTART)
     assert data(restarts, "strategy") == ["failure-rate"] * 3
@@ -133,7 +125,7 @@ def test_exponential_delay_waits_growing_delays_then_recovers(
     strategies_run: tuple[DagRunResult, str], storage: CheckpointStorage
 ) -> None:
     result, prefix = strategies_run
-    assert result.task_states["exponential_delay"] == "success", explain(result)
+    assert result.task_states["exponential_delay"] == "success", result.explain()
     job = f"{prefix}-expo"
     restarts = events(storage, job, RESTART)
     assert data(restarts, "delay_s") == [0.1, 0.2, 0.3]  # x2, capped at max-backoff
@@ -168,7 +160,7 @@ def test_crashing_job_recovers_from_latest_checkpoint_with_exact_result(
         },
         extra_env=s3_env,
     )
-    assert result.state == "success", explain(result)
+    assert result.state == "success", result.explain()
     submits = events(storage, job, JOB_SUBMITTED)
     assert data(submits, "attempt") == [1, 2, 3]
     assert data(submits, "restore") == ["latest"] * 3
@@ -207,7 +199,7 @@ def test_submits_to_a_standalone_master_in_client_mode(
         {"storage": storage_uri, "job_name": job, "master": spark_standalone.master_url},
         extra_env=s3_env,
     )
-    assert result.state == "success", explain(result)
+    assert result.state == "success", result.explain()
     submits = events(storage, job, JOB_SUBMITTED)
     assert data(submits, "master") == [spark_standalone.master_url] * 2
     assert data(submits, "deploy_mode") == ["client"] * 2
@@ -237,7 +229,7 @@ def test_deferred_supervision_restarts_a_dead_driver(
         {"storage": storage_uri, "prefix": prefix, "master": "local[1]"},
         extra_env=s3_env,
     )
-    assert result.task_states["deferred"] == "success", explain(result)
+    assert result.task_states["deferred"] == "success", result.explain()
     job = f"{prefix}-deferred"
     submits = events(storage, job, JOB_SUBMITTED)
     assert data(submits, "attempt") == [1, 2]
