@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from airflow_ckpt import __version__
+from airflow_ckpt.driver_output import root_cause
 from airflow_ckpt.errors import AirflowCkptError, StorageAccessDeniedError
 from airflow_ckpt.runtime.catalog import CheckpointCatalog, CompletedRef
 from airflow_ckpt.runtime.history import JobHistory
@@ -308,7 +309,7 @@ def _read_state(spark: Any, location: str, manifest: Manifest) -> list[dict[str,
                            "min_batch": row["minBatchId"], "max_batch": row["maxBatchId"]})
     except Exception as exc:  # no operator metadata (older checkpoint): use the manifest
         if not manifest.operators:
-            raise CliError(f"Spark cannot read the state metadata: {spark_error(exc)}"
+            raise CliError(f"Spark cannot read the state metadata: {root_cause(exc, 300)}"
                            ) from exc
         stores = [{"operator_id": o.operator_id, "operator": None, "store": name,
                    "partitions": o.num_partitions, "min_batch": None, "max_batch": None}
@@ -325,18 +326,8 @@ def _read_state(spark: Any, location: str, manifest: Manifest) -> list[dict[str,
             store["rows_per_partition"] = {str(p): counts.get(p, 0)
                                            for p in range(store["partitions"] or 0)}
         except Exception as exc:
-            store["error"] = spark_error(exc)
+            store["error"] = root_cause(exc, 300)
     return stores
-
-
-def spark_error(exc: BaseException) -> str:
-    """The informative line of a (py4j-wrapped) Spark error, not "error calling o54"."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    for line in lines:
-        line = line.removeprefix(": ")
-        if line.startswith("[") or "Exception" in line.split(":")[0]:
-            return line[:300]
-    return (lines[0] if lines else repr(exc))[:300]
 
 
 def cmd_state(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:

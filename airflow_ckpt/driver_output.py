@@ -17,6 +17,26 @@ _TRACEBACK = "Traceback (most recent call last):"
 _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(:.*)?$")
 _JVM_EXCEPTION = re.compile(r'Exception in thread "[^"]*"')
 _SPARK_LOG_LINE = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR) ")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit): .+")
+
+
+def root_cause(failure: BaseException, limit: int = 500) -> str:
+    """One line naming what went wrong in an exception raised in this process.
+
+    A py4j-wrapped Spark error's text embeds the JVM's stack and the Python worker's
+    traceback ("An error occurred while calling o54..."); the line wanted is the
+    innermost ``SomeError: message``, else a Spark error-class line
+    (``[STATE_STORE_X] ...``), else the exception's type and first line.
+    """
+    lines = [line.strip().removeprefix(": ") for line in str(failure).splitlines()]
+    lines = [line for line in lines if line]
+    inner = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    if inner:
+        return inner[-1][:limit]
+    classed = [line for line in lines if line.startswith("[")]
+    if classed:
+        return classed[0][:limit]
+    return f"{type(failure).__name__}: {(lines or [''])[0]}"[:limit]
 
 
 def _last_index(lines: Sequence[str], match: Any) -> int | None:

@@ -9,7 +9,6 @@ defaults to RETAIN_ON_CANCELLATION (checkpoints here are always externalized).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -112,16 +111,6 @@ class CheckpointConfig:
         if problems:
             raise ConfigError("checkpoint config", problems)
         return cls(**values)
-
-    @classmethod
-    def from_json(cls, text: str) -> CheckpointConfig:
-        try:
-            options = json.loads(text) if text.strip() else {}
-        except ValueError as exc:
-            raise ConfigError("checkpoint config", {"<json>": str(exc)}) from exc
-        if not isinstance(options, dict):
-            raise ConfigError("checkpoint config", {"<json>": "must be a JSON object"})
-        return cls.from_dict(options)
 
     def to_dict(self) -> dict[str, Any]:
         """Flink-named options (durations rendered as Flink strings)."""

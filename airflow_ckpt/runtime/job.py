@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from airflow_ckpt.driver_output import root_cause
 from airflow_ckpt.errors import (
     AirflowCkptError,
     ConcurrentDriverError,
@@ -108,19 +109,6 @@ def _partitions(value: object) -> int | None:
     if number < 1:
         raise ConfigError("job settings", {keys.RESCALE_PARTITIONS: f"{value!r} is not >= 1"})
     return number
-
-
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit): .+")
-
-
-def root_cause(failure: BaseException) -> str:
-    """One line naming what went wrong: the innermost ``XError: message`` of a Spark
-    failure (whose message embeds the Python traceback of the user function)."""
-    lines = [line.strip() for line in str(failure).splitlines() if line.strip()]
-    inner = [line for line in lines if _EXCEPTION_LINE.match(line)]
-    if inner:
-        return inner[-1][:500]
-    return f"{type(failure).__name__}: {(lines or [''])[0][:500]}"
 
 
 class CheckpointedJob:

@@ -39,9 +39,3 @@ def test_every_bad_key_is_named_at_once() -> None:
     }
     text = str(err.value)
     assert "EXACTLY_ONCE, AT_LEAST_ONCE" in text and "execution.checkpointing.interval" in text
-
-
-@pytest.mark.parametrize("raw", ["{", "[1]"])
-def test_bad_json(raw: str) -> None:
-    with pytest.raises(ConfigError, match="<json>"):
-        CheckpointConfig.from_json(raw)

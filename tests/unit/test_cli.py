@@ -206,15 +206,20 @@ def test_human_bytes() -> None:
         "0 B", "1023 B", "1.5 KiB", "5.0 GiB"]
 
 
-def test_spark_error_picks_the_informative_line() -> None:
-    from airflow_ckpt.cli import spark_error
+def test_root_cause_picks_the_informative_line() -> None:
+    from airflow_ckpt.driver_output import root_cause
 
     wrapped = RuntimeError("An error occurred while calling o43.collectToPython.\n"
                            ": org.apache.spark.SparkException: [CANNOT_LOAD_STATE_STORE] "
                            "An error occurred during loading state.\n\tat org.apache.x(Y.scala:1)")
-    assert spark_error(wrapped).startswith("org.apache.spark.SparkException: [CANNOT_LOAD")
-    assert spark_error(ValueError("[STATE_STORE_X] bad")) == "[STATE_STORE_X] bad"
-    assert spark_error(ValueError("plain")) == "plain"
+    assert root_cause(wrapped).startswith("org.apache.spark.SparkException: [CANNOT_LOAD")
+    worker = RuntimeError("org.apache.spark.SparkException: Job aborted: PythonException:\n"
+                          "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                          "ZeroDivisionError: division by zero\n\tat org.apache.x(Y.scala:1)")
+    assert root_cause(worker) == "ZeroDivisionError: division by zero"
+    assert root_cause(ValueError("[STATE_STORE_X] bad")) == "[STATE_STORE_X] bad"
+    assert root_cause(ValueError("plain")) == "ValueError: plain"
+    assert root_cause(ValueError("x" * 900), 300) == "ValueError: " + "x" * 288
 
 
 # ------------------------------------------------------------------ conventions (issue 11)
