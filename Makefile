@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint unit unit-matrix demo bench bench-scale clean chromium crash-points
+.PHONY: venv test lint unit unit-matrix demo bench bench-scale clean chromium crash-points soak
 
 venv: $(STAMP)
 
@@ -42,6 +42,15 @@ chromium:
 
 unit: venv
 	$(VENV)/bin/pytest tests/unit
+
+# The longer real-Spark kill and crash variants that make test leaves out (pytest -m soak:
+# HDFS-state random kills, a second driver of the same job, the kill test through a worker
+# on "another host", the blocking operator's crash recovery; about 6 minutes on 2 cores).
+# SOAK_ROUNDS=n repeats them, each round with fresh random kill seeds.
+SOAK_ROUNDS ?= 1
+soak: venv
+	@for i in $$(seq $(SOAK_ROUNDS)); do echo "== soak round $$i of $(SOAK_ROUNDS)"; \
+	  $(VENV)/bin/pytest -m soak || exit 1; done
 
 # Crash before and after every storage mutation of a scripted driver life (make test
 # explores every 7th); prints the number of crash points explored.

@@ -343,18 +343,22 @@ class CheckpointCoordinator:
             due = self._periodic_due(now)
         if due:
             self.trigger("periodic")
-        committed = latest_batch(self.workdir, "commits")
         with self._lock:
             pending = list(self._pending)
+        committed: int | None = None
+        listed = False  # Spark's commit log is listed only when a barrier waits on it
         for p in pending:
             if p.done.is_set():
                 continue
             if now > p.deadline and p.state == "pending":
                 self._fail(p, f"expired after {self.config.timeout_s:g} s before completing")
                 continue
+            if p.captured:
+                continue
             barrier = p.barrier_batch if p.barrier_batch is not None else 0
-            reached = barrier == -1 or (committed is not None and committed >= barrier)
-            if not p.captured and reached:
+            if barrier != -1 and not listed:
+                committed, listed = latest_batch(self.workdir, "commits"), True
+            if barrier == -1 or (committed is not None and committed >= barrier):
                 self._sync_phase(p, time.time())
 
     def _sync_phase(self, p: PendingCheckpoint, barrier_ts: float) -> None:

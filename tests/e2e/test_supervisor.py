@@ -142,6 +142,7 @@ def test_exponential_delay_waits_growing_delays_then_recovers(
 # ------------------------------------------------------------------ crash and recover
 
 
+@pytest.mark.soak  # the deferred twin, test_real_supervision.py, runs in make test
 def test_crashing_job_recovers_from_latest_checkpoint_with_exact_result(
     airflow_env: AirflowEnv, s3_env: dict[str, str], storage_uri: str,
     storage: CheckpointStorage, tmp_path: Path,

@@ -132,6 +132,7 @@ def _spec(job: str, other_host: OtherHost, workdir: Path, s3_uri: str, input_dir
     )
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(900)  # three driver lives, each starting an executor JVM on the worker
 def test_shared_working_directory_kill_test_passes_through_the_other_host(
     other_host: OtherHost, s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path

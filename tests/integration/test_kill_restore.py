@@ -49,8 +49,10 @@ KILLS = 3
 
 
 @pytest.mark.parametrize(
-    "variant", [["--state-store", "hdfs"], ["--state-store", "rocksdb", "--keyed"]],
-    ids=["hdfs-odd-even", "rocksdb-keyed"],
+    "variant", [
+        pytest.param(["--state-store", "hdfs"], id="hdfs-odd-even", marks=pytest.mark.soak),
+        pytest.param(["--state-store", "rocksdb", "--keyed"], id="rocksdb-keyed"),
+    ],
 )
 def test_random_kills_then_exact_result(
     variant: list[str], s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path
@@ -90,6 +92,7 @@ def test_random_kills_then_exact_result(
     assert not problems, f"seed {seed}: {problems}"
 
 
+@pytest.mark.soak
 def test_a_second_driver_of_the_same_job_is_refused_and_loses_nothing(
     s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path
 ) -> None:
