@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -137,6 +138,28 @@ def _savepoint_exists(savepoint_id: str | None) -> str:
 
 # Callbacks the job facade registers.
 CompletionListener = Callable[[Manifest], None]
+#: niceness added to the upload and async-phase threads (see background_priority)
+BACKGROUND_NICENESS = 5
+
+
+def background_priority() -> None:
+    """Lower the calling thread's CPU priority by :data:`BACKGROUND_NICENESS`.
+
+    Why: in local mode (and on any driver that also computes) the batches and the
+    checkpoint uploads share the driver's cores. Hashing and uploading are background
+    work whose only deadline is the checkpoint timeout, while every CPU second they take
+    from a running batch shows up as batch latency. On Linux ``setpriority`` on a thread
+    id changes that thread alone; lowering is always permitted. The lease heartbeat
+    keeps the normal priority: its timeliness is what fencing relies on.
+    """
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid)
+                       + BACKGROUND_NICENESS)
+    except (AttributeError, OSError):  # not Linux, or not permitted: keep the priority
+        log.debug("could not lower the priority of %s", threading.current_thread().name)
+
+
 TransactionSource = Callable[[int], tuple[int, ...]]  # barrier batch -> pending txn ids
 
 
@@ -192,12 +215,14 @@ class CheckpointCoordinator:
         # happens in one deterministic order: what crash-point enumeration needs.
         self.threaded = threaded
         self._files: Executor = (
-            ThreadPoolExecutor(upload_threads, thread_name_prefix="ckpt-upload")
+            ThreadPoolExecutor(upload_threads, thread_name_prefix="ckpt-upload",
+                               initializer=background_priority)
             if threaded else InlineExecutor())
         # Not threaded, an async phase runs at the *next* tick: batches run in between,
         # as they do while a real async phase uploads.
         self._phases: Executor = (
-            ThreadPoolExecutor(max(config.max_concurrent, 1) + 1, thread_name_prefix="ckpt-async")
+            ThreadPoolExecutor(max(config.max_concurrent, 1) + 1, thread_name_prefix="ckpt-async",
+                               initializer=background_priority)
             if threaded else InlineExecutor(deferred=True))
         self._query_ended = False
         self._stop = threading.Event()

@@ -62,7 +62,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("airflow_ckpt.job")
 
-CONTROL_POLL_S = 0.5
+#: how often the driver lists its control requests (one LIST request each): a savepoint
+#: request waits up to this long before its barrier is placed
+CONTROL_POLL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)

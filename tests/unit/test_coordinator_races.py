@@ -5,6 +5,7 @@ driver paused or delayed past its lease."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from airflow_ckpt.errors import LeaseExpiredError
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.config import CheckpointConfig
-from airflow_ckpt.runtime.coordinator import CheckpointCoordinator
+from airflow_ckpt.runtime.coordinator import BACKGROUND_NICENESS, CheckpointCoordinator
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.interleave import Pause
 from airflow_ckpt.runtime.layout import JobLayout
@@ -310,3 +311,20 @@ def test_heartbeat_loss_while_a_checkpoint_is_in_flight(
         assert not storage.exists(L.checkpoint_metadata(p.checkpoint_id))
     finally:
         coordinator.shutdown()
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread priority is Linux's")
+def test_uploads_and_async_phases_run_below_the_batches_priority(
+    running: CheckpointCoordinator,
+) -> None:
+    """The checkpoint's background work yields CPU to the batches (background_priority);
+    the calling thread (in the driver: the job's main thread) keeps its priority."""
+    seen: list[int] = []
+    running.listeners.append(
+        lambda _m: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    pending = running.trigger("manual")
+    running.wait(pending)
+    assert pending.manifest is not None, pending.failure
+    assert seen == [min(mine + BACKGROUND_NICENESS, 19)]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
