@@ -184,6 +184,7 @@ class CheckpointCoordinator:
         fence: Callable[[], None] = lambda: None,
         lease_epoch: int | None = None,
         threaded: bool = True,
+        digests: DigestCache | None = None,
     ) -> None:
         self.storage = storage
         self.layout = JobLayout(job)
@@ -209,7 +210,7 @@ class CheckpointCoordinator:
         self._last_completion = float("-inf")
         self._lock = threading.Lock()
         self._pending: list[PendingCheckpoint] = []
-        self._digests = DigestCache()
+        self._digests = digests if digests is not None else DigestCache()
         # threaded=False: no background thread, uploads and async phases run inline and
         # the caller drives the coordinator with tick(). Every storage mutation then
         # happens in one deterministic order: what crash-point enumeration needs.

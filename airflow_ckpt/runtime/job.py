@@ -54,6 +54,7 @@ from airflow_ckpt.runtime.spark_features import SparkSetupError, require_offline
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.upload import DigestCache
 from airflow_ckpt.runtime.workdir_check import WorkdirNotSharedError
 
 if TYPE_CHECKING:
@@ -160,6 +161,9 @@ class CheckpointedJob:
         # History events are create-only and unique: a deposed driver may still record
         # why it stopped.
         self.history = JobHistory(raw_storage, self.job)
+        #: digests of the working directory's files, shared by restore and every
+        #: coordinator of this driver (restored files are never hashed again)
+        self._digests = DigestCache()
         self.control = ControlChannel(self.storage, self.job)
         base = workdir or get(keys.WORKDIR)
         self.workdir = (
@@ -317,7 +321,8 @@ class CheckpointedJob:
         )
         target = self.restore_target
         while True:
-            restored = restore(self.storage, self.job, target, self.workdir, self.history)
+            restored = restore(self.storage, self.job, target, self.workdir, self.history,
+                               self._digests)
             rescaled = target == self.restore_target and self._rescale(restored)
             coordinator = self._start_coordinator(restored, initial=rescaled)
             try:
@@ -403,7 +408,7 @@ class CheckpointedJob:
             spark_version=self.spark.version, last_checkpointed_batch=restored.batch_id,
             restored_from=restored.path, fence=self.lease.check,
             lease_epoch=self.lease.record.epoch if self.lease.record else None,
-            threaded=self.threaded,
+            threaded=self.threaded, digests=self._digests,
         )
         coordinator.transaction_source = self._pending_transactions
         coordinator.id_guard = self.lease.reserve_ids

@@ -13,6 +13,7 @@ restored from a partial copy.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 
@@ -22,6 +23,9 @@ from airflow_ckpt.runtime.state_files import needed_state_files
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 _CHUNK = 1 << 20
+
+#: called with each downloaded file's local path and its verified SHA-256
+OnVerified = Callable[[Path, str], None]
 
 
 def sha256_of(path: Path) -> str:
@@ -45,7 +49,7 @@ def _local_path(dest_dir: Path, entry: FileEntry, where: str) -> Path:
 
 
 def _fetch(storage: CheckpointStorage, key: str, target: Path, entry: FileEntry,
-           where: str) -> None:
+           where: str, on_verified: OnVerified | None) -> None:
     """One GET streamed into ``target``, hashed as it is written (no HEAD, no re-read)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
@@ -70,6 +74,8 @@ def _fetch(storage: CheckpointStorage, key: str, target: Path, entry: FileEntry,
             f"{where}: file {entry.path!r} (stored at {key}) has SHA-256 "
             f"{digest.hexdigest()}, the manifest records {entry.sha256}", key
         )
+    if on_verified is not None:
+        on_verified(target, entry.sha256)
 
 
 def materialize(
@@ -80,6 +86,7 @@ def materialize(
     *,
     max_workers: int = 16,
     only_needed: bool = True,
+    on_verified: OnVerified | None = None,
 ) -> Path:
     """Download every file of ``manifest`` into ``dest_dir`` and verify it.
 
@@ -93,6 +100,8 @@ def materialize(
         manifest records every size and hash; the hash is computed while writing)
     :param only_needed: skip state files that loading the restored version cannot read
         (older than the newest snapshot, see :mod:`airflow_ckpt.runtime.state_files`)
+    :param on_verified: called (from a pool thread) for each file once its size and
+        SHA-256 matched the manifest, with its path and that digest
     :returns: ``dest_dir``
     :raises CorruptCheckpointError: a file is missing, has the wrong size or checksum, or
         its path would escape ``dest_dir``. The message names the file. Files already
@@ -114,7 +123,7 @@ def materialize(
     if not jobs:
         return dest_dir
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(jobs)))) as pool:
-        futures = [pool.submit(_fetch, storage, key, target, entry, where)
+        futures = [pool.submit(_fetch, storage, key, target, entry, where, on_verified)
                    for key, target, entry in jobs]
         # .result() re-raises the first failure (in manifest order) after all finish.
         for future in futures:

@@ -19,6 +19,7 @@ from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.materialize import materialize
 from airflow_ckpt.runtime.metadata import Manifest
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.upload import DigestCache
 
 log = logging.getLogger("airflow_ckpt.restore")
 
@@ -48,14 +49,21 @@ def reset_working_dir(workdir: Path) -> None:
     workdir.parent.mkdir(parents=True, exist_ok=True)
 
 
-def _materialize_into(storage: CheckpointStorage, manifest: Manifest, workdir: Path) -> None:
+def _materialize_into(storage: CheckpointStorage, manifest: Manifest, workdir: Path,
+                      digests: DigestCache | None) -> None:
     tmp = workdir.parent / f".{workdir.name}.restore-{uuid.uuid4().hex[:6]}"
+    verified: list[tuple[Path, str]] = []
     try:
-        materialize(storage, manifest, JobLayout(manifest.job).root, tmp)
+        materialize(storage, manifest, JobLayout(manifest.job).root, tmp,
+                    on_verified=lambda path, sha: verified.append((path.relative_to(tmp), sha)))
         reset_working_dir(workdir)
         tmp.rename(workdir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    # Only a restore that succeeded as a whole (rename keeps the inodes) seeds the cache.
+    if digests is not None:
+        for rel, sha in verified:
+            digests.remember(workdir / rel, sha)
 
 
 def restore(
@@ -64,6 +72,7 @@ def restore(
     target: str,
     workdir: Path,
     history: JobHistory,
+    digests: DigestCache | None = None,
 ) -> RestoreResult:
     """Make ``workdir`` the Spark checkpoint location to start ``job`` from.
 
@@ -76,7 +85,9 @@ def restore(
     ``<job>/chk-7`` or a full URI; another job's savepoint may be restored into this
     job). A damaged explicit target
     raises ``RestoreError``. When this returns, ``workdir`` holds logs up to batch
-    ``b`` and state up to version ``b + 1`` of the chosen checkpoint.
+    ``b`` and state up to version ``b + 1`` of the chosen checkpoint; with ``digests``,
+    the verified SHA-256 of every file restored is recorded there (the first checkpoint
+    after the restore then hashes only what Spark writes new).
     """
     catalog = CheckpointCatalog(storage, job)
     reset_working_dir(workdir)
@@ -92,7 +103,7 @@ def restore(
             path = catalog.uri_of(ref)
             try:
                 manifest = catalog.read(ref)
-                _materialize_into(storage, manifest, workdir)
+                _materialize_into(storage, manifest, workdir, digests)
             except (CorruptCheckpointError, MetadataError, RestoreError) as exc:
                 log.warning("checkpoint %s is not restorable, trying an older one: %s", path, exc)
                 history.append(ev.RESTORE_FALLBACK, path=path, reason=str(exc))
@@ -118,7 +129,7 @@ def restore(
     path = source.uri_of(ref)
     try:
         manifest = source.read(ref)
-        _materialize_into(storage, manifest, workdir)
+        _materialize_into(storage, manifest, workdir, digests)
     except (CorruptCheckpointError, MetadataError) as exc:
         raise RestoreError(f"cannot restore from {path}: {exc}") from exc
     return _restored(history, manifest, path, from_latest=False)

@@ -26,22 +26,52 @@ from airflow_ckpt.runtime.store import SharedFileRegistry
 
 
 class DigestCache:
-    """sha256 of immutable files, keyed by inode identity so each file is read once."""
+    """sha256 of immutable files, keyed by inode identity so each file is read once.
+
+    Bounded by :meth:`prune`: a long-running job writes new files every batch, and an
+    entry no snapshot uses any more is dropped, so the cache holds about one snapshot's
+    files rather than every file the job ever wrote.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._cache: dict[tuple[int, int, int, int], str] = {}
+        self._used: set[tuple[int, int, int, int]] = set()
+
+    @staticmethod
+    def _identity(path: Path) -> tuple[int, int, int, int]:
+        st = os.stat(path)
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+    def remember(self, path: Path, sha256: str) -> None:
+        """Record the digest of a file just verified (restore's downloads), so that the
+        first checkpoint after a restore does not read the restored state again."""
+        ident = self._identity(path)
+        with self._lock:
+            self._cache[ident] = sha256
+            self._used.add(ident)
 
     def digest(self, path: Path) -> str:
-        st = os.stat(path)
-        ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        ident = self._identity(path)
         with self._lock:
             known = self._cache.get(ident)
+            self._used.add(ident)
         if known is None:
             known = sha256_of(path)
             with self._lock:
                 self._cache[ident] = known
         return known
+
+    def prune(self) -> None:
+        """Forget every file not asked about (or remembered) since the last prune. A
+        snapshot in flight meanwhile at worst hashes a file again."""
+        with self._lock:
+            self._cache = {k: v for k, v in self._cache.items() if k in self._used}
+            self._used = set()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._cache)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,5 +156,6 @@ def upload_snapshot(
         if isinstance(error, CheckpointDeclinedError):
             raise error
         raise CheckpointDeclinedError(f"upload failed: {error}") from error
+    digests.prune()
     state_size = sum(e.size for e in entries)
     return UploadResult(tuple(entries), state_size, checkpointed)

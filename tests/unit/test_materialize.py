@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from pathlib import Path
 
 import pytest
 
-from airflow_ckpt.errors import CorruptCheckpointError
+from airflow_ckpt.errors import CorruptCheckpointError, RestoreError
+from airflow_ckpt.runtime import upload
+from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.materialize import materialize
+from airflow_ckpt.runtime.restore import restore
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.upload import DigestCache
 from tests.fixtures.snapshots import write_snapshot
 
 FILES = {
@@ -67,3 +72,49 @@ def test_paths_cannot_escape_dest(file_storage: CheckpointStorage, tmp_path: Pat
     with pytest.raises(CorruptCheckpointError, match="not a relative path"):
         materialize(file_storage, manifest, "job-a/", tmp_path / "wd")
     assert not (tmp_path / "escape").exists()
+
+
+# ------------------------------------------------------------------ digests of restored files
+
+
+def test_a_restore_records_the_verified_digests_so_nothing_is_hashed_again(
+    file_storage: CheckpointStorage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = write_snapshot(file_storage, "job-a", 4, contents=FILES)
+    digests = DigestCache()
+    workdir = tmp_path / "wd"
+    restore(file_storage, "job-a", "chk-4", workdir, JobHistory(file_storage, "job-a"), digests)
+
+    def no_reading(path: Path) -> str:
+        raise AssertionError(f"{path} was hashed again")
+
+    monkeypatch.setattr(upload, "sha256_of", no_reading)
+    by_path = {f.path: f.sha256 for f in manifest.files}
+    for rel, content in FILES.items():
+        assert digests.digest(workdir / rel) == by_path[rel] == hashlib.sha256(content).hexdigest()
+
+
+def test_a_failed_restore_records_no_digest(file_storage: CheckpointStorage,
+                                            tmp_path: Path) -> None:
+    write_snapshot(file_storage, "job-a", 4, contents=FILES)
+    file_storage.put_bytes("job-a/chk-4/commits/3", b"v1\n[]\n")  # damaged
+    digests = DigestCache()
+    with pytest.raises(RestoreError, match="SHA-256"):
+        restore(file_storage, "job-a", "chk-4", tmp_path / "wd",
+                JobHistory(file_storage, "job-a"), digests)
+    assert len(digests) == 0
+
+
+def test_the_digest_cache_forgets_files_no_snapshot_uses(tmp_path: Path) -> None:
+    old, kept = tmp_path / "old", tmp_path / "kept"
+    old.write_bytes(b"purged by Spark")
+    kept.write_bytes(b"still live")
+    digests = DigestCache()
+    digests.digest(old)
+    digests.digest(kept)
+    digests.prune()  # both were used by the last snapshot
+    assert len(digests) == 2
+    digests.digest(kept)
+    digests.prune()
+    assert len(digests) == 1
+    assert digests.digest(kept) == hashlib.sha256(b"still live").hexdigest()
