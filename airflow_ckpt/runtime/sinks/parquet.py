@@ -10,11 +10,15 @@ Layout under the table directory ``uri`` (``file://...`` or ``s3://bucket/prefix
 Spark (``spark.read.parquet``), pyarrow datasets and pandas skip every path segment that
 starts with ``_`` or ``.``, so staged, pending and aborted files are never read by them.
 
-* ``stage``: a fresh attempt id; ``df.mapInArrow`` makes each task write its partition
-  into a local Parquet file with pyarrow and upload it into ``_staging/<batch>/<attempt>/``
-  (boto3 for S3, no Hadoop); the tasks return one row per file (name, bytes, rows), which
-  is all the driver collects. Only the files of *successful* task attempts are listed, so
-  a retried or speculative task never adds a second copy. The driver then writes
+* ``stage``: a fresh attempt id; the executors write the batch into
+  ``_staging/<batch>/<attempt>/``. On S3 (no Hadoop s3a in the ``pyspark`` wheel)
+  ``df.mapInArrow`` makes each task write its partition into a local Parquet file with
+  pyarrow and upload it with boto3; the tasks return one row per file (name, bytes,
+  rows), which is all the driver collects, and only the files of *successful* task
+  attempts are listed. On ``file://`` Spark's own Parquet writer writes the staging
+  directory (no JVM -> Python hop; Hadoop's commit protocol keeps only successful task
+  attempts' files) and the driver reads the footers for the row counts. Either way a
+  retried or speculative task never adds a second copy. The driver then writes
   ``_txn/<batch>.json`` (``pre_commit``).
 * ``commit``: writes ``_committed/<batch>.json`` create-only (the atomic decision: the
   first attempt recorded there is the one published, ever), copies its staged files to
@@ -52,6 +56,7 @@ from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.factory import open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
+from airflow_ckpt.runtime.storage.local import LocalStorage, fsync_dir
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -77,9 +82,15 @@ def _executor_storage(uri: str, options: dict[str, Any]) -> CheckpointStorage:
         return storage
 
 
-#: rows buffered per Parquet row group (Spark hands Arrow batches of 10k rows; row
-#: groups that small make writing and reading slow)
+#: rows buffered per Parquet row group (row groups of Spark's 10k-row Arrow batches
+#: would make writing and reading slow)
 ROW_GROUP_ROWS = 1 << 20
+
+#: rows per Arrow batch handed to the writing tasks (Spark's default is 10,000: at a
+#: million rows per batch the per-batch JVM -> Python overhead costs ~20 % of the sink's
+#: wall time); the buffer of one row group bounds a task's memory either way
+ARROW_BATCH_ROWS = 1 << 18
+_ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
 
 
 def _write_parquet(batches: Iterator[pa.RecordBatch], path: str, compression: str) -> int:
@@ -122,8 +133,6 @@ def _write_parquet(batches: Iterator[pa.RecordBatch], path: str, compression: st
 
 def _local_path(storage: CheckpointStorage, key: str) -> Path | None:
     """Where ``key`` lives if ``storage`` is a local directory (None for S3)."""
-    from airflow_ckpt.runtime.storage.local import LocalStorage
-
     base = storage.inner if isinstance(storage, FencedStorage) else storage
     if isinstance(base, LocalStorage):
         return base.root.joinpath(*key.split("/"))
@@ -131,7 +140,8 @@ def _local_path(storage: CheckpointStorage, key: str) -> Path | None:
 
 
 def _partition_writer(uri: str, options: dict[str, Any], prefix: str, compression: str) -> Any:
-    """The ``mapInArrow`` function run by every task (pickled: only plain values captured)."""
+    """S3: the ``mapInArrow`` function run by every task (pickled: only plain values
+    captured): pyarrow writes the partition into a local file that boto3 uploads."""
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -142,26 +152,16 @@ def _partition_writer(uri: str, options: dict[str, Any], prefix: str, compressio
         task = ctx.taskAttemptId() if ctx is not None else 0
         name = f"part-{part:05d}-{task}.parquet"
         storage = _executor_storage(uri, options)
-        direct = _local_path(storage, prefix + name)
-        if direct is not None:  # file://: write in place (staging is invisible anyway)
-            direct.parent.mkdir(parents=True, exist_ok=True)
-            rows = _write_parquet(batches, str(direct), compression)
+        fd, tmp = tempfile.mkstemp(prefix="airflow-ckpt-", suffix=".parquet")
+        os.close(fd)
+        try:
+            rows = _write_parquet(batches, tmp, compression)
             if rows == 0:
                 return
-            with open(direct, "rb") as fh:
-                os.fsync(fh.fileno())
-            size = direct.stat().st_size
-        else:
-            fd, tmp = tempfile.mkstemp(prefix="airflow-ckpt-", suffix=".parquet")
-            os.close(fd)
-            try:
-                rows = _write_parquet(batches, tmp, compression)
-                if rows == 0:
-                    return
-                size = os.path.getsize(tmp)
-                storage.upload_file(Path(tmp), prefix + name)
-            finally:
-                os.unlink(tmp)
+            size = os.path.getsize(tmp)
+            storage.upload_file(Path(tmp), prefix + name)
+        finally:
+            os.unlink(tmp)
         yield pa.RecordBatch.from_pydict(
             {"name": [name], "size": [size], "rows": [rows]},
             schema=pa.schema([("name", pa.string()), ("size", pa.int64()), ("rows", pa.int64())]),
@@ -170,21 +170,62 @@ def _partition_writer(uri: str, options: dict[str, Any], prefix: str, compressio
     return write
 
 
+def _write_with_spark(df: DataFrame, directory: Path, compression: str) -> list[dict[str, Any]]:
+    """``file://``: the batch written by Spark's own Parquet writer on the executors (no
+    JVM -> Python hop) into the fresh staging ``directory``. Hadoop's commit protocol
+    moves only the files of successful task attempts there; a retried or speculative
+    task never adds a second copy. The driver then reads each file's footer for its row
+    count (file lists, never rows), drops empty files and makes the rest durable."""
+    import pyarrow.parquet as pq
+
+    df.write.option("compression", compression).parquet(directory.as_uri())
+    files: list[dict[str, Any]] = []
+    for path in sorted(directory.glob("part-*.parquet")):
+        rows = pq.read_metadata(path).num_rows
+        if rows == 0:  # Spark writes a schema-only file for an empty batch
+            path.unlink()
+            continue
+        with open(path, "rb") as fh:
+            os.fsync(fh.fileno())
+        files.append({"name": path.name, "size": path.stat().st_size, "rows": rows})
+    fsync_dir(directory)
+    return files
+
+
+def _collect_with_arrow_batches(df: DataFrame, rows: int) -> list[Any]:
+    """``df.collect()`` with Spark's Arrow batch size set to ``rows`` on ``df``'s
+    session for the duration (the physical plan reads it when ``collect`` plans)."""
+    conf = df.sparkSession.conf
+    previous = conf.get(_ARROW_BATCH_CONF, None)
+    conf.set(_ARROW_BATCH_CONF, str(rows))
+    try:
+        return df.collect()
+    finally:
+        if previous is None:
+            conf.unset(_ARROW_BATCH_CONF)
+        else:
+            conf.set(_ARROW_BATCH_CONF, previous)
+
+
 class ParquetSink(TwoPhaseCommitSink):
     """Exactly-once Parquet output written by the executors (see the module docstring).
 
     :param uri: the table directory, ``file:///abs/path`` or ``s3://bucket/prefix``
     :param compression: Parquet codec (pyarrow's names: ``snappy``, ``zstd``, ``none``...)
     :param max_workers: parallel copies on the driver during ``commit``
+    :param arrow_batch_rows: rows per Arrow batch the writing tasks receive, set on
+        the micro-batch's session while the batch is staged (a streaming query runs on
+        its own clone of the session, so other queries are not affected)
     :param s3_options: :class:`~airflow_ckpt.runtime.storage.factory.S3Options` fields;
         they are shipped to the executors, which otherwise resolve endpoint and
         credentials from their environment (``AWS_*`` variables...) as the runtime does
     """
 
     def __init__(self, uri: str, *, compression: str = "snappy", max_workers: int = 8,
-                 **s3_options: Any) -> None:
+                 arrow_batch_rows: int = ARROW_BATCH_ROWS, **s3_options: Any) -> None:
         self.uri = uri.rstrip("/")
         self.compression = compression
+        self.arrow_batch_rows = max(1, arrow_batch_rows)
         self.max_workers = max(1, max_workers)
         self._options = dict(s3_options)
         self.storage = open_storage(self.uri, **self._options)
@@ -232,8 +273,13 @@ class ParquetSink(TwoPhaseCommitSink):
         the file list (never rows)."""
         attempt = uuid.uuid4().hex[:16]
         prefix = self._staging_prefix(batch_id, attempt)
-        writer = _partition_writer(self.uri, self._options, prefix, self.compression)
-        files = [r.asDict() for r in df.mapInArrow(writer, FILE_LIST_SCHEMA).collect()]
+        directory = _local_path(self.storage, prefix)
+        if directory is not None:
+            files = _write_with_spark(df, directory, self.compression)
+        else:
+            writer = _partition_writer(self.uri, self._options, prefix, self.compression)
+            files = [r.asDict() for r in _collect_with_arrow_batches(
+                df.mapInArrow(writer, FILE_LIST_SCHEMA), self.arrow_batch_rows)]
         interleave.point(interleave.SINK_STAGED_BEFORE_RECORD)
         self._record(batch_id, attempt, files)
 
