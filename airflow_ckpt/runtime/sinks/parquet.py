@@ -87,7 +87,7 @@ def _executor_storage(uri: str, options: dict[str, Any]) -> CheckpointStorage:
 ROW_GROUP_ROWS = 1 << 20
 
 #: rows per Arrow batch handed to the writing tasks (Spark's default is 10,000: at a
-#: million rows per batch the per-batch JVM -> Python overhead costs ~20 % of the sink's
+#: million rows per batch the per-batch JVM -> Python overhead costs 10-20 % of the sink's
 #: wall time); the buffer of one row group bounds a task's memory either way
 ARROW_BATCH_ROWS = 1 << 18
 _ARROW_BATCH_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
