@@ -141,17 +141,22 @@ PARQUET_PHASES: dict[str, tuple[str, int, int] | None] = {
 }
 
 
-def _s3_dataset(s3_endpoint: S3Endpoint, uri: str) -> pa.Table:
-    """The table as a plain pyarrow reader sees it, straight from the S3 endpoint."""
+def _plain_dataset(s3_endpoint: S3Endpoint, uri: str) -> pa.Table:
+    """The table as a plain pyarrow reader sees it, straight from the S3 endpoint or the
+    local directory."""
     from pyarrow import fs
 
-    url = urlparse(s3_endpoint.url)
-    s3 = fs.S3FileSystem(
-        access_key=s3_endpoint.access_key_id, secret_key=s3_endpoint.secret_access_key,
-        region=s3_endpoint.region_name, endpoint_override=url.netloc, scheme=url.scheme,
-    )
+    if uri.startswith("file://"):
+        source, filesystem = urlparse(uri).path, fs.LocalFileSystem()
+    else:
+        url = urlparse(s3_endpoint.url)
+        source = uri.removeprefix("s3://")
+        filesystem = fs.S3FileSystem(
+            access_key=s3_endpoint.access_key_id, secret_key=s3_endpoint.secret_access_key,
+            region=s3_endpoint.region_name, endpoint_override=url.netloc, scheme=url.scheme,
+        )
     try:
-        return ds.dataset(uri.removeprefix("s3://"), filesystem=s3, format="parquet").to_table()
+        return ds.dataset(source, filesystem=filesystem, format="parquet").to_table()
     except FileNotFoundError:  # nothing written under the table directory yet
         return pa.table({})
 
@@ -185,26 +190,35 @@ def _landed_in(phase: str, sink: ParquetSink, storage: CheckpointStorage, job: s
 
 
 @pytest.mark.timeout(900)  # five driver lives: ~2 min idle, 5-9 min on a loaded 2-core CI
+@pytest.mark.parametrize("table", [
+    pytest.param("s3"),
+    pytest.param("file", marks=pytest.mark.soak),
+])
 def test_parquet_sink_under_kills_during_staging_commit_and_after_the_marker(
-    s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path, request: pytest.FixtureRequest
+    table: str, s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
-    """The real driver writes through ``job.exactly_once(ParquetSink(s3://...))`` (the
-    executors stage Parquet files with boto3); it is killed once in each phase, in a
-    seeded order, at a seeded arrival; after each kill a plain reader sees no number
-    twice and nothing newer than the latest checkpoint; at the end pyarrow on S3, pandas
-    and ``spark.read.parquet`` see every input number exactly once, and nothing is
-    staged or pending."""
+    """The real driver writes through ``job.exactly_once(ParquetSink(...))`` (on S3 the
+    executors stage Parquet files with pyarrow and boto3, on ``file://`` with Spark's own
+    writer); it is killed once in each phase, in a seeded order, at a seeded arrival;
+    after each kill a plain reader sees no number twice and nothing newer than the
+    latest checkpoint; at the end pyarrow, pandas and ``spark.read.parquet`` see every
+    input number exactly once, and nothing is staged or pending."""
     seed = int(os.environ.get("KILL_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
     phases = rng.sample(sorted(PARQUET_PHASES), len(PARQUET_PHASES))
     print(f"KILL_SEED={seed} phases={phases}")
     truth = write_numbers(tmp_path / "in", files=16, per_file=100)
-    table_uri = s3_uri + "-table"
     storage = s3_endpoint.storage(s3_uri)
-    sink = ParquetSink(table_uri, endpoint_url=s3_endpoint.url,  # the test's own reader
-                       region_name=s3_endpoint.region_name,
-                       aws_access_key_id=s3_endpoint.access_key_id,
-                       aws_secret_access_key=s3_endpoint.secret_access_key)
+    if table == "file":
+        table_uri = (tmp_path / "table").as_uri()
+        sink = ParquetSink(table_uri)  # the test's own reader
+    else:
+        table_uri = s3_uri + "-table"
+        sink = ParquetSink(table_uri, endpoint_url=s3_endpoint.url,
+                           region_name=s3_endpoint.region_name,
+                           aws_access_key_id=s3_endpoint.access_key_id,
+                           aws_secret_access_key=s3_endpoint.secret_access_key)
     job = "parquet-kill"
     paused = tmp_path / "paused"
     paused.mkdir()
@@ -240,7 +254,7 @@ def test_parquet_sink_under_kills_during_staging_commit_and_after_the_marker(
 
     def after_kill(round_: int) -> None:
         latest = CheckpointCatalog(storage, job).latest_checkpoint()
-        problems = _visible_problems(_s3_dataset(s3_endpoint, table_uri),
+        problems = _visible_problems(_plain_dataset(s3_endpoint, table_uri),
                                      latest.batch_id if latest else None)
         assert not problems, f"seed {seed}, kill {round_ + 1} ({phases[round_]}): {problems}"
         assert _landed_in(phases[round_], sink, storage, job), (
@@ -254,9 +268,9 @@ def test_parquet_sink_under_kills_during_staging_commit_and_after_the_marker(
     assert kills >= 3, f"seed {seed}: only {landed} landed before the driver finished"
 
     expected = list(range(1, truth.numbers + 1))
-    # plain readers, none knowing about this project: pyarrow on S3 ...
-    table = _s3_dataset(s3_endpoint, table_uri)
-    assert sorted(table.column("n").to_pylist()) == expected, f"seed {seed}"
+    # plain readers, none knowing about this project: pyarrow on the table itself ...
+    seen = _plain_dataset(s3_endpoint, table_uri)
+    assert sorted(seen.column("n").to_pylist()) == expected, f"seed {seed}"
     # ... and pandas and Spark on a verbatim copy of every object under the table
     # directory (the wheel's Spark has no s3a)
     copy = tmp_path / "table-copy"
