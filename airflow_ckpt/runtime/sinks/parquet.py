@@ -369,13 +369,9 @@ class ParquetSink(TwoPhaseCommitSink):
         with ThreadPoolExecutor(max_workers=min(self.max_workers, len(files))) as pool:
             for future in [pool.submit(one, e) for e in files]:
                 future.result()
-        table_dir = _local_path(self.storage, files[0]["final"])
-        if table_dir is not None:  # make the renames durable
-            fd = os.open(table_dir.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        published = _local_path(self.storage, files[0]["final"])
+        if published is not None:  # make the renames durable
+            fsync_dir(published.parent)
 
     def _cleanup(self, batch_id: int) -> None:
         # Staging first, record last: a crash in between leaves the record, so the
