@@ -567,16 +567,36 @@ def compare_download(endpoint: S3Endpoint, storage: CheckpointStorage, manifest:
     def ours(r: int) -> None:
         materialize(storage, manifest, root_key, dest("ours", r), max_workers=DOWNLOAD_THREADS)
 
+    # The same requests restore makes: a GET per file of its own, one ranged GET per
+    # merged object over the span of its needed segments.
+    groups: dict[tuple[str, str], list[FileEntry]] = {}
+    for e in entries:
+        groups.setdefault((e.key, "" if e.merged else e.path), []).append(e)
+
     def raw(r: int) -> None:
-        def one(entry: FileEntry) -> None:
-            target = dest("raw", r) / entry.path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            body = client.get_object(Bucket=BUCKET, Key=key_prefix + root_key + entry.key)
-            with target.open("wb") as out:
-                while chunk := body["Body"].read(MiB):
-                    out.write(chunk)
+        def one(group: list[FileEntry]) -> None:
+            group = sorted(group, key=lambda e: e.offset or 0)
+            start = group[0].offset or 0
+            params: dict[str, Any] = {"Bucket": BUCKET, "Key": key_prefix + root_key + group[0].key}
+            if group[0].merged:
+                end = max((e.offset or 0) + e.size for e in group)
+                params["Range"] = f"bytes={start}-{end - 1}"
+            body = client.get_object(**params)["Body"]
+            if not group[0].merged:
+                target = dest("raw", r) / group[0].path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with target.open("wb") as out:
+                    while chunk := body.read(MiB):
+                        out.write(chunk)
+                return
+            data = body.read()  # a merged object's span: at most max-file-size
+            for entry in group:
+                target = dest("raw", r) / entry.path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                at = (entry.offset or 0) - start
+                target.write_bytes(data[at:at + entry.size])
         with ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
-            list(pool.map(one, entries))
+            list(pool.map(one, groups.values()))
 
     def after(name: str, r: int) -> None:
         d = dest(name, r)

@@ -2,9 +2,11 @@
 
 Keys are Flink's (``execution.checkpointing.interval`` ...); the
 ``execution.checkpointing.`` prefix may be left out. Defaults are Flink 2.x's, with
-two documented exceptions: ``interval`` defaults to 10 s (Flink leaves checkpointing
-off, which would make this library pointless) and ``externalized-checkpoint-retention``
-defaults to RETAIN_ON_CANCELLATION (checkpoints here are always externalized).
+three documented exceptions: ``interval`` defaults to 10 s (Flink leaves checkpointing
+off, which would make this library pointless), ``externalized-checkpoint-retention``
+defaults to RETAIN_ON_CANCELLATION (checkpoints here are always externalized), and
+``file-merging.enabled`` defaults to true (small checkpoint files are merged into one
+object per checkpoint; see :mod:`airflow_ckpt.runtime.upload`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from airflow_ckpt.durations import DURATION_FORMS, format_duration, parse_duration
 from airflow_ckpt.errors import ConfigError
+from airflow_ckpt.sizes import MEMORY_SIZE_FORMS, format_memory_size, parse_memory_size
 
 PREFIX = "execution.checkpointing."
 MODES = ("EXACTLY_ONCE", "AT_LEAST_ONCE")
@@ -60,6 +63,18 @@ def _positive_duration(value: Any) -> float:
     return seconds
 
 
+#: the smallest ``file-merging.max-file-size`` accepted
+MIN_MERGED_FILE_SIZE = 64 << 10
+
+
+def _file_size(value: Any) -> int:
+    size = parse_memory_size(value)
+    if size < MIN_MERGED_FILE_SIZE:
+        raise ValueError(f"expected a memory size >= 64 kb ({MEMORY_SIZE_FORMS}), "
+                         f"got {value!r}")
+    return size
+
+
 # option suffix -> (field name, parser)
 _OPTIONS: dict[str, tuple[str, Any]] = {
     "interval": ("interval_s", _positive_duration),
@@ -71,6 +86,8 @@ _OPTIONS: dict[str, tuple[str, Any]] = {
     "mode": ("mode", _choice(MODES)),
     "incremental": ("incremental", _bool),
     "externalized-checkpoint-retention": ("retention", _choice(RETENTIONS)),
+    "file-merging.enabled": ("file_merging", _bool),
+    "file-merging.max-file-size": ("file_merging_max_file_size", _file_size),
 }
 
 
@@ -87,6 +104,9 @@ class CheckpointConfig:
     mode: str = "EXACTLY_ONCE"
     incremental: bool = False
     retention: str = "RETAIN_ON_CANCELLATION"
+    #: small files of a checkpoint travel merged into one object (see upload.py)
+    file_merging: bool = True
+    file_merging_max_file_size: int = 32 << 20
 
     @property
     def exactly_once(self) -> bool:
@@ -117,5 +137,9 @@ class CheckpointConfig:
         out: dict[str, Any] = {}
         for suffix, (field_name, _) in _OPTIONS.items():
             value = getattr(self, field_name)
-            out[PREFIX + suffix] = format_duration(value) if field_name.endswith("_s") else value
+            if field_name.endswith("_s"):
+                value = format_duration(value)
+            elif field_name.endswith("_size"):
+                value = format_memory_size(value)
+            out[PREFIX + suffix] = value
         return out

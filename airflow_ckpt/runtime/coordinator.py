@@ -409,11 +409,13 @@ class CheckpointCoordinator:
         self, p: PendingCheckpoint, snap: CapturedSnapshot, barrier_ts: float, sync_ms: int
     ) -> None:
         start = time.monotonic()
-        if p.is_savepoint:
+        if p.is_savepoint:  # self-contained: one object per file, never merged
             target = UploadTarget(p.checkpoint_id, f"savepoints/sp-{p.savepoint_id}/", False)
         else:
+            cfg = self.config
             target = UploadTarget(
-                p.checkpoint_id, f"chk-{p.checkpoint_id}/", self.config.incremental
+                p.checkpoint_id, f"chk-{p.checkpoint_id}/", cfg.incremental,
+                cfg.file_merging_max_file_size if cfg.file_merging else 0,
             )
         try:
             if p.savepoint_id is not None and self._answered_by_existing(p):
@@ -422,6 +424,7 @@ class CheckpointCoordinator:
                 self.storage, self.layout, snap, target,
                 executor=self._files, digests=self._digests, shared=self.store.shared,
                 deadline=p.deadline, on_ack=p.acked.add, cancelled=p.cancelled,
+                segments=self.store.segment_index() if target.incremental else None,
             )
             async_ms = int((time.monotonic() - start) * 1000)
             completed = time.time()

@@ -4,18 +4,20 @@ Restore (the working directory a query restarts on) and the CLI's ``state`` comm
 (Spark's state data source reads a local checkpoint directory) both need the files of a
 manifest laid out as Spark wrote them. :func:`materialize` downloads every
 :class:`~airflow_ckpt.runtime.metadata.FileEntry` that loading the restored state
-version reads to ``dest_dir / entry.path`` (one streamed GET per file in a bounded pool,
-hashed while written) and verifies its size and SHA-256; a missing or damaged file raises
-:class:`~airflow_ckpt.errors.CorruptCheckpointError` naming the file, so nothing is ever
-restored from a partial copy.
+version reads to ``dest_dir / entry.path`` (one streamed GET per file, or per merged
+object, in a bounded pool, hashed while written) and verifies its size and SHA-256; a
+missing or damaged file raises :class:`~airflow_ckpt.errors.CorruptCheckpointError`
+naming the file, so nothing is ever restored from a partial copy.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from airflow_ckpt.errors import CorruptCheckpointError, ObjectNotFoundError
 from airflow_ckpt.runtime.metadata import FileEntry, Manifest
@@ -48,34 +50,82 @@ def _local_path(dest_dir: Path, entry: FileEntry, where: str) -> Path:
     return dest_dir.joinpath(*rel.parts)
 
 
-def _fetch(storage: CheckpointStorage, key: str, target: Path, entry: FileEntry,
+def _fetch(storage: CheckpointStorage, key: str, targets: list[tuple[Path, FileEntry]],
            where: str, on_verified: OnVerified | None) -> None:
-    """One GET streamed into ``target``, hashed as it is written (no HEAD, no re-read)."""
+    """One GET of ``key`` streamed into every target, hashed as it is written (no HEAD,
+    no re-read). A file of its own is the whole object; merged files (segments, see
+    :mod:`airflow_ckpt.runtime.upload`) are read with one ranged GET over the span of
+    the segments needed, the bytes between them skipped."""
+    targets = sorted(targets, key=lambda t: (t[1].offset or 0, t[1].size))
+    segments: list[tuple[int, int, list[Path], FileEntry]] = []
+    for path, entry in targets:
+        offset = entry.offset or 0
+        if segments and (offset, entry.size) == segments[-1][:2]:
+            segments[-1][2].append(path)  # the same bytes twice: one segment, two files
+            continue
+        if segments and offset < segments[-1][0] + segments[-1][1]:
+            raise CorruptCheckpointError(
+                f"{where}: file {entry.path!r} overlaps another file in {key}; the "
+                "manifest is damaged", key)
+        segments.append((offset, entry.size, [path], entry))
+    start = segments[0][0]
+    span = segments[-1][0] + segments[-1][1] - start
+    merged = targets[0][1].merged
+    try:
+        with storage.open_stream(key, start, span if merged else None) as src:
+            position = start
+            for offset, size, paths, entry in segments:
+                _skip(src, offset - position)
+                got, digest = _copy(src, paths[0], size if merged else None)
+                position = offset + got
+                _verify(entry, key, got, digest, where)
+                for extra in paths[1:]:
+                    shutil.copyfile(paths[0], extra)
+                if on_verified is not None:
+                    for path in paths:
+                        on_verified(path, entry.sha256)
+    except ObjectNotFoundError as exc:
+        raise CorruptCheckpointError(
+            f"{where}: file {targets[0][1].path!r} (stored at {key}) is missing", key
+        ) from exc
+
+
+def _skip(src: BinaryIO, count: int) -> None:
+    while count > 0:
+        chunk = src.read(min(count, _CHUNK))
+        if not chunk:
+            return  # short object: the next segment's size check reports it
+        count -= len(chunk)
+
+
+def _copy(src: BinaryIO, target: Path, limit: int | None) -> tuple[int, str]:
+    """Copy ``limit`` bytes of ``src`` (all of it if None) to ``target``; returns the
+    bytes copied and their SHA-256."""
     target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     size = 0
-    try:
-        with storage.open_stream(key) as src, target.open("wb") as out:
-            while chunk := src.read(_CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-                size += len(chunk)
-    except ObjectNotFoundError as exc:
-        raise CorruptCheckpointError(
-            f"{where}: file {entry.path!r} (stored at {key}) is missing", key
-        ) from exc
+    with target.open("wb") as out:
+        while limit is None or size < limit:
+            chunk = src.read(_CHUNK if limit is None else min(_CHUNK, limit - size))
+            if not chunk:
+                break
+            digest.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _verify(entry: FileEntry, key: str, size: int, sha256: str, where: str) -> None:
     if size != entry.size:
         raise CorruptCheckpointError(
             f"{where}: file {entry.path!r} (stored at {key}) has {size} bytes, "
             f"the manifest records {entry.size}", key
         )
-    if digest.hexdigest() != entry.sha256:
+    if sha256 != entry.sha256:
         raise CorruptCheckpointError(
             f"{where}: file {entry.path!r} (stored at {key}) has SHA-256 "
-            f"{digest.hexdigest()}, the manifest records {entry.sha256}", key
+            f"{sha256}, the manifest records {entry.sha256}", key
         )
-    if on_verified is not None:
-        on_verified(target, entry.sha256)
 
 
 def materialize(
@@ -114,17 +164,21 @@ def materialize(
     dest_dir.mkdir(parents=True, exist_ok=True)
     files = (needed_state_files(manifest.files, manifest.batch_id + 1) if only_needed
              else list(manifest.files))
-    jobs = [(root + e.key, _local_path(dest_dir, e, where), e) for e in files]
+    jobs: dict[tuple[str, str], list[tuple[Path, FileEntry]]] = {}
     seen: set[Path] = set()
-    for _, target, entry in jobs:
+    for entry in files:
+        target = _local_path(dest_dir, entry, where)
         if target in seen:
             raise CorruptCheckpointError(f"{where}: file {entry.path!r} is listed twice")
         seen.add(target)
+        # one GET per object: a file of its own, or every needed segment of a merged one
+        group = (root + entry.key, "" if entry.merged else entry.path)
+        jobs.setdefault(group, []).append((target, entry))
     if not jobs:
         return dest_dir
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(jobs)))) as pool:
-        futures = [pool.submit(_fetch, storage, key, target, entry, where, on_verified)
-                   for key, target, entry in jobs]
+        futures = [pool.submit(_fetch, storage, key, targets, where, on_verified)
+                   for (key, _), targets in jobs.items()]
         # .result() re-raises the first failure (in manifest order) after all finish.
         for future in futures:
             future.result()

@@ -13,7 +13,9 @@ from typing import Any, Literal
 
 from airflow_ckpt.errors import MetadataError, UnsupportedSchemaVersionError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: versions this reader accepts (1: no merged files; 2 adds ``FileEntry.offset``)
+READABLE_VERSIONS = (1, 2)
 
 Kind = Literal["checkpoint", "savepoint"]
 # "initial": the starting point of a run that did not resume from the latest checkpoint
@@ -29,7 +31,9 @@ class FileEntry:
 
     ``path`` is relative to the working directory (where restore puts it back);
     ``key`` is the storage key relative to the job root (``shared/..``, ``chk-n/..``
-    or ``savepoints/sp-x/..``).
+    or ``savepoints/sp-x/..``). ``offset`` is None when the object at ``key`` is the
+    file; for a file merged with others (file merging) the file is the ``size`` bytes
+    of that object starting at ``offset``.
     """
 
     path: str
@@ -37,6 +41,11 @@ class FileEntry:
     size: int
     sha256: str
     shared: bool
+    offset: int | None = None
+
+    @property
+    def merged(self) -> bool:
+        return self.offset is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +153,16 @@ def _file(obj: Any, where: str) -> FileEntry:
         size=_require(obj, "size", int, where),
         sha256=_require(obj, "sha256", str, where),
         shared=_require(obj, "shared", bool, where),
+        offset=_offset(obj.get("offset"), where),
     )
+
+
+def _offset(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise MetadataError(f"{where}: a file entry's 'offset' must be an integer >= 0")
+    return value
 
 
 def _operator(obj: Any, where: str) -> OperatorInfo:
@@ -182,10 +200,11 @@ def parse_manifest(data: bytes, where: str = "_metadata") -> Manifest:
     if not isinstance(obj, dict):
         raise MetadataError(f"{where}: not a JSON object")
     version = _require(obj, "schema_version", int, where)
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         raise UnsupportedSchemaVersionError(
             f"{where}: schema version {version} is not supported (this airflow-ckpt reads "
-            f"version {SCHEMA_VERSION}); upgrade airflow-ckpt to read it"
+            f"versions {', '.join(map(str, READABLE_VERSIONS))}); upgrade airflow-ckpt "
+            "to read it"
         )
     kind = _require(obj, "kind", str, where)
     if kind not in _KINDS:

@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.metadata import Manifest
+from airflow_ckpt.runtime.metadata import FileEntry, Manifest
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,14 @@ class CompletedCheckpointStore:
         with self._lock:
             return list(self._retained)
 
+    def segment_index(self) -> dict[str, FileEntry]:
+        """Merged files of the retained checkpoints in ``shared/``, by SHA-256: a new
+        checkpoint references such a segment instead of uploading the bytes again (after
+        reserving its merged object, which may have been collected meanwhile)."""
+        with self._lock:
+            return {f.sha256: f for m in self._retained for f in m.files
+                    if f.shared and f.merged}
+
     def recover(self, pinned: int | None = None, distrust: Iterable[str] = ()) -> int:
         """Load what storage holds; remove abandoned (marker-less) checkpoint directories.
 
@@ -167,7 +175,10 @@ class CompletedCheckpointStore:
         for manifest in subsumed:
             # _metadata first: from here on the checkpoint is no longer restorable.
             self.storage.delete_many([self.layout.checkpoint_metadata(manifest.checkpoint_id)])
-            self.storage.delete_prefix(self.layout.checkpoint_dir(manifest.checkpoint_id))
+            if not all(f.shared for f in manifest.files):
+                # An incremental checkpoint's directory holds its _metadata alone: only
+                # its async phase writes there, and it writes every file to shared/.
+                self.storage.delete_prefix(self.layout.checkpoint_dir(manifest.checkpoint_id))
         # Listed before the view is taken: a file uploaded after the listing is not a
         # candidate at all; one uploaded before it is pinned by its reservation or, once
         # its checkpoint completed, by the retained manifest (the view below).

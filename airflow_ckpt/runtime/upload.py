@@ -3,14 +3,26 @@
 Incremental mode stores each file once, content-addressed, in ``shared/``: a file
 whose bytes are already stored is referenced, not uploaded again. Otherwise every
 file goes under the checkpoint's (or savepoint's) own directory.
+
+File merging (Flink's ``execution.checkpointing.file-merging.*``): a micro-batch writes
+a handful of small files per batch (offset, commit and source log entries, one state
+changelog or delta per partition), so a checkpoint every few batches would cost one
+PUT per small file, and the garbage collector one key each later. With merging, the
+small files of a checkpoint travel concatenated in one object (the "physical file"),
+each recorded in the manifest as a segment of it (``FileEntry.offset``); restore reads
+the segments back with one ranged GET per merged object. A merged object lives until
+no retained manifest references any of its segments: the files of a micro-batch are
+purged by Spark together, so little space is held by dead segments. Savepoints are
+never merged (they stay self-contained, one object per file).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +35,11 @@ from airflow_ckpt.runtime.metadata import FileEntry
 from airflow_ckpt.runtime.snapshot import CapturedFile, CapturedSnapshot
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.store import SharedFileRegistry
+
+_CHUNK = 1 << 20
+#: where a non-incremental checkpoint keeps its merged objects: ``chk-<n>/_merged/<sha>``
+#: (Spark's working directory has no top-level ``_merged``)
+MERGED_DIR = "_merged/"
 
 
 class DigestCache:
@@ -81,13 +98,42 @@ class UploadResult:
     checkpointed_size: int  # bytes uploaded by this checkpoint
 
 
+#: files below this size are merged (when the target merges); larger ones travel alone
+MERGE_FILES_BELOW = 1 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class UploadTarget:
-    """Where a snapshot goes: its own directory, and whether it may use ``shared/``."""
+    """Where a snapshot goes: its own directory, whether it may use ``shared/``, and the
+    size cap of a merged object (0: every file is its own object)."""
 
     checkpoint_id: int
     dir_key: str  # relative to the job root, e.g. "chk-7/" or "savepoints/sp-x/"
     incremental: bool
+    merged_file_size: int = 0
+
+    def merges(self, f: CapturedFile) -> bool:
+        return f.size < min(MERGE_FILES_BELOW, self.merged_file_size)
+
+
+def merge_groups(files: Sequence[CapturedFile], target: UploadTarget) -> list[list[CapturedFile]]:
+    """The upload units of a snapshot: each file that is not merged alone, the others
+    in path order, cut into groups of at most ``target.merged_file_size`` bytes."""
+    units: list[list[CapturedFile]] = []
+    group: list[CapturedFile] = []
+    size = 0
+    for f in files:
+        if not target.merges(f):
+            units.append([f])
+            continue
+        if group and size + f.size > target.merged_file_size:
+            units.append(group)
+            group, size = [], 0
+        group.append(f)
+        size += f.size
+    if group:
+        units.append(group)
+    return units
 
 
 def upload_snapshot(
@@ -102,8 +148,15 @@ def upload_snapshot(
     deadline: float,
     on_ack: Callable[[str], None],
     cancelled: threading.Event,
+    segments: Mapping[str, FileEntry] | None = None,
 ) -> UploadResult:
     """Upload every captured file; durable in storage when this returns.
+
+    Small files (see :meth:`UploadTarget.merges`) are merged: concatenated into one
+    object per group, each recorded as a segment (``FileEntry.offset``) of it. In
+    ``shared/`` a merged object is content-addressed like any file; a small file whose
+    bytes are a segment of a merged object the store still holds (``segments``: by
+    SHA-256, from the retained manifests) is referenced there, not uploaded again.
 
     ``on_ack(subtask)`` is called once per subtask when all its files are durable.
     Raises ``CheckpointDeclinedError`` on a storage error, when ``deadline``
@@ -114,48 +167,103 @@ def upload_snapshot(
     for f in snapshot.files:
         remaining[f.subtask] = remaining.get(f.subtask, 0) + 1
     lock = threading.Lock()
+    known = segments or {}
 
-    def one(f: CapturedFile) -> tuple[FileEntry, int]:
+    def check() -> None:
         if cancelled.is_set() or time.monotonic() > deadline:
             raise CheckpointDeclinedError("checkpoint expired or was cancelled")
-        interleave.point(interleave.UPLOAD_BEFORE_FILE)
-        sha = digests.digest(f.staged)
-        uploaded = 0
-        if target.incremental:
-            key = layout.shared_file(sha)
-            if shared.reserve(target.checkpoint_id, key):
-                storage.upload_file(f.staged, key)
-                shared.uploaded(key)
-                uploaded = f.size
-        else:
-            key = layout.root + target.dir_key + f.path
-            storage.upload_file(f.staged, key)
-            uploaded = f.size
-        with lock:
-            remaining[f.subtask] -= 1
-            done = remaining[f.subtask] == 0
-        if done:
-            on_ack(f.subtask)
-        entry = FileEntry(f.path, key[len(layout.root):], f.size, sha, target.incremental)
-        return entry, uploaded
 
-    futures = [executor.submit(one, f) for f in snapshot.files]
-    entries: list[FileEntry] = []
+    def store(path: Path, key: str) -> bool:
+        """Upload ``path`` to ``key`` unless content addressing finds it stored; True if
+        it was uploaded."""
+        if target.incremental and not shared.reserve(target.checkpoint_id, key):
+            return False
+        storage.upload_file(path, key)
+        if target.incremental:
+            shared.uploaded(key)
+        return True
+
+    def entry(f: CapturedFile, key: str, sha: str, offset: int | None = None) -> FileEntry:
+        return FileEntry(f.path, key[len(layout.root):], f.size, sha, target.incremental,
+                         offset)
+
+    def alone(f: CapturedFile) -> tuple[list[FileEntry], int]:
+        sha = digests.digest(f.staged)
+        key = (layout.shared_file(sha) if target.incremental
+               else layout.root + target.dir_key + f.path)
+        return [entry(f, key, sha)], f.size if store(f.staged, key) else 0
+
+    def merged(group: list[CapturedFile], index: int) -> tuple[list[FileEntry], int]:
+        out: dict[str, FileEntry] = {}
+        fresh: list[tuple[CapturedFile, str]] = []
+        for f in group:
+            check()
+            sha = digests.digest(f.staged)
+            old = known.get(sha)
+            # reserve() pins the merged object; False: it is stored and stays so
+            if (old is not None and old.offset is not None and target.incremental
+                    and not shared.reserve(target.checkpoint_id, layout.root + old.key)):
+                out[f.path] = entry(f, layout.root + old.key, sha, old.offset)
+            else:
+                fresh.append((f, sha))
+        if not fresh:
+            return [out[f.path] for f in group], 0
+        path = snapshot.staging_dir / f".merged-{index}"
+        offsets: dict[str, int] = {}
+        digest = hashlib.sha256()
+        with path.open("wb") as dst:
+            for f, sha in fresh:
+                if sha in offsets:
+                    continue  # the same bytes twice: one segment serves both
+                offsets[sha] = dst.tell()
+                with f.staged.open("rb") as src:
+                    while chunk := src.read(_CHUNK):
+                        digest.update(chunk)
+                        dst.write(chunk)
+            size = dst.tell()
+        key = (layout.shared_file(digest.hexdigest()) if target.incremental
+               else f"{layout.root}{target.dir_key}{MERGED_DIR}{digest.hexdigest()}")
+        uploaded = size if store(path, key) else 0
+        path.unlink()
+        for f, sha in fresh:
+            out[f.path] = entry(f, key, sha, offsets[sha])
+        return [out[f.path] for f in group], uploaded
+
+    def run(group: list[CapturedFile], index: int) -> tuple[list[FileEntry], int]:
+        check()
+        interleave.point(interleave.UPLOAD_BEFORE_FILE)
+        if len(group) == 1 and not target.merges(group[0]):
+            result = alone(group[0])
+        else:
+            result = merged(group, index)
+        acked = []
+        with lock:
+            for f in group:
+                remaining[f.subtask] -= 1
+                if remaining[f.subtask] == 0:
+                    acked.append(f.subtask)
+        for subtask in acked:
+            on_ack(subtask)
+        return result
+
+    units = merge_groups(snapshot.files, target)
+    futures = [executor.submit(run, group, i) for i, group in enumerate(units)]
+    by_path: dict[str, FileEntry] = {}
     checkpointed = 0
     error: BaseException | None = None
     for future in futures:
         try:
-            entry, uploaded = future.result(timeout=max(deadline - time.monotonic(), 0.001))
+            entries, uploaded = future.result(timeout=max(deadline - time.monotonic(), 0.001))
         except BaseException as exc:
             error = error or exc
             cancelled.set()
             continue
-        entries.append(entry)
+        by_path.update((e.path, e) for e in entries)
         checkpointed += uploaded
     if error is not None:
         if isinstance(error, CheckpointDeclinedError):
             raise error
         raise CheckpointDeclinedError(f"upload failed: {error}") from error
     digests.prune()
-    state_size = sum(e.size for e in entries)
-    return UploadResult(tuple(entries), state_size, checkpointed)
+    files = tuple(by_path[f.path] for f in snapshot.files)
+    return UploadResult(files, sum(e.size for e in files), checkpointed)

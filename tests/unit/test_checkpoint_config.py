@@ -14,6 +14,24 @@ def test_defaults_are_flinks_with_the_documented_exceptions() -> None:
         0.0, 600.0, 1, 0)
     assert (cfg.num_retained, cfg.mode, cfg.incremental) == (1, "EXACTLY_ONCE", False)
     assert cfg.interval_s == 10.0 and cfg.retention == "RETAIN_ON_CANCELLATION"
+    assert cfg.file_merging is True and cfg.file_merging_max_file_size == 32 << 20
+
+
+@pytest.mark.parametrize(("raw", "size"), [
+    ("32mb", 32 << 20), ("32 MB", 32 << 20), ("512 kb", 512 << 10), ("1g", 1 << 30),
+    (1 << 20, 1 << 20), ("65536", 64 << 10), ("64 kibibytes", 64 << 10),
+])
+def test_file_merging_sizes_are_flink_memory_sizes(raw: object, size: int) -> None:
+    cfg = CheckpointConfig.from_dict({"execution.checkpointing.file-merging.max-file-size": raw,
+                                      "file-merging.enabled": "false"})
+    assert cfg.file_merging_max_file_size == size and cfg.file_merging is False
+    assert CheckpointConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("raw", ["huge", "1.5 mb", "-1", 1000, True, "32 parsecs"])
+def test_bad_file_merging_sizes_are_named(raw: object) -> None:
+    with pytest.raises(ConfigError, match=r"file-merging\.max-file-size.*memory size"):
+        CheckpointConfig.from_dict({"file-merging.max-file-size": raw})
 
 
 def test_prefixed_and_short_names_and_flink_durations() -> None:

@@ -18,6 +18,8 @@ def put_checkpoint(storage: CheckpointStorage, n: int, shared: list[str]) -> Man
         storage.put_bytes(L.shared_file(digest), b"x")
         files.append(FileEntry(f"state/{digest}", L.shared_file(digest)[len(L.root):], 1,
                                digest, True))
+    files.append(FileEntry("offsets/0", L.checkpoint_file(n, "offsets/0")[len(L.root):], 3,
+                           "00", False))
     m = Manifest(job="j", checkpoint_id=n, kind="checkpoint", trigger="periodic", batch_id=n,
                  spark_version="4.2.0", query_id="q", mode="EXACTLY_ONCE", source_offsets=[],
                  operators=(), files=tuple(files), state_size=len(files),

@@ -64,6 +64,19 @@ def test_damaged_manifests_raise_typed_errors(data: bytes, message: str) -> None
         parse_manifest(data, where="job/chk-3/_metadata")
 
 
+def test_version_1_manifests_are_still_read() -> None:
+    old = _mutate(lambda o: (o.update(schema_version=1), o["files"][0].pop("offset")))
+    m = parse_manifest(old)
+    assert m.schema_version == 1 and not m.files[0].merged
+
+
+def test_a_merged_file_entry_round_trips_and_a_bad_offset_is_refused() -> None:
+    entry = FileEntry("commits/7", "shared/ab/abc", 10, "abc", True, offset=120)
+    assert parse_manifest(manifest(files=(entry,)).to_json()).files == (entry,)
+    with pytest.raises(MetadataError, match="'offset'"):
+        parse_manifest(_mutate(lambda o: o["files"][0].update(offset=-1)))
+
+
 def test_unknown_schema_version_says_upgrade() -> None:
     with pytest.raises(UnsupportedSchemaVersionError, match="upgrade airflow-ckpt"):
-        parse_manifest(_mutate(lambda o: o.update(schema_version=2)))
+        parse_manifest(_mutate(lambda o: o.update(schema_version=3)))

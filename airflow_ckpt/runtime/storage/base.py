@@ -81,15 +81,20 @@ class CheckpointStorage(ABC):
         """Download ``key`` to ``path`` (parents are created; written atomically)."""
 
     @contextlib.contextmanager
-    def open_stream(self, key: str) -> Iterator[BinaryIO]:
+    def open_stream(self, key: str, start: int = 0,
+                    length: int | None = None) -> Iterator[BinaryIO]:
         """Read ``key`` as a stream of bytes: one request, no metadata lookup first.
 
         Restore reads through this so that it can hash while it writes and needs no
         per-file HEAD (the manifest already records size and SHA-256). The caller
         verifies the bytes: a backend need not check them (S3 skips its CRC32 here).
+        With ``start`` / ``length`` the stream begins at byte ``start`` and holds at
+        least ``length`` bytes where the object has them (fewer when it is shorter,
+        none when it ends before ``start``); the caller reads what it needs.
         Raises ``ObjectNotFoundError`` if absent. The default reads the whole object.
         """
-        yield io.BytesIO(self.get_bytes(key))
+        data = self.get_bytes(key)
+        yield io.BytesIO(data[start:] if length is None else data[start:start + length])
 
     @abstractmethod
     def copy(self, src_key: str, dst_key: str) -> None:

@@ -9,9 +9,10 @@ straight through; so does anything a wrapped backend offers beyond the interface
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo
 
@@ -56,6 +57,12 @@ class FencedStorage(CheckpointStorage):
     # reads: straight through
     def get_bytes(self, key: str) -> bytes:
         return self.inner.get_bytes(key)
+
+    @contextlib.contextmanager
+    def open_stream(self, key: str, start: int = 0,
+                    length: int | None = None) -> Iterator[BinaryIO]:
+        with self.inner.open_stream(key, start, length) as stream:
+            yield stream
 
     def exists(self, key: str) -> bool:
         return self.inner.exists(key)

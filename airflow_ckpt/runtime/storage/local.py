@@ -220,11 +220,14 @@ class LocalStorage(CheckpointStorage):
             ) from exc
 
     @contextmanager
-    def open_stream(self, key: str) -> Iterator[BinaryIO]:
-        """The stored file, opened for reading (``ObjectNotFoundError`` if absent)."""
+    def open_stream(self, key: str, start: int = 0,
+                    length: int | None = None) -> Iterator[BinaryIO]:
+        """The stored file, opened for reading at ``start`` (``ObjectNotFoundError`` if
+        absent); ``length`` needs no enforcing: the caller reads what it needs."""
         with self._errors("download", key):
             fh = self._open_object(key, "download")
             with fh:
+                fh.seek(start)
                 yield fh
 
     def copy(self, src_key: str, dst_key: str) -> None:

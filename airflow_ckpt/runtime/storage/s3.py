@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import io
 import logging
 import os
 import threading
@@ -585,18 +586,34 @@ class S3Storage(CheckpointStorage):
             tmp.unlink(missing_ok=True)
 
     @contextlib.contextmanager
-    def open_stream(self, key: str) -> Iterator[Any]:
-        """One GetObject, its body streamed (no HeadObject, unlike ``download_file``).
+    def open_stream(self, key: str, start: int = 0,
+                    length: int | None = None) -> Iterator[Any]:
+        """One GetObject, its body streamed (no HeadObject, unlike ``download_file``);
+        with ``start`` / ``length`` a ranged GetObject (``Range: bytes=...``).
 
         The transport's CRC32 is not validated here (``get_bytes`` and ``download_file``
         do): the caller verifies what it reads, as restore does with each file's size
         and SHA-256 from the manifest. One hash pass instead of two: restore is
-        CPU-bound on small machines (see the README's benchmarks).
+        CPU-bound on small machines (see the README's benchmarks). A range past the
+        object's end (416) yields an empty stream: the caller's size check reports it.
 
         Errors while reading the body (connection reset...) map like request errors.
         """
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key)}
+        if length == 0:
+            yield io.BytesIO()
+            return
+        if start or length is not None:
+            last = "" if length is None else str(start + length - 1)
+            params["Range"] = f"bytes={start}-{last}"
         with self._errors("download", key):
-            body = self._client.get_object(Bucket=self.bucket, Key=self._full(key))["Body"]
+            body: Any
+            try:
+                body = self._client.get_object(**params)["Body"]
+            except ClientError as exc:
+                if _status(exc) != 416 and _error_code(exc) != "InvalidRange":
+                    raise
+                body = io.BytesIO()
             try:
                 yield body
             finally:
