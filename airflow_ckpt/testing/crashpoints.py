@@ -170,7 +170,7 @@ class _Query:
 
     One batch runs per ``awaitTermination`` call, as Spark would: offsets written,
     ``foreachBatch`` called, state version ``b + 1`` written, then ``commits/b``; then
-    entries older than ``minBatchesToRetain`` (3) are purged.
+    log entries and state versions older than ``minBatchesToRetain`` (3) are purged.
     """
 
     def __init__(self, workdir: Path, fn: Callable[[Any, int], None], script: Script,
@@ -220,6 +220,10 @@ class _Query:
         for log_dir in ("offsets", "commits"):
             for old in (self.workdir / log_dir).glob("*"):
                 if old.name.isdigit() and int(old.name) < b - 3:
+                    old.unlink()
+        for p in (0, 1):  # each version holds the whole sum: older ones are not needed
+            for old in (self.workdir / "state" / "0" / str(p)).glob("*.delta"):
+                if int(old.name.split(".")[0]) < b - 3:
                     old.unlink()
 
     def exception(self) -> BaseException | None:
