@@ -298,8 +298,9 @@ def test_a_fallback_never_subsumes_the_checkpoint_it_restored_from(
     # An older checkpoint (a full copy: no shared files) stays restorable; the newest
     # becomes damaged.
     older_id = newest.checkpoint_id - 1
-    for f in newest.files:
-        file_storage.copy(layout.root + f.key, layout.checkpoint_file(older_id, f.path))
+    for f in newest.files:  # each file's bytes (a segment, when merged)
+        with file_storage.open_stream(layout.root + f.key, f.offset or 0, f.size) as src:
+            file_storage.put_bytes(layout.checkpoint_file(older_id, f.path), src.read(f.size))
     older = Manifest(**{**{k: getattr(newest, k) for k in newest.__dataclass_fields__},
                         "checkpoint_id": older_id,
                         "files": tuple(type(f)(f.path, f"chk-{older_id}/{f.path}", f.size,
