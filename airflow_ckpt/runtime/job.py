@@ -64,7 +64,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_ckpt.job")
 
 #: how often the driver lists its control requests (one LIST request each): a savepoint
-#: request waits up to this long before its barrier is placed
+#: request waits up to this long before its barrier is placed; also how long the driver
+#: blocks on the query between looking at failures, its lease and cancellation
 CONTROL_POLL_S = 1.0
 
 
@@ -456,7 +457,12 @@ class CheckpointedJob:
                         return result
                     query = self._start_query(build)  # the savepoint failed: run on
                     continue
-                query.awaitTermination(0.1)  # type: ignore[arg-type]  # float s is fine
+                # Block in the JVM until the next control poll: two Py4J round trips a
+                # second instead of twenty (each costs driver CPU on cores the batches
+                # use). A failure, a lost lease or a cancel is seen within that second.
+                wait = max(next_control - time.monotonic(), 0.05)
+                if query.awaitTermination(wait):  # type: ignore[arg-type]  # float s is fine
+                    break
             error = query.exception()
             if error is not None:
                 raise error

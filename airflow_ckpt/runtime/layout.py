@@ -4,8 +4,9 @@ This layout is a public contract (see docs/storage-layout.md)::
 
     <root>/<job>/
       chk-<n>/_metadata            completion marker + manifest, written last
-      chk-<n>/...                  files exclusive to checkpoint n
-      shared/<aa>/<sha256>         immutable files shared by incremental checkpoints
+      chk-<n>/...                  files exclusive to checkpoint n (merged: _merged/<sha256>)
+      shared/<aa>/<sha256>         immutable files (or merged small files) shared by
+                                   incremental checkpoints
       savepoints/sp-<id>/_metadata self-contained savepoint (+ its files)
       control/<request-id>.json    requests to the running job
       control/<request-id>.result.json  the job's answer to a request

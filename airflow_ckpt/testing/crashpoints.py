@@ -191,9 +191,9 @@ class _Query:
         done = [int(p.name) for p in (self.workdir / "commits").glob("*") if p.name.isdigit()]
         return max(done, default=-1) + 1
 
-    def awaitTermination(self, timeout: float | None = None) -> None:
+    def awaitTermination(self, timeout: float | None = None) -> bool:
         if not self.isActive:
-            return
+            return True
         b = self._next()
         self.on_batch(b)
         _write(self.workdir / "offsets" / str(b),
@@ -212,7 +212,7 @@ class _Query:
             raise
         except Exception as exc:
             self.error = exc
-            return
+            return True
         for p in (0, 1):
             _write(self.workdir / "state" / "0" / str(p) / f"{b + 1}.delta",
                    json.dumps({"sum": sums[p]}))
@@ -225,6 +225,7 @@ class _Query:
             for old in (self.workdir / "state" / "0" / str(p)).glob("*.delta"):
                 if int(old.name.split(".")[0]) < b - 3:
                     old.unlink()
+        return not self.isActive
 
     def exception(self) -> BaseException | None:
         return self.error
