@@ -11,6 +11,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -206,27 +207,30 @@ def _merged_manifest(storage: CheckpointStorage, store: CompletedCheckpointStore
     return _complete(storage, store, 1, result)
 
 
-def test_a_damaged_segment_is_reported_by_file_name(
-    setup: tuple[CountingStorage, CompletedCheckpointStore], tmp_path: Path
-) -> None:
-    storage, store = setup
-    manifest = _merged_manifest(storage, store, tmp_path)
+def _flip_a_byte(storage: CheckpointStorage, manifest: Manifest) -> None:
     entry = next(e for e in manifest.files if e.path == "state/0/1/1.changelog")
     data = bytearray(storage.get_bytes(L.root + entry.key))
-    data[entry.offset + 7] ^= 0xFF  # type: ignore[operator]
+    data[(entry.offset or 0) + 7] ^= 0xFF
     storage.put_bytes(L.root + entry.key, bytes(data))
-    with pytest.raises(CorruptCheckpointError, match=r"'state/0/1/1.changelog'.*SHA-256"):
-        materialize(storage, manifest, L.root, tmp_path / "restored", only_needed=False)
 
 
-def test_a_truncated_merged_object_is_reported(
-    setup: tuple[CountingStorage, CompletedCheckpointStore], tmp_path: Path
+def _truncate(storage: CheckpointStorage, manifest: Manifest) -> None:
+    key = L.root + manifest.files[0].key
+    storage.put_bytes(key, storage.get_bytes(key)[:100])
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (_flip_a_byte, r"'state/0/1/1.changelog'.*SHA-256"),
+    (_truncate, r"has \d+ bytes, the manifest records"),
+])
+def test_a_damaged_or_truncated_merged_object_names_the_file(
+    setup: tuple[CountingStorage, CompletedCheckpointStore], tmp_path: Path,
+    damage: Callable[[CheckpointStorage, Manifest], None], message: str,
 ) -> None:
     storage, store = setup
     manifest = _merged_manifest(storage, store, tmp_path)
-    key = L.root + manifest.files[0].key
-    storage.put_bytes(key, storage.get_bytes(key)[:100])
-    with pytest.raises(CorruptCheckpointError, match="bytes, the manifest records"):
+    damage(storage, manifest)
+    with pytest.raises(CorruptCheckpointError, match=message):
         materialize(storage, manifest, L.root, tmp_path / "restored", only_needed=False)
 
 
