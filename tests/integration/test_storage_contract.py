@@ -115,6 +115,23 @@ def test_exists(storage: CheckpointStorage) -> None:
     assert not storage.exists("a/bc")
 
 
+def test_open_stream_reads_a_range_from_where_it_starts(storage: CheckpointStorage) -> None:
+    """Restore's read of a merged file: the stream starts at ``start`` and holds the
+    range's bytes; a range past the end reads as nothing (the caller's size check)."""
+    data = bytes(range(256)) * 8
+    storage.put_bytes("job/shared/ab/merged", data)
+    with storage.open_stream("job/shared/ab/merged") as whole:
+        assert whole.read() == data
+    with storage.open_stream("job/shared/ab/merged", 300, 200) as part:
+        assert part.read(200) == data[300:500]
+    with storage.open_stream("job/shared/ab/merged", 2000, 500) as tail:
+        assert tail.read(500) == data[2000:]
+    with storage.open_stream("job/shared/ab/merged", 5000, 10) as past:
+        assert past.read(10) == b""
+    with pytest.raises(ObjectNotFoundError), storage.open_stream("job/missing", 0, 10):
+        pass
+
+
 def test_missing_key_raises_object_not_found(storage: CheckpointStorage, tmp_path: Path) -> None:
     storage.put_bytes("present", b"x")  # the root/bucket exists; only the key is missing
     with pytest.raises(ObjectNotFoundError) as err:
