@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from airflow_ckpt.errors import ConfigError
 
 METADATA_NAME = "_metadata"
+#: a full checkpoint's merged small files: ``chk-<n>/_merged/<sha256>`` (Spark's working
+#: directory has no top-level ``_merged``)
+MERGED_DIR = "_merged/"
 _JOB_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SAVEPOINT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CHK_RE = re.compile(r"^chk-(\d+)$")
@@ -85,6 +88,10 @@ class JobLayout:
 
     def checkpoint_file(self, checkpoint_id: int, relpath: str) -> str:
         return f"{self.checkpoint_dir(checkpoint_id)}{relpath}"
+
+    def merged_file(self, checkpoint_id: int, sha256: str) -> str:
+        """Merged small files of a full (non-incremental) checkpoint, keyed by content."""
+        return self.checkpoint_file(checkpoint_id, f"{MERGED_DIR}{sha256}")
 
     # incremental shared files ----------------------------------------------------
     @property

@@ -37,9 +37,6 @@ from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.store import SharedFileRegistry
 
 _CHUNK = 1 << 20
-#: where a non-incremental checkpoint keeps its merged objects: ``chk-<n>/_merged/<sha>``
-#: (Spark's working directory has no top-level ``_merged``)
-MERGED_DIR = "_merged/"
 
 
 class DigestCache:
@@ -222,7 +219,7 @@ def upload_snapshot(
                         dst.write(chunk)
             size = dst.tell()
         key = (layout.shared_file(digest.hexdigest()) if target.incremental
-               else f"{layout.root}{target.dir_key}{MERGED_DIR}{digest.hexdigest()}")
+               else layout.merged_file(target.checkpoint_id, digest.hexdigest()))
         uploaded = size if store(path, key) else 0
         path.unlink()
         for f, sha in fresh:

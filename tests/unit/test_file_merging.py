@@ -18,7 +18,7 @@ import pytest
 
 from airflow_ckpt.errors import CorruptCheckpointError
 from airflow_ckpt.runtime.coordinator import InlineExecutor
-from airflow_ckpt.runtime.layout import JobLayout
+from airflow_ckpt.runtime.layout import MERGED_DIR, JobLayout
 from airflow_ckpt.runtime.materialize import materialize
 from airflow_ckpt.runtime.metadata import FileEntry, Manifest, parse_manifest
 from airflow_ckpt.runtime.snapshot import CapturedFile, CapturedSnapshot
@@ -27,7 +27,6 @@ from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.upload import (
     MERGE_FILES_BELOW,
-    MERGED_DIR,
     DigestCache,
     UploadResult,
     UploadTarget,
