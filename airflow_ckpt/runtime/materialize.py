@@ -79,7 +79,8 @@ def _fetch(storage: CheckpointStorage, key: str, targets: list[tuple[Path, FileE
                 got, digest = _copy(src, paths[0], size if merged else None)
                 position = offset + got
                 _verify(entry, key, got, digest, where)
-                for extra in paths[1:]:
+                for extra in paths[1:]:  # e.g. empty deltas of several partitions
+                    extra.parent.mkdir(parents=True, exist_ok=True)
                     shutil.copyfile(paths[0], extra)
                 if on_verified is not None:
                     for path in paths:

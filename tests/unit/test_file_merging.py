@@ -250,14 +250,19 @@ def test_identical_small_files_share_one_segment(
     setup: tuple[CountingStorage, CompletedCheckpointStore], tmp_path: Path
 ) -> None:
     storage, store = setup
+    # the same bytes in one directory and in several (the empty deltas of partitions)
     same = b"v1\n{}\n"
-    result, _ = _upload(storage, store,
-                        _snapshot(tmp_path, "s1", {"commits/0": same, "commits/1": same}), 1)
-    a, b = result.files
+    files = {"commits/0": same, "commits/1": same, "state/0/0/1.delta": b"",
+             "state/0/1/1.delta": b"", "state/0/2/1.delta": b""}
+    result, _ = _upload(storage, store, _snapshot(tmp_path, "s1", files), 1)
+    by_path = {e.path: e for e in result.files}
+    a, b = by_path["commits/0"], by_path["commits/1"]
     assert (a.key, a.offset) == (b.key, b.offset) and storage.writes[0][1] == len(same)
+    assert len({by_path[f"state/0/{p}/1.delta"].offset for p in range(3)}) == 1
     out = materialize(storage, _complete(storage, store, 1, result), L.root,
                       tmp_path / "restored", only_needed=False)
-    assert (out / "commits/0").read_bytes() == (out / "commits/1").read_bytes() == same
+    got = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert got == files
 
 
 def test_a_segment_whose_object_was_collected_is_uploaded_again(
