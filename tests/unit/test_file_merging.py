@@ -100,6 +100,12 @@ def _batch(n: int) -> dict[str, bytes]:
     return files
 
 
+def _restored(storage: CheckpointStorage, manifest: Manifest, tmp_path: Path) -> dict[str, bytes]:
+    """Every file of ``manifest`` as restore writes it: working-dir path -> bytes."""
+    out = materialize(storage, manifest, L.root, tmp_path / "restored", only_needed=False)
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
 @pytest.fixture
 def setup(file_storage: CheckpointStorage) -> tuple[CountingStorage, CompletedCheckpointStore]:
     storage = CountingStorage(file_storage)
@@ -126,9 +132,7 @@ def test_small_files_travel_as_one_object_and_restore_byte_for_byte(
     assert result.checkpointed_size == sum(len(b) for b in files.values())
 
     stored = parse_manifest(storage.get_bytes(L.checkpoint_metadata(1)))
-    out = materialize(storage, stored, L.root, tmp_path / "restored", only_needed=False)
-    got = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    assert got == files
+    assert _restored(storage, stored, tmp_path) == files
 
 
 def test_the_next_checkpoint_references_stored_segments_and_uploads_only_new_files(
@@ -259,10 +263,7 @@ def test_identical_small_files_share_one_segment(
     a, b = by_path["commits/0"], by_path["commits/1"]
     assert (a.key, a.offset) == (b.key, b.offset) and storage.writes[0][1] == len(same)
     assert len({by_path[f"state/0/{p}/1.delta"].offset for p in range(3)}) == 1
-    out = materialize(storage, _complete(storage, store, 1, result), L.root,
-                      tmp_path / "restored", only_needed=False)
-    got = {p.relative_to(out).as_posix(): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    assert got == files
+    assert _restored(storage, _complete(storage, store, 1, result), tmp_path) == files
 
 
 def test_a_segment_whose_object_was_collected_is_uploaded_again(
