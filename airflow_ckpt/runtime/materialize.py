@@ -99,20 +99,28 @@ def _skip(src: BinaryIO, count: int) -> None:
         count -= len(chunk)
 
 
+def copy_hashed(src: BinaryIO, dst: BinaryIO, update: Callable[[bytes], object],
+                limit: int | None = None) -> int:
+    """Copy ``limit`` bytes of ``src`` (all of it if None) to ``dst`` in 1 MiB chunks,
+    passing each chunk to ``update`` (a digest's); returns the bytes copied."""
+    size = 0
+    while limit is None or size < limit:
+        chunk = src.read(_CHUNK if limit is None else min(_CHUNK, limit - size))
+        if not chunk:
+            break
+        update(chunk)
+        dst.write(chunk)
+        size += len(chunk)
+    return size
+
+
 def _copy(src: BinaryIO, target: Path, limit: int | None) -> tuple[int, str]:
     """Copy ``limit`` bytes of ``src`` (all of it if None) to ``target``; returns the
     bytes copied and their SHA-256."""
     target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    size = 0
     with target.open("wb") as out:
-        while limit is None or size < limit:
-            chunk = src.read(_CHUNK if limit is None else min(_CHUNK, limit - size))
-            if not chunk:
-                break
-            digest.update(chunk)
-            out.write(chunk)
-            size += len(chunk)
+        size = copy_hashed(src, out, digest.update, limit)
     return size, digest.hexdigest()
 
 

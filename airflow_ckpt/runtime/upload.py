@@ -30,13 +30,11 @@ from pathlib import Path
 from airflow_ckpt.errors import CheckpointDeclinedError
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.materialize import sha256_of
+from airflow_ckpt.runtime.materialize import copy_hashed, sha256_of
 from airflow_ckpt.runtime.metadata import FileEntry
 from airflow_ckpt.runtime.snapshot import CapturedFile, CapturedSnapshot
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.store import SharedFileRegistry
-
-_CHUNK = 1 << 20
 
 
 class DigestCache:
@@ -214,9 +212,7 @@ def upload_snapshot(
                     continue  # the same bytes twice: one segment serves both
                 offsets[sha] = dst.tell()
                 with f.staged.open("rb") as src:
-                    while chunk := src.read(_CHUNK):
-                        digest.update(chunk)
-                        dst.write(chunk)
+                    copy_hashed(src, dst, digest.update)
             size = dst.tell()
         key = (layout.shared_file(digest.hexdigest()) if target.incremental
                else layout.merged_file(target.checkpoint_id, digest.hexdigest()))
