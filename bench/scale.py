@@ -47,7 +47,7 @@ from bench.steady import (
     compare_upload,
     figures,
 )
-from bench.suites import Row, table, write_report
+from bench.suites import Row, paired_spread, table, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "scale.json"
 
@@ -219,15 +219,23 @@ def steady_suite(server: Any, work: Path, args: argparse.Namespace) -> dict[str,
     return out
 
 
+def _restore_row(d: dict[str, Any]) -> Row:
+    return Row("d restore", f"{d['bytes'] / MiB:.0f} MiB, {d['files']} files", "s",
+               "raw boto3", d["raw_s"], "materialize", d["ours_s"],
+               paired_spread(d["runs"]["ours"], d["runs"]["raw"]))
+
+
 def rows_of(out: dict[str, Any]) -> list[Row]:
     """The printed table."""
     rows: list[Row] = []
     if "steady" in out:
         s = out["steady"]
         a, e = s["a_steady_state"], s["e_first_batch"]
+        pairs = a["paired_throughput_ratios"]
         rows += [
             Row("a steady", "rows/s after 1st batch", "1/s", "plain",
-                a["plain_rows_per_s"], "checkpointed", a["ckpt_rows_per_s"]),
+                a["plain_rows_per_s"], "checkpointed", a["ckpt_rows_per_s"],
+                (min(pairs), max(pairs)) if len(pairs) >= 2 else None),
             Row("a steady", "batch p50", "ms", "plain", a["plain_p50_ms"],
                 "checkpointed", a["ckpt_p50_ms"]),
             Row("a steady", "batch p99", "ms", "plain", a["plain_p99_ms"],
@@ -250,22 +258,26 @@ def rows_of(out: dict[str, Any]) -> list[Row]:
         c, d = s["c_upload"], s["d_restore_download"]
         rows += [
             Row("c upload", f"{c['bytes'] / MiB:.0f} MiB, {c['files']} files", "s",
-                "raw boto3", c["raw_s"], "upload_snapshot", c["ours_s"]),
-            Row("d restore", f"{d['bytes'] / MiB:.0f} MiB, {d['files']} files", "s",
-                "raw boto3", d["raw_s"], "materialize", d["ours_s"]),
+                "raw boto3", c["raw_s"], "upload_snapshot", c["ours_s"],
+                paired_spread(c["runs"]["ours"], c["runs"]["raw"])),
+            _restore_row(d),
             Row("e start", "start -> 1st batch", "s", "fresh", e["fresh_s"], "restored",
                 e["restored_s"]),
         ]
     if "restore_download" in out:
-        r = out["restore_download"]
-        rows.append(Row("d restore", f"{r['bytes'] / MiB:.0f} MiB, {r['files']} files", "s",
-                        "raw boto3", r["raw_s"], "materialize", r["ours_s"]))
+        rows.append(_restore_row(out["restore_download"]))
     if "sink" in out:
         k = out["sink"]
+
+        def sink_spread(field: str) -> tuple[float, float] | None:
+            return paired_spread([r[field] for r in k["runs"]["parquet_sink"]],
+                                 [r[field] for r in k["runs"]["native"]])
+
         rows += [Row("f sink", "wall time", "s", "native parquet", k["native_wall_s"],
-                     "ParquetSink", k["sink_wall_s"]),
+                     "ParquetSink", k["sink_wall_s"], sink_spread("wall_s")),
                  Row("f sink", "batches after the 1st", "s", "native parquet",
-                     k["native_after_first_s"], "ParquetSink", k["sink_after_first_s"]),
+                     k["native_after_first_s"], "ParquetSink", k["sink_after_first_s"],
+                     sink_spread("after_first_s")),
                  Row("f sink", "driver RSS", "MiB", "native parquet", k["native_rss_mb"],
                      "ParquetSink", k["sink_rss_mb"])]
     return rows
@@ -288,6 +300,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="steady batches of the full-checkpoint run (default 10)")
     p.add_argument("--files", type=int, default=48, help="synthetic restore: files")
     p.add_argument("--file-mib", type=int, default=2, help="synthetic restore: MiB per file")
+    p.add_argument("--repeats-transfer", type=int,
+                   help="repeats of each upload/download comparison (c, d; default 9)")
     p.add_argument("--sink-rows", type=int, help="rows per sink batch (default 1,000,000)")
     p.add_argument("--sink-batches", type=int, help="sink batches (default 8)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
@@ -303,13 +317,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.batches = pick(args.batches, 24, 8)
     args.repeats = pick(args.repeats, 2, 1)
     args.full_batches = pick(args.full_batches, 10, 4)
-    args.repeats_transfer = 3 if not q else 1
+    args.repeats_transfer = pick(args.repeats_transfer, 9, 1)
     args.sink_rows = pick(args.sink_rows, 1_000_000, 100_000)
     args.sink_batches = pick(args.sink_batches, 8, 3)
     if args.quick:
         args.files = min(args.files, 16)
-    if args.batches < 2 or args.repeats < 1 or not 0 < args.touched <= 1:
-        p.error("--batches must be >= 2, --repeats >= 1, 0 < --touched <= 1")
+    if (args.batches < 2 or args.repeats < 1 or args.repeats_transfer < 1
+            or not 0 < args.touched <= 1):
+        p.error("--batches must be >= 2, --repeats and --repeats-transfer >= 1, "
+                "0 < --touched <= 1")
     return args
 
 

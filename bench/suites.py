@@ -29,6 +29,9 @@ class Row:
     baseline_value: float
     subject: str
     subject_value: float
+    #: lowest and highest ratio of the repeats paired by index (run back to back), where
+    #: the figure has repeats: how far one pair can stray on this machine
+    spread: tuple[float, float] | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -41,7 +44,15 @@ class Row:
         out["baseline_value"] = round(self.baseline_value, 3)
         out["subject_value"] = round(self.subject_value, 3)
         out["ratio"] = None if self.ratio is None else round(self.ratio, 3)
+        out["spread"] = None if self.spread is None else [round(x, 3) for x in self.spread]
         return out
+
+
+def paired_spread(subject: Sequence[float], baseline: Sequence[float]
+                  ) -> tuple[float, float] | None:
+    """(min, max) of ``subject[i] / baseline[i]`` over the repeats; None for fewer than 2."""
+    ratios = [s / b for s, b in zip(subject, baseline, strict=False) if b]
+    return (min(ratios), max(ratios)) if len(ratios) >= 2 else None
 
 
 def _fmt(value: float) -> str:
@@ -52,8 +63,9 @@ def table(rows: Sequence[Row], *, ratio_digits: int = 2,
           value: Callable[[float], str] = _fmt) -> str:
     """A compact text table: one row per figure, ratio = subject / baseline."""
     width = 5 + ratio_digits
+    spreads = any(r.spread for r in rows)
     lines = [f"{'benchmark':<14} {'metric':<26} {'unit':<4} {'baseline':>22} "
-             f"{'subject':>23} {'ratio':>{width}}"]
+             f"{'subject':>23} {'ratio':>{width}}" + ("  paired min-max" if spreads else "")]
     lines.append("-" * len(lines[0]))
     for r in rows:
         ratio = "-" if r.ratio is None else f"{r.ratio:.{ratio_digits}f}x"
@@ -61,6 +73,7 @@ def table(rows: Sequence[Row], *, ratio_digits: int = 2,
             f"{r.bench:<14} {r.metric:<26} {r.unit:<4} "
             f"{r.baseline:>13} {value(r.baseline_value):>8} "
             f"{r.subject:>14} {value(r.subject_value):>8} {ratio:>{width}}"
+            + (f"  {r.spread[0]:.2f}-{r.spread[1]:.2f}" if r.spread else "")
         )
     return "\n".join(lines)
 

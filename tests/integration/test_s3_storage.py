@@ -415,3 +415,44 @@ def test_merged_checkpoint_files_restore_through_s3(s3_storage: Any, tmp_path: P
     assert len(gets) == 2
     assert {p.relative_to(out).as_posix(): p.read_bytes()
             for p in out.rglob("*") if p.is_file()} == files
+
+
+# ---------------------------------------------------------------- a response cut short
+
+
+def test_a_body_cut_short_is_a_storage_error_naming_the_object(tmp_path: Path) -> None:
+    """An endpoint that promises 1000 bytes and closes after 100: restore's read raises
+    a StorageError naming the object, not a raw http.client error and not short bytes
+    taken as the object."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        with listener:
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                with conn:
+                    request = b""
+                    while b"\r\n\r\n" not in request:
+                        request += conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n"
+                                 b"Content-Type: application/octet-stream\r\n\r\n" + b"x" * 100)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    storage = S3Endpoint(url=f"http://127.0.0.1:{port}").storage("s3://cut-short/p")
+    try:
+        cut_short = r"chk-1/state/0/0/1\.delta: the response .* broke off"
+        with pytest.raises(StorageError, match=cut_short), \
+                storage.open_stream("chk-1/state/0/0/1.delta") as body:
+            while body.read(64):
+                pass
+    finally:
+        storage.close()
+        listener.close()

@@ -41,3 +41,23 @@ def test_quick_is_smaller_than_the_default() -> None:
     quick, full = parse_args(["--quick"]), parse_args([])
     assert quick.keys < full.keys and quick.batches < full.batches
     assert (full.keys, full.touched, full.batches) == (3_000_000, 0.01, 24)
+
+
+def test_transfer_repeats_default_to_nine_and_are_validated() -> None:
+    assert parse_args([]).repeats_transfer == 9
+    assert parse_args(["--quick"]).repeats_transfer == 1
+    assert parse_args(["--repeats-transfer", "5"]).repeats_transfer == 5
+    with pytest.raises(SystemExit):
+        parse_args(["--repeats-transfer", "0"])
+
+
+def test_the_table_prints_the_spread_of_paired_ratios() -> None:
+    from bench.suites import Row, paired_spread, table
+
+    spread = paired_spread([1.1, 1.3, 0.9], [1.0, 1.0, 1.0])
+    assert spread is not None and spread == pytest.approx((0.9, 1.3))
+    assert paired_spread([1.0], [1.0]) is None  # one pair: no spread to show
+    text = table([Row("d restore", "x", "s", "raw", 1.0, "ours", 1.1, spread),
+                  Row("e start", "y", "s", "fresh", 2.0, "restored", 2.0)])
+    assert "paired min-max" in text and "1.10x  0.90-1.30" in text
+    assert text.splitlines()[-1].endswith("1.00x")

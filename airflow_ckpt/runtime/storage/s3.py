@@ -36,8 +36,10 @@ from botocore.exceptions import (
     ClientError,
     CredentialRetrievalError,
     HTTPClientError,
+    IncompleteReadError,
     NoCredentialsError,
     PartialCredentialsError,
+    ResponseStreamingError,
     SSLError,
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
@@ -290,6 +292,12 @@ class S3Storage(CheckpointStorage):
             raise EndpointUnreachableError(
                 f"cannot {action} {where}: TLS handshake with {self.endpoint_url} failed "
                 f"({cause}); check the endpoint's scheme (http/https) and certificate"
+            ) from exc
+        if isinstance(cause, ResponseStreamingError | IncompleteReadError):
+            raise StorageError(
+                f"cannot {action} {where}: the response from {self.endpoint_url} broke off "
+                f"while it was read ({cause}): a network fault, or the endpoint failed "
+                "mid-transfer"
             ) from exc
         if isinstance(cause, BotoConnectionError | HTTPClientError):
             raise EndpointUnreachableError(
