@@ -60,7 +60,11 @@ def expected(batches: list[int], n: int = 1000) -> list[tuple[int, int]]:
 
 def test_stage_commit_abort_replay(spark: Any, sink: ParquetSink) -> None:
     assert isinstance(sink, TwoPhaseCommitSink)
+    assert sink.last_stage is None
     sink.stage(batch_df(spark, 0), 0)
+    staged = sink.last_stage
+    assert staged is not None and (staged.batch_id, staged.files, staged.rows) == (0, 4, 1000)
+    assert staged.bytes > 0 and staged.write_s > 0 and staged.record_s > 0
     assert sink.pending() == [0]
     assert plain_rows(sink) == []  # staged: invisible
     sink.commit(0)

@@ -10,6 +10,6 @@ Guarantees per mode and how to wrap a sink of one's own: ``docs/sinks.md``.
 
 from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
 from airflow_ckpt.runtime.sinks.jsonl import JsonLinesSink
-from airflow_ckpt.runtime.sinks.parquet import ParquetSink
+from airflow_ckpt.runtime.sinks.parquet import ParquetSink, StagedBatch
 
-__all__ = ["JsonLinesSink", "ParquetSink", "TwoPhaseCommitSink"]
+__all__ = ["JsonLinesSink", "ParquetSink", "StagedBatch", "TwoPhaseCommitSink"]

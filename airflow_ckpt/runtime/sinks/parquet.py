@@ -40,9 +40,11 @@ import logging
 import os
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -170,15 +172,19 @@ def _partition_writer(uri: str, options: dict[str, Any], prefix: str, compressio
     return write
 
 
-def _write_with_spark(df: DataFrame, directory: Path, compression: str) -> list[dict[str, Any]]:
+def _write_with_spark(df: DataFrame, directory: Path,
+                      compression: str) -> tuple[list[dict[str, Any]], float]:
     """``file://``: the batch written by Spark's own Parquet writer on the executors (no
     JVM -> Python hop) into the fresh staging ``directory``. Hadoop's commit protocol
     moves only the files of successful task attempts there; a retried or speculative
     task never adds a second copy. The driver then reads each file's footer for its row
-    count (file lists, never rows), drops empty files and makes the rest durable."""
+    count (file lists, never rows), drops empty files and makes the rest durable.
+    Returns the files and the seconds Spark's write took."""
     import pyarrow.parquet as pq
 
+    started = time.perf_counter()
     df.write.option("compression", compression).parquet(directory.as_uri())
+    write_s = time.perf_counter() - started
     files: list[dict[str, Any]] = []
     for path in sorted(directory.glob("part-*.parquet")):
         rows = pq.read_metadata(path).num_rows
@@ -189,7 +195,7 @@ def _write_with_spark(df: DataFrame, directory: Path, compression: str) -> list[
             os.fsync(fh.fileno())
         files.append({"name": path.name, "size": path.stat().st_size, "rows": rows})
     fsync_dir(directory)
-    return files
+    return files, write_s
 
 
 def _collect_with_arrow_batches(df: DataFrame, rows: int) -> list[Any]:
@@ -205,6 +211,20 @@ def _collect_with_arrow_batches(df: DataFrame, rows: int) -> list[Any]:
             conf.unset(_ARROW_BATCH_CONF)
         else:
             conf.set(_ARROW_BATCH_CONF, previous)
+
+
+@dataclass(frozen=True, slots=True)
+class StagedBatch:
+    """What :meth:`ParquetSink.stage` did for one batch (``ParquetSink.last_stage``)."""
+
+    batch_id: int
+    files: int
+    rows: int
+    bytes: int
+    #: seconds the driver waited for the executors' write (Spark's job, planning included)
+    write_s: float
+    #: seconds of the driver's own work after it: row counts, fsync, the pre-commit record
+    record_s: float
 
 
 class ParquetSink(TwoPhaseCommitSink):
@@ -230,6 +250,8 @@ class ParquetSink(TwoPhaseCommitSink):
         self._options = dict(s3_options)
         self.storage = open_storage(self.uri, **self._options)
         self._lock = threading.Lock()
+        #: the last batch :meth:`stage` recorded, for monitoring (None before the first)
+        self.last_stage: StagedBatch | None = None
 
     def __repr__(self) -> str:
         return f"ParquetSink({self.uri!r})"
@@ -271,17 +293,23 @@ class ParquetSink(TwoPhaseCommitSink):
     def stage(self, df: DataFrame, batch_id: int) -> None:
         """Executors write the batch into a fresh staging attempt; the driver records
         the file list (never rows)."""
+        started = time.perf_counter()
         attempt = uuid.uuid4().hex[:16]
         prefix = self._staging_prefix(batch_id, attempt)
         directory = _local_path(self.storage, prefix)
         if directory is not None:
-            files = _write_with_spark(df, directory, self.compression)
+            files, write_s = _write_with_spark(df, directory, self.compression)
         else:
             writer = _partition_writer(self.uri, self._options, prefix, self.compression)
             files = [r.asDict() for r in _collect_with_arrow_batches(
                 df.mapInArrow(writer, FILE_LIST_SCHEMA), self.arrow_batch_rows)]
+            write_s = time.perf_counter() - started
         interleave.point(interleave.SINK_STAGED_BEFORE_RECORD)
         self._record(batch_id, attempt, files)
+        self.last_stage = StagedBatch(
+            batch_id, len(files), sum(f["rows"] for f in files), sum(f["size"] for f in files),
+            write_s, time.perf_counter() - started - write_s)
+        log.debug("batch %d staged: %s", batch_id, self.last_stage)
 
     def pre_commit(self, batch_id: int, rows: Sequence[dict[str, Any]]) -> None:
         """Driver-side staging of a small batch of rows (one Parquet file)."""
