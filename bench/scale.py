@@ -12,7 +12,9 @@ every figure a ratio to a baseline measured in the same run. Results:
   first batch, restored vs fresh.
 * **exactly-once Parquet sink vs Spark's native parquet sink** (f): the same
   streaming query (``--sink-batches`` input files of ``--sink-rows`` rows), each variant
-  in its own driver process on ``file://``; wall time and peak RSS of the driver
+  in its own driver process on ``file://``, and a third variant that shows what any
+  ``foreachBatch`` sink pays: ``foreachBatch`` + Spark's batch ``df.write.parquet``
+  (at-least-once, what one writes by hand); wall time and peak RSS of the driver
   (Python + JVM), and the sink's own driver work per batch (row counts, fsync, the
   pre-commit record and the commit: :attr:`ParquetSink.last_stage`, Spark's write
   excluded). Output checked against the ground truth (row count and sum).
@@ -101,6 +103,9 @@ def _sink_child(variant: str, input_dir: str, out_dir: str, chk_dir: str) -> Non
     own_ms: list[float] = []  # the sink's own driver work per batch (not Spark's write)
     if variant == "native":
         query = writer.format("parquet").option("path", out_dir).start()
+    elif variant == "foreach_write":  # what a hand-written foreachBatch sink does
+        query = writer.foreachBatch(
+            lambda batch, _id: batch.write.mode("append").parquet(out_dir)).start()
     else:
         sink = ParquetSink(Path(out_dir).as_uri())
 
@@ -152,10 +157,10 @@ def sink_comparison(rows: int, batches: int, repeats: int) -> dict[str, Any]:
         ks = pa.array(range(b * rows, (b + 1) * rows), pa.int64())
         pq.write_table(pa.table({"k": ks, "v": ks}), input_dir / f"part-{b:04d}.parquet")
         total_v += sum(range(b * rows, (b + 1) * rows))
-    runs: dict[str, list[dict[str, float]]] = {"native": [], "parquet_sink": []}
+    variants = ["native", "foreach_write", "parquet_sink"]
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for r in range(repeats):
-        order = ["native", "parquet_sink"] if r % 2 == 0 else ["parquet_sink", "native"]
-        for variant in order:
+        for variant in variants if r % 2 == 0 else variants[::-1]:
             out, chk = work / f"out-{variant}-{r}", work / f"chk-{variant}-{r}"
             start = time.perf_counter()
             proc = subprocess.Popen([sys.executable, "-m", "bench.scale", "--sink-child",
@@ -185,6 +190,8 @@ def sink_comparison(rows: int, batches: int, repeats: int) -> dict[str, Any]:
     return {
         "rows_per_batch": rows, "batches": batches,
         "native_wall_s": med("native", "wall_s"), "sink_wall_s": med("parquet_sink", "wall_s"),
+        "foreach_write_wall_s": med("foreach_write", "wall_s"),
+        "foreach_write_after_first_s": med("foreach_write", "after_first_s"),
         "native_rss_mb": med("native", "driver_rss_mb"),
         "sink_rss_mb": med("parquet_sink", "driver_rss_mb"),
         "wall_ratio": med("parquet_sink", "wall_s") / med("native", "wall_s"),
@@ -232,10 +239,15 @@ def steady_suite(server: Any, work: Path, args: argparse.Namespace) -> dict[str,
     return out
 
 
-def _restore_row(d: dict[str, Any]) -> Row:
-    return Row("d restore", f"{d['bytes'] / MiB:.0f} MiB, {d['files']} files", "s",
-               "raw boto3", d["raw_s"], "materialize", d["ours_s"],
-               paired_spread(d["runs"]["ours"], d["runs"]["raw"]))
+def _restore_rows(d: dict[str, Any]) -> list[Row]:
+    """(d) against the raw download, and against the raw download that also hashes."""
+    runs = d["runs"]
+    return [Row("d restore", f"{d['bytes'] / MiB:.0f} MiB, {d['files']} files", "s",
+                "raw boto3", d["raw_s"], "materialize", d["ours_s"],
+                paired_spread(runs["ours"], runs["raw"])),
+            Row("d restore", "the same, raw + SHA-256", "s", "raw + SHA-256",
+                d["raw_sha256_s"], "materialize", d["ours_s"],
+                paired_spread(runs["ours"], runs["raw_sha256"]))]
 
 
 def rows_of(out: dict[str, Any]) -> list[Row]:
@@ -273,24 +285,30 @@ def rows_of(out: dict[str, Any]) -> list[Row]:
             Row("c upload", f"{c['bytes'] / MiB:.0f} MiB, {c['files']} files", "s",
                 "raw boto3", c["raw_s"], "upload_snapshot", c["ours_s"],
                 paired_spread(c["runs"]["ours"], c["runs"]["raw"])),
-            _restore_row(d),
+            *_restore_rows(d),
             Row("e start", "start -> 1st batch", "s", "fresh", e["fresh_s"], "restored",
                 e["restored_s"]),
         ]
     if "restore_download" in out:
-        rows.append(_restore_row(out["restore_download"]))
+        rows += _restore_rows(out["restore_download"])
     if "sink" in out:
         k = out["sink"]
 
-        def sink_spread(field: str) -> tuple[float, float] | None:
+        def sink_spread(field: str, baseline: str = "native") -> tuple[float, float] | None:
             return paired_spread([r[field] for r in k["runs"]["parquet_sink"]],
-                                 [r[field] for r in k["runs"]["native"]])
+                                 [r[field] for r in k["runs"][baseline]])
 
         rows += [Row("f sink", "wall time", "s", "native parquet", k["native_wall_s"],
                      "ParquetSink", k["sink_wall_s"], sink_spread("wall_s")),
                  Row("f sink", "batches after the 1st", "s", "native parquet",
                      k["native_after_first_s"], "ParquetSink", k["sink_after_first_s"],
                      sink_spread("after_first_s")),
+                 Row("f sink", "wall time", "s", "foreachBatch",
+                     k["foreach_write_wall_s"], "ParquetSink", k["sink_wall_s"],
+                     sink_spread("wall_s", "foreach_write")),
+                 Row("f sink", "batches after the 1st", "s", "foreachBatch",
+                     k["foreach_write_after_first_s"], "ParquetSink", k["sink_after_first_s"],
+                     sink_spread("after_first_s", "foreach_write")),
                  Row("f sink", "own work/batch, not Spark", "ms", "native batch",
                      k["native_batch_ms"], "ParquetSink", k["sink_own_ms"]),
                  Row("f sink", "driver RSS", "MiB", "native parquet", k["native_rss_mb"],
