@@ -270,6 +270,10 @@ def rows_of(out: dict[str, Any]) -> list[Row]:
             Row("a steady", "process wall time", "s", "plain", a["plain_wall_s"],
                 "checkpointed", a["ckpt_wall_s"]),
         ]
+        noise = a.get("plain_cpu_s_by_repeat", [])
+        if len(noise) >= 2:  # identical work: how much the machine's speed moves
+            rows.append(Row("a noise", "plain CPU s, same work", "s", "fastest plain",
+                            min(noise), "slowest plain", max(noise)))
         b = s["b_incremental_vs_full"]
         if "incremental" in b and "full" in b:
             rows += [

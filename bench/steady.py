@@ -714,6 +714,10 @@ def figures(runs: Sequence[Run]) -> dict[str, Any]:
                             for part in ("python", "jvm", "endpoint")},
             "ckpt_cpu_s": {part: _median(r.steady_cpu_s(part) for r in incr)
                            for part in ("python", "jvm", "endpoint")},
+            # the noise floor: the same plain run's CPU seconds, repeat by repeat
+            "plain_cpu_s_by_repeat": [round(sum(r.steady_cpu_s(part) for part in
+                                                ("python", "jvm", "endpoint")), 2)
+                                      for r in plain],
             "steady_batches_per_run": len(plain[0].steady),
             "checkpoints_per_run": _median(len(r.manifests) for r in incr),
         },
