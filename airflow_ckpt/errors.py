@@ -48,7 +48,8 @@ class StorageAccessDeniedError(StorageError):
 
 
 class EndpointUnreachableError(StorageError):
-    """The S3-compatible endpoint could not be reached (after retries)."""
+    """The S3-compatible endpoint could not be reached, or its response broke off while
+    it was read (after retries): transient, the next attempt may succeed."""
 
 
 class ObjectAlreadyExistsError(StorageError):

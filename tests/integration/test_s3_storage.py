@@ -421,9 +421,10 @@ def test_merged_checkpoint_files_restore_through_s3(s3_storage: Any, tmp_path: P
 
 
 def test_a_body_cut_short_is_a_storage_error_naming_the_object(tmp_path: Path) -> None:
-    """An endpoint that promises 1000 bytes and closes after 100: restore's read raises
-    a StorageError naming the object, not a raw http.client error and not short bytes
-    taken as the object."""
+    """An endpoint that promises 1000 bytes and closes after 100: the read raises
+    EndpointUnreachableError (transient: sensors and triggers poll again) naming the
+    object and what happened, not a raw botocore error and not short bytes taken as the
+    object."""
     import socket
     import threading
 
@@ -449,7 +450,7 @@ def test_a_body_cut_short_is_a_storage_error_naming_the_object(tmp_path: Path) -
     storage = S3Endpoint(url=f"http://127.0.0.1:{port}").storage("s3://cut-short/p")
     try:
         cut_short = r"chk-1/state/0/0/1\.delta: the response .* broke off"
-        with pytest.raises(StorageError, match=cut_short), \
+        with pytest.raises(EndpointUnreachableError, match=cut_short), \
                 storage.open_stream("chk-1/state/0/0/1.delta") as body:
             while body.read(64):
                 pass

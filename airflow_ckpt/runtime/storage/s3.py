@@ -294,7 +294,8 @@ class S3Storage(CheckpointStorage):
                 f"({cause}); check the endpoint's scheme (http/https) and certificate"
             ) from exc
         if isinstance(cause, ResponseStreamingError | IncompleteReadError):
-            raise StorageError(
+            # transient like an unreachable endpoint: sensors and triggers poll again
+            raise EndpointUnreachableError(
                 f"cannot {action} {where}: the response from {self.endpoint_url} broke off "
                 f"while it was read ({cause}): a network fault, or the endpoint failed "
                 "mid-transfer"
