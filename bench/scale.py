@@ -7,9 +7,11 @@ every figure a ratio to a baseline measured in the same run. Results:
   ``local[2]``: (a) throughput and per-batch p50/p99 vs plain Spark with its own
   ``checkpointLocation``; (b) uploaded bytes / state size per checkpoint, incremental vs
   full; (c) the runtime's upload path vs a raw boto3 pool, same files; (d) restore's
-  download (``materialize``) vs a raw boto3 pool, same files, on the real RocksDB
-  checkpoint and on ``--files`` x ``--file-mib`` synthetic files; (e) process start to
-  first batch, restored vs fresh.
+  download (``materialize``) vs a raw boto3 pool, same files, and vs the same pool
+  hashing each file with SHA-256 as restore must, on the real RocksDB checkpoint and on
+  ``--files`` x ``--file-mib`` synthetic files; (e) process start to first batch,
+  restored vs fresh. A noise-floor row: the same plain run's CPU seconds, fastest vs
+  slowest repeat.
 * **exactly-once Parquet sink vs Spark's native parquet sink** (f): the same
   streaming query (``--sink-batches`` input files of ``--sink-rows`` rows), each variant
   in its own driver process on ``file://``, and a third variant that shows what any
@@ -21,7 +23,8 @@ every figure a ratio to a baseline measured in the same run. Results:
 
 The S3 endpoint (moto) runs in its own process
 (:func:`airflow_ckpt.testing.s3_server.s3_server_process`); its CPU time is reported
-per run. Repeated variants run in alternating order; figures are medians.
+per run. Repeated variants run in alternating order; figures are medians, printed with
+the lowest and highest ratio of the repeats paired by index.
 """
 
 from __future__ import annotations
