@@ -420,7 +420,7 @@ def test_merged_checkpoint_files_restore_through_s3(s3_storage: Any, tmp_path: P
 # ---------------------------------------------------------------- a response cut short
 
 
-def test_a_body_cut_short_is_a_storage_error_naming_the_object(tmp_path: Path) -> None:
+def test_a_body_cut_short_is_transient_and_says_so(tmp_path: Path) -> None:
     """An endpoint that promises 1000 bytes and closes after 100: the read raises
     EndpointUnreachableError (transient: sensors and triggers poll again) naming the
     object and what happened, not a raw botocore error and not short bytes taken as the
@@ -454,6 +454,8 @@ def test_a_body_cut_short_is_a_storage_error_naming_the_object(tmp_path: Path) -
                 storage.open_stream("chk-1/state/0/0/1.delta") as body:
             while body.read(64):
                 pass
+        with pytest.raises(EndpointUnreachableError, match=cut_short):
+            storage.get_bytes("chk-1/state/0/0/1.delta")
     finally:
         storage.close()
         listener.close()
