@@ -265,6 +265,10 @@ def child(spec_path: str) -> None:
     spark.stop()
 
 
+#: the processes whose CPU seconds a run reports (the sampler's keys besides "ts")
+CPU_PARTS = ("python", "jvm", "endpoint")
+
+
 def _cpu_sampler(endpoint_pid: int) -> Callable[[], dict[str, float]]:
     """CPU seconds so far of this driver's Python process, its JVM and the S3 endpoint."""
     import psutil
@@ -368,7 +372,7 @@ class Run:
         if len(self.progress) > 1:
             out["steady_window_s"] = round(self.steady_window_s, 3)
             out["steady_cpu_s"] = {part: round(self.steady_cpu_s(part), 2)
-                                   for part in ("python", "jvm", "endpoint")}
+                                   for part in CPU_PARTS}
         return out
 
 
@@ -579,9 +583,7 @@ def compare_download(endpoint: S3Endpoint, storage: CheckpointStorage, manifest:
         groups.setdefault((e.key, "" if e.merged else e.path), []).append(e)
 
     def raw(r: int, name: str = "raw") -> None:
-        def hashed(data: bytes | memoryview) -> None:
-            if name == "raw_sha256":
-                hashlib.sha256(data).digest()
+        hashing = name == "raw_sha256"
 
         def one(group: list[FileEntry]) -> None:
             group = sorted(group, key=lambda e: e.offset or 0)
@@ -594,10 +596,10 @@ def compare_download(endpoint: S3Endpoint, storage: CheckpointStorage, manifest:
             if not group[0].merged:
                 target = dest(name, r) / group[0].path
                 target.parent.mkdir(parents=True, exist_ok=True)
-                digest = hashlib.sha256() if name == "raw_sha256" else None
+                digest = hashlib.sha256()
                 with target.open("wb") as out:
                     while chunk := body.read(MiB):
-                        if digest is not None:
+                        if hashing:
                             digest.update(chunk)
                         out.write(chunk)
                 return
@@ -606,8 +608,10 @@ def compare_download(endpoint: S3Endpoint, storage: CheckpointStorage, manifest:
                 target = dest(name, r) / entry.path
                 target.parent.mkdir(parents=True, exist_ok=True)
                 at = (entry.offset or 0) - start
-                hashed(data[at:at + entry.size])
-                target.write_bytes(data[at:at + entry.size])
+                segment = data[at:at + entry.size]
+                if hashing:
+                    hashlib.sha256(segment)
+                target.write_bytes(segment)
         with ThreadPoolExecutor(DOWNLOAD_THREADS) as pool:
             list(pool.map(one, groups.values()))
 
@@ -711,12 +715,11 @@ def figures(runs: Sequence[Run]) -> dict[str, Any]:
             "plain_wall_s": _median(r.wall_s for r in plain),
             "ckpt_wall_s": _median(r.wall_s for r in incr),
             "plain_cpu_s": {part: _median(r.steady_cpu_s(part) for r in plain)
-                            for part in ("python", "jvm", "endpoint")},
+                            for part in CPU_PARTS},
             "ckpt_cpu_s": {part: _median(r.steady_cpu_s(part) for r in incr)
-                           for part in ("python", "jvm", "endpoint")},
+                           for part in CPU_PARTS},
             # the noise floor: the same plain run's CPU seconds, repeat by repeat
-            "plain_cpu_s_by_repeat": [round(sum(r.steady_cpu_s(part) for part in
-                                                ("python", "jvm", "endpoint")), 2)
+            "plain_cpu_s_by_repeat": [round(sum(r.steady_cpu_s(part) for part in CPU_PARTS), 2)
                                       for r in plain],
             "steady_batches_per_run": len(plain[0].steady),
             "checkpoints_per_run": _median(len(r.manifests) for r in incr),
