@@ -52,8 +52,22 @@ class EndpointUnreachableError(StorageError):
     it was read (after retries): transient, the next attempt may succeed."""
 
 
-class ObjectAlreadyExistsError(StorageError):
-    """A create-only write found the object already present."""
+class OutcomeUnknownError(EndpointUnreachableError):
+    """A write may or may not have been applied: its answer was lost (a reset after the
+    request was sent, a body cut short) and reading the object back did not settle it
+    within its own retries. Never evidence of another writer nor of failure: repeat the
+    same write (every write of this package is idempotent at its key) or read later."""
+
+
+class PreconditionFailedError(StorageError):
+    """A conditional write found another version of the object than it was conditioned
+    on: someone else wrote it (or deleted it) since the caller read it. The stored object
+    is untouched."""
+
+
+class ObjectAlreadyExistsError(PreconditionFailedError):
+    """A create-only write found the object already present (with other bytes than the
+    write's: a create-only write that finds its own bytes there succeeded)."""
 
 
 class ObjectNotFoundError(StorageError):

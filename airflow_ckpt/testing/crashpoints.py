@@ -48,7 +48,7 @@ from airflow_ckpt.runtime.lease import HolderIdentity
 from airflow_ckpt.runtime.materialize import materialize
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import open_storage
-from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo
+from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned
 
 JOB = "crash"
 SINK_PREFIX = "_out/crash"
@@ -91,9 +91,12 @@ class CrashingStorage(CheckpointStorage):
             raise Crash(f"killed after mutation {self.count}: {what}")
         return result
 
-    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> None:
-        self._mutate(f"{'create' if create_only else 'put'} {key}",
-                     lambda: self.inner.put_bytes(key, data, create_only=create_only))
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
+        what = "create" if create_only else "swap" if if_match is not None else "put"
+        etag: str = self._mutate(f"{what} {key}", lambda: self.inner.put_bytes(
+            key, data, create_only=create_only, if_match=if_match))
+        return etag
 
     def upload_file(self, path: Path, key: str) -> None:
         self._mutate(f"upload {key}", lambda: self.inner.upload_file(path, key))
@@ -113,6 +116,10 @@ class CrashingStorage(CheckpointStorage):
     def get_bytes(self, key: str) -> bytes:
         self._alive()
         return self.inner.get_bytes(key)
+
+    def get_versioned(self, key: str) -> Versioned:
+        self._alive()
+        return self.inner.get_versioned(key)
 
     def exists(self, key: str) -> bool:
         self._alive()

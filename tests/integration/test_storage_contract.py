@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.errors import ObjectAlreadyExistsError, ObjectNotFoundError
+from airflow_ckpt.errors import (
+    ObjectAlreadyExistsError,
+    ObjectNotFoundError,
+    PreconditionFailedError,
+)
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.runtime.storage.local import LocalStorage
 from airflow_ckpt.runtime.storage.s3 import S3Storage
@@ -66,6 +70,69 @@ def test_create_only_conflict_leaves_original(storage: CheckpointStorage) -> Non
     assert storage.get_bytes("job/chk-7/_metadata") == b"original"
     # a failed create-only write leaves nothing else behind
     assert _keys(storage) == ["job/chk-7/_metadata"]
+
+
+def test_a_create_only_write_that_finds_its_own_bytes_succeeds(
+    storage: CheckpointStorage,
+) -> None:
+    # what a retry meets when the first request landed and its answer was lost
+    etag = storage.put_bytes("job/control/r.result.json", b"answer", create_only=True)
+    assert storage.put_bytes("job/control/r.result.json", b"answer", create_only=True) == etag
+    assert storage.get_versioned("job/control/r.result.json").etag == etag
+
+
+def test_compare_and_swap_replaces_only_the_version_it_read(storage: CheckpointStorage) -> None:
+    first = storage.put_bytes("job/lease/1.json", b"seq 0", create_only=True)
+    read = storage.get_versioned("job/lease/1.json")
+    assert (read.data, read.etag) == (b"seq 0", first)
+
+    second = storage.put_bytes("job/lease/1.json", b"seq 1", if_match=first)
+    assert second != first
+    assert storage.get_versioned("job/lease/1.json").etag == second
+
+    # a writer still holding the first version loses, and changes nothing
+    with pytest.raises(PreconditionFailedError) as err:
+        storage.put_bytes("job/lease/1.json", b"stale", if_match=first)
+    assert "job/lease/1.json" in str(err.value)
+    assert storage.get_bytes("job/lease/1.json") == b"seq 1"
+    # a deleted object matches no version
+    storage.delete_many(["job/lease/1.json"])
+    with pytest.raises(PreconditionFailedError):
+        storage.put_bytes("job/lease/1.json", b"seq 2", if_match=second)
+    assert not storage.exists("job/lease/1.json")
+
+
+def test_a_swap_whose_answer_was_lost_is_ours_on_retry(storage: CheckpointStorage) -> None:
+    old = storage.put_bytes("job/lease/2.json", b"seq 4")
+    storage.put_bytes("job/lease/2.json", b"seq 5", if_match=old)  # landed, answer lost
+    # the retry meets 412; the stored bytes are ours, so the write is done
+    assert storage.put_bytes("job/lease/2.json", b"seq 5", if_match=old) == \
+        storage.get_versioned("job/lease/2.json").etag
+
+
+def test_compare_and_swap_race_has_exactly_one_winner(
+    storage: CheckpointStorage, tiny_switch_interval: None
+) -> None:
+    base = storage.put_bytes("job/swap", b"base")
+    barrier = threading.Barrier(8)
+    outcomes: list[str] = []
+
+    def attempt(i: int) -> None:
+        barrier.wait()
+        try:
+            storage.put_bytes("job/swap", f"writer {i}".encode(), if_match=base)
+            outcomes.append(f"won {i}")
+        except PreconditionFailedError:
+            outcomes.append("lost")
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [o for o in outcomes if o.startswith("won")]
+    assert len(winners) == 1 and len(outcomes) == 8
+    assert storage.get_bytes("job/swap") == f"writer {winners[0][4:]}".encode()
 
 
 def _race(storage: CheckpointStorage, key: str, threads: int) -> tuple[list[int], list[int]]:

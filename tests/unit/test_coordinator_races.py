@@ -223,11 +223,12 @@ class DelayedMarkerStorage(FencedStorage):
         super().__init__(inner, gate)  # type: ignore[arg-type]
         self.held = Pause()
 
-    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> None:
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
         self.gate()
         if key.endswith("/_metadata") and "/chk-" in "/" + key:
             self.held()
-        self.inner.put_bytes(key, data, create_only=create_only)
+        return self.inner.put_bytes(key, data, create_only=create_only, if_match=if_match)
 
 
 def test_a_late_marker_of_a_deposed_driver_never_counts(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import hashlib
 import io
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
@@ -26,6 +27,19 @@ class ObjectInfo:
     last_modified: float
 
 
+@dataclass(frozen=True, slots=True)
+class Versioned:
+    """An object's bytes and the version tag (ETag) to condition a replacement on."""
+
+    data: bytes
+    etag: str
+
+
+def etag_of(data: bytes) -> str:
+    """The ETag a single-request write of ``data`` gets: its MD5 in hex, as S3's."""
+    return hashlib.md5(data, usedforsecurity=False).hexdigest()
+
+
 class CheckpointStorage(ABC):
     """Durable object storage for checkpoints, savepoints, control requests and history.
 
@@ -38,18 +52,40 @@ class CheckpointStorage(ABC):
     uri: str
 
     @abstractmethod
-    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> None:
-        """Write ``data`` at ``key``.
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
+        """Write ``data`` at ``key``; return the new object's ETag.
 
-        With ``create_only`` the write is atomic and exclusive (S3 ``If-None-Match: *``,
-        ``O_EXCL`` + rename on files): if ``key`` exists it raises
-        ``ObjectAlreadyExistsError`` and leaves the existing object untouched.
-        Without it, an existing object is replaced atomically.
+        Conditions, each decided atomically by the storage (S3 ``If-None-Match: *`` /
+        ``If-Match``; a link or a locked compare-and-rename on files):
+
+        * ``create_only``: if ``key`` exists with other bytes, raise
+          ``ObjectAlreadyExistsError`` and leave it untouched;
+        * ``if_match``: replace only the version whose ETag is ``if_match``; another
+          version (or none) raises ``PreconditionFailedError``, the object untouched.
+
+        Without either, an existing object is replaced atomically.
+
+        *Three outcomes.* A write whose answer is lost may have been applied. When its
+        retry meets the condition it set itself up for (412), the stored object is read
+        back: the caller's own bytes there mean the write is done (it returns), other
+        bytes mean not done (the errors above), and a read-back that fails after its own
+        retries raises ``OutcomeUnknownError``: never a failure or another writer
+        without evidence. So a conditional write that finds exactly its bytes in place
+        succeeds; callers make the bytes unique where "who wrote it" matters.
         """
 
     @abstractmethod
     def get_bytes(self, key: str) -> bytes:
         """Read the whole object. Raises ``ObjectNotFoundError`` if absent."""
+
+    def get_versioned(self, key: str) -> Versioned:
+        """The object's bytes and ETag, read together (``ObjectNotFoundError`` if
+        absent): what a compare-and-swap (``put_bytes(if_match=...)``) conditions on.
+        This default derives the ETag from the bytes, which is what S3 returns for an
+        object written in one request."""
+        data = self.get_bytes(key)
+        return Versioned(data, etag_of(data))
 
     @abstractmethod
     def exists(self, key: str) -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo
+from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned
 
 
 class FencedStorage(CheckpointStorage):
@@ -32,9 +32,10 @@ class FencedStorage(CheckpointStorage):
         return getattr(self.inner, name)
 
     # mutations: gated
-    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> None:
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
         self.gate()
-        self.inner.put_bytes(key, data, create_only=create_only)
+        return self.inner.put_bytes(key, data, create_only=create_only, if_match=if_match)
 
     def upload_file(self, path: Path, key: str) -> None:
         self.gate()
@@ -57,6 +58,9 @@ class FencedStorage(CheckpointStorage):
     # reads: straight through
     def get_bytes(self, key: str) -> bytes:
         return self.inner.get_bytes(key)
+
+    def get_versioned(self, key: str) -> Versioned:
+        return self.inner.get_versioned(key)
 
     @contextlib.contextmanager
     def open_stream(self, key: str, start: int = 0,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import errno
+import fcntl
 import os
 import re
 import shutil
@@ -28,10 +29,11 @@ from urllib.parse import quote
 from airflow_ckpt.errors import (
     ObjectAlreadyExistsError,
     ObjectNotFoundError,
+    PreconditionFailedError,
     StorageAccessDeniedError,
     StorageError,
 )
-from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo
+from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, etag_of
 from airflow_ckpt.runtime.storage.naming import check_key, check_prefix, dir_prefix
 
 _TMP_NAME = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$")
@@ -71,6 +73,20 @@ def write_temp(directory: Path, name: str, fill: Callable[[BinaryIO], None]) -> 
         tmp.unlink(missing_ok=True)
         raise
     return tmp
+
+
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``directory`` for a compare-and-replace in it: every
+    replacing write of this backend takes it, so a compare-and-swap sees no other
+    replacement between its read and its rename (processes of one host, or hosts whose
+    shared filesystem implements ``flock``)."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _makedirs(directory: Path) -> None:
@@ -144,9 +160,13 @@ class LocalStorage(CheckpointStorage):
             raise StorageError(f"cannot {action} {self._where(key)}: {exc}") from exc
 
     def _publish(
-        self, key: str, fill: Callable[[BinaryIO], None], *, create_only: bool
+        self, key: str, fill: Callable[[BinaryIO], None], *, create_only: bool,
+        if_match: str | None = None, same: bytes | None = None,
     ) -> None:
-        """Write a temp file with ``fill`` and move it to ``key`` (the one write path)."""
+        """Write a temp file with ``fill`` and move it to ``key`` (the one write path).
+
+        ``same``: the bytes being written, when known; a create-only write that finds
+        exactly them in place succeeds (the storage contract's equal-bytes rule)."""
         path = self._path(key)
         for attempt in range(_DIR_RACE_RETRIES + 1):
             try:
@@ -172,6 +192,8 @@ class LocalStorage(CheckpointStorage):
                 try:
                     os.link(tmp, path)
                 except FileExistsError as exc:
+                    if same is not None and self._stored(path) == same:
+                        return
                     raise ObjectAlreadyExistsError(
                         f"{self._where(key)} already exists; a create-only write never "
                         "replaces an object"
@@ -185,20 +207,41 @@ class LocalStorage(CheckpointStorage):
                         ) from exc
                     raise
             else:
-                os.replace(tmp, path)
+                with _locked(path.parent):
+                    if if_match is not None:
+                        current = self._stored(path)
+                        if current is not None and current == same:
+                            return  # our own bytes: the write is done
+                        if current is None or etag_of(current) != if_match:
+                            raise PreconditionFailedError(
+                                f"{self._where(key)} is not the version {if_match} this "
+                                "write was conditioned on (another writer replaced or "
+                                "deleted it); nothing was written")
+                    os.replace(tmp, path)
             fsync_dir(path.parent)
         finally:
             tmp.unlink(missing_ok=True)
 
+    @staticmethod
+    def _stored(path: Path) -> bytes | None:
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
     # ------------------------------------------------------------------ writes
 
-    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> None:
-        """Write ``data`` at ``key``; durable (file and directory fsynced) on return."""
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
+        """Write ``data`` at ``key``; durable (file and directory fsynced) on return.
+        Conditions and the returned ETag as in the interface; ``if_match`` compares and
+        renames under a ``flock`` of the object's directory."""
         def fill(fh: BinaryIO) -> None:
             fh.write(data)
 
         with self._errors("write", key):
-            self._publish(key, fill, create_only=create_only)
+            self._publish(key, fill, create_only=create_only, if_match=if_match, same=data)
+        return etag_of(data)
 
     def upload_file(self, path: Path, key: str) -> None:
         """Copy the local file ``path`` to ``key``; durable on return.

@@ -50,10 +50,12 @@ from airflow_ckpt.errors import (
     InvalidStorageUriError,
     ObjectAlreadyExistsError,
     ObjectNotFoundError,
+    OutcomeUnknownError,
+    PreconditionFailedError,
     StorageAccessDeniedError,
     StorageError,
 )
-from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo
+from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned
 from airflow_ckpt.runtime.storage.factory import S3Options
 from airflow_ckpt.runtime.storage.local import fsync_dir, write_temp
 from airflow_ckpt.runtime.storage.naming import (
@@ -96,6 +98,9 @@ _CODE_HINTS = {
 }
 # Attempts for a create-only write that meets a concurrent conditional write (409).
 _CONFLICT_ATTEMPTS = 4
+# Rounds of reading an object back to settle a conditional write whose answer was lost
+# (each round is one get with botocore's own retries inside).
+_READBACK_ROUNDS = 4
 
 # (endpoint, bucket) pairs whose If-None-Match support has been verified.
 _VERIFIED_CONDITIONAL: set[tuple[str, str]] = set()
@@ -354,59 +359,84 @@ class S3Storage(CheckpointStorage):
 
     # ------------------------------------------------------------------ writes
 
-    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False) -> None:
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
         """Write ``data`` at ``key`` in one PutObject; durable and visible on return.
 
-        ``create_only`` sends ``If-None-Match: *``: a 412 means the object exists
-        (``ObjectAlreadyExistsError``, the stored object untouched); a 409 means a
-        concurrent conditional write of the same key is in flight, and is retried
-        until one of the two has won. If botocore retried our request (e.g. a lost
-        response) and the retry meets a 412, the stored object is compared with
-        ``data``: equal bytes mean the first attempt landed, and it counts as ours.
+        ``create_only`` sends ``If-None-Match: *``, ``if_match`` sends ``If-Match``;
+        a 412 (or, for ``If-Match``, a 404) means the condition failed. A 409 means a
+        concurrent conditional write of the same key is in flight, and is retried until
+        one of the two has won. A 412 may answer our own earlier request whose response
+        was lost (botocore retried it, or a 409 came first): the object is read back and
+        compared with ``data`` (:meth:`_settle`), so a lost answer is never reported
+        as another writer.
         """
+        if create_only and if_match is not None:
+            raise ValueError("create_only and if_match exclude each other")
         full = self._full(key)
         params: dict[str, Any] = {"Bucket": self.bucket, "Key": full, "Body": data}
         if create_only:
             self._ensure_conditional_writes(key)
             params["IfNoneMatch"] = "*"
-        # Whether one of our own earlier requests may have landed: botocore retried, or a
-        # 409 said a conditional write of this key was in flight (possibly ours, whose
-        # response was lost). A 412 after that may be our own write: compare the bytes.
-        maybe_ours = False
+        elif if_match is not None:
+            params["IfMatch"] = f'"{if_match.strip(chr(34))}"'
         for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
             try:
-                self._client.put_object(**params)
+                response = self._client.put_object(**params)
             except ClientError as exc:
-                code = _error_code(exc)
-                retried = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
-                maybe_ours = maybe_ours or bool(retried)
-                if create_only and (code in _PRECONDITION_CODES or _status(exc) == 412):
-                    if maybe_ours and self._stored_equals(key, data):
-                        return
-                    raise ObjectAlreadyExistsError(
-                        f"{self._where(key)} already exists; a create-only write never "
-                        "replaces an object"
-                    ) from exc
-                if create_only and code == _CONFLICT_CODE:
-                    maybe_ours = True
+                code, status = _error_code(exc), _status(exc)
+                failed = code in _PRECONDITION_CODES or status == 412 or (
+                    if_match is not None and (code in _NOT_FOUND_CODES or status == 404))
+                if (create_only or if_match is not None) and failed:
+                    return self._settle(key, data, create_only, exc)
+                if (create_only or if_match is not None) and code == _CONFLICT_CODE:
                     if attempt < _CONFLICT_ATTEMPTS:
                         time.sleep(0.05 * 2**attempt)
                         continue
-                    raise ObjectAlreadyExistsError(
-                        f"{self._where(key)} is being created concurrently by another "
-                        "writer (409 ConditionalRequestConflict after retries)"
+                    raise OutcomeUnknownError(
+                        f"{self._where(key)} is being written concurrently (409 "
+                        "ConditionalRequestConflict after retries); whether this write "
+                        "was applied is not known yet: repeat it or read the object"
                     ) from exc
                 self._raise(exc, "write", key)
             except BotoCoreError as exc:
                 self._raise(exc, "write", key)
             self._bucket_known = True
-            return
+            return str(response.get("ETag", "")).strip('"')
+        raise AssertionError("unreachable")  # pragma: no cover
 
-    def _stored_equals(self, key: str, data: bytes) -> bool:
-        try:
-            return self.get_bytes(key) == data
-        except StorageError:
-            return False
+    def _settle(self, key: str, data: bytes, create_only: bool, exc: ClientError) -> str:
+        """A conditional write of ``data`` met 412: done (our bytes are stored: an
+        earlier request of ours landed and its answer was lost), or not done (other
+        bytes, or none): raise the condition's error. A read-back that keeps failing is
+        ``OutcomeUnknownError``, never a guess."""
+        last: StorageError | None = None
+        for round_ in range(_READBACK_ROUNDS):
+            try:
+                stored = self.get_versioned(key)
+            except ObjectNotFoundError:
+                stored = None
+            except StorageError as read_exc:
+                if isinstance(read_exc, StorageAccessDeniedError | BucketNotFoundError):
+                    raise
+                last = read_exc
+                time.sleep(0.05 * 2**round_)
+                continue
+            if stored is not None and stored.data == data:
+                return stored.etag
+            if create_only:
+                raise ObjectAlreadyExistsError(
+                    f"{self._where(key)} already exists; a create-only write never "
+                    "replaces an object"
+                ) from exc
+            raise PreconditionFailedError(
+                f"{self._where(key)} is not the version this write was conditioned on "
+                "(another writer replaced or deleted it); nothing was written"
+            ) from exc
+        raise OutcomeUnknownError(
+            f"cannot tell whether the conditional write of {self._where(key)} was applied: "
+            f"the endpoint answered 412 and reading the object back failed ({last})"
+        ) from exc
 
     def _ensure_conditional_writes(self, key: str) -> None:
         """Check once per (endpoint, bucket) that ``If-None-Match: *`` is honoured.
@@ -542,13 +572,17 @@ class S3Storage(CheckpointStorage):
 
     def get_bytes(self, key: str) -> bytes:
         """Read the whole object (GetObject); ``ObjectNotFoundError`` if absent."""
+        return self.get_versioned(key).data
+
+    def get_versioned(self, key: str) -> Versioned:
+        """The object's bytes and ETag from one GetObject."""
         full = self._full(key)
         with self._errors("read", key):
             response = self._client.get_object(Bucket=self.bucket, Key=full,
                                                ChecksumMode="ENABLED")
             data = response["Body"].read()
         self._bucket_known = True
-        return data
+        return Versioned(data, str(response.get("ETag", "")).strip('"'))
 
     def exists(self, key: str) -> bool:
         """Whether an object is stored at exactly ``key`` (HeadObject).
