@@ -8,6 +8,7 @@ abandoned checkpoint and is never offered for restore.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from airflow_ckpt.errors import ObjectNotFoundError, RestoreError
 from airflow_ckpt.runtime.layout import (
@@ -17,7 +18,7 @@ from airflow_ckpt.runtime.layout import (
     parse_checkpoint_dir,
     parse_savepoint_dir,
 )
-from airflow_ckpt.runtime.lease import read_lease, valid_checkpoint_ids
+from airflow_ckpt.runtime.lease import LeaseRecord, read_lease, valid_checkpoint_ids
 from airflow_ckpt.runtime.metadata import Manifest, parse_manifest
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
@@ -50,12 +51,14 @@ class CheckpointCatalog:
         ``_output/``, are not jobs: job names never start with ``_`` or ``.``)."""
         return [name for name in storage.list_dirs("") if is_job_name(name)]
 
-    def checkpoint_ids(self, completed_only: bool = True) -> list[int]:
+    def checkpoint_ids(self, completed_only: bool = True,
+                       lease: LeaseRecord | Literal["current"] | None = "current") -> list[int]:
         """Checkpoint ids, ascending; with ``completed_only`` only the completed ones.
 
         Completed: with a ``_metadata`` that counts under the current lease (a marker a
         deposed driver wrote after another driver took over never counts, see
-        :func:`~airflow_ckpt.runtime.lease.valid_checkpoint_ids`).
+        :func:`~airflow_ckpt.runtime.lease.valid_checkpoint_ids`), or under the given
+        ``lease`` record (a driver taking over judges by its predecessor's).
         """
         if completed_only:
             ids = set()
@@ -67,7 +70,8 @@ class CheckpointCatalog:
                     ids.add(n)
             if not ids:
                 return []
-            return valid_checkpoint_ids(sorted(ids), read_lease(self.storage, self.layout.job))
+            record = read_lease(self.storage, self.layout.job) if lease == "current" else lease
+            return valid_checkpoint_ids(sorted(ids), record)
         return sorted(
             n for name in self.storage.list_dirs(self.layout.root)
             if (n := parse_checkpoint_dir(name)) is not None

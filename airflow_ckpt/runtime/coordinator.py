@@ -30,6 +30,7 @@ from airflow_ckpt.errors import (
     ConcurrentDriverError,
     LeaseExpiredError,
     ObjectAlreadyExistsError,
+    OutcomeUnknownError,
 )
 from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime import interleave
@@ -89,7 +90,8 @@ class CheckpointFailureManager:
     def __init__(self, tolerable: int) -> None:
         self.tolerable = tolerable
         self.consecutive = 0
-        self.fatal: CheckpointError | ConcurrentDriverError | LeaseExpiredError | None = None
+        self.fatal: (CheckpointError | ConcurrentDriverError | LeaseExpiredError
+                     | OutcomeUnknownError | None) = None
 
     def on_success(self) -> None:
         self.consecutive = 0
@@ -182,9 +184,11 @@ class CheckpointCoordinator:
         upload_threads: int = 8,
         poll_interval_s: float = 0.05,
         fence: Callable[[], None] = lambda: None,
+        confirm: Callable[[], None] = lambda: None,
         lease_epoch: int | None = None,
         threaded: bool = True,
         digests: DigestCache | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.storage = storage
         self.layout = JobLayout(job)
@@ -196,17 +200,25 @@ class CheckpointCoordinator:
         self.spark_version = spark_version
         self.restored_from = restored_from
         self.poll_interval_s = poll_interval_s
-        self.fence = fence  # raises ConcurrentDriverError if this driver lost the job
+        #: raises if this driver should not start a write now (the lease's gate)
+        self.fence = fence
+        #: raises ConcurrentDriverError if another driver claimed the job (storage only;
+        #: ``JobLease.confirm``): called after a completion marker is durable, before
+        #: anything acts on it
+        self.confirm = confirm
         self.failures = CheckpointFailureManager(config.tolerable_failed)
         self.listeners: list[CompletionListener] = []
         self.transaction_source: TransactionSource = lambda _batch: ()
         #: called with a checkpoint id before it is used (the lease reserves ids)
         self.id_guard: Callable[[int], None] = lambda _checkpoint_id: None
         self.lease_epoch = lease_epoch
+        #: when periodic checkpoints are due (interval, min-pause): Flink's injected
+        #: ``Clock``; timeouts stay on the monotonic clock
+        self.clock = clock
         self._next_id = next_checkpoint_id
         self.first_id = next_checkpoint_id  # ids from here on are this coordinator's
         self._last_batch = last_checkpointed_batch
-        self._last_trigger = time.monotonic()
+        self._last_trigger = clock()
         self._last_completion = float("-inf")
         self._lock = threading.Lock()
         self._pending: list[PendingCheckpoint] = []
@@ -310,7 +322,7 @@ class CheckpointCoordinator:
                 request_id=request_id,
             )
             self._next_id += 1
-            self._last_trigger = now
+            self._last_trigger = self.clock()
             pending.barrier_batch = self._barrier_for_trigger(trigger)
             self._pending.append(pending)
         if twin:
@@ -364,9 +376,9 @@ class CheckpointCoordinator:
                 log.exception("checkpoint coordinator tick failed")
 
     def _tick(self) -> None:
-        now = time.monotonic()
         with self._lock:
-            due = self._periodic_due(now)
+            due = self._periodic_due(self.clock())
+        now = time.monotonic()
         if due:
             self.trigger("periodic")
         with self._lock:
@@ -415,7 +427,7 @@ class CheckpointCoordinator:
             cfg = self.config
             target = UploadTarget(
                 p.checkpoint_id, f"chk-{p.checkpoint_id}/", cfg.incremental,
-                cfg.file_merging_max_file_size if cfg.file_merging else 0,
+                cfg.file_merging_max_file_size if cfg.file_merging else 0, self.lease_epoch,
             )
         try:
             if p.savepoint_id is not None and self._answered_by_existing(p):
@@ -424,7 +436,7 @@ class CheckpointCoordinator:
                 self.storage, self.layout, snap, target,
                 executor=self._files, digests=self._digests, shared=self.store.shared,
                 deadline=p.deadline, on_ack=p.acked.add, cancelled=p.cancelled,
-                segments=self.store.segment_index() if target.incremental else None,
+                reusable=self.store.shared_index() if target.incremental else None,
             )
             async_ms = int((time.monotonic() - start) * 1000)
             completed = time.time()
@@ -482,6 +494,20 @@ class CheckpointCoordinator:
                     f"job {self.layout.job!r}; stop one of them"
                 )
                 raise CheckpointDeclinedError(str(exc)) from exc
+            except OutcomeUnknownError as exc:
+                # The marker may have landed, now or later: this checkpoint is neither
+                # failed nor completed. Only a new epoch can settle it (its claim-then-
+                # adopt counts the marker if it landed before, never if after), so
+                # this driver stops and a restart decides.
+                self._abandon(p, exc, f"the completion marker {metadata_key} may or may "
+                                      f"not have been written ({exc})")
+                return
+            try:
+                self.confirm()  # the marker counts only if no successor claimed before it
+            except ConcurrentDriverError as exc:
+                self._abandon(p, exc, f"{exc}; whether its marker counts is the successor's "
+                                      "decision")
+                return
         except CheckpointDeclinedError as exc:
             self._fail(p, str(exc), allowed=("pending", "completing"))
             return
@@ -526,7 +552,7 @@ class CheckpointCoordinator:
                 self._pending.remove(p)
             if not p.is_savepoint:
                 self._last_batch = max(manifest.batch_id, self._last_batch or -1)
-            self._last_completion = time.monotonic()
+            self._last_completion = self.clock()
         p.manifest = manifest
         dir_key = (
             self.layout.savepoint_dir(p.savepoint_id) if p.savepoint_id
@@ -568,6 +594,23 @@ class CheckpointCoordinator:
                     log.exception("after completing %d: %s failed", manifest.checkpoint_id, name)
         finally:
             p.done.set()
+
+    def _abandon(self, p: PendingCheckpoint, fatal: ConcurrentDriverError | OutcomeUnknownError,
+                 reason: str) -> None:
+        """Give ``p`` up after its marker write, without saying it failed: its marker may
+        count for a successor. Nothing acts on it (no commit, no answer, no history
+        event, reservations kept: this driver collects nothing any more); the driver
+        stops (``fatal``)."""
+        p.move("failed", allowed=("completing",))
+        with self._lock:
+            if p in self._pending:
+                self._pending.remove(p)
+        self.failures.fatal = fatal
+        p.failure = reason
+        p.cancelled.set()
+        log.error("%s %d abandoned: %s", "savepoint" if p.is_savepoint else "checkpoint",
+                  p.checkpoint_id, reason)
+        p.done.set()
 
     def _fail(
         self, p: PendingCheckpoint, reason: str, *, allowed: tuple[str, ...] = ("pending",)

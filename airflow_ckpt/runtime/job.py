@@ -33,6 +33,7 @@ from airflow_ckpt.errors import (
     IncompatibleStateError,
     LeaseExpiredError,
     ObjectAlreadyExistsError,
+    OutcomeUnknownError,
     RestartsExhaustedError,
     RestoreError,
 )
@@ -44,7 +45,7 @@ from airflow_ckpt.runtime.control import ControlChannel, ControlRequest, Control
 from airflow_ckpt.runtime.coordinator import CheckpointCoordinator, PendingCheckpoint
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.layout import validate_job_name
-from airflow_ckpt.runtime.lease import JobLease, read_lease
+from airflow_ckpt.runtime.lease import JobLease, LeaseRecord
 from airflow_ckpt.runtime.metadata import Manifest
 from airflow_ckpt.runtime.restart_log import RestartLog
 from airflow_ckpt.runtime.restore import RestoreResult, restore
@@ -225,6 +226,9 @@ class CheckpointedJob:
         #: False: the coordinator runs no threads and is ticked by the run loop (one
         #: deterministic order of storage mutations, for crash-point enumeration)
         self.threaded = threaded
+        #: the coordinator's clock for when periodic checkpoints are due (a test that
+        #: needs one order of events injects a clock that always says "due")
+        self.clock: Callable[[], float] = time.monotonic
         self.coordinator: CheckpointCoordinator | None = None  # of the running attempt
 
     def on_checkpoint(self, listener: Callable[[Manifest], None]) -> None:
@@ -331,6 +335,10 @@ class CheckpointedJob:
             except (ConfigError, RestoreError, ConcurrentDriverError, LeaseExpiredError,
                     SparkSetupError, WorkdirNotSharedError):
                 raise  # final, or (lease lost) only a new driver may continue
+            except OutcomeUnknownError:
+                if coordinator.fatal is None:
+                    raise  # a storage fault in the query itself: no marker involved
+                raise coordinator.fatal from None  # only a new epoch settles the marker
             except Exception as exc:  # the query failed (StreamingQueryException, ...)
                 if restored.path and _INCOMPATIBLE.search(str(exc)):
                     # Restarting cannot help: the restored state does not fit this query.
@@ -354,17 +362,17 @@ class CheckpointedJob:
             time.sleep(decision.delay_s)
             target = "latest"
 
-    def _adopt(self) -> tuple[tuple[int, ...], int]:
-        """What this driver takes over: the completed checkpoints, and its first id
-        (past every id ever used, also by a job whose checkpoints were discarded)."""
+    def _adopt(self, previous: LeaseRecord | None) -> tuple[tuple[int, ...], int]:
+        """What this driver takes over from ``previous`` holder: the completed
+        checkpoints (judged by ``previous``'s record), and its first id (past every id
+        ever used, also by a job whose checkpoints were discarded)."""
         catalog = CheckpointCatalog(self.lease.storage, self.job)
         used = [
             *catalog.checkpoint_ids(completed_only=False),
             *(m.checkpoint_id for m in catalog.savepoints()),
         ]
-        previous = read_lease(self.lease.storage, self.job)
         floor = max(previous.first_id or 1, previous.id_limit or 1) if previous else 1
-        return tuple(catalog.checkpoint_ids()), max([floor - 1, *used]) + 1
+        return tuple(catalog.checkpoint_ids(lease=previous)), max([floor - 1, *used]) + 1
 
     def _rescale(self, restored: RestoreResult) -> bool:
         """Repartition the restored state to ``state_partitions`` (Flink's rescaling).
@@ -394,8 +402,10 @@ class CheckpointedJob:
     def _start_coordinator(
         self, restored: RestoreResult, *, initial: bool = False
     ) -> CheckpointCoordinator:
-        store = CompletedCheckpointStore(self.storage, self.job, self.config.num_retained)
         record = self.lease.record
+        store = CompletedCheckpointStore(self.storage, self.job, self.config.num_retained,
+                                         epoch=record.epoch if record else None,
+                                         confirm=self.lease.confirm)
         own = restored.manifest if restored.manifest and restored.manifest.job == self.job \
             and not restored.manifest.is_savepoint else None
         self._restored_id = own.checkpoint_id if own else None
@@ -407,9 +417,9 @@ class CheckpointedJob:
             storage=self.storage, job=self.job, workdir=self.workdir, config=self.config,
             store=store, history=self.history, next_checkpoint_id=next_id,
             spark_version=self.spark.version, last_checkpointed_batch=restored.batch_id,
-            restored_from=restored.path, fence=self.lease.check,
+            restored_from=restored.path, fence=self.lease.gate, confirm=self.lease.confirm,
             lease_epoch=self.lease.record.epoch if self.lease.record else None,
-            threaded=self.threaded, digests=self._digests,
+            threaded=self.threaded, digests=self._digests, clock=self.clock,
         )
         coordinator.transaction_source = self._pending_transactions
         coordinator.id_guard = self.lease.reserve_ids

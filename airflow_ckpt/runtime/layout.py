@@ -5,7 +5,7 @@ This layout is a public contract (see docs/storage-layout.md)::
     <root>/<job>/
       chk-<n>/_metadata            completion marker + manifest, written last
       chk-<n>/...                  files exclusive to checkpoint n (merged: _merged/<sha256>)
-      shared/<aa>/<sha256>         immutable files (or merged small files) shared by
+      shared/<aa>/<sha256>.e<epoch>  immutable files (or merged small files) shared by
                                    incremental checkpoints
       savepoints/sp-<id>/_metadata self-contained savepoint (+ its files)
       control/<request-id>.json    requests to the running job
@@ -98,9 +98,19 @@ class JobLayout:
     def shared_prefix(self) -> str:
         return f"{self.job}/shared/"
 
-    def shared_file(self, sha256: str) -> str:
-        """Content-addressed: the same bytes always land at the same key."""
-        return f"{self.shared_prefix}{sha256[:2]}/{sha256}"
+    def shared_file(self, sha256: str, epoch: int | None = None) -> str:
+        """Content-addressed within one lease epoch: the same bytes uploaded by the
+        holder of ``epoch`` always land at the same key. The epoch keeps a successor
+        from ever uploading to a key a deposed holder may still delete (its collector's
+        delete can land late; it never deletes a key of a newer epoch)."""
+        suffix = "" if epoch is None else f".e{epoch}"
+        return f"{self.shared_prefix}{sha256[:2]}/{sha256}{suffix}"
+
+    @staticmethod
+    def shared_key_epoch(key: str) -> int | None:
+        """The lease epoch a shared key was uploaded under (None: before epochs)."""
+        _, dot, tail = key.rpartition(".e")
+        return int(tail) if dot and tail.isdigit() else None
 
     # savepoints ------------------------------------------------------------------
     @property

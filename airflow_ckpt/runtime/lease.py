@@ -6,29 +6,37 @@ object per holder, ``<job>/lease/<epoch>.json``, created with a create-only put,
 two drivers taking over the same lease exactly one wins.
 
 Safety argument (why a deposed driver cannot complete a checkpoint, delete a file or
-commit output; the invariants are listed in docs/architecture.md with their tests):
+commit output, however late its writes land; the invariants are listed in
+docs/architecture.md with their tests). **Safety rests on the storage alone**: on
+create-only and compare-and-swap writes and on the order of reads and writes against
+one strongly consistent store, never on a timeout holding or on two hosts' clocks.
 
+* **A takeover is claim, then look.** The successor first *claims* epoch ``e+1``
+  (create-only: of two successors exactly one wins), then lists the completed
+  checkpoints and records the ones it *adopts* in its record (compare-and-swap). Every
+  completion marker that landed before its listing is adopted; one that lands later
+  never counts (:func:`valid_checkpoint_ids`).
+* **A holder acts on what it wrote or read only after confirming.** After its
+  completion marker is durable, and after the listings a collection, an abort or a
+  commit rests on, the holder lists ``lease/`` (:meth:`JobLease.confirm`). If its epoch
+  is still the newest, any successor's claim, and so its listing, comes later: the
+  successor sees the marker (and adopts it) and sees nothing the successor will create.
+  If a newer epoch exists, the holder stops without acting: what counts is the
+  successor's decision. So a write of a deposed driver that lands minutes late can
+  only be one it issued before it could have known; the layout makes each such write
+  harmless (keys a successor never writes again: attempt- and epoch-scoped keys,
+  create-only decisions; see docs/architecture.md, "Who writes what").
 * **Liveness is judged without comparing clocks.** The holder rewrites its record every
-  ``heartbeat_s`` with a new sequence number ``seq``. An observer (the next driver, the
-  Airflow trigger) calls a holder dead only after it saw the same ``(epoch, seq)`` for
-  ``ttl_s + max_write_s`` of *its own* monotonic clock. No wall-clock timestamps of two
-  hosts are ever compared.
-* **The holder fences itself.** Every mutation the driver makes goes through a
-  :class:`~airflow_ckpt.runtime.storage.fenced.FencedStorage` whose gate is
-  :meth:`JobLease.gate`: a write may *start* only while the last successful heartbeat
-  started less than ``ttl_s - max_write_s`` ago (the holder's monotonic clock). A write
-  that starts in time ends within ``max_write_s`` (bounded write time), so every write of
-  a holder ends before ``ttl_s`` has passed since its last successful heartbeat started.
-* **Putting both together.** The observer first saw the last heartbeat's ``seq`` after
-  that heartbeat started, and waits ``ttl_s + max_write_s`` from then; so when it takes
-  over, every write of the deposed holder has ended. (A heartbeat still in flight then
-  would have had to start after the holder's validity had already lapsed: the gate
-  refuses that.)
-* **Completion markers are also fenced on the read side**, so a write that escapes the
-  time bound (a request stuck in a proxy) still cannot complete a checkpoint: the new
-  holder records in its lease the checkpoints it *adopted* and the first id it will use;
-  :class:`~airflow_ckpt.runtime.catalog.CheckpointCatalog` treats any other
-  ``_metadata`` as never written (it is swept as abandoned).
+  ``heartbeat_s`` with a new sequence number ``seq`` (compare-and-swap on its own
+  record). An observer (the next driver, the Airflow trigger) calls a holder dead only
+  after it saw the same ``(epoch, seq)`` for ``ttl_s + max_write_s`` of *its own*
+  monotonic clock. No wall-clock timestamps of two hosts are ever compared.
+* **The holder stops starting writes when it may have lost the lease** (the
+  :meth:`JobLease.gate` of every :class:`~airflow_ckpt.runtime.storage.fenced.FencedStorage`
+  write): once ``ttl_s - max_write_s`` passed since its last successful heartbeat
+  started, a successor may be about to take over. This is for liveness (a stale
+  holder gives way promptly); a heartbeat that is slow but succeeds keeps the lease, as
+  writes wait for it instead of giving up.
 * **Fast takeover after ``kill -9`` on the same machine**: a record whose holder ran in
   this boot, in this pid namespace, under a pid that is gone (or now belongs to a process
   started later) is free at once. Containers that share a hostname have different pid
@@ -54,6 +62,7 @@ from airflow_ckpt.errors import (
     LeaseExpiredError,
     ObjectAlreadyExistsError,
     ObjectNotFoundError,
+    PreconditionFailedError,
 )
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.layout import JobLayout
@@ -280,7 +289,9 @@ class LeaseObserver:
         return LeaseState("held", record, unchanged)
 
 
-Adopt = Callable[[], tuple[tuple[int, ...], int]]  # -> (adopted ids, first id of ours)
+#: (the previous holder's record) -> (completed ids this driver adopts, its first id);
+#: judged against the previous record, as a reader did before this driver's claim
+Adopt = Callable[["LeaseRecord | None"], tuple[tuple[int, ...], int]]
 
 
 class JobLease:
@@ -323,6 +334,9 @@ class JobLease:
         self.lost = threading.Event()
         self.failure: ConcurrentDriverError | LeaseExpiredError | None = None
         self._valid_until = float("-inf")
+        self._etag = ""  # of the record as we wrote it last (compare-and-swap)
+        self._beating = threading.Condition()
+        self._in_flight = False  # a heartbeat write is under way
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -332,10 +346,12 @@ class JobLease:
 
         The default wait is one full expiry (``ttl_s + max_write_s``) plus a heartbeat;
         a holder whose heartbeat moves meanwhile is alive, and the wait ends at once.
-        ``adopt`` returns the completed checkpoint ids this driver takes over and its
-        first checkpoint id; it runs after the previous holder is known to be gone and
-        before the new epoch is written. Raises ``ConcurrentDriverError`` naming the
-        holder if it stays alive.
+        ``adopt`` (given the previous holder's record) returns the completed checkpoint
+        ids this driver takes over and its first checkpoint id. It runs before the
+        claim (so readers never see a record without them) and again after it: the
+        union is recorded with a compare-and-swap, so every marker that landed before
+        the claim counts (see the module doc). Raises ``ConcurrentDriverError`` naming
+        the holder if it stays alive.
         """
         budget = self.ttl_s + self.max_write_s + self.heartbeat_s if wait_s is None else wait_s
         deadline = self.clock() + budget
@@ -344,8 +360,9 @@ class JobLease:
         while True:
             state = observer.poll()
             if state.free:
-                adopted, first_id = adopt() if adopt is not None else (None, None)
-                epoch = (state.record.epoch if state.record else 0)
+                previous = state.record
+                adopted, first_id = adopt(previous) if adopt is not None else (None, None)
+                epoch = (previous.epoch if previous else 0)
                 epoch = max([epoch, *lease_epochs(self.storage, self.job)]) + 1
                 me = HolderIdentity.current()
                 now = time.time()
@@ -357,24 +374,27 @@ class JobLease:
                 )
                 started = self.clock()
                 try:
-                    self.storage.put_bytes(_lease_key(self.prefix, epoch), record.to_json(),
-                                           create_only=True)
+                    etag = self.storage.put_bytes(_lease_key(self.prefix, epoch),
+                                                  record.to_json(), create_only=True)
                 except ObjectAlreadyExistsError:
                     observer = LeaseObserver(self.storage, self.job, self.clock)
                     first_seen = None
                     continue  # another driver took it first: watch the new holder
-                self.record = record
+                self.record, self._etag = record, etag
                 self.failure = None
                 self.lost.clear()
                 self._valid_until = started + self.ttl_s - self.max_write_s
+                if adopt is not None:
+                    self._adopt_late_markers(adopt, previous)
                 self.storage.delete_many(
                     _lease_key(self.prefix, e) for e in lease_epochs(self.storage, self.job)
                     if e < epoch)
                 self._start_heartbeat()
                 log.info("acquired the lease of job %s (epoch %d)%s", self.job, epoch,
-                         f" from {state.record.owner} ({state.status}, heartbeat unchanged "
-                         f"for {state.unchanged_for_s:.0f} s)" if state.record else "")
-                return record
+                         f" from {previous.owner} ({state.status}, heartbeat unchanged "
+                         f"for {state.unchanged_for_s:.0f} s)" if previous else "")
+                assert self.record is not None
+                return self.record
             holder = state.record
             assert holder is not None
             now = self.clock()
@@ -391,13 +411,49 @@ class JobLease:
                 )
             self.sleep(min(0.5, self.heartbeat_s, max(deadline - now, 0.01)))
 
+    def _adopt_late_markers(self, adopt: Adopt, previous: LeaseRecord | None) -> None:
+        """After the claim: adopt the markers that landed between the first listing and
+        the claim (a deposed holder's writes land when they land). From the claim on, no
+        holder can confirm a marker any more, so this listing is final."""
+        assert self.record is not None and self.record.adopted is not None
+        again, _ = adopt(previous)
+        late = sorted(set(again) - set(self.record.adopted))
+        if late:
+            log.info("job %s: adopting checkpoints %s whose markers landed during the "
+                     "takeover", self.job, late)
+            self._swap(replace(self.record, adopted=tuple(sorted(
+                {*self.record.adopted, *late}))))
+
+    def _swap(self, record: LeaseRecord) -> None:
+        """Replace our record, conditioned on the version we wrote last (nobody else
+        writes an epoch's record; a mismatch means it was tampered with: we lose)."""
+        try:
+            self._etag = self.storage.put_bytes(_lease_key(self.prefix, record.epoch),
+                                                record.to_json(), if_match=self._etag)
+        except PreconditionFailedError as exc:
+            self._lose(ConcurrentDriverError(
+                f"job {self.job!r}: the lease record of epoch {record.epoch} was changed or "
+                f"deleted by someone else ({exc}); this driver must stop"))
+            assert self.failure is not None
+            raise self.failure from exc
+        self.record = record
+
     # ------------------------------------------------------------------ holding it
     def gate(self) -> None:
-        """Raise unless this driver may start a write now (see the module doc)."""
+        """Raise unless this driver may start a write now (see the module doc).
+
+        A heartbeat in flight when the validity runs out is waited for (up to its
+        ``max_write_s``): liveness is judged on what succeeded, so a slow heartbeat that
+        succeeds keeps the lease."""
         if self.failure is not None:
             raise self.failure
         if self.record is None:
             raise ConcurrentDriverError(f"job {self.job!r}: the lease is not held")
+        if self.clock() >= self._valid_until:
+            with self._beating:
+                self._beating.wait_for(lambda: not self._in_flight, self.max_write_s)
+            if self.failure is not None:
+                raise self.failure
         if self.clock() >= self._valid_until:
             self._lose(LeaseExpiredError(
                 f"job {self.job!r}: no successful lease heartbeat for "
@@ -407,9 +463,21 @@ class JobLease:
             raise self.failure
 
     def check(self) -> None:
-        """:meth:`gate`, and look in storage for a newer epoch (another driver)."""
+        """:meth:`gate`, and :meth:`confirm`."""
         self.gate()
-        assert self.record is not None
+        self.confirm()
+
+    def confirm(self) -> None:
+        """Raise ``ConcurrentDriverError`` if another driver claimed the job.
+
+        Lists ``lease/``: if this driver's epoch is still the newest, every successor's
+        claim, and so everything a successor writes, comes after this call. Call it
+        after a write or a read that a decision rests on (a completion marker, the
+        listing a collection deletes from) and before acting on it. Storage only: no
+        clock is read.
+        """
+        if self.record is None:
+            raise ConcurrentDriverError(f"job {self.job!r}: the lease is not held")
         epochs = lease_epochs(self.storage, self.job)
         if not epochs or epochs[-1] != self.record.epoch:
             self._lose(ConcurrentDriverError(
@@ -433,9 +501,7 @@ class JobLease:
         if self.record.id_limit is not None and checkpoint_id < self.record.id_limit:
             return
         self.gate()
-        record = replace(self.record, id_limit=checkpoint_id + ID_BLOCK)
-        self.storage.put_bytes(_lease_key(self.prefix, record.epoch), record.to_json())
-        self.record = record
+        self._swap(replace(self.record, id_limit=checkpoint_id + ID_BLOCK))
 
     def _lose(self, failure: ConcurrentDriverError | LeaseExpiredError) -> None:
         if self.failure is None:
@@ -453,15 +519,23 @@ class JobLease:
         started = self.clock()
         self.gate()
         assert self.record is not None
-        interleave.point(interleave.LEASE_BEFORE_BEAT)
-        record = replace(self.record, seq=self.record.seq + 1, heartbeat_ts=time.time())
-        self.storage.put_bytes(_lease_key(self.prefix, record.epoch), record.to_json())
-        self.record = record
-        self.check()  # a newer epoch means we were deposed: do not extend
-        self._valid_until = started + self.ttl_s - self.max_write_s
+        with self._beating:
+            self._in_flight = True
+        try:
+            interleave.point(interleave.LEASE_BEFORE_BEAT)
+            self._swap(replace(self.record, seq=self.record.seq + 1, heartbeat_ts=time.time()))
+            self.confirm()  # a newer epoch means we were deposed: do not extend
+            self._valid_until = started + self.ttl_s - self.max_write_s
+        finally:
+            with self._beating:
+                self._in_flight = False
+                self._beating.notify_all()
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.heartbeat_s):
+        # Beats are spaced from their starts: a slow heartbeat does not delay the next.
+        next_start = self.clock() + self.heartbeat_s
+        while not self._stop.wait(max(next_start - self.clock(), 0.0)):
+            next_start = self.clock() + self.heartbeat_s
             try:
                 self.beat()
             except (ConcurrentDriverError, LeaseExpiredError):
@@ -479,9 +553,8 @@ class JobLease:
         if self.record is not None and self.failure is None:
             try:
                 self.check()
-                record = replace(self.record, seq=self.record.seq + 1, released=True,
-                                 heartbeat_ts=time.time())
-                self.storage.put_bytes(_lease_key(self.prefix, record.epoch), record.to_json())
+                self._swap(replace(self.record, seq=self.record.seq + 1, released=True,
+                                   heartbeat_ts=time.time()))
             except Exception:  # best effort: expiry frees it anyway
                 log.warning("could not release the lease of job %s", self.job, exc_info=True)
         self.record = None

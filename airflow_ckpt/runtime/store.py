@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
@@ -92,9 +92,16 @@ class SharedFileRegistry:
 class CompletedCheckpointStore:
     """Keeps the newest ``num_retained`` completed checkpoints of one job."""
 
-    def __init__(self, storage: CheckpointStorage, job: str, num_retained: int) -> None:
+    def __init__(self, storage: CheckpointStorage, job: str, num_retained: int, *,
+                 epoch: int | None = None,
+                 confirm: Callable[[], None] = lambda: None) -> None:
         self.storage = storage
         self.layout = JobLayout(job)
+        #: the lease epoch of this driver; shared keys of newer epochs are never deleted
+        self.epoch = epoch
+        #: raises if another driver claimed the job (``JobLease.confirm``): called after
+        #: the listing a collection deletes from and before its first delete
+        self.confirm = confirm
         self.catalog = CheckpointCatalog(storage, job)
         self.num_retained = num_retained
         self._lock = threading.Lock()
@@ -109,13 +116,14 @@ class CompletedCheckpointStore:
         with self._lock:
             return list(self._retained)
 
-    def segment_index(self) -> dict[str, FileEntry]:
-        """Merged files of the retained checkpoints in ``shared/``, by SHA-256: a new
-        checkpoint references such a segment instead of uploading the bytes again (after
-        reserving its merged object, which may have been collected meanwhile)."""
+    def shared_index(self) -> dict[str, FileEntry]:
+        """The files of the retained checkpoints in ``shared/`` (whole, or segments of
+        merged objects), by SHA-256: a new checkpoint references such a file instead of
+        uploading the bytes again (after reserving its object, which may have been
+        collected meanwhile), also across lease epochs, whose new uploads get keys of
+        their own."""
         with self._lock:
-            return {f.sha256: f for m in self._retained for f in m.files
-                    if f.shared and f.merged}
+            return {f.sha256: f for m in self._retained for f in m.files if f.shared}
 
     def recover(self, pinned: int | None = None, distrust: Iterable[str] = ()) -> int:
         """Load what storage holds; remove abandoned (marker-less) checkpoint directories.
@@ -175,20 +183,28 @@ class CompletedCheckpointStore:
         for manifest in subsumed:
             # _metadata first: from here on the checkpoint is no longer restorable.
             self.storage.delete_many([self.layout.checkpoint_metadata(manifest.checkpoint_id)])
-            if not all(f.shared for f in manifest.files):
-                # An incremental checkpoint's directory holds its _metadata alone: only
-                # its async phase writes there, and it writes every file to shared/.
-                self.storage.delete_prefix(self.layout.checkpoint_dir(manifest.checkpoint_id))
         # Listed before the view is taken: a file uploaded after the listing is not a
         # candidate at all; one uploaded before it is pinned by its reservation or, once
         # its checkpoint completed, by the retained manifest (the view below).
-        stored = [i.key for i in self.storage.list(self.layout.shared_prefix)]
+        stored = [i.key for i in self.storage.list(self.layout.shared_prefix)
+                  if (self.layout.shared_key_epoch(i.key) or 0) <= (self.epoch or 0)]
         with self._lock:
             referenced = {
                 self.layout.root + f.key for m in self._retained for f in m.files if f.shared
             }
             garbage = self.shared.collectable(stored, referenced)
         try:
+            if garbage or any(not all(f.shared for f in m.files) for m in subsumed):
+                # Confirmed after the markers above are gone and the listing was taken:
+                # a successor claims later, so it adopts none of the subsumed checkpoints
+                # and reuses none of these files; deletes that land late harm nobody.
+                self.confirm()
+            for manifest in subsumed:
+                if not all(f.shared for f in manifest.files):
+                    # An incremental checkpoint's directory holds its _metadata alone:
+                    # only its async phase writes there, and it writes all to shared/.
+                    self.storage.delete_prefix(
+                        self.layout.checkpoint_dir(manifest.checkpoint_id))
             interleave.point(interleave.GC_BEFORE_DELETE)
             if garbage:
                 self.storage.delete_many(garbage)

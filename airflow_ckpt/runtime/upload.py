@@ -106,6 +106,8 @@ class UploadTarget:
     dir_key: str  # relative to the job root, e.g. "chk-7/" or "savepoints/sp-x/"
     incremental: bool
     merged_file_size: int = 0
+    #: the lease epoch of the uploading driver: new shared keys carry it
+    epoch: int | None = None
 
     def merges(self, f: CapturedFile) -> bool:
         return f.size < min(MERGE_FILES_BELOW, self.merged_file_size)
@@ -143,15 +145,17 @@ def upload_snapshot(
     deadline: float,
     on_ack: Callable[[str], None],
     cancelled: threading.Event,
-    segments: Mapping[str, FileEntry] | None = None,
+    reusable: Mapping[str, FileEntry] | None = None,
 ) -> UploadResult:
     """Upload every captured file; durable in storage when this returns.
 
     Small files (see :meth:`UploadTarget.merges`) are merged: concatenated into one
     object per group, each recorded as a segment (``FileEntry.offset``) of it. In
-    ``shared/`` a merged object is content-addressed like any file; a small file whose
-    bytes are a segment of a merged object the store still holds (``segments``: by
-    SHA-256, from the retained manifests) is referenced there, not uploaded again.
+    ``shared/`` a merged object is content-addressed like any file (within the
+    uploader's lease epoch, ``target.epoch``); a file whose bytes a retained checkpoint
+    already holds in ``shared/`` (``reusable``: by SHA-256, from the retained manifests;
+    a whole file or a segment of a merged object) is referenced there, not uploaded
+    again.
 
     ``on_ack(subtask)`` is called once per subtask when all its files are durable.
     Raises ``CheckpointDeclinedError`` on a storage error, when ``deadline``
@@ -162,7 +166,7 @@ def upload_snapshot(
     for f in snapshot.files:
         remaining[f.subtask] = remaining.get(f.subtask, 0) + 1
     lock = threading.Lock()
-    known = segments or {}
+    known = reusable or {}
 
     def check() -> None:
         if cancelled.is_set() or time.monotonic() > deadline:
@@ -182,9 +186,21 @@ def upload_snapshot(
         return FileEntry(f.path, key[len(layout.root):], f.size, sha, target.incremental,
                          offset)
 
+    def reuse(f: CapturedFile, sha: str) -> FileEntry | None:
+        """A retained checkpoint's shared copy of these bytes (a file, or a segment of a
+        merged object), pinned for this checkpoint; None if there is none to pin."""
+        old = known.get(sha)
+        # reserve() pins the object; False: it is stored and stays so
+        if (old is not None and target.incremental
+                and not shared.reserve(target.checkpoint_id, layout.root + old.key)):
+            return entry(f, layout.root + old.key, sha, old.offset)
+        return None
+
     def alone(f: CapturedFile) -> tuple[list[FileEntry], int]:
         sha = digests.digest(f.staged)
-        key = (layout.shared_file(sha) if target.incremental
+        if (found := reuse(f, sha)) is not None:
+            return [found], 0
+        key = (layout.shared_file(sha, target.epoch) if target.incremental
                else layout.root + target.dir_key + f.path)
         return [entry(f, key, sha)], f.size if store(f.staged, key) else 0
 
@@ -194,11 +210,8 @@ def upload_snapshot(
         for f in group:
             check()
             sha = digests.digest(f.staged)
-            old = known.get(sha)
-            # reserve() pins the merged object; False: it is stored and stays so
-            if (old is not None and old.offset is not None and target.incremental
-                    and not shared.reserve(target.checkpoint_id, layout.root + old.key)):
-                out[f.path] = entry(f, layout.root + old.key, sha, old.offset)
+            if (found := reuse(f, sha)) is not None:
+                out[f.path] = found
             else:
                 fresh.append((f, sha))
         if not fresh:
@@ -214,7 +227,7 @@ def upload_snapshot(
                 with f.staged.open("rb") as src:
                     copy_hashed(src, dst, digest.update)
             size = dst.tell()
-        key = (layout.shared_file(digest.hexdigest()) if target.incremental
+        key = (layout.shared_file(digest.hexdigest(), target.epoch) if target.incremental
                else layout.merged_file(target.checkpoint_id, digest.hexdigest()))
         uploaded = size if store(path, key) else 0
         path.unlink()

@@ -20,7 +20,7 @@ from airflow_ckpt.runtime.coordinator import BACKGROUND_NICENESS, CheckpointCoor
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.interleave import Pause
 from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.lease import JobLease
+from airflow_ckpt.runtime.lease import JobLease, LeaseRecord
 from airflow_ckpt.runtime.metadata import Manifest
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
@@ -159,15 +159,14 @@ def lease_for(storage: CheckpointStorage, clock: FakeClock, owner: str) -> JobLe
                     clock=clock, sleep=clock.sleep)
 
 
-def adopt(storage: CheckpointStorage) -> tuple[tuple[int, ...], int]:
-    """What CheckpointedJob._adopt does: completed ids, first id past every reserved one."""
-    from airflow_ckpt.runtime.lease import read_lease
-
+def adopt(storage: CheckpointStorage,
+          previous: LeaseRecord | None) -> tuple[tuple[int, ...], int]:
+    """What CheckpointedJob._adopt does: completed ids (judged by the previous holder's
+    record), first id past every reserved one."""
     catalog = CheckpointCatalog(storage, JOB)
     used = catalog.checkpoint_ids(completed_only=False)
-    previous = read_lease(storage, JOB)
     floor = previous.id_limit or 1 if previous else 1
-    return tuple(catalog.checkpoint_ids()), max([floor - 1, *used]) + 1
+    return tuple(catalog.checkpoint_ids(lease=previous)), max([floor - 1, *used]) + 1
 
 
 def start_fenced(storage: CheckpointStorage, workdir: Path, lease: JobLease,
@@ -187,7 +186,7 @@ def test_a_paused_deposed_driver_cannot_complete_delete_or_commit(
     resume its marker, its GC and its sink commits are refused."""
     clock = FakeClock()
     old_lease = lease_for(storage, clock, "old")
-    old_lease.acquire(adopt=lambda: adopt(storage))
+    old_lease.acquire(adopt=lambda prev: adopt(storage, prev))
     old = start_fenced(storage, workdir, old_lease, FencedStorage(storage, old_lease.gate))
     done = old.trigger("manual")
     assert done.done.wait(10) and done.manifest is not None  # chk-1 completes normally
@@ -198,7 +197,7 @@ def test_a_paused_deposed_driver_cannot_complete_delete_or_commit(
             pause.wait_reached()
             # The old driver is frozen (GC pause, SIGSTOP): its heartbeat stops moving.
             new_lease = lease_for(storage, clock, "new")
-            new_lease.acquire(adopt=lambda: adopt(storage))  # waits out ttl + max write
+            new_lease.acquire(adopt=lambda prev: adopt(storage, prev))  # waits out ttl + max write
             new_store = CompletedCheckpointStore(storage, JOB, 2)
             new_store.recover()  # sweeps the old driver's in-flight chk-2
             pause.resume()
@@ -236,14 +235,14 @@ def test_a_late_marker_of_a_deposed_driver_never_counts(
 ) -> None:
     clock = FakeClock()
     old_lease = lease_for(storage, clock, "old")
-    old_lease.acquire(adopt=lambda: adopt(storage))
+    old_lease.acquire(adopt=lambda prev: adopt(storage, prev))
     delayed = DelayedMarkerStorage(storage, old_lease.gate)
     old = start_fenced(storage, workdir, old_lease, delayed)
     try:
         p = old.trigger("manual")
         delayed.held.wait_reached()  # gate passed, the request is in flight
         new_lease = lease_for(storage, clock, "new")
-        record = new_lease.acquire(adopt=lambda: adopt(storage))
+        record = new_lease.acquire(adopt=lambda prev: adopt(storage, prev))
         assert record.adopted == () and record.first_id is not None
         assert record.first_id > p.checkpoint_id  # past every id the old driver reserved
         CompletedCheckpointStore(storage, JOB, 2).recover()
@@ -283,7 +282,7 @@ def test_heartbeat_loss_while_a_checkpoint_is_in_flight(
 
     clock = FakeClock()
     lease = lease_for(storage, clock, "a")
-    lease.acquire(adopt=lambda: adopt(storage))
+    lease.acquire(adopt=lambda prev: adopt(storage, prev))
     coordinator = start_fenced(storage, workdir, lease, FencedStorage(storage, lease.gate))
     pause = Pause()
     beat_reached = Pause()
@@ -293,10 +292,11 @@ def test_heartbeat_loss_while_a_checkpoint_is_in_flight(
             pause.wait_reached()
             real_put = storage.put_bytes
 
-            def lease_unreachable(key: str, data: bytes, *, create_only: bool = False) -> None:
+            def lease_unreachable(key: str, data: bytes, *, create_only: bool = False,
+                                  if_match: str | None = None) -> str:
                 if "/lease/" in key:
                     raise StorageError("the endpoint does not answer")
-                real_put(key, data, create_only=create_only)
+                return real_put(key, data, create_only=create_only, if_match=if_match)
 
             monkeypatch.setattr(storage, "put_bytes", lease_unreachable)
             with interleave.installed(interleave.LEASE_BEFORE_BEAT, beat_reached):

@@ -76,7 +76,7 @@ def _upload(storage: CheckpointStorage, store: CompletedCheckpointStore, snap: C
         storage, L, snap, target, executor=InlineExecutor(), digests=digests or DigestCache(),
         shared=store.shared, deadline=time.monotonic() + 60, on_ack=acked.add,
         cancelled=threading.Event(),
-        segments=store.segment_index() if incremental else None)
+        reusable=store.shared_index() if incremental else None)
     return result, acked
 
 
@@ -271,7 +271,7 @@ def test_a_segment_whose_object_was_collected_is_uploaded_again(
 ) -> None:
     storage, store = setup
     manifest = _merged_manifest(storage, store, tmp_path)
-    segments = store.segment_index()
+    segments = store.shared_index()
     # the collector decided the object is garbage (tombstoned) and deleted it
     key = L.root + manifest.files[0].key
     store.shared.collectable([key], set())
@@ -282,7 +282,7 @@ def test_a_segment_whose_object_was_collected_is_uploaded_again(
     result = upload_snapshot(
         storage, L, _snapshot(tmp_path, "s2", _batch(0)), target, executor=InlineExecutor(),
         digests=DigestCache(), shared=store.shared, deadline=time.monotonic() + 60,
-        on_ack=lambda _s: None, cancelled=threading.Event(), segments=segments)
+        on_ack=lambda _s: None, cancelled=threading.Event(), reusable=segments)
     assert len(storage.writes) == 1
     out = materialize(storage, _complete(storage, store, 2, result), L.root,
                       tmp_path / "restored", only_needed=False)

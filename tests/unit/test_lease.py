@@ -233,7 +233,7 @@ def test_takeover_records_adopted_checkpoints_and_late_markers_never_count(
     store: CheckpointStorage, clock: FakeClock
 ) -> None:
     new = lease(store, clock, "run-b")
-    new.acquire(adopt=lambda: ((3, 4), 6))
+    new.acquire(adopt=lambda _prev: ((3, 4), 6))
     record = read_lease(store, "job")
     assert record is not None and record.adopted == (3, 4) and record.first_id == 6
     # chk-5 was in flight at the deposed driver: its late _metadata never counts;
