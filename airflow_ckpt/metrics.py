@@ -10,8 +10,8 @@ docs/metrics.md.
 ``ti.finish.<dag_id>...`` while ``[metrics] legacy_names_on`` is true, its default), each
 value goes out twice:
 
-* ``airflow_ckpt.<metric>`` with the tag ``job=<job>`` (OTel attributes, DogStatsD tags,
-  InfluxDB-style StatsD tags);
+* ``airflow_ckpt.<metric>`` with the tag ``job_name=<job>`` (OTel attributes, DogStatsD
+  tags, InfluxDB-style StatsD tags; Flink's Prometheus reporter names its label so too);
 * ``airflow_ckpt.<job>.<metric>`` (dots in the job name become ``__``, as Airflow does),
   for plain StatsD, which has no tags - only with ``legacy_names_on``.
 
@@ -25,7 +25,7 @@ exactly one counting watcher:
 * the history events a *driver* writes (checkpoints and savepoints completed or failed,
   in-process restarts) are counted by the supervision that watches that driver: the
   deferrable operator's supervision trigger (its probe, for the events it reads anyway:
-  no extra storage request) or, in the blocking operator, :func:`watching` around the
+  one extra listing, when it starts) or, in the blocking operator, :func:`watching` around the
   submission (a listing every :data:`WATCH_INTERVAL_S` and after the driver exited);
 * the restarts the *supervisor* decides (a driver died, the strategy restarts it) are
   counted by the supervisor when it writes the decision (:func:`count_restart`), outside
@@ -65,7 +65,7 @@ from airflow_ckpt.runtime.history import (
 log = logging.getLogger(__name__)
 
 NAMESPACE = "airflow_ckpt"
-JOB_TAG = "job"
+JOB_TAG = "job_name"  # Flink's scope variable <job_name>, its Prometheus label
 
 # Gauges: Flink's CheckpointStatsTracker names (job scope), the newest completed
 # checkpoint or savepoint, as in Flink.

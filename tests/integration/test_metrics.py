@@ -215,7 +215,7 @@ def test_the_same_metrics_reach_the_otel_in_memory_reader(
     assert verdict is not None and verdict.kind == "finished"
     points = otel_points(otel_reader)
     tagged = {name.removeprefix("airflow.airflow_ckpt."): value
-              for (name, attrs), value in points.items() if attrs == (("job", JOB),)}
+              for (name, attrs), value in points.items() if attrs == (("job_name", JOB),)}
     per_job = {name.removeprefix("airflow.airflow_ckpt.orders__eu."): value
                for (name, attrs), value in points.items()
                if name.startswith("airflow.airflow_ckpt.orders__eu.")}

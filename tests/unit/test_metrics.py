@@ -8,8 +8,11 @@ watcher trigger), the names and the switches.
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +21,8 @@ from airflow.sdk.observability import stats
 from airflow.sdk.observability.metrics import stats_utils
 
 from airflow_ckpt.metrics import (
+    COUNTERS,
+    GAUGES,
     EventMetrics,
     count_restart,
     metrics_enabled,
@@ -116,7 +121,7 @@ def test_blocking_watch_counts_each_event_written_during_the_block_once(
         "airflow_ckpt.lastCheckpointFullSize": 200, "airflow_ckpt.lastCompletedCheckpointId": 2,
         "airflow_ckpt.lastCheckpointCompletedTimestamp": 2000,
     }
-    assert all(tags == {"job": JOB} for _, _, _, tags in recorder.sent if tags)
+    assert all(tags == {"job_name": JOB} for _, _, _, tags in recorder.sent if tags)
 
 
 def test_metrics_off_means_no_watch_no_reads(file_storage: CheckpointStorage,
@@ -145,10 +150,10 @@ def test_without_legacy_names_only_the_tagged_name(
 ) -> None:
     monkeypatch.setenv("AIRFLOW__METRICS__LEGACY_NAMES_ON", "False")
     count_restart("a.b")
-    assert recorder.sent == [("c", "airflow_ckpt.numRestarts", 1, {"job": "a.b"})]
+    assert recorder.sent == [("c", "airflow_ckpt.numRestarts", 1, {"job_name": "a.b"})]
     monkeypatch.setenv("AIRFLOW__METRICS__LEGACY_NAMES_ON", "True")
     count_restart("a.b")
-    assert recorder.sent[1:] == [("c", "airflow_ckpt.numRestarts", 1, {"job": "a.b"}),
+    assert recorder.sent[1:] == [("c", "airflow_ckpt.numRestarts", 1, {"job_name": "a.b"}),
                                  ("c", "airflow_ckpt.a__b.numRestarts", 1, None)]
 
 
@@ -196,3 +201,15 @@ def test_a_sensor_match_and_an_asset_watcher_event_set_the_gauges(
     assert asyncio.run(first())["id"] == 2
     assert recorder.gauges()["airflow_ckpt.lastCompletedCheckpointId"] == 2
     assert recorder.gauges()["airflow_ckpt.lastCheckpointCompletedTimestamp"] == 1_700_000_002_000
+
+
+def test_the_docs_table_and_the_dashboard_name_what_is_emitted() -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    table = re.findall(r"^\| `(\w+)` \| (gauge|counter) \|", (docs / "metrics.md").read_text(),
+                       re.MULTILINE)
+    assert sorted(table) == sorted([*((g, "gauge") for g in GAUGES),
+                                    *((c, "counter") for c in COUNTERS)])
+    dashboard = json.loads((docs / "grafana-checkpoints.json").read_text())
+    used = {name for panel in dashboard["panels"] for target in panel["targets"]
+            for name in re.findall(r"airflow_ckpt_(\w+)", target["expr"])}
+    assert used and used <= {*GAUGES, *COUNTERS}
