@@ -31,7 +31,8 @@ exactly one counting watcher:
   counted by the supervisor when it writes the decision (:func:`count_restart`), outside
   every watcher's window;
 * a watcher counts only the events written after it started (:class:`EventMetrics`):
-  what the history held already updates gauges only. A triggerer restart therefore
+  what the history held already is not counted (the probe, which reads it anyway, sets
+  the gauges from it). A triggerer restart therefore
   never re-counts a long-running job's past; what the job wrote while no triggerer ran
   is not counted (at most once - StatsD over UDP is at most once anyway);
 * sensors and the ``CheckpointEventTrigger`` read manifests, not events: they set
