@@ -19,7 +19,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_ckpt.driver_output import summarize_driver_output
 from airflow_ckpt.errors import MetadataError
@@ -38,6 +38,9 @@ from airflow_ckpt.runtime.history import (
     JobHistory,
 )
 from airflow_ckpt.runtime.lease import LeaseObserver
+
+if TYPE_CHECKING:
+    from airflow_ckpt.metrics import EventMetrics
 
 RESTORE_LATEST = "latest"
 RESTORE_NONE = "none"
@@ -222,6 +225,9 @@ class SupervisionProbe:
         its launcher lives is reported once the exit code is there (at most
         ``exit_grace_s`` later): a driver that exited non-zero is reported with its
         code and last error, not as a silent death
+    :param metrics: emits the metrics of this run's events as the probe reads them
+        (it counts the checkpoints, savepoints and in-process restarts of the driver it
+        watches; see :mod:`airflow_ckpt.metrics`)
     """
 
     def __init__(
@@ -239,6 +245,7 @@ class SupervisionProbe:
         exit_grace_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        metrics: EventMetrics | None = None,
     ) -> None:
         self.history = history
         self.run_id = run_id
@@ -252,6 +259,7 @@ class SupervisionProbe:
         self.exit_grace_s = exit_grace_s
         self.clock = clock
         self.wall_clock = wall_clock
+        self.metrics = metrics
         self.observer = LeaseObserver(history.storage, history.layout.job, clock=clock)
         self._started = clock()
         self._cursor = submitted_key
@@ -321,6 +329,8 @@ class SupervisionProbe:
             run = event.data.get("run_id")
             if run is not None and run != self.run_id:
                 continue
+            if self.metrics is not None:
+                self.metrics.observe(event)
             if event.type in (JOB_FINISHED, JOB_STOPPED):
                 outcome = "stopped" if event.type == JOB_STOPPED else "finished"
                 verdict = Verdict("finished", f"the job {outcome}", None, outcome)

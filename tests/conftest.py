@@ -11,4 +11,5 @@ pytest_plugins = [
     "tests.fixtures.spark",
     "tests.fixtures.airflow_env",
     "tests.fixtures.spark_standalone",
+    "tests.fixtures.metrics",
 ]

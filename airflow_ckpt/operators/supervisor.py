@@ -33,6 +33,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_ckpt.errors import RestartsExhaustedError
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.hooks.spark_submit import CheckpointedSparkSubmitHook
+from airflow_ckpt.metrics import count_restart, watching
 from airflow_ckpt.operators.arguments import ValidatedArgs
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.history import (
@@ -169,6 +170,7 @@ class Supervisor:
             error_lines=failure.error_lines, submit_attempt=failure.attempt)
         if not decision.restart:
             self._fail(failure, decision.reason or "", write=True)
+        count_restart(self.args.job)
         self.log.info("job %s attempt %d failed (%s); restarting in %.3f s (%s)",
                       self.args.job, failure.attempt, failure.cause, decision.delay_s,
                       decision.reason or "")
@@ -240,7 +242,8 @@ class Supervisor:
         while True:
             before = self.restart_log.refresh()
             restored_before, terminal_before = len(before.restored), before.last_terminal
-            failure = submit(attempt, self.restore_for(attempt))
+            with watching(self.history):  # the driver's events, as metrics
+                failure = submit(attempt, self.restore_for(attempt))
             state = self.restart_log.refresh()
             for event in state.restored[restored_before:]:
                 self.log.info("attempt %d restored from %s %s (batch %s)", attempt,

@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 from airflow_ckpt.durations import parse_duration
 from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.hooks.checkpoint_store import DEFAULT_CONN_ID, CheckpointStoreHook
+from airflow_ckpt.metrics import report_snapshot
 from airflow_ckpt.triggers.checkpoint import CheckpointTrigger
 from airflow_ckpt.triggers.matching import (
     CheckpointCondition,
@@ -34,8 +35,10 @@ def match_outcome(result: MatchResult) -> dict[str, Any]:
     ``failed`` (request failed, stale job, unreadable storage) raises
     ``AirflowFailException``: waiting longer or retrying would not change the verdict.
     ``timeout`` raises ``AirflowSensorTimeout``. With ``soft_fail`` both skip the task.
+    A match sets the job's checkpoint gauges (:func:`~airflow_ckpt.metrics.report_snapshot`).
     """
     if result.status == "matched" and result.summary is not None:
+        report_snapshot(result.summary)
         return result.summary
     if result.status == "timeout":
         raise AirflowSensorTimeout(result.message)

@@ -25,6 +25,7 @@ from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 from airflow_ckpt.errors import EndpointUnreachableError
 from airflow_ckpt.hooks import DEFAULT_CONN_ID
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+from airflow_ckpt.metrics import report_snapshot
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.metadata import Manifest
 from airflow_ckpt.triggers.matching import (
@@ -141,7 +142,8 @@ class CheckpointEventTrigger(BaseEventTrigger):
     Each event's payload is :func:`~airflow_ckpt.triggers.matching.summarize` of the
     snapshot (``path``, ``job``, ``kind``, ``id``, ``savepoint_id``, ``batch_id``, ...);
     a downstream DAG reads it from ``triggering_asset_events`` as
-    ``event.extra["payload"]``.
+    ``event.extra["payload"]``. Each also sets the job's checkpoint gauges
+    (:func:`~airflow_ckpt.metrics.report_snapshot`).
 
     Only *new* snapshots fire (Airflow's "avoid infinite scheduling" rule: a condition
     that stays true, like "a checkpoint exists", must not fire on every poll). The
@@ -254,7 +256,9 @@ class CheckpointEventTrigger(BaseEventTrigger):
                 except EndpointUnreachableError as exc:
                     self.log.warning("checkpoint storage unreachable, will retry: %s", exc)
                 for manifest in fresh:
-                    yield TriggerEvent(summarize(catalog, manifest))
+                    summary = summarize(catalog, manifest)
+                    report_snapshot(summary)
+                    yield TriggerEvent(summary)
                     condition = advance(condition, [manifest])
                     await self._save_watermark(condition)
                 await asyncio.sleep(self.poll_interval)

@@ -197,6 +197,7 @@ def summarize(catalog: CheckpointCatalog, manifest: Manifest) -> dict[str, Any]:
         "completed_ts": manifest.timings.completed_ts,
         "state_size": manifest.state_size,
         "checkpointed_size": manifest.checkpointed_size,
+        "end_to_end_duration": manifest.timings.end_to_end_duration_ms,
     }
 
 

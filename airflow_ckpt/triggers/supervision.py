@@ -7,7 +7,8 @@ event loop never blocks) a :class:`~airflow_ckpt.supervision.SupervisionProbe`: 
 job's lease heartbeat, its terminal history events, the detached launcher's exit file
 (same host only) and the checkpoint-progress health rule. It fires one event, a
 :meth:`~airflow_ckpt.supervision.Verdict.to_payload`, and the operator resumes to decide
-(restart strategy) what next.
+(restart strategy) what next. Meanwhile it emits the job's checkpoint metrics for the
+events it reads (:mod:`airflow_ckpt.metrics`).
 
 Triggerer restarts: everything the trigger needs is in its kwargs and in storage. The
 heartbeat judgement needs two looks on one clock, so a restarted trigger waits one full
@@ -31,6 +32,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.hooks.spark_submit import read_exit_code, signal_detached
+from airflow_ckpt.metrics import EventMetrics
 from airflow_ckpt.runtime.lease import pid_alive
 from airflow_ckpt.supervision import HealthRule, SupervisionProbe, Verdict
 
@@ -132,12 +134,13 @@ class DriverSupervisionTrigger(BaseTrigger):
             health = HealthRule(float(self.health["interval_s"]),
                                 float(self.health.get("multiple", 3.0)),
                                 bool(self.health.get("restart", False)))
+        history = hook.history(self.job)
         return SupervisionProbe(
-            hook.history(self.job), self.run_id, submitted_key=self.submitted_key,
+            history, self.run_id, submitted_key=self.submitted_key,
             lease_epoch_before=self.lease_epoch_before, exit_code=self._exit_code,
             exit_pending=self._exit_pending,
             health=health, catalog=hook.catalog(self.job) if health else None,
-            startup_timeout_s=self.startup_timeout_s,
+            startup_timeout_s=self.startup_timeout_s, metrics=EventMetrics.start(history),
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

@@ -5,7 +5,8 @@ runs the watcher of tests/e2e/dags/checkpoint_watcher_e2e.py against the session
 endpoint. Shown: one asset event per new snapshot with its summary as payload, none for
 snapshots that existed before, and after a triggerer restart the watermark kept in
 Airflow's asset state store makes it fire what completed while it was down - and
-nothing twice.
+nothing twice. The triggerer's metrics go to a real StatsD listener: each fired snapshot
+sets the job's checkpoint gauges through Airflow's ``Stats`` in the triggerer process.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import time
@@ -23,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from airflow_ckpt.runtime.metadata import Manifest
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing import S3Endpoint
 from tests.fixtures.airflow_env import VENV_BIN, AirflowEnv
@@ -110,11 +113,17 @@ def test_asset_watcher_fires_once_per_new_snapshot_across_restarts(
         "password": s3_endpoint.secret_access_key,
         "extra": {"endpoint_url": s3_endpoint.url, "region_name": s3_endpoint.region_name},
     })
+    statsd = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    statsd.bind(("127.0.0.1", 0))
+    statsd.settimeout(60)
     env = {**airflow_env.env,
            "AIRFLOW__CORE__DAGS_FOLDER": str(E2E_DAGS),
            "AIRFLOW_CONN_CKPT_S3": connection,
            "AIRFLOW_CKPT_E2E_WATCH_STORAGE": storage.uri,
-           "AIRFLOW_CKPT_E2E_WATCH_JOB": job}
+           "AIRFLOW_CKPT_E2E_WATCH_JOB": job,
+           "AIRFLOW__METRICS__STATSD_ON": "True",
+           "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+           "AIRFLOW__METRICS__STATSD_PORT": str(statsd.getsockname()[1])}
     db = airflow_env.db
     write_snapshot(storage, job, 1)  # before the watcher: must never fire
 
@@ -148,9 +157,12 @@ def test_asset_watcher_fires_once_per_new_snapshot_across_restarts(
             "after_checkpoint_id": 1, "known_savepoints": []}
         assert events() == []
 
-        write_snapshot(storage, job, 2)
-        write_snapshot(storage, job, 2, savepoint_id="pre-upgrade")
+        snapshots = [write_snapshot(storage, job, 2),
+                     write_snapshot(storage, job, 2, savepoint_id="pre-upgrade")]
         wait_for(lambda: len(events()) >= 2, 60, "two asset events", log)
+        # the gauges of each fired snapshot, from the triggerer (its own metrics filtered)
+        assert ckpt_datagrams(statsd, job, 20) == [
+            line for m in snapshots for line in snapshot_gauges(job, m)]
         time.sleep(2)  # nothing else may fire
         first = events()
         assert [(e["kind"], e["id"], e["savepoint_id"]) for e in first] == [
@@ -173,4 +185,25 @@ def test_asset_watcher_fires_once_per_new_snapshot_across_restarts(
                      "e2e-new-snapshots") == [(trigger_id,)]
     finally:
         triggerer.stop()
+        statsd.close()
         airflow(env, "dags", "pause", DAG_ID)
+
+
+def ckpt_datagrams(sock: socket.socket, job: str, n: int) -> list[str]:
+    """The next ``n`` metrics of ``job`` the listener receives (others are skipped)."""
+    out: list[str] = []
+    while len(out) < n:
+        lines = sock.recv(65536).decode().split("\n")
+        out += [line for line in lines if line.startswith("airflow.airflow_ckpt.")
+                and (f".{job}." in line or line.count(".") == 2)]
+    return out
+
+
+def snapshot_gauges(job: str, m: Manifest) -> list[str]:
+    values = {"lastCheckpointDuration": m.timings.end_to_end_duration_ms,
+              "lastCheckpointSize": m.checkpointed_size, "lastCheckpointFullSize": m.state_size,
+              "lastCompletedCheckpointId": m.checkpoint_id,
+              "lastCheckpointCompletedTimestamp": round(m.timings.completed_ts * 1000)}
+    return [line for name, value in values.items()
+            for line in (f"airflow.airflow_ckpt.{name}:{value}|g",
+                         f"airflow.airflow_ckpt.{job}.{name}:{value}|g")]

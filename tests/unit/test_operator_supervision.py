@@ -22,14 +22,17 @@ import pytest
 
 from airflow_ckpt.operators import CheckpointedJobFailedError, CheckpointedSparkSubmitOperator
 from airflow_ckpt.runtime.history import (
+    CHECKPOINT_COMPLETED,
     FAILURE,
     JOB_FAILED,
     JOB_STOPPED,
     JOB_SUBMITTED,
     RESTART,
+    HistoryEvent,
     JobHistory,
 )
 from airflow_ckpt.runtime.storage import open_storage
+from tests.fixtures.metrics import StatsdListener
 
 FAKE = textwrap.dedent(
     """\
@@ -109,6 +112,35 @@ def test_recovers_after_crashes(tmp_path: Path) -> None:
     assert failures[0].data["error_lines"][-1] == "RuntimeError: injected crash on attempt 1"
     assert [r.data["restart"] for r in history.events([RESTART])] == [True, True]
     assert history.events([JOB_FAILED]) == []
+
+
+def test_blocking_supervision_sends_the_jobs_metrics_to_statsd(
+    tmp_path: Path, statsd: StatsdListener, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The blocking path: the driver's checkpoints counted by the watch around each
+    submission, the restarts by the supervisor that decides them (a real UDP listener)."""
+    from airflow_ckpt.runtime.catalog import CheckpointCatalog
+
+    # the fake driver's markers are empty: the final XCom must not read them
+    monkeypatch.setattr(CheckpointCatalog, "latest_checkpoint", lambda self: None)
+    execute, history = run(tmp_path, FIXED, {"spark.fake.crash_attempts": "2",
+                                             "spark.fake.checkpoint_before_crash": "1"})
+    assert execute()["attempts"] == 3
+
+    def sent(metric: str, value: int, kind: str) -> list[str]:
+        return [f"airflow.airflow_ckpt.{metric}:{value}|{kind}",
+                f"airflow.airflow_ckpt.job-a.{metric}:{value}|{kind}"]
+
+    def attempt(event: HistoryEvent) -> list[str]:
+        gauges = {"lastCheckpointDuration": 0, "lastCheckpointSize": 0,
+                  "lastCheckpointFullSize": 0, "lastCompletedCheckpointId": event.data["id"],
+                  "lastCheckpointCompletedTimestamp": round(event.ts * 1000)}
+        return [*(line for name, value in gauges.items() for line in sent(name, value, "g")),
+                *sent("numberOfCompletedCheckpoints", 1, "c"),
+                *sent("totalNumberOfCheckpoints", 1, "c"), *sent("numRestarts", 1, "c")]
+
+    first, second = history.events([CHECKPOINT_COMPLETED])
+    assert statsd.received() == [*attempt(first), *attempt(second)]
 
 
 def _older_runs_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
