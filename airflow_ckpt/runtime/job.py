@@ -12,6 +12,7 @@ takes a final checkpoint when the query finishes, and returns or raises.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import re
@@ -258,7 +259,10 @@ class CheckpointedJob:
 
     def _register(self, sink: TwoPhaseCommitSink) -> None:
         if not any(sink is s for s in self.sinks):
-            sink.fence(self.lease.gate)
+            if "confirm" in inspect.signature(sink.fence).parameters:
+                sink.fence(self.lease.gate, confirm=self.lease.confirm)
+            else:  # a sink written for the one-argument hook
+                sink.fence(self.lease.gate)
             self.sinks.append(sink)
             if self._building:
                 self._attempt_sinks.append(sink)

@@ -26,11 +26,16 @@ class TwoPhaseCommitSink(ABC):
     """A sink whose transactions are micro-batches. Implementations must be idempotent:
     ``commit`` and ``abort`` may be called again for the same batch after a crash."""
 
-    def fence(self, gate: Callable[[], None]) -> None:  # noqa: B027 - optional hook
+    def fence(self, gate: Callable[[], None],  # noqa: B027 - optional hook
+              confirm: Callable[[], None] = lambda: None) -> None:
         """Gate the driver-side writes of this sink with the job's lease (called when the
         sink is registered). A sink writing through ``job.storage`` is gated already; a
         sink with storage of its own wraps it in a
-        :class:`~airflow_ckpt.runtime.storage.fenced.FencedStorage`."""
+        :class:`~airflow_ckpt.runtime.storage.fenced.FencedStorage`. ``confirm`` raises
+        if another driver claimed the job: call it after reading what a commit decision
+        or a delete rests on and before making it (the built-in sinks do so through
+        :class:`~airflow_ckpt.runtime.sinks.transactions.SinkTransactions`; docs/sinks.md
+        explains why)."""
 
     def stage(self, df: DataFrame, batch_id: int) -> None:
         """Pre-commit the batch held in ``df`` (called from ``foreachBatch`` on the driver).

@@ -4,58 +4,100 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from airflow_ckpt.errors import ObjectNotFoundError
+from airflow_ckpt.errors import (
+    CorruptCheckpointError,
+    ObjectAlreadyExistsError,
+    ObjectNotFoundError,
+)
 from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
+from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 
 class JsonLinesSink(TwoPhaseCommitSink):
     """Writes each batch as one JSON-lines object in checkpoint-style storage.
 
-    ``<prefix>/_pending/<batch>.jsonl`` while pre-committed, ``<prefix>/part-<batch>.jsonl``
-    once committed. Readers read only ``part-*``. Commit is copy-then-delete, so a
-    crash between the two leaves a committed part and a stale pending file, which
-    the next commit or abort of that batch removes.
+    ``<prefix>/_pending/<batch>/<attempt>.jsonl`` while pre-committed (one fresh key per
+    attempt, created create-only), ``<prefix>/part-<batch>.jsonl`` once committed.
+    Readers read only ``part-*``. Which attempt a batch commits is decided by
+    :class:`~airflow_ckpt.runtime.sinks.transactions.SinkTransactions` (``_txn/`` and
+    ``_committed/`` under the prefix), so a deposed driver's late write never changes
+    it. Commit is copy-then-delete: a crash between the two leaves the decision, and the
+    next commit or abort of that batch finishes it.
     """
 
     def __init__(self, storage: CheckpointStorage, prefix: str) -> None:
         self.storage = storage
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.transactions = SinkTransactions(storage, self.prefix)
         self._lock = threading.Lock()
 
-    def _pending_key(self, batch_id: int) -> str:
-        return f"{self.prefix}_pending/{batch_id:012d}.jsonl"
+    def fence(self, gate: Callable[[], None],
+              confirm: Callable[[], None] = lambda: None) -> None:
+        """The storage is the job's (gated already); decisions confirm the lease."""
+        self.transactions = SinkTransactions(self.storage, self.prefix, confirm)
+
+    def _pending_prefix(self, batch_id: int) -> str:
+        return f"{self.prefix}_pending/{batch_id:012d}/"
 
     def part_key(self, batch_id: int) -> str:
         return f"{self.prefix}part-{batch_id:012d}.jsonl"
 
     def pre_commit(self, batch_id: int, rows: Sequence[dict[str, Any]]) -> None:
         body = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
-        self.storage.put_bytes(self._pending_key(batch_id), body.encode())
+        attempt = uuid.uuid4().hex[:16]
+        staged = f"{self._pending_prefix(batch_id)}{attempt}.jsonl"
+        self.storage.put_bytes(staged, body.encode(), create_only=True)
+        try:
+            superseded = self.transactions.record(Transaction(batch_id, attempt, "staged"))
+        except ObjectAlreadyExistsError:  # committed already: the replay is dropped
+            self.storage.delete_many([staged])
+            return
+        if superseded is not None:
+            self.storage.delete_many(
+                [f"{self._pending_prefix(batch_id)}{superseded.attempt}.jsonl"])
 
     def commit(self, batch_id: int) -> None:
         with self._lock:
-            pending = self._pending_key(batch_id)
+            decision = self.transactions.decide(
+                batch_id, lambda txn: {"batch": txn.batch, "attempt": txn.attempt})
+            if decision is None:
+                return  # never staged (aborted, or a crash before its record)
+            staged = f"{self._pending_prefix(batch_id)}{decision['attempt']}.jsonl"
             try:
-                self.storage.copy(pending, self.part_key(batch_id))
+                self.storage.copy(staged, self.part_key(batch_id))
             except ObjectNotFoundError:
-                return  # committed already (or never staged)
-            self.storage.delete_many([pending])
+                # Published by an earlier commit whose clean-up removed the staging.
+                if not self.storage.exists(self.part_key(batch_id)):
+                    raise CorruptCheckpointError(
+                        f"{self.storage.uri}: batch {batch_id} was committed but neither "
+                        f"its staged object {staged} nor {self.part_key(batch_id)} exists; "
+                        "the sink's directory was modified outside the sink") from None
+            self.transactions.discard(self._pending_prefix(batch_id))
+            self.transactions.finish(batch_id)
 
     def abort(self, batch_id: int) -> None:
+        if self.transactions.decision(batch_id) is not None:
+            self.commit(batch_id)  # decided: roll the commit forward
+            return
         with self._lock:
-            self.storage.delete_many([self._pending_key(batch_id)])
+            self.transactions.abort(batch_id)
+            self.transactions.discard(self._pending_prefix(batch_id))
 
     def pending(self) -> list[int]:
-        out = []
-        for info in self.storage.list(self.prefix + "_pending/"):
-            name = info.key.rsplit("/", 1)[-1]
-            if name.endswith(".jsonl") and name[:-6].isdigit():
-                out.append(int(name[:-6]))
-        return sorted(out)
+        return self.transactions.staged()
+
+    def recover(self, commit: Iterable[int]) -> None:
+        """As the base class, and abort what a crash left staged without a record."""
+        super().recover(commit)
+        pending = set(self.pending())
+        for name in self.storage.list_dirs(self.prefix + "_pending/"):
+            if name.isdigit() and int(name) not in pending:
+                self.abort(int(name))
 
     def committed_rows(self) -> list[dict[str, Any]]:
         """Every committed row, in batch order (what a downstream reader sees)."""

@@ -9,6 +9,9 @@ Layout under the table directory ``uri`` (``file://...`` or ``s3://bucket/prefix
 
 Spark (``spark.read.parquet``), pyarrow datasets and pandas skip every path segment that
 starts with ``_`` or ``.``, so staged, pending and aborted files are never read by them.
+The two records are owned by :class:`~airflow_ckpt.runtime.sinks.transactions.SinkTransactions`
+(compare-and-swap and create-only writes: a deposed driver's write that lands late never
+changes a decision, see there).
 
 * ``stage``: a fresh attempt id; the executors write the batch into
   ``_staging/<batch>/<attempt>/``. On S3 (no Hadoop s3a in the ``pyspark`` wheel)
@@ -18,14 +21,14 @@ starts with ``_`` or ``.``, so staged, pending and aborted files are never read 
   attempts are listed. On ``file://`` Spark's own Parquet writer writes the staging
   directory (no JVM -> Python hop; Hadoop's commit protocol keeps only successful task
   attempts' files) and the driver reads the footers for the row counts. Either way a
-  retried or speculative task never adds a second copy. The driver then writes
-  ``_txn/<batch>.json`` (``pre_commit``).
+  retried or speculative task never adds a second copy. The driver then records the
+  attempt in ``_txn/<batch>.json`` (``pre_commit``), superseding an earlier attempt.
 * ``commit``: writes ``_committed/<batch>.json`` create-only (the atomic decision: the
   first attempt recorded there is the one published, ever), copies its staged files to
   ``part-<batch>-<n>.parquet`` (names fixed by the record, so re-running a commit
   rewrites the same objects with the same bytes), then deletes the staging and the
   ``_txn`` record. A replayed batch whose decision exists is dropped: no second copy.
-* ``abort``: deletes ``_staging/<batch>/`` and ``_txn/<batch>.json``. If a decision
+* ``abort``: marks the record aborted and deletes ``_staging/<batch>/``. If a decision
   exists the batch is already (partly) visible, so abort rolls the commit forward.
 
 A plain reader sees the files of a batch appear one by one while ``commit`` copies them
@@ -42,7 +45,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +58,7 @@ from airflow_ckpt.errors import (
 )
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
+from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.factory import open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
@@ -249,6 +253,7 @@ class ParquetSink(TwoPhaseCommitSink):
         self.max_workers = max(1, max_workers)
         self._options = dict(s3_options)
         self.storage = open_storage(self.uri, **self._options)
+        self.transactions = SinkTransactions(self.storage)
         self._lock = threading.Lock()
         #: the last batch :meth:`stage` recorded, for monitoring (None before the first)
         self.last_stage: StagedBatch | None = None
@@ -256,11 +261,14 @@ class ParquetSink(TwoPhaseCommitSink):
     def __repr__(self) -> str:
         return f"ParquetSink({self.uri!r})"
 
-    def fence(self, gate: Callable[[], None]) -> None:
+    def fence(self, gate: Callable[[], None],
+              confirm: Callable[[], None] = lambda: None) -> None:
         """Gate the driver's commit decisions, publishing and clean-up with the job's
-        lease (executors only write staging files, which nothing publishes unfenced)."""
+        lease, and confirm the lease before each decision (executors only write staging
+        files, which nothing publishes unfenced)."""
         if not isinstance(self.storage, FencedStorage):
             self.storage = FencedStorage(self.storage, gate)
+        self.transactions = SinkTransactions(self.storage, "", confirm)
 
     # ------------------------------------------------------------------ keys
 
@@ -270,23 +278,8 @@ class ParquetSink(TwoPhaseCommitSink):
         return base + f"{attempt}/" if attempt else base
 
     @staticmethod
-    def _txn_key(batch_id: int) -> str:
-        return f"_txn/{batch_id:012d}.json"
-
-    @staticmethod
-    def _committed_key(batch_id: int) -> str:
-        return f"_committed/{batch_id:012d}.json"
-
-    @staticmethod
     def part_key(batch_id: int, n: int) -> str:
         return f"part-{batch_id:012d}-{n:05d}.parquet"
-
-    def _read_json(self, key: str) -> dict[str, Any] | None:
-        try:
-            data: dict[str, Any] = json.loads(self.storage.get_bytes(key))
-        except ObjectNotFoundError:
-            return None
-        return data
 
     # ------------------------------------------------------------------ protocol
 
@@ -332,36 +325,36 @@ class ParquetSink(TwoPhaseCommitSink):
 
     def _record(self, batch_id: int, attempt: str, files: list[dict[str, Any]]) -> None:
         files.sort(key=lambda f: f["name"])
-        record = {"batch": batch_id, "attempt": attempt, "files": files}
-        # Replaces the record of an earlier attempt of this batch (a replay): only the
-        # newest attempt can be committed; older staged files go with the staging prefix.
-        self.storage.put_bytes(self._txn_key(batch_id), json.dumps(record).encode())
+        try:
+            superseded = self.transactions.record(
+                Transaction(batch_id, attempt, "staged", {"files": files}))
+        except ObjectAlreadyExistsError:
+            log.warning("batch %d is committed already: dropping its replay (attempt %s)",
+                        batch_id, attempt)
+            self.transactions.discard(self._staging_prefix(batch_id, attempt))
+            return
+        if superseded is not None:  # a replay replaces an earlier attempt's staging
+            self.transactions.discard(self._staging_prefix(batch_id, superseded.attempt))
         log.debug("batch %d staged: attempt %s, %d files", batch_id, attempt, len(files))
+
+    def _describe(self, txn: Transaction) -> dict[str, Any]:
+        """The commit decision for a staged transaction (a pure function of it)."""
+        staging = self._staging_prefix(txn.batch, txn.attempt)
+        return {
+            "batch": txn.batch,
+            "attempt": txn.attempt,
+            "files": [
+                {"staged": staging + f["name"], "final": self.part_key(txn.batch, n),
+                 "size": f["size"], "rows": f["rows"]}
+                for n, f in enumerate(txn.payload["files"])
+            ],
+        }
 
     def commit(self, batch_id: int) -> None:
         with self._lock:
-            decision = self._read_json(self._committed_key(batch_id))
+            decision = self.transactions.decide(batch_id, self._describe)
             if decision is None:
-                txn = self._read_json(self._txn_key(batch_id))
-                if txn is None:
-                    self._cleanup(batch_id)  # never fully staged, or already committed
-                    return
-                staging = self._staging_prefix(batch_id, txn["attempt"])
-                decision = {
-                    "batch": batch_id,
-                    "attempt": txn["attempt"],
-                    "files": [
-                        {"staged": staging + f["name"], "final": self.part_key(batch_id, n),
-                         "size": f["size"], "rows": f["rows"]}
-                        for n, f in enumerate(txn["files"])
-                    ],
-                }
-                try:
-                    self.storage.put_bytes(self._committed_key(batch_id),
-                                           json.dumps(decision).encode(), create_only=True)
-                except ObjectAlreadyExistsError:
-                    decision = self._read_json(self._committed_key(batch_id))
-                    assert decision is not None
+                return  # never staged (aborted, or a crash before its record)
             self._publish(decision)
             self._cleanup(batch_id)
 
@@ -403,48 +396,43 @@ class ParquetSink(TwoPhaseCommitSink):
 
     def _cleanup(self, batch_id: int) -> None:
         # Staging first, record last: a crash in between leaves the record, so the
-        # batch is still pending and the next commit/abort finishes the clean-up.
-        self.storage.delete_prefix(self._staging_prefix(batch_id))
-        self.storage.delete_many([self._txn_key(batch_id)])
+        # batch is still pending and the next commit finishes the clean-up.
+        self.transactions.discard(self._staging_prefix(batch_id))
+        self.transactions.finish(batch_id)
 
     def abort(self, batch_id: int) -> None:
-        if self.storage.exists(self._committed_key(batch_id)):
+        if self.transactions.decision(batch_id) is not None:
             log.warning("batch %d: abort after its commit decision; finishing the commit "
                         "(its files are already visible to readers)", batch_id)
             self.commit(batch_id)
             return
         with self._lock:
-            self._cleanup(batch_id)
+            self.transactions.abort(batch_id)
+            self.transactions.discard(self._staging_prefix(batch_id))
 
     def pending(self) -> list[int]:
-        batches = {
-            int(name)
-            for name in self.storage.list_dirs("_staging/")
-            if name.isdigit()
-        }
-        for info in self.storage.list("_txn/"):
-            name = info.key.rsplit("/", 1)[-1]
-            if name.endswith(".json") and name[:-5].isdigit():
-                batches.add(int(name[:-5]))
-        return sorted(batches)
+        return self.transactions.staged()
+
+    def recover(self, commit: Iterable[int]) -> None:
+        """As the base class, and abort the staging a crash left without a record."""
+        super().recover(commit)
+        pending = set(self.pending())
+        for name in self.storage.list_dirs("_staging/"):
+            if name.isdigit() and int(name) not in pending:
+                self.abort(int(name))
 
     # ------------------------------------------------------------------ readers
 
     def committed_batches(self) -> list[int]:
         """Batch ids with a commit decision, ascending."""
-        out = []
-        for info in self.storage.list("_committed/"):
-            name = info.key.rsplit("/", 1)[-1]
-            if name.endswith(".json") and name[:-5].isdigit():
-                out.append(int(name[:-5]))
-        return sorted(out)
+        return self.transactions.committed_batches()
 
     def committed_files(self) -> list[str]:
         """Keys (relative to :attr:`uri`) of every published file, batch by batch: what a
         reader that wants whole batches only reads."""
         keys: list[str] = []
         for batch_id in self.committed_batches():
-            decision = self._read_json(self._committed_key(batch_id))
+            decision = self.transactions.decision(batch_id)
             if decision is not None:
                 keys.extend(f["final"] for f in decision["files"])
         return keys

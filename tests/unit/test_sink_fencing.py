@@ -1,0 +1,123 @@
+"""A deposed driver's sink writes that land late never change a committed decision
+(issue 19, item 1): the two drivers hold real leases on one storage, and the deposed
+driver's request is held "in the network" (a paused thread) until the successor has
+taken over, aborted, re-staged and (for some cases) committed the same batch."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_ckpt.errors import ConcurrentDriverError, StorageError
+from airflow_ckpt.runtime.interleave import Pause
+from airflow_ckpt.runtime.lease import JobLease
+from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
+from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.runtime.storage.fenced import FencedStorage
+from tests.unit.test_lease import FakeClock
+
+JOB = "job"
+
+
+class HeldStorage(FencedStorage):
+    """Holds the first write whose key contains ``hold`` after the gate passed: a
+    request stuck in the network, landing when the test releases it."""
+
+    def __init__(self, inner: CheckpointStorage, gate: Callable[[], None], hold: str) -> None:
+        super().__init__(inner, gate)
+        self.hold, self.held = hold, Pause()
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
+        self.gate()
+        if self.hold in key:
+            self.held()
+        return self.inner.put_bytes(key, data, create_only=create_only, if_match=if_match)
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Iterator[CheckpointStorage]:
+    store = open_storage((tmp_path / "store").as_uri())
+    yield store
+    store.close()
+
+
+def lease(storage: CheckpointStorage, clock: FakeClock, owner: str) -> JobLease:
+    return JobLease(storage, JOB, owner, ttl_s=30, heartbeat_s=5, max_write_s=10,
+                    clock=clock, sleep=clock.sleep)
+
+
+def rows(n: int, start: int) -> list[dict[str, Any]]:
+    return [{"n": i} for i in range(start, start + n)]
+
+
+def committed_numbers(sink: TwoPhaseCommitSink) -> list[int]:
+    if isinstance(sink, JsonLinesSink):
+        return sorted(r["n"] for r in sink.committed_rows())
+    assert isinstance(sink, ParquetSink)
+    import pyarrow.parquet as pq
+
+    out: list[int] = []
+    for key in sink.committed_files():
+        with sink.storage.open_stream(key) as fh:
+            out += pq.read_table(fh).column("n").to_pylist()
+    return sorted(out)
+
+
+def make_sink(kind: str, storage: CheckpointStorage, lease_: JobLease,
+              hold: str | None = None) -> TwoPhaseCommitSink:
+    if kind == "jsonl":
+        base = HeldStorage(storage, lease_.gate, hold) if hold else FencedStorage(
+            storage, lease_.gate)
+        sink: TwoPhaseCommitSink = JsonLinesSink(base, "_out")
+    else:
+        sink = ParquetSink(storage.uri.rstrip("/") + "/table")
+        if hold:
+            sink.storage = HeldStorage(sink.storage, lease_.gate, hold)
+    sink.fence(lease_.gate, confirm=lease_.confirm)
+    return sink
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_deposed_drivers_late_pre_commit_record_never_replaces_the_successors(
+    storage: CheckpointStorage, kind: str
+) -> None:
+    clock = FakeClock()
+    old_lease = lease(storage, clock, "old")
+    old_lease.acquire()
+    old = make_sink(kind, storage, old_lease, hold="_txn/")
+    failures: list[BaseException] = []
+
+    def stage_late() -> None:
+        try:
+            old.pre_commit(7, rows(10, 0))  # the record's PUT is held
+        except (ConcurrentDriverError, StorageError) as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=stage_late)
+    thread.start()
+    assert isinstance(old, (JsonLinesSink, ParquetSink))
+    assert isinstance(old.storage, HeldStorage)
+    held = old.storage.held
+    held.wait_reached()
+
+    # The successor takes over (the old holder is silent), aborts batch 7's staging
+    # (it has no record yet) and stages its own replay of batch 7: other rows.
+    new_lease = lease(storage, clock, "new")
+    new_lease.acquire()  # waits out ttl + max write on the fake clock
+    new = make_sink(kind, storage, new_lease)
+    new.recover(commit=[])
+    new.pre_commit(7, rows(40, 0))
+
+    held.resume()  # the deposed driver's record lands now
+    thread.join(timeout=30)
+    new.commit(7)
+
+    assert committed_numbers(new) == list(range(40))
+    assert new.pending() == []
+    # whatever the deposed driver's write met, it changed nothing it was not allowed to
+    assert all(isinstance(f, (ConcurrentDriverError, StorageError)) for f in failures)
