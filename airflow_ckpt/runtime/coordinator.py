@@ -422,7 +422,11 @@ class CheckpointCoordinator:
     ) -> None:
         start = time.monotonic()
         if p.is_savepoint:  # self-contained: one object per file, never merged
-            target = UploadTarget(p.checkpoint_id, f"savepoints/sp-{p.savepoint_id}/", False)
+            # Under a directory of its own checkpoint id (ids are never reused, also not
+            # across drivers): two drivers answering the same request never write the
+            # same object, so whichever marker lands first names files nobody else wrote.
+            target = UploadTarget(
+                p.checkpoint_id, f"savepoints/sp-{p.savepoint_id}/{p.checkpoint_id}/", False)
         else:
             cfg = self.config
             target = UploadTarget(
@@ -487,7 +491,12 @@ class CheckpointCoordinator:
                 self.failures.fatal = exc
                 raise CheckpointDeclinedError(str(exc)) from exc
             except ObjectAlreadyExistsError as exc:
-                if p.is_savepoint:  # a request re-used an id: fail that request only
+                if p.is_savepoint:
+                    # Another driver's answer to this very request landed first (it was
+                    # deposed mid-way): that savepoint answers it; or a request re-used
+                    # an id: fail that request only.
+                    if self._answered_by_existing(p, claimed=True):
+                        return
                     raise CheckpointDeclinedError(_savepoint_exists(p.savepoint_id)) from exc
                 self.failures.fatal = ConcurrentDriverError(
                     f"{metadata_key} was written by someone else: another driver is running "
@@ -518,22 +527,25 @@ class CheckpointCoordinator:
             snap.discard()
         self._complete(p, manifest)
 
-    def _answered_by_existing(self, p: PendingCheckpoint) -> bool:
+    def _answered_by_existing(self, p: PendingCheckpoint, *, claimed: bool = False) -> bool:
         """A savepoint id that already completed is never written to again.
 
         If the existing savepoint answers this very request (the driver crashed between
-        its ``_metadata`` and the answer), complete the request with it; otherwise
-        decline the request. Returns True if ``p`` is settled.
+        its ``_metadata`` and the answer, or a deposed driver's marker for the same
+        request landed first), complete the request with it; otherwise decline the
+        request. Returns True if ``p`` is settled. ``claimed``: ``p`` is ``completing``
+        already (its own marker write met the existing one).
         """
         assert p.savepoint_id is not None
         key = self.layout.savepoint_metadata(p.savepoint_id)
         if not self.storage.exists(key):
-            return False  # a partial directory of a crashed attempt may be overwritten
+            return False  # nothing completed under this id yet
         existing = parse_manifest(self.storage.get_bytes(key), where=key)
         if p.request_id is None or existing.extra.get("request_id") != p.request_id:
             raise CheckpointDeclinedError(_savepoint_exists(p.savepoint_id))
         log.info("savepoint %s already answers request %s", p.savepoint_id, p.request_id)
-        p.move("completing", allowed=("pending",))
+        if not claimed and not p.move("completing", allowed=("pending",)):
+            return True  # failed meanwhile (timeout): settled
         p.move("completed", allowed=("completing",))
         with self._lock:
             if p in self._pending:

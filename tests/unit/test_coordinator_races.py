@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt.errors import LeaseExpiredError
+from airflow_ckpt.errors import ConcurrentDriverError, LeaseExpiredError
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.config import CheckpointConfig
@@ -43,7 +43,8 @@ def workdir(tmp_path: Path) -> Path:
 
 
 def start(storage: CheckpointStorage, workdir: Path, *, timeout: str = "10 min",
-          fence: object = None, first_id: int = 1) -> CheckpointCoordinator:
+          fence: object = None, confirm: object = None,
+          first_id: int = 1) -> CheckpointCoordinator:
     config = CheckpointConfig.from_dict({
         "execution.checkpointing.interval": "1 h",  # nothing periodic: tests trigger
         "execution.checkpointing.timeout": timeout,
@@ -57,6 +58,7 @@ def start(storage: CheckpointStorage, workdir: Path, *, timeout: str = "10 min",
         history=JobHistory(storage, JOB), next_checkpoint_id=next_id,
         spark_version="4.2.0", poll_interval_s=0.005,
         **({"fence": fence} if fence else {}),
+        **({"confirm": confirm} if confirm else {}),
     )
     coordinator.start()
     return coordinator
@@ -173,7 +175,8 @@ def start_fenced(storage: CheckpointStorage, workdir: Path, lease: JobLease,
                  fenced: CheckpointStorage) -> CheckpointCoordinator:
     record = lease.record
     assert record is not None and record.first_id is not None
-    coordinator = start(fenced, workdir, fence=lease.check, first_id=record.first_id)
+    coordinator = start(fenced, workdir, fence=lease.gate, confirm=lease.confirm,
+                        first_id=record.first_id)
     coordinator.id_guard = lease.reserve_ids
     return coordinator
 
@@ -329,3 +332,68 @@ def test_uploads_and_async_phases_run_below_the_batches_priority(
     assert pending.manifest is not None, pending.failure
     assert seen == [min(mine + BACKGROUND_NICENESS, 19)]
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+
+
+class DelayedSavepointMarkerStorage(FencedStorage):
+    """Holds the first savepoint ``_metadata`` put after the gate passed."""
+
+    def __init__(self, inner: CheckpointStorage, gate: object) -> None:
+        super().__init__(inner, gate)  # type: ignore[arg-type]
+        self.held = Pause()
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
+        self.gate()
+        if key.endswith("/_metadata") and "/savepoints/" in key:
+            self.held()
+        return self.inner.put_bytes(key, data, create_only=create_only, if_match=if_match)
+
+
+def test_a_deposed_drivers_late_savepoint_marker_names_only_its_own_files(
+    storage: CheckpointStorage, workdir: Path, tmp_path: Path
+) -> None:
+    """Issue 19 item 6: the old driver takes savepoint ``sp-v`` for request ``r``, its
+    marker is held in the network; the successor picks up the same request and uploads
+    its own savepoint; the old marker lands first. Before, both wrote the same keys
+    (the successor's bytes under the old manifest: it did not verify) and the successor
+    failed the request while the old driver answered it. Now each writes under its own
+    checkpoint id, the old driver does not act on its marker (it cannot confirm its
+    epoch), and the successor answers the request with the savepoint that landed, which
+    verifies."""
+    from airflow_ckpt.runtime.materialize import materialize
+
+    clock = FakeClock()
+    old_lease = lease_for(storage, clock, "old")
+    old_lease.acquire(adopt=lambda prev: adopt(storage, prev))
+    delayed = DelayedSavepointMarkerStorage(storage, old_lease.gate)
+    old = start_fenced(storage, workdir, old_lease, delayed)
+    try:
+        p_old = old.trigger("manual", savepoint_id="v", request_id="r")
+        delayed.held.wait_reached()  # files uploaded, marker in flight
+        new_lease = lease_for(storage, clock, "new")
+        new_lease.acquire(adopt=lambda prev: adopt(storage, prev))
+        (workdir / "offsets" / "0").write_text("v1\n{}\n{\"changed\": true}\n")
+        new = start_fenced(storage, workdir, new_lease, FencedStorage(storage, new_lease.gate))
+        pause = Pause()
+        try:
+            with interleave.installed(interleave.COMPLETE_BEFORE_METADATA, pause):
+                p_new = new.trigger("manual", savepoint_id="v", request_id="r")
+                pause.wait_reached()  # the successor's files are uploaded too
+                delayed.held.resume()  # the old marker lands first
+                assert p_old.done.wait(10)
+                pause.resume()
+            assert p_new.done.wait(10)
+        finally:
+            new.shutdown()
+        # the old driver does not act on its marker: no answer, no completion
+        assert p_old.manifest is None and isinstance(old.fatal, ConcurrentDriverError)
+        # the successor answers the request with the savepoint that landed
+        assert p_new.manifest is not None and new.fatal is None
+        assert p_new.manifest.checkpoint_id == p_old.checkpoint_id
+        # ... which verifies: every file it names has the bytes it records
+        catalog = CheckpointCatalog(storage, JOB)
+        manifest = catalog.savepoint("v")
+        materialize(storage, manifest, JOB + "/", tmp_path / "restored")
+        new_lease.release()
+    finally:
+        old.shutdown()
