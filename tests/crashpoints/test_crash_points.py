@@ -32,7 +32,8 @@ def test_the_scripted_life_covers_every_kind_of_mutation(
     for what in ("create crash/lease/", "upload crash/shared/", "create crash/chk-",
                  "delete crash/chk-", "delete crash/shared/", "upload crash/savepoints/sp-mid/",
                  "create crash/savepoints/sp-stop/_metadata", "copy _out/crash/_pending/",
-                 "put _out/crash/_pending/", ".result.json"):
+                 "create _out/crash/_pending/", "swap _out/crash/_txn/",
+                 "create _out/crash/_committed/", ".result.json"):
         assert what in text, f"the scenario never does: {what}"
 
 
