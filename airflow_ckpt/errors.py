@@ -81,6 +81,14 @@ class MetadataError(AirflowCkptError):
     """A ``_metadata`` manifest, history event or control request is unreadable."""
 
 
+class HistoryMovedError(AirflowCkptError):
+    """A conditional history append found events newer than the ones its decision read.
+
+    Raised by ``JobHistory.append_if_head``: the caller reads again and decides again
+    (a restart decision is only ever appended on top of the exact history it was
+    computed from)."""
+
+
 class UnsupportedSchemaVersionError(MetadataError):
     """The manifest was written by a newer (or unknown) schema version."""
 

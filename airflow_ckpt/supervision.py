@@ -15,25 +15,21 @@ supervision trigger ask these objects instead of reading raw event dicts.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_ckpt.driver_output import summarize_driver_output
-from airflow_ckpt.errors import MetadataError
 from airflow_ckpt.health import DEFAULT_MULTIPLE, checkpoint_progress
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.history import (
     CHECKPOINT_COMPLETED,
-    FAILURE,
     JOB_FAILED,
     JOB_FINISHED,
-    JOB_STARTED,
     JOB_STOPPED,
     JOB_SUBMITTED,
-    RESTART,
+    RUN_EVENTS,
     HistoryEvent,
     JobHistory,
 )
@@ -45,8 +41,6 @@ if TYPE_CHECKING:
 RESTORE_LATEST = "latest"
 RESTORE_NONE = "none"
 
-#: events that carry the ``run_id`` of the supervision that wrote them
-_RUN_EVENTS = frozenset({JOB_SUBMITTED, JOB_STARTED, FAILURE, RESTART})
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +59,10 @@ class RunProgress:
 class RunCheckpoints:
     """Incrementally watches the history for the run's first submit and own checkpoints.
 
-    The first :meth:`progress` scans newest-first down to the run's first
-    ``job_submitted`` (attempt 1) or another run's event; later calls only read keys
-    newer than the last one seen (history keys sort chronologically).
+    The first :meth:`progress` scans newest-first (raw events and segments: compaction
+    hides nothing) down to the run's first ``job_submitted`` (attempt 1) or another
+    run's event; later calls read only the events appended since (history keys are
+    sequence numbers: the cursor misses nothing, whatever the hosts' clocks).
     """
 
     def __init__(self, history: JobHistory, run_id: str) -> None:
@@ -78,42 +73,33 @@ class RunCheckpoints:
         self._own_checkpoint = False
 
     def progress(self) -> RunProgress:
-        keys = [
-            info.key for info in self.history.storage.list(self.history.layout.history_prefix)
-            if info.key.endswith(".json")
-        ]
         if self._cursor is None:
-            for key in reversed(keys):
-                event = self._read(key)
+            checkpoints_seen = False
+
+            def stop(event: HistoryEvent) -> bool:
+                nonlocal checkpoints_seen
                 run = event.data.get("run_id")
-                if event.type in _RUN_EVENTS and run is not None and run != self.run_id:
-                    break  # an earlier supervision: nothing older is ours
+                if event.type in RUN_EVENTS and run is not None and run != self.run_id:
+                    return True  # an earlier supervision: nothing older is ours
                 if event.type == CHECKPOINT_COMPLETED:
-                    self._own_checkpoint = True
-                if event.type == JOB_SUBMITTED and run == self.run_id:
+                    checkpoints_seen = True
+                elif event.type == JOB_SUBMITTED and run == self.run_id:
                     self._submitted = True
-                    if int(event.data.get("attempt") or 0) <= 1:
-                        break
-            if not self._submitted:
-                # nothing of ours yet: checkpoints seen belong to someone else
-                self._own_checkpoint = False
+                    self._own_checkpoint = self._own_checkpoint or checkpoints_seen
+                    return int(event.data.get("attempt") or 0) <= 1 or self._own_checkpoint
+                return False
+
+            _, listing = self.history.newest_until(stop, RUN_EVENTS | {CHECKPOINT_COMPLETED})
+            self._cursor = listing.newest_key or ""
         else:
-            for key in keys:
-                if key <= self._cursor:
-                    continue
-                event = self._read(key)
+            events, self._cursor = self.history.events_after(self._cursor or None)
+            for event in events:
                 if event.type == JOB_SUBMITTED and event.data.get("run_id") == self.run_id:
                     self._submitted = True
                 elif event.type == CHECKPOINT_COMPLETED and self._submitted:
                     self._own_checkpoint = True
-        if keys:
-            self._cursor = max(keys[-1], self._cursor or "")
-        else:
             self._cursor = self._cursor or ""
         return RunProgress(self._submitted, self._own_checkpoint)
-
-    def _read(self, key: str) -> HistoryEvent:
-        return _read_event(self.history, key)
 
 
 def resubmit_restore(first_restore: str, progress: RunProgress) -> str:
@@ -262,7 +248,7 @@ class SupervisionProbe:
         self.metrics = metrics
         self.observer = LeaseObserver(history.storage, history.layout.job, clock=clock)
         self._started = clock()
-        self._cursor = submitted_key
+        self._cursor: str | None = submitted_key
         self._released_polls = 0
         self._gone_since: float | None = None
 
@@ -318,14 +304,8 @@ class SupervisionProbe:
         return None
 
     def _terminal(self) -> Verdict | None:
-        keys = [
-            info.key for info in self.history.storage.list(self.history.layout.history_prefix)
-            if info.key.endswith(".json") and info.key > self._cursor
-        ]
-        verdict = None
-        for key in keys:
-            self._cursor = key
-            event = _read_event(self.history, key)
+        events, self._cursor = self.history.events_after(self._cursor)
+        for event in events:
             run = event.data.get("run_id")
             if run is not None and run != self.run_id:
                 continue
@@ -333,18 +313,7 @@ class SupervisionProbe:
                 self.metrics.observe(event)
             if event.type in (JOB_FINISHED, JOB_STOPPED):
                 outcome = "stopped" if event.type == JOB_STOPPED else "finished"
-                verdict = Verdict("finished", f"the job {outcome}", None, outcome)
-            elif event.type == JOB_FAILED and run == self.run_id:
-                verdict = Verdict("failed", str(event.data.get("cause") or "job failed"))
-            if verdict is not None:
-                return verdict
+                return Verdict("finished", f"the job {outcome}", None, outcome)
+            if event.type == JOB_FAILED and run == self.run_id:
+                return Verdict("failed", str(event.data.get("cause") or "job failed"))
         return None
-
-
-def _read_event(history: JobHistory, key: str) -> HistoryEvent:
-    raw = history.storage.get_bytes(key)
-    try:
-        body = json.loads(raw)
-        return HistoryEvent(str(body["type"]), float(body["ts"]), key, body)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise MetadataError(f"history event {key} is unreadable: {exc}") from exc

@@ -18,29 +18,27 @@ Health (one badge per job, newest lifecycle event first):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_ckpt.errors import AirflowCkptError, ObjectNotFoundError
+from airflow_ckpt.errors import AirflowCkptError
 from airflow_ckpt.health import DEFAULT_MULTIPLE, checkpoint_age_s, checkpoints_stale
 from airflow_ckpt.plugins.redact import driver_text
 from airflow_ckpt.runtime import history as ev
+from airflow_ckpt.runtime import lease
 from airflow_ckpt.runtime.config import CheckpointConfig
 from airflow_ckpt.runtime.history import EventCache, HistoryEvent, JobHistory
-from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
-#: The driver lease's default TTL (``JobLease(ttl_s=30)``) when its record has none.
-DEFAULT_LEASE_TTL_S = 30.0
+#: The driver lease's default TTL when its record has none.
+DEFAULT_LEASE_TTL_S = lease.DEFAULT_TTL_S
 #: Extra silence tolerated on top of the TTL before a driver is called dead: stands in for
 #: the lease's ``max_write_s`` (a slow heartbeat PUT) and for clock skew between hosts.
 DEAD_SLACK_S = 30.0
 
 _STATE_TYPES = frozenset({ev.JOB_SUBMITTED, ev.JOB_STARTED, ev.JOB_FINISHED, ev.JOB_STOPPED,
                           ev.JOB_FAILED, ev.FAILURE, ev.RESTART})
-_LIFECYCLE = frozenset({ev.JOB_STARTED, ev.JOB_FINISHED, ev.JOB_STOPPED, ev.JOB_FAILED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,29 +53,17 @@ class LeaseView:
 
 
 def read_lease(storage: CheckpointStorage, job: str) -> LeaseView | None:
-    """The newest lease record of ``job`` read directly from storage, or None.
+    """The newest lease record of ``job``, as the page shows it, or None.
 
-    Kept in this one function on purpose: it reads the lease layout that
-    ``runtime/lease.py`` writes and is to be replaced by a ``JobLease`` helper.
+    Read through :func:`airflow_ckpt.runtime.lease.read_lease`, the one reader of the
+    lease layout.
     """
-    prefix = JobLayout(job).lease_prefix
-    epochs = sorted(
-        int(name[:-5]) for info in storage.list(prefix)
-        if (name := info.key[len(prefix):]).endswith(".json") and name[:-5].isdigit()
-    )
-    if not epochs:
+    record = lease.read_lease(storage, job)
+    if record is None:
         return None
-    try:
-        record = json.loads(storage.get_bytes(f"{prefix}{epochs[-1]:010d}.json"))
-        return LeaseView(
-            epoch=int(record.get("epoch", epochs[-1])),
-            heartbeat_ts=float(record["heartbeat_ts"]),
-            released=bool(record.get("released", False)),
-            ttl_s=float(record.get("ttl_s") or DEFAULT_LEASE_TTL_S),
-            seq=int(record["seq"]) if record.get("seq") is not None else None,
-        )
-    except (ObjectNotFoundError, ValueError, KeyError, TypeError):
-        return None  # replaced meanwhile or unreadable: no evidence either way
+    return LeaseView(epoch=record.epoch, heartbeat_ts=record.heartbeat_ts,
+                     released=record.released, ttl_s=record.ttl_s or DEFAULT_LEASE_TTL_S,
+                     seq=record.seq)
 
 
 def driver_silence(lease: LeaseView | None, now: float,
@@ -162,7 +148,7 @@ def state_of(job: str, newest_first: list[HistoryEvent]) -> JobState:
     failure = first({ev.FAILURE})
     if failure is not None and started is not None and failure.key < started.key:
         failure = None
-    return JobState(job, first({ev.JOB_SUBMITTED}), started, first(_LIFECYCLE), failure)
+    return JobState(job, first({ev.JOB_SUBMITTED}), started, first(ev.LIFECYCLE_EVENTS), failure)
 
 
 @dataclass(frozen=True, slots=True)

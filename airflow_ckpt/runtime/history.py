@@ -1,18 +1,40 @@
-"""Append-only job history in storage: ``<job>/history/<epoch-ms>-<uid>.json``.
+"""Append-only job history in storage: ``<job>/history/<seq>.json``, ``seq`` = 1, 2, ...
 
-Every event is first its own object written create-only, so concurrent writers (the
-driver, the Airflow supervisor) never overwrite each other, and listing the prefix
-returns the events in time order. The restart strategies' failure log lives here too,
-so it spans in-process restarts, driver resubmissions and Airflow worker restarts.
+Every event is its own object, written create-only at the next free *sequence number*.
+The number, not a clock, orders the history: an append takes the newest number it knows
+plus one, and when another writer took that number first (the create-only write answers
+412) it lists what is newer and tries again. So the order of the keys is the order in
+which the events became durable, whatever the clocks of the hosts that wrote them (the
+driver's and the Airflow worker's may be an hour apart), and a reader that remembers the
+newest key it read (a cursor) misses nothing later: no event can appear *below* a key
+that a reader has listed (see "Sealed", below, for the one way a write can land there and
+why it never counts). The event's ``ts`` (the writer's clock) is for display only.
 
 **Compaction** keeps the cost of a year-long job flat (docs/architecture.md, "History
-compaction"). Raw events older than a grace period are folded into immutable, gzipped
-JSON-lines *segments*, ``<job>/history/segments/<stream>/<last>_<first>_<count>.jsonl.gz``
-(``<last>``/``<first>``: the newest/oldest event's key stem ``<ms>-<uid>``), in two
+compaction"). Raw events are folded into immutable, gzipped JSON-lines *segments*,
+``<job>/history/segments/<stream>/<hi>_<last>_<first>_<count>_<digest>.jsonl.gz``, in two
 streams: ``checkpoints`` (``checkpoint_completed``/``checkpoint_failed``, the bulk, kept
 for the newest ``retain_checkpoint_events``) and ``events`` (everything else: lifecycle,
-failures, restarts, savepoints; never deleted). Every event keeps its original key as its
-identity, in a segment too.
+failures, restarts, savepoints; never deleted). A segment holds every event of its stream
+numbered up to ``hi`` that its compaction read (``first``..``last``: the numbers of the
+oldest and newest it holds); ``digest`` names its content, so two
+compactions that read different events never write the same name (each deletes only the
+raw events its *own* segment holds). Every event keeps its key as its identity.
+
+**Sealed.** A compaction writes its ``checkpoints`` segment first and its ``events``
+segment last; the newest ``hi`` of the ``events`` stream is the history's *sealed* mark:
+every event numbered up to it is in a segment (or was dropped by retention). Raw events
+are deleted only after that. A raw key at or below the mark is *void*: either an original
+that is also in a segment (not yet deleted) or a write that landed after its number had
+been compacted and deleted (a writer with a stale view, or a create whose answer came
+back long after it was sent). Readers ignore void keys; the writer of a void key finds it
+void by listing the ``events`` segments after its create (the mark only grows, and it had
+reached the number before the number could be re-created), deletes it and appends again.
+A compaction drops raw events at or below the mark it reads *after* reading them, so a
+void write never enters a segment. (Why a reader never takes a void key for a live one:
+a listing returns the raw keys before the segment names, S3 in key order and the file
+backend directory by directory; a void key is created after the segment that seals its
+number, so a listing that returns the key also returns that segment.)
 
 The invariant: *an event is deleted only after a segment holding it was written* (or, for
 checkpoint statistics, by the retention policy). A crash between the two leaves the event
@@ -24,14 +46,18 @@ and read newest first only as far as they need: :meth:`JobHistory.newest` (the U
 :meth:`JobHistory.newest_until` (the restart log's and savepoint check's backward scans,
 skipping the ``checkpoints`` stream when the types they want are not in it) and
 :meth:`JobHistory.events_after` (incremental reads, ``StartAfter``). Objects are immutable
-(create-only keys, never rewritten), so an :class:`EventCache` can keep parsed objects
-across reads (the UI plugin does).
+(create-only keys, never rewritten; a void key is never read), so an :class:`EventCache`
+can keep parsed objects across reads (the UI plugin does).
+
+This module is the one reader and writer of ``history/``: the supervisor, triggers,
+sensor, plugin, CLI and metrics read events only through :class:`JobHistory`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import json
 import logging
 import re
@@ -43,7 +69,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_ckpt.errors import MetadataError, ObjectAlreadyExistsError, ObjectNotFoundError
+from airflow_ckpt.errors import (
+    HistoryMovedError,
+    MetadataError,
+    ObjectAlreadyExistsError,
+    ObjectNotFoundError,
+)
 from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.masking import mask_value
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
@@ -70,19 +101,12 @@ EVENT_TYPES = frozenset(
         JOB_FINISHED, JOB_STOPPED, JOB_FAILED,
     }
 )
-
-
-_clock_lock = threading.Lock()
-_last_ms = 0
-
-
-def _next_ms(now: float) -> int:
-    """Epoch ms for an event key, strictly increasing within this process: events one
-    writer appends in the same millisecond still list in the order they were written."""
-    global _last_ms
-    with _clock_lock:
-        _last_ms = max(int(now * 1000), _last_ms + 1)
-        return _last_ms
+#: events that end every supervision of the job
+TERMINAL_EVENTS = frozenset({JOB_FINISHED, JOB_STOPPED, JOB_FAILED})
+#: the driver's lifecycle: it started, then one of the terminal events
+LIFECYCLE_EVENTS = frozenset({JOB_STARTED}) | TERMINAL_EVENTS
+#: events that belong to one supervision run (they carry ``run_id``)
+RUN_EVENTS = frozenset({JOB_SUBMITTED, JOB_STARTED, FAILURE, RESTART})
 
 
 log = logging.getLogger(__name__)
@@ -92,10 +116,15 @@ log = logging.getLogger(__name__)
 CHECKPOINT_STREAM_TYPES = frozenset({CHECKPOINT_COMPLETED, CHECKPOINT_FAILED})
 STREAM_CHECKPOINTS = "checkpoints"
 STREAM_EVENTS = "events"
+#: the order a compaction writes its segments in: ``events`` last, it seals (see above)
 STREAMS = (STREAM_CHECKPOINTS, STREAM_EVENTS)
 SEGMENTS_DIR = "segments/"
-_STEM_RE = re.compile(r"^\d{13}-[0-9A-Za-z]+$")
-_SEGMENT_RE = re.compile(r"^(\d{13}-[0-9A-Za-z]+)_(\d{13}-[0-9A-Za-z]+)_(\d+)\.jsonl\.gz$")
+_RAW_RE = re.compile(r"^(\d{16})\.json$")
+_SEGMENT_RE = re.compile(r"^(\d{16})_(\d{16})_(\d{16})_(\d+)_([0-9a-f]{12})\.jsonl\.gz$")
+#: the type of a placeholder event for an unreadable object (see ``_iter_newest``)
+_UNREADABLE = "_unreadable"
+#: appends in a row that may meet a taken number before one gives up (each retry lists)
+_APPEND_ATTEMPTS = 1000
 
 
 def stream_of(event_type: str) -> str:
@@ -103,12 +132,21 @@ def stream_of(event_type: str) -> str:
     return STREAM_CHECKPOINTS if event_type in CHECKPOINT_STREAM_TYPES else STREAM_EVENTS
 
 
+def seq_of_key(key: str) -> int:
+    """The sequence number of a raw event key (``.../history/<seq>.json``)."""
+    match = _RAW_RE.match(key.rsplit("/", 1)[-1])
+    if match is None:
+        raise ValueError(f"not a history event key: {key!r}")
+    return int(match.group(1))
+
+
 @dataclass(frozen=True, slots=True)
 class HistoryEvent:
-    """One event: its type, when (epoch seconds), its key (identity) and payload.
+    """One event: its type, when (the writer's epoch seconds), its key and payload.
 
-    ``key`` is the event's raw object key ``<job>/history/<ms>-<uid>.json`` even when the
-    event now lives in a segment: it orders events and deduplicates them.
+    ``key`` is the event's raw object key ``<job>/history/<seq>.json`` even when the
+    event now lives in a segment: it orders events (:attr:`seq`) and deduplicates them.
+    ``ts`` comes from the clock of the host that wrote it: show it, never order by it.
     """
 
     type: str
@@ -116,15 +154,22 @@ class HistoryEvent:
     key: str
     data: dict[str, Any]
 
+    @property
+    def seq(self) -> int:
+        """The event's place in the job's history (1 is the first event)."""
+        return seq_of_key(self.key)
+
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """One compacted segment object: its key, stream, and the key stems it spans."""
+    """One compacted segment object: its key, stream, the numbers of the oldest and newest
+    events it holds (0 when empty) and the number it seals up to (``hi``)."""
 
     key: str
     stream: str
-    first: str
-    last: str
+    first: int
+    last: int
+    hi: int
     count: int
 
 
@@ -134,8 +179,6 @@ class CompactionPolicy:
 
     :param every: compact in the background after this many appends by one process (and
         on a driver's first ``job_started``); 0 turns automatic compaction off
-    :param grace_s: raw events younger than this stay raw, so a writer whose key is a
-        little "in the past" (clock, slow PUT) is never raced
     :param segment_events: events per segment; the newest segment of a stream is topped
         up until it holds this many
     :param retain_checkpoint_events: ``checkpoint_completed``/``_failed`` events kept in
@@ -143,9 +186,15 @@ class CompactionPolicy:
     """
 
     every: int = 50
-    grace_s: float = 60.0
     segment_events: int = 1000
     retain_checkpoint_events: int | None = 20_000
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.segment_events < 1 or (
+                self.retain_checkpoint_events is not None
+                and self.retain_checkpoint_events < 1):
+            raise ValueError(f"invalid compaction policy {self}: every >= 0, "
+                             "segment_events >= 1, retain_checkpoint_events >= 1 or None")
 
 
 DEFAULT_COMPACTION = CompactionPolicy()
@@ -159,22 +208,37 @@ class CompactionResult:
     segments_written: int = 0
     segments_deleted: int = 0  # merged into a bigger one, or dropped by retention
     events_dropped: int = 0  # checkpoint events dropped by retention
-    skipped: list[str] = field(default_factory=list)  # unreadable raw events, left alone
+    void_deleted: int = 0  # void raw keys removed (see the module docstring)
+    unreadable: list[str] = field(default_factory=list)  # kept in segments as evidence
 
 
 @dataclass(frozen=True, slots=True)
 class HistoryListing:
-    """One listing of ``<job>/history/``: the raw event keys and the segments, sorted."""
+    """One listing of ``<job>/history/``: live raw event keys, segments, the sealed mark.
 
+    ``raw`` holds only keys above ``sealed`` (sorted); ``void`` the raw keys at or below
+    it, which no reader reads (see the module docstring).
+    """
+
+    prefix: str
     raw: tuple[str, ...]
     segments: tuple[Segment, ...]
+    sealed: int
+    void: tuple[str, ...] = ()
+
+    @property
+    def head(self) -> int:
+        """The newest sequence number listed (0: an empty history)."""
+        seqs = [self.sealed] + [s.hi for s in self.segments]
+        if self.raw:
+            seqs.append(seq_of_key(self.raw[-1]))
+        return max(seqs)
 
     @property
     def newest_key(self) -> str | None:
-        """The key of the newest event listed (raw or last of a segment)."""
-        keys = [self.raw[-1]] if self.raw else []
-        keys += [_raw_key_of(s.key, s.last) for s in self.segments]
-        return max(keys) if keys else None
+        """The key of the newest event listed (raw, or the newest a segment can hold)."""
+        head = self.head
+        return f"{self.prefix}{head:016d}.json" if head else None
 
     @property
     def total(self) -> int:
@@ -182,16 +246,12 @@ class HistoryListing:
         return len(self.raw) + sum(s.count for s in self.segments)
 
 
-def _raw_key_of(segment_key: str, stem: str) -> str:
-    prefix = segment_key[: segment_key.index(SEGMENTS_DIR)]
-    return f"{prefix}{stem}.json"
-
-
 class EventCache:
     """Parsed history objects by key, least recently used dropped first.
 
     Sound because history objects are immutable: a raw event key is written once,
-    create-only, and a segment's name fixes its content. ``capacity`` counts events.
+    create-only (a void key is never read), and a segment's name fixes its content.
+    ``capacity`` counts events.
     """
 
     def __init__(self, capacity: int = 20_000) -> None:
@@ -231,6 +291,7 @@ class JobHistory:
     :param compaction: the policy of automatic compaction (see :class:`CompactionPolicy`);
         None: never compact automatically (:meth:`compact` still works)
     :param cache: parsed objects shared between reads (the UI passes one per storage)
+    :param clock: the writer's clock for the events' display ``ts`` (never for order)
     """
 
     def __init__(
@@ -240,13 +301,17 @@ class JobHistory:
         *,
         compaction: CompactionPolicy | None = DEFAULT_COMPACTION,
         cache: EventCache | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.storage = storage
         self.layout = JobLayout(job)
         self.compaction = compaction
         self.cache = cache
+        self.clock = clock or _wall_clock
         self._appends = 0
         self._compacting = threading.Lock()
+        self._append_lock = threading.Lock()
+        self._head: int | None = None  # the newest number this instance knows is taken
         # what this instance wrote itself (its events, its segments): compaction then
         # reads from storage only what other writers appended
         self._written = EventCache(4 * compaction.segment_events if compaction else 1)
@@ -258,25 +323,64 @@ class JobHistory:
     # ------------------------------------------------------------------ writing
 
     def append(self, event_type: str, **data: Any) -> HistoryEvent:
-        """Append one event. Durable when this returns.
+        """Append one event at the next free number. Durable and counted when this returns.
 
         Every ``compaction.every`` appends (and on a driver's first ``job_started``) a
         background thread compacts the history; it never delays the caller.
         """
+        event = self._append(event_type, data, at=None)
+        self._after_append(event_type)
+        return event
+
+    def append_if_head(self, head: int, event_type: str, **data: Any) -> HistoryEvent:
+        """Append at number ``head + 1`` exactly, i.e. only if the newest event is still
+        the one numbered ``head`` (a compare-and-swap on the whole history).
+
+        Raises :class:`~airflow_ckpt.errors.HistoryMovedError` when something was
+        appended after ``head``: the caller reads the new events and decides again.
+        """
+        event = self._append(event_type, data, at=head + 1)
+        self._after_append(event_type)
+        return event
+
+    def _append(self, event_type: str, data: dict[str, Any], at: int | None) -> HistoryEvent:
         if event_type not in EVENT_TYPES:
             raise ValueError(f"unknown history event type {event_type!r}")
-        while True:
-            now = time.time()
-            key = self.layout.history_event(_next_ms(now), uuid.uuid4().hex[:12])
-            body = {"type": event_type, "ts": now, "job": self.layout.job, **mask_value(data)}
-            try:
-                self.storage.put_bytes(key, json.dumps(body, default=str).encode(),
-                                       create_only=True)
-            except ObjectAlreadyExistsError:  # a 48-bit uid collision: pick another
-                continue
-            break
-        event = HistoryEvent(event_type, now, key, body)
-        self._written.put(key, (event,))
+        now = self.clock()
+        # the uid makes the bytes unique: a retried create that finds them is ours
+        body = {"type": event_type, "ts": now, "job": self.layout.job,
+                "uid": uuid.uuid4().hex[:16], **mask_value(data)}
+        raw = json.dumps(body, default=str).encode()
+        with self._append_lock:
+            for _ in range(_APPEND_ATTEMPTS):
+                seq = at if at is not None else self._known_head() + 1
+                key = self.layout.history_event(seq)
+                try:
+                    self.storage.put_bytes(key, raw, create_only=True)
+                except ObjectAlreadyExistsError:
+                    if at is not None:
+                        raise HistoryMovedError(
+                            f"history of {self.layout.job} moved past {at - 1}") from None
+                    self._head = self._head_after(seq)
+                    continue
+                event = HistoryEvent(event_type, now, key, body)
+                sealed = self._sealed()
+                if seq <= sealed and not self._in_segment(event):
+                    # the number had been compacted and its raw object deleted before
+                    # our create landed: void, never read; take it back (ours alone)
+                    self.storage.delete_many([key])
+                    self._head = max(self._head or 0, sealed)
+                    if at is not None:
+                        raise HistoryMovedError(
+                            f"history of {self.layout.job} moved past {at - 1}")
+                    continue
+                self._head = max(self._head or 0, seq)
+                self._written.put(key, (event,))
+                return event
+        raise MetadataError(f"could not append to the history of {self.layout.job}: "
+                            f"{_APPEND_ATTEMPTS} numbers in a row were taken")
+
+    def _after_append(self, event_type: str) -> None:
         self._appends += 1
         policy = self.compaction
         if policy is not None and policy.every > 0 and (
@@ -284,7 +388,38 @@ class JobHistory:
             or (self._appends == 1 and event_type == JOB_STARTED)
         ):
             self._compact_in_background()
-        return event
+
+    def _known_head(self) -> int:
+        if self._head is None:
+            self._head = self.listing().head
+        return self._head
+
+    def _head_after(self, seq: int) -> int:
+        """The newest number taken, listing only what sorts after ``seq``."""
+        infos = self.storage.list_after(self.layout.history_prefix,
+                                        self.layout.history_event(seq))
+        listing = self._parse([info.key for info in infos])
+        return max(seq, listing.head)
+
+    def _sealed(self) -> int:
+        """The sealed mark now (one LIST of the ``events`` segments)."""
+        prefix = f"{self.segments_prefix}{STREAM_EVENTS}/"
+        segments = self._parse([info.key for info in self.storage.list(prefix)]).segments
+        return max((s.hi for s in segments), default=0)
+
+    def _in_segment(self, event: HistoryEvent) -> bool:
+        """Whether a compaction already took ``event`` (ours, appended just now) into a
+        segment: then its number was ours and it counts. Otherwise it is void."""
+        stream = stream_of(event.type)
+        listing = self.listing()
+        seq = event.seq
+        for segment in listing.segments:
+            if segment.stream == stream and segment.first <= seq <= segment.last:
+                with contextlib.suppress(_Vanished, MetadataError):
+                    for held in self._load_segment(segment):
+                        if held.key == event.key and held.data.get("uid") == event.data["uid"]:
+                            return True
+        return False
 
     def _compact_in_background(self) -> None:
         if not self._compacting.acquire(blocking=False):
@@ -309,21 +444,29 @@ class JobHistory:
         prefix = self.layout.history_prefix
         infos = (self.storage.list_after(prefix, start_after) if start_after
                  else self.storage.list(prefix))
+        return self._parse([info.key for info in infos])
+
+    def _parse(self, keys: list[str]) -> HistoryListing:
+        prefix = self.layout.history_prefix
+        seg_prefix = self.segments_prefix
         raw: list[str] = []
         segments: list[Segment] = []
-        seg_prefix = self.segments_prefix
-        for info in infos:
-            key = info.key
+        for key in keys:
             if key.startswith(seg_prefix):
                 stream, _, name = key[len(seg_prefix):].partition("/")
                 match = _SEGMENT_RE.match(name)
                 if stream in STREAMS and match:
-                    segments.append(Segment(key, stream, match.group(2), match.group(1),
-                                            int(match.group(3))))
-            elif key.endswith(".json") and "/" not in key[len(prefix):]:
+                    segments.append(Segment(key, stream, int(match.group(3)),
+                                            int(match.group(2)), int(match.group(1)),
+                                            int(match.group(4))))
+            elif _RAW_RE.match(key[len(prefix):]):
                 raw.append(key)
-        segments.sort(key=lambda s: (s.last, s.first, s.key))
-        return HistoryListing(tuple(raw), tuple(segments))
+        raw.sort()
+        segments.sort(key=lambda s: (s.hi, s.first, s.key))
+        sealed = max((s.hi for s in segments if s.stream == STREAM_EVENTS), default=0)
+        live = tuple(k for k in raw if seq_of_key(k) > sealed)
+        void = tuple(k for k in raw if seq_of_key(k) <= sealed)
+        return HistoryListing(prefix, live, tuple(segments), sealed, void)
 
     # ------------------------------------------------------------------ reading
 
@@ -339,13 +482,7 @@ class JobHistory:
             raw = self.storage.get_bytes(key)
         except ObjectNotFoundError as exc:
             raise _Vanished(key) from exc
-        try:
-            body = json.loads(raw)
-            event = HistoryEvent(str(body["type"]), float(body["ts"]), key, body)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise MetadataError(f"history event {key} is unreadable: {exc}") from exc
-        if not isinstance(body, dict):
-            raise MetadataError(f"history event {key} is not a JSON object")
+        event = _parse_event(key, raw)
         if self.cache is not None:
             self.cache.put(key, (event,))
         return event
@@ -365,9 +502,13 @@ class JobHistory:
                 if not line.strip():
                     continue
                 row = json.loads(line)
+                key = f"{prefix}{row['id']}.json"
+                if "unreadable" in row:  # kept as evidence by the compaction
+                    events.append(HistoryEvent(_UNREADABLE, 0.0, key,
+                                               {"error": str(row["unreadable"])}))
+                    continue
                 body = row["event"]
-                events.append(HistoryEvent(str(body["type"]), float(body["ts"]),
-                                           f"{prefix}{row['id']}.json", body))
+                events.append(HistoryEvent(str(body["type"]), float(body["ts"]), key, body))
         except (OSError, EOFError, ValueError, KeyError, TypeError) as exc:
             raise MetadataError(f"history segment {segment.key} is unreadable: {exc}") from exc
         out = tuple(events)
@@ -392,8 +533,8 @@ class JobHistory:
         """
         wanted = set(streams)
         items: list[tuple[str, str | Segment]] = [(k, k) for k in listing.raw]
-        items += [(_raw_key_of(s.key, s.last), s) for s in listing.segments
-                  if s.stream in wanted]
+        items += [(f"{listing.prefix}{s.last:016d}.json", s) for s in listing.segments
+                  if s.stream in wanted and s.count]
         if after is not None:
             items = [item for item in items if item[0] > after]
         items.sort(key=lambda item: item[0], reverse=True)
@@ -403,15 +544,24 @@ class JobHistory:
         while i < len(items) or buffer:
             if buffer and (i >= len(items) or buffer[-1].key >= items[i][0]):
                 event = buffer.pop()
-                if event.key not in seen:
-                    seen.add(event.key)
-                    yield event
+                if event.key in seen:
+                    continue
+                seen.add(event.key)
+                if event.type == _UNREADABLE:
+                    message = f"history event {event.key} is unreadable: {event.data['error']}"
+                    if on_error is None:
+                        raise MetadataError(message)
+                    on_error(message)
+                    continue
+                yield event
                 continue
             _, item = items[i]
             i += 1
             try:
-                loaded = (self._load_raw(item),) if isinstance(item, str) \
-                    else self._load_segment(item)
+                if isinstance(item, str):
+                    loaded: tuple[HistoryEvent, ...] = (self._load_raw(item),)
+                else:
+                    loaded = self._load_segment(item)
             except MetadataError as exc:
                 if on_error is None:
                     raise
@@ -435,7 +585,7 @@ class JobHistory:
             ) from exc
 
     def events(self, types: Iterable[str] | None = None) -> list[HistoryEvent]:
-        """All events in time order, optionally only those of ``types``.
+        """All events in append order, optionally only those of ``types``.
 
         An unreadable event (corrupt JSON) raises ``MetadataError`` naming its key:
         history is evidence and is never silently skipped.
@@ -502,7 +652,8 @@ class JobHistory:
         """Events whose key sorts after ``cursor`` (oldest first) and the new cursor.
 
         Lists with ``StartAfter=cursor`` (raw events) and reads only the segments whose
-        newest event is after it: a reader that polls pays for what is new.
+        newest event is after it: a reader that polls pays for what is new. Exact: no
+        event can later appear at or below a cursor this returned (module docstring).
         """
 
         def read() -> tuple[list[HistoryEvent], str | None]:
@@ -532,41 +683,41 @@ class JobHistory:
 
     # ------------------------------------------------------------------ compaction
 
-    def compact(
-        self, policy: CompactionPolicy | None = None, now: float | None = None
-    ) -> CompactionResult:
-        """Fold raw events older than the grace period into segments; apply retention.
+    def compact(self, policy: CompactionPolicy | None = None) -> CompactionResult:
+        """Fold the listed raw events into segments; apply retention; drop void keys.
 
         Safe to run concurrently with writers, readers and other compactions, and to
-        crash at any point: raw events are deleted only after a segment holding them
-        is durable, and only the keys this call read are deleted.
+        crash at any point: raw events are deleted only after the segments holding them
+        are durable (``events`` last: it seals), and only the keys this call's own
+        segments hold are deleted. No clock is read.
         """
         policy = policy or self.compaction or DEFAULT_COMPACTION
-        now = time.time() if now is None else now
         result = CompactionResult()
         listing = self.listing()
-        prefix = self.layout.history_prefix
-        cutoff = f"{prefix}{int((now - policy.grace_s) * 1000):013d}"
-        fresh: dict[str, list[HistoryEvent]] = {s: [] for s in STREAMS}
+        fresh: list[HistoryEvent] = []
         for key in listing.raw:
-            if key >= cutoff:
-                break
-            if not _STEM_RE.match(key[len(prefix):-len(".json")]):
-                continue  # not written by append(): left raw, still read
             try:
-                event = self._load_raw(key)
+                fresh.append(self._load_raw(key))
             except _Vanished:
-                continue  # another compaction took it
-            except MetadataError as exc:
-                result.skipped.append(str(exc))
-                continue
-            fresh[stream_of(event.type)].append(event)
+                continue  # another compaction took it: it is in that one's segment
+            except MetadataError as exc:  # kept as evidence, never silently dropped
+                result.unreadable.append(str(exc))
+                fresh.append(HistoryEvent(_UNREADABLE, 0.0, key, {"error": str(exc)}))
+        delete: list[str] = list(listing.void)
+        result.void_deleted = len(listing.void)
         written: set[str] = set()
-        delete: list[str] = []
-        for stream in STREAMS:
-            existing = [s for s in listing.segments if s.stream == stream]
-            new = fresh[stream]
-            if new:
+        if fresh:
+            # Read the mark again *after* reading the raw events: anything at or below
+            # it is in another compaction's segment, or a void write read by mistake.
+            sealed = max(listing.sealed, self._sealed())
+            fresh = [e for e in fresh if e.seq > sealed]
+        if fresh:
+            hi = fresh[-1].seq
+            for stream in STREAMS:  # events last: its segment seals up to ``hi``
+                existing = [s for s in listing.segments if s.stream == stream]
+                new = [e for e in fresh if _stream_of_event(e) == stream]
+                if not new and stream == STREAM_CHECKPOINTS:
+                    continue
                 merged = {e.key: e for e in new}
                 if existing and existing[-1].count < policy.segment_events:
                     open_segment = existing.pop()
@@ -577,50 +728,91 @@ class JobHistory:
                         pass  # merged by another compaction: its events are elsewhere
                 ordered = sorted(merged.values(), key=lambda e: e.key)
                 size = policy.segment_events
-                chunks = [ordered[i:i + size] for i in range(0, len(ordered), size)]
+                chunks = [ordered[i:i + size] for i in range(0, len(ordered), size)] or [[]]
                 keep = policy.retain_checkpoint_events if stream == STREAM_CHECKPOINTS \
                     else None
                 kept = 0
-                for chunk in reversed(chunks):  # newest first, for retention
+                for index in range(len(chunks) - 1, -1, -1):  # newest first, for retention
+                    chunk = chunks[index]
                     if keep is not None and kept >= keep:
                         result.events_dropped += len(chunk)  # dropped by retention unwritten
                         continue
                     kept += len(chunk)
-                    segment = self._write_segment(stream, chunk)
+                    top = hi if index == len(chunks) - 1 else chunk[-1].seq
+                    segment = self._write_segment(stream, chunk, top)
                     written.add(segment.key)
                     existing.append(segment)
                     result.segments_written += 1
                 result.compacted += len(new)
                 delete.extend(e.key for e in new)
-            if stream == STREAM_CHECKPOINTS and policy.retain_checkpoint_events is not None:
-                kept = 0
-                for segment in sorted(existing, key=lambda s: s.last, reverse=True):
-                    if kept >= policy.retain_checkpoint_events and segment.key not in written:
-                        delete.append(segment.key)
-                        result.events_dropped += segment.count
-                    kept += segment.count
+                if stream == STREAM_CHECKPOINTS and keep is not None:
+                    self._retain(existing, keep, written, delete, result)
+        elif listing.segments:
+            checkpoints = [s for s in listing.segments if s.stream == STREAM_CHECKPOINTS]
+            if policy.retain_checkpoint_events is not None:
+                self._retain(checkpoints, policy.retain_checkpoint_events, written, delete,
+                             result)
         # only now, with every segment durable: the invariant of the module docstring
-        delete = [k for k in delete if k not in written]
+        delete = [k for k in dict.fromkeys(delete) if k not in written]
         if delete:
             self.storage.delete_many(delete)
         result.segments_deleted = sum(1 for k in delete if k.startswith(self.segments_prefix))
-        if result.compacted or result.segments_deleted:
+        if result.compacted or result.segments_deleted or result.void_deleted:
             log.info("compacted the history of %s: %s", self.layout.job, result)
         return result
 
-    def _write_segment(self, stream: str, events: list[HistoryEvent]) -> Segment:
+    @staticmethod
+    def _retain(existing: list[Segment], keep: int, written: set[str], delete: list[str],
+                result: CompactionResult) -> None:
+        kept = 0
+        for segment in sorted(existing, key=lambda s: s.last, reverse=True):
+            if kept >= keep and segment.key not in written:
+                delete.append(segment.key)
+                result.events_dropped += segment.count
+            kept += segment.count
+
+    def _write_segment(self, stream: str, events: list[HistoryEvent], hi: int) -> Segment:
         prefix = self.layout.history_prefix
         stems = [e.key[len(prefix):-len(".json")] for e in events]
-        name = f"{stems[-1]}_{stems[0]}_{len(events)}.jsonl.gz"
+        lines = []
+        for stem, event in zip(stems, events, strict=True):
+            row: dict[str, Any] = {"id": stem}
+            if event.type == _UNREADABLE:
+                row["unreadable"] = event.data["error"]
+            else:
+                row["event"] = event.data
+            lines.append(json.dumps(row, default=str, sort_keys=True))
+        text = ("\n".join(lines) + "\n") if lines else ""
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        first, last = (events[0].seq, events[-1].seq) if events else (0, 0)
+        name = f"{hi:016d}_{last:016d}_{first:016d}_{len(events)}_{digest}.jsonl.gz"
         key = f"{self.segments_prefix}{stream}/{name}"
-        lines = [json.dumps({"id": stem, "event": e.data}, default=str)
-                 for stem, e in zip(stems, events, strict=True)]
-        data = gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
-        # exists: a concurrent compaction wrote the same events under the same name
+        data = gzip.compress(text.encode(), mtime=0)
+        # exists: a concurrent compaction wrote these very events (the digest says so)
         with contextlib.suppress(ObjectAlreadyExistsError):
             self.storage.put_bytes(key, data, create_only=True)
         self._written.put(key, tuple(events))
-        return Segment(key, stream, stems[0], stems[-1], len(events))
+        return Segment(key, stream, first, last, hi, len(events))
+
+
+def _wall_clock() -> float:
+    return time.time()
+
+
+def _stream_of_event(event: HistoryEvent) -> str:
+    # an unreadable raw event may have been a lifecycle event: keep it where nothing is
+    # ever dropped
+    return STREAM_EVENTS if event.type == _UNREADABLE else stream_of(event.type)
+
+
+def _parse_event(key: str, raw: bytes) -> HistoryEvent:
+    try:
+        body = json.loads(raw)
+        if not isinstance(body, dict):
+            raise MetadataError(f"history event {key} is not a JSON object")
+        return HistoryEvent(str(body["type"]), float(body["ts"]), key, body)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MetadataError(f"history event {key} is unreadable: {exc}") from exc
 
 
 def _streams_for(types: set[str] | None) -> tuple[str, ...]:

@@ -10,7 +10,8 @@ This layout is a public contract (see docs/storage-layout.md)::
       savepoints/sp-<id>/_metadata self-contained savepoint (+ its files)
       control/<request-id>.json    requests to the running job
       control/<request-id>.result.json  the job's answer to a request
-      history/<ms>-<uid>.json      append-only events
+      history/<seq>.json           append-only events, numbered 1, 2, ... (create-only)
+      history/segments/<stream>/   compacted events (see history.py)
       lease/<epoch>.json           which driver may write checkpoints (see lease.py)
 """
 
@@ -147,6 +148,6 @@ class JobLayout:
     def history_prefix(self) -> str:
         return f"{self.job}/history/"
 
-    def history_event(self, timestamp_ms: int, uid: str) -> str:
-        """Keys sort chronologically: 13-digit epoch milliseconds, then a unique suffix."""
-        return f"{self.history_prefix}{timestamp_ms:013d}-{uid}.json"
+    def history_event(self, seq: int) -> str:
+        """The key of event number ``seq`` (16 digits, so keys sort in append order)."""
+        return f"{self.history_prefix}{seq:016d}.json"

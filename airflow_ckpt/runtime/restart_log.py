@@ -22,11 +22,16 @@ the window and backoff.
 **Cost.** The first read scans the history backwards from the newest event and stops at
 the boundary above, reading only the raw tail and the ``events`` segments (never the
 compacted checkpoint statistics); later reads list with ``StartAfter`` the newest key
-seen and fetch only what was appended or compacted since (keys sort chronologically), so
-a long healthy run does not make each failure re-read the history.
-Events are read after the writer that could race with us is gone (the supervisor reads
-after the driver exited; the driver reads while the supervisor waits on it), so a key
-that appears "in the past" after we advanced is not a concern in practice.
+seen and fetch only what was appended or compacted since, so a long healthy run does not
+make each failure re-read the history.
+
+**Exact under any clocks and any interleaving.** History keys are sequence numbers (see
+:mod:`airflow_ckpt.runtime.history`), so the cursor never skips an event, whatever the
+clocks of the driver's and the supervisor's hosts. And a decision is appended with
+:meth:`~airflow_ckpt.runtime.history.JobHistory.append_if_head`: only on top of exactly the
+history it was computed from. When anything was appended meanwhile (another decider: an
+orphaned driver and the supervisor, say) the decision is computed again on the new
+events, so every recorded failure is counted by exactly one decision, in one order.
 
 Nothing here imports Airflow: the runtime uses this module inside the Spark driver.
 """
@@ -40,30 +45,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from airflow_ckpt.errors import AirflowCkptError
+from airflow_ckpt.errors import AirflowCkptError, HistoryMovedError, MetadataError
 from airflow_ckpt.restart import RestartDecision, RestartStrategy, restart_strategy_from_params
 from airflow_ckpt.runtime.history import (
     FAILURE,
     JOB_FAILED,
-    JOB_FINISHED,
-    JOB_STARTED,
-    JOB_STOPPED,
     JOB_SUBMITTED,
     RESTART,
     RESTORED,
+    RUN_EVENTS,
+    TERMINAL_EVENTS,
     HistoryEvent,
     JobHistory,
+    seq_of_key,
 )
 
 log = logging.getLogger(__name__)
 
 Level = Literal["query", "driver"]
 LEVELS: tuple[str, ...] = ("query", "driver")
+#: decisions in a row that may meet a moved history before recording gives up
+_DECIDE_ATTEMPTS = 100
 
-#: events that end every supervision of the job
-TERMINAL_EVENTS = frozenset({JOB_FINISHED, JOB_STOPPED, JOB_FAILED})
-#: events that belong to one supervision (they carry ``run_id``)
-RUN_EVENTS = frozenset({JOB_SUBMITTED, JOB_STARTED, FAILURE, RESTART})
 
 
 @dataclass(slots=True)
@@ -225,30 +228,44 @@ class RestartLog:
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
         now = time.time() if now is None else now
-        strategy = self.strategy()
-        decision = strategy.on_failure(now)
         self.history.append(
             FAILURE, level=level, run_id=self.run_id, cause=cause, failure_ts=now, **details
         )
-        self.history.append(  # folded into the state by the next refresh
-            RESTART,
-            level=level,
-            run_id=self.run_id,
-            strategy=strategy.name,
-            options=_jsonable(strategy.options()),
-            restart=bool(decision.restart),
-            delay_s=float(decision.delay_s),
-            attempt=int(decision.attempt),
-            strategy_state=strategy.state_dict(),
-            cause=cause,
-            failure_ts=now,
-        )
+        for _ in range(_DECIDE_ATTEMPTS):
+            strategy = self.strategy()  # refreshes: the state of every event up to the cursor
+            decision = strategy.on_failure(now)
+            try:
+                self.history.append_if_head(  # folded into the state by the next refresh
+                    self._head(),
+                    RESTART,
+                    level=level,
+                    run_id=self.run_id,
+                    strategy=strategy.name,
+                    options=_jsonable(strategy.options()),
+                    restart=bool(decision.restart),
+                    delay_s=float(decision.delay_s),
+                    attempt=int(decision.attempt),
+                    strategy_state=strategy.state_dict(),
+                    cause=cause,
+                    failure_ts=now,
+                )
+                break
+            except HistoryMovedError:
+                continue  # appended meanwhile: decide again on top of it
+        else:
+            raise MetadataError(
+                f"could not record the restart decision of run {self.run_id}: the history "
+                f"of {self.history.layout.job} moved {_DECIDE_ATTEMPTS} times while deciding")
         log.info(
             "%s failure of run %s (%s): strategy %s says %s (attempt %d, delay %.3f s)",
             level, self.run_id, cause, strategy.describe(),
             "restart" if decision.restart else "no restart", decision.attempt, decision.delay_s,
         )
         return decision
+
+    def _head(self) -> int:
+        """The number of the newest event the state was folded from (0: none)."""
+        return seq_of_key(self._cursor) if self._cursor else 0
 
     def restarts(self) -> list[HistoryEvent]:
         """This supervision's ``RESTART`` events, oldest first."""

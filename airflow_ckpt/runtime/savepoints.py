@@ -27,18 +27,13 @@ from airflow_ckpt.errors import (
 from airflow_ckpt.runtime.catalog import CheckpointCatalog, CompletedRef
 from airflow_ckpt.runtime.control import ControlChannel, ControlResult
 from airflow_ckpt.runtime.history import (
-    JOB_FAILED,
-    JOB_FINISHED,
     JOB_STARTED,
-    JOB_STOPPED,
+    LIFECYCLE_EVENTS,
     HistoryEvent,
     JobHistory,
 )
 from airflow_ckpt.runtime.layout import parse_checkpoint_dir, validate_job_name
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
-
-#: The events that change whether a job is running; the newest one decides.
-LIFECYCLE_EVENTS = frozenset({JOB_STARTED, JOB_FINISHED, JOB_STOPPED, JOB_FAILED})
 
 
 def _iso(ts: float) -> str:
@@ -53,7 +48,8 @@ def describe_event(event: HistoryEvent | None) -> str:
 
 
 def last_lifecycle_event(storage: CheckpointStorage, job: str) -> HistoryEvent | None:
-    """The newest lifecycle event of ``job`` (see :data:`LIFECYCLE_EVENTS`), or None.
+    """The newest lifecycle event of ``job``, or None (``LIFECYCLE_EVENTS``: the newest
+    one decides whether the job runs).
 
     Reads the history newest first (raw tail and ``events`` segments, never the
     compacted checkpoint statistics) and stops at the first lifecycle event. An

@@ -21,8 +21,7 @@ from airflow_ckpt.runtime.savepoints import last_lifecycle_event
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
-NOW = lambda: time.time() + 3600  # noqa: E731 - every event is past the grace period
-SMALL = CompactionPolicy(every=0, grace_s=0.0, segment_events=10, retain_checkpoint_events=None)
+SMALL = CompactionPolicy(every=0, segment_events=10, retain_checkpoint_events=None)
 FIXED = {"restart-strategy.type": "fixed-delay", "restart-strategy.fixed-delay.attempts": 5,
          "restart-strategy.fixed-delay.delay": "1 s"}
 
@@ -73,8 +72,8 @@ def test_compaction_keeps_every_event_once_and_in_order(storage: Counting) -> No
     history = JobHistory(storage, "job", compaction=None)  # type: ignore[arg-type]
     _fill(history, 45)
     before = history.events()
-    result = history.compact(SMALL, now=NOW())
-    assert result.compacted == 47 and not result.skipped
+    result = history.compact(SMALL)
+    assert result.compacted == 47 and not result.unreadable
     assert _raw_keys(storage) == []
     after = history.events()
     assert [(e.key, e.type, e.data) for e in after] == [(e.key, e.type, e.data) for e in before]
@@ -87,25 +86,18 @@ def test_compaction_keeps_every_event_once_and_in_order(storage: Counting) -> No
     assert history.events([ev.JOB_STARTED])[0].key == before[1].key
 
 
-def test_grace_period_leaves_young_events_raw(storage: Counting) -> None:
-    history = JobHistory(storage, "job", compaction=None)  # type: ignore[arg-type]
-    _fill(history, 5)
-    assert history.compact(CompactionPolicy(grace_s=60.0)).compacted == 0
-    assert len(_raw_keys(storage)) == 7
-
-
 def test_crash_between_segment_and_delete_shows_no_duplicates(storage: Counting) -> None:
     history = JobHistory(storage, "job", compaction=None)  # type: ignore[arg-type]
     _fill(history, 25)
     before = [e.key for e in history.events()]
     storage.fail_deletes = True
     with pytest.raises(RuntimeError):
-        history.compact(SMALL, now=NOW())
+        history.compact(SMALL)
     assert len(_raw_keys(storage)) == 27 and history.listing().segments  # both copies
     assert [e.key for e in history.events()] == before
     assert len(history.newest(1000)[0]) == 27
     storage.fail_deletes = False
-    history.compact(SMALL, now=NOW())  # the next compaction finishes the job
+    history.compact(SMALL)  # the next compaction finishes the job
     assert _raw_keys(storage) == []
     assert [e.key for e in history.events()] == before
 
@@ -117,7 +109,7 @@ def test_concurrent_compactions_and_writers_lose_nothing(storage: Counting) -> N
 
     def compact() -> None:
         try:
-            JobHistory(storage, "job", compaction=None).compact(SMALL, now=NOW())  # type: ignore[arg-type]
+            JobHistory(storage, "job", compaction=None).compact(SMALL)  # type: ignore[arg-type]
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -129,7 +121,7 @@ def test_concurrent_compactions_and_writers_lose_nothing(storage: Counting) -> N
     for t in threads:
         t.join()
     assert not errors
-    history.compact(SMALL, now=NOW())
+    history.compact(SMALL)
     events = history.events()
     keys = [e.key for e in events]
     assert len(keys) == len(set(keys)) == 82
@@ -141,8 +133,8 @@ def test_retention_drops_old_checkpoint_statistics_only(storage: Counting) -> No
     history = JobHistory(storage, "job", compaction=None)  # type: ignore[arg-type]
     _fill(history, 100)
     history.append(ev.JOB_FINISHED, run_id="r")
-    policy = CompactionPolicy(grace_s=0.0, segment_events=10, retain_checkpoint_events=30)
-    result = history.compact(policy, now=NOW())
+    policy = CompactionPolicy(segment_events=10, retain_checkpoint_events=30)
+    result = history.compact(policy)
     assert result.events_dropped == 70
     stats = history.events([ev.CHECKPOINT_COMPLETED, ev.CHECKPOINT_FAILED])
     assert [e.data["id"] for e in stats] == list(range(70, 100))
@@ -156,9 +148,11 @@ def test_open_segment_is_topped_up_not_multiplied(storage: Counting) -> None:
     for round_ in range(6):
         for i in range(3):
             history.append(ev.CHECKPOINT_COMPLETED, id=round_ * 3 + i)
-        history.compact(SMALL, now=NOW())
+        history.compact(SMALL)
     segments = history.listing().segments
-    assert [s.count for s in segments] == [10, 8]  # 18 events, not 6 segments of 3
+    # 18 events, not 6 segments of 3; and one (empty) events segment that seals them
+    assert [s.count for s in segments if s.stream == "checkpoints"] == [10, 8]
+    assert [s.count for s in segments if s.stream == "events"] == [0]
     assert [e.data["id"] for e in history.events()] == list(range(18))
 
 
@@ -171,7 +165,7 @@ def test_restart_log_state_survives_compaction(storage: Counting) -> None:
         history.append(ev.CHECKPOINT_COMPLETED, id=i)
     assert len(log.restarts()) == 1  # the cursor is now at the newest event
     log.record_failure("query", "boom 2", now=1010.0)
-    history.compact(SMALL, now=NOW())  # both failures leave the raw tail before we refresh
+    history.compact(SMALL)  # both failures leave the raw tail before we refresh
     assert [e.data["cause"] for e in log.failures()] == ["boom 1", "boom 2"]
     assert log.strategy().state_dict() == log.restarts()[-1].data["strategy_state"]
     fresh = RestartLog(history, FIXED, "dag/run/task")  # e.g. a worker restarted
@@ -187,7 +181,7 @@ def test_restart_log_state_survives_compaction(storage: Counting) -> None:
 def test_lifecycle_check_after_compaction(storage: Counting) -> None:
     history = JobHistory(storage, "job", compaction=None)  # type: ignore[arg-type]
     _fill(history, 40)
-    history.compact(SMALL, now=NOW())
+    history.compact(SMALL)
     found = last_lifecycle_event(storage, "job")  # type: ignore[arg-type]
     assert found is not None and found.type == ev.JOB_STARTED
 
@@ -197,14 +191,14 @@ def test_reader_lists_again_when_compaction_moves_what_it_listed(storage: Counti
     _fill(history, 20)
     expected = [e.key for e in history.events()]
     storage.on_get = lambda: JobHistory(storage.inner, "job", compaction=None).compact(
-        SMALL, now=NOW())
+        SMALL)
     assert [e.key for e in history.events()] == expected
 
 
 def test_newest_reads_only_what_it_returns(storage: Counting) -> None:
     history = JobHistory(storage, "job", compaction=None)  # type: ignore[arg-type]
     _fill(history, 200)
-    history.compact(SMALL, now=NOW())
+    history.compact(SMALL)
     for i in range(5):
         history.append(ev.CHECKPOINT_COMPLETED, id=1000 + i)
     storage.gets = 0
@@ -227,7 +221,7 @@ def test_events_after_sees_events_compacted_since(storage: Counting) -> None:
     assert len(seen) == 5
     for i in range(12):
         history.append(ev.CHECKPOINT_COMPLETED, id=100 + i)
-    history.compact(SMALL, now=NOW())
+    history.compact(SMALL)
     history.append(ev.JOB_FINISHED, run_id="r")
     new, cursor2 = history.events_after(cursor)
     assert [e.data.get("id") for e in new] == [*range(100, 112), None]
@@ -236,34 +230,24 @@ def test_events_after_sees_events_compacted_since(storage: Counting) -> None:
 
 def test_a_writer_compacts_what_it_wrote_without_reading_it_back(storage: Counting) -> None:
     history = JobHistory(storage, "job",  # type: ignore[arg-type]
-                         compaction=CompactionPolicy(every=0, grace_s=0.0))
-    # Keys of one writer increase strictly, so 20 appends within a millisecond run ahead
-    # of the wall clock: compact "a second later" so that grace 0 covers them all.
+                         compaction=CompactionPolicy(every=0))
     for i in range(20):
         history.append(ev.CHECKPOINT_COMPLETED, id=i)
-    history.compact(now=time.time() + 1)
+    history.compact()
     for i in range(20, 40):
         history.append(ev.CHECKPOINT_COMPLETED, id=i)
     storage.gets = 0
-    assert history.compact(now=time.time() + 2).compacted == 20
+    assert history.compact().compacted == 20
     assert storage.gets == 0  # its own events and its own open segment: from memory
     reader = JobHistory(storage, "job", compaction=None)  # type: ignore[arg-type]
     assert [e.data["id"] for e in reader.events()] == list(range(40))
 
 
-def test_append_compacts_in_the_background(storage: Counting,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    # Event keys come from one process-wide counter that runs ahead of the wall clock
-    # when appends come faster than one a millisecond (the tests before this one append
-    # dozens in a burst). Keys ahead of the clock are younger than grace 0 when the
-    # background compaction runs, and it then compacts nothing: start the counter at the
-    # clock so that this test does not depend on what ran before it.
-    monkeypatch.setattr(ev, "_last_ms", 0)
-    policy = CompactionPolicy(every=5, grace_s=0.0, segment_events=100)
+def test_append_compacts_in_the_background(storage: Counting) -> None:
+    policy = CompactionPolicy(every=5, segment_events=100)
     history = JobHistory(storage, "job", compaction=policy)  # type: ignore[arg-type]
     for i in range(10):
         history.append(ev.CHECKPOINT_COMPLETED, id=i)
-        time.sleep(0.002)
     deadline = time.time() + 10
     while not history.listing().segments and time.time() < deadline:
         time.sleep(0.05)
