@@ -36,7 +36,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -126,7 +125,7 @@ def story(job: str, n: int, start_ms: int) -> list[HistoryEvent]:
         ms += 1
         body = {"type": event_type, "ts": ms / 1000, "job": job, **data}
         out.append(HistoryEvent(event_type, ms / 1000,
-                                layout.history_event(ms, uuid.uuid4().hex[:12]), body))
+                                layout.history_event(len(out) + 1), body))
 
     add(ev.JOB_SUBMITTED, run_id=RUN_ID, attempt=1, restore="latest", master="local[2]",
         airflow={"dag_id": "stream_dag", "run_id": "scheduled__2026-01-01", "task_id": "run"})
@@ -333,7 +332,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
         # the steady state: the driver compacts every 50 of its own appends (it wrote them,
         # so it reads none back) into the open segment it wrote last
         writer = JobHistory(stores["backlog"], "backlog-job",
-                            compaction=CompactionPolicy(every=0, grace_s=0.0))
+                            compaction=CompactionPolicy(every=0))
         for i in range(50):
             writer.append(ev.CHECKPOINT_COMPLETED, id=10_000 + i)
         writer.compact()  # writes the open segment this writer then holds

@@ -25,6 +25,6 @@ def test_unknown_type_and_corrupt_event_are_errors(tmp_path: Path) -> None:
     history = JobHistory(storage, "job")
     with pytest.raises(ValueError, match="unknown history event type"):
         history.append("made_up")
-    storage.put_bytes("job/history/0000000000001-x.json", b"{broken")
-    with pytest.raises(MetadataError, match=r"0000000000001-x\.json"):
+    storage.put_bytes("job/history/0000000000000001.json", b"{broken")
+    with pytest.raises(MetadataError, match=r"0000000000000001\.json"):
         history.events()

@@ -166,10 +166,11 @@ def test_unreadable_event_and_manifest_are_reported_not_skipped(
     client: TestClient, storage: CheckpointStorage
 ) -> None:
     layout = JobLayout(JOB)
-    storage.put_bytes(layout.history_event(9_999_999_999_999, "garbage"), b"{not json")
+    garbage = JobHistory(storage, JOB, compaction=None).listing().head + 1
+    storage.put_bytes(layout.history_event(garbage), b"{not json")
     storage.put_bytes(layout.checkpoint_metadata(8), b'{"schema_version": 1}')
     body = client.get(f"/jobs/{JOB}/checkpoints").json()
-    assert any("garbage" in e and "unreadable" in e for e in body["errors"])
+    assert any(f"{garbage:016d}" in e and "unreadable" in e for e in body["errors"])
     assert any("chk-8/_metadata" in e for e in body["errors"])
     assert body["counts"]["completed"] == 6  # the rest is still shown
     tables, texts = parse_page(client.get(f"/view/{JOB}").text)
