@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_ckpt.driver_output import summarize_driver_output
-from airflow_ckpt.health import DEFAULT_MULTIPLE, checkpoint_progress
+from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.history import (
     CHECKPOINT_COMPLETED,
@@ -230,7 +230,6 @@ class SupervisionProbe:
         exit_pending: Callable[[], bool] = lambda: False,
         exit_grace_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
         metrics: EventMetrics | None = None,
     ) -> None:
         self.history = history
@@ -244,7 +243,8 @@ class SupervisionProbe:
         self.exit_pending = exit_pending
         self.exit_grace_s = exit_grace_s
         self.clock = clock
-        self.wall_clock = wall_clock
+        # (newest checkpoint id, probe clock when it became the newest)
+        self._progress: tuple[int | None, float] | None = None
         self.metrics = metrics
         self.observer = LeaseObserver(history.storage, history.layout.job, clock=clock)
         self._started = clock()
@@ -290,17 +290,25 @@ class SupervisionProbe:
         return self.clock() - self._gone_since < self.exit_grace_s and self.exit_pending()
 
     def _health(self) -> Verdict | None:
+        """Flink's ``checkpoint-progress`` on this probe's own clock: stale when the
+        newest completed checkpoint stayed the same for ``multiple`` x ``interval_s``
+        of probe time. The checkpoint's own timestamps (the driver's clock) are never
+        compared with ours, so skewed hosts never make a healthy job look stale; a new
+        probe (a restarted triggerer) watches one full window before it judges."""
         if self.health is None or self.catalog is None:
             return None
         latest = self.catalog.latest_checkpoint()
-        status = checkpoint_progress(
-            latest.timings.completed_ts if latest else None, self.health.interval_s,
-            self.wall_clock(), self.health.multiple)
-        if status == "stale" and latest is not None:
+        newest = latest.checkpoint_id if latest is not None else None
+        now = self.clock()
+        if self._progress is None or self._progress[0] != newest:
+            self._progress = (newest, now)
+        unchanged = now - self._progress[1]
+        window = self.health.multiple * self.health.interval_s
+        if latest is not None and unchanged > window:
             return Verdict("stale", f"no checkpoint completed for more than "
                            f"{self.health.multiple:g} x {self.health.interval_s:g} s "
-                           f"(last: chk-{latest.checkpoint_id}) while the driver's heartbeat "
-                           f"is alive")
+                           f"(the newest, chk-{latest.checkpoint_id}, unchanged for "
+                           f"{unchanged:.0f} s) while the driver's heartbeat is alive")
         return None
 
     def _terminal(self) -> Verdict | None:

@@ -150,31 +150,52 @@ def test_startup_timeout_without_a_lease(storage: CheckpointStorage) -> None:
 class FakeCatalog:
     def __init__(self, completed_ts: float | None) -> None:
         self.completed_ts = completed_ts
+        self.checkpoint_id = 7
 
     def latest_checkpoint(self) -> Any:
         if self.completed_ts is None:
             return None
-        return SimpleNamespace(checkpoint_id=7,
+        return SimpleNamespace(checkpoint_id=self.checkpoint_id,
                                timings=SimpleNamespace(completed_ts=self.completed_ts))
 
 
-def test_stale_checkpoints_while_the_heartbeat_lives(storage: CheckpointStorage) -> None:
-    """Issue 10 part 2: last checkpoint older than multiple x interval, heartbeat alive."""
+@pytest.mark.parametrize("driver_clock_offset_s", [0.0, -3600.0, 3600.0])
+def test_stale_checkpoints_while_the_heartbeat_lives(
+    storage: CheckpointStorage, driver_clock_offset_s: float
+) -> None:
+    """Issue 10 part 2: the newest checkpoint unchanged for multiple x interval of the
+    probe's clock, heartbeat alive. The checkpoint's timestamps (the driver's clock, an
+    hour off here) play no part: a healthy job is never called stale by a skewed clock."""
     clock = FakeClock()
-    catalog = FakeCatalog(completed_ts=5000.0)
-    wall = [5025.0]
-    p = probe(storage, clock, health=HealthRule(10.0, 3.0, restart=True),
-              catalog=catalog, wall_clock=lambda: wall[0])
+    catalog = FakeCatalog(completed_ts=clock.now + driver_clock_offset_s)
+    p = probe(storage, clock, health=HealthRule(10.0, 3.0, restart=True), catalog=catalog)
     put_lease(storage, 2, 1)
-    assert p.poll() is None  # 25 s < 30 s
-    wall[0] = 5031.0
-    clock.now += 5
+    assert p.poll() is None  # chk-7 is new to this probe
+    clock.now += 25
     put_lease(storage, 2, 2)
+    assert p.poll() is None  # 25 s < 30 s
+    clock.now += 6
+    put_lease(storage, 2, 3)
     verdict = p.poll()
     assert verdict is not None and verdict.kind == "stale" and "chk-7" in verdict.cause
     assert verdict.needs_restart_decision
     catalog.completed_ts = None  # no checkpoint yet: unknown, never stale
+    clock.now += 100
+    put_lease(storage, 2, 4)
     assert p.poll() is None
+
+
+def test_a_new_checkpoint_restarts_the_stale_window(storage: CheckpointStorage) -> None:
+    clock = FakeClock()
+    catalog = FakeCatalog(completed_ts=0.0)
+    p = probe(storage, clock, health=HealthRule(10.0, 3.0, restart=True), catalog=catalog)
+    put_lease(storage, 2, 1)
+    assert p.poll() is None
+    for seq in range(2, 8):  # a checkpoint every 20 s: never stale
+        clock.now += 20
+        put_lease(storage, 2, seq)
+        catalog.checkpoint_id += 1
+        assert p.poll() is None
 
 
 def test_run_checkpoints_only_counts_checkpoints_after_the_runs_first_submit(
