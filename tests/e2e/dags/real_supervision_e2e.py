@@ -4,11 +4,13 @@ The example job ``spark_jobs/odd_even_sums.py`` in continuous mode (a processing
 trigger: it runs until stopped) over the files in ``params.input_dir``, exactly-once
 output in ``<storage>/_output/<job>``. The test kills its driver with SIGKILL and the
 triggerer in the middle, then stops the job through the control channel
-(stop-with-savepoint), which ends the task successfully.
+(stop-with-savepoint), which ends the task successfully. The driver's wall clock runs an
+hour ahead of the Airflow processes' (``tests/e2e/clock_ahead/sitecustomize.py``).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from airflow.sdk import DAG
@@ -16,6 +18,8 @@ from airflow.sdk import DAG
 from airflow_ckpt.operators import CheckpointedSparkSubmitOperator
 
 JOB = str(Path(__file__).resolve().parents[3] / "spark_jobs" / "odd_even_sums.py")
+#: the driver's wall clock runs an hour ahead of the Airflow processes' (issue 19 B)
+CLOCK_AHEAD = str(Path(__file__).resolve().parents[1] / "clock_ahead")
 DEMO = "spark.airflow_ckpt.demo."
 
 with DAG(
@@ -43,6 +47,9 @@ with DAG(
                           "fixed-delay.delay": "0 s"},
         conf={DEMO + "input": "{{ params.input_dir }}", "spark.ui.enabled": "false",
               "spark.sql.shuffle.partitions": "1"},
+        env_vars={"PYTHONPATH": os.pathsep.join(filter(None, [
+                      CLOCK_AHEAD, os.environ.get("PYTHONPATH")])),
+                  "AIRFLOW_CKPT_E2E_CLOCK_OFFSET_S": "3600"},
         deferrable=True,
         poll_interval=0.5,
         retries=0,
