@@ -671,6 +671,21 @@ class JobHistory:
         result: tuple[list[HistoryEvent], str | None] = self._retrying(read)
         return result
 
+    def stored_ts(self, event: HistoryEvent) -> float:
+        """When the storage stored ``event`` (its ``LastModified``: the storage's clock,
+        one clock for every writer), or the writer's ``ts`` if it was compacted since.
+
+        For rules that compare the times of events written by different hosts (the
+        failure-rate window): those compare storage times, never two hosts' clocks.
+        """
+        before = self.layout.history_event(event.seq - 1)
+        for info in self.storage.list_after(self.layout.history_prefix, before):
+            if info.key == event.key:
+                return info.last_modified
+            if info.key > event.key:
+                break
+        return event.ts
+
     def last(self, event_type: str) -> HistoryEvent | None:
         """The newest event of ``event_type``, if any."""
         return self.last_of([event_type])

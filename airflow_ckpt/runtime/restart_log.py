@@ -222,15 +222,18 @@ class RestartLog:
 
         ``details`` go into the ``FAILURE`` payload (e.g. ``exit_code``, ``error_lines``,
         ``attempt``). The ``RESTART`` payload has ``level``, ``run_id``, ``strategy``,
-        ``options``, ``restart``, ``delay_s``, ``attempt``, ``strategy_state`` and
-        ``cause``. ``now`` (epoch seconds) defaults to the current time.
+        ``options``, ``restart``, ``delay_s``, ``attempt``, ``strategy_state``, ``cause``
+        and ``failure_ts``. ``now`` (epoch seconds) defaults to the time the storage
+        stored the ``FAILURE`` event (:meth:`JobHistory.stored_ts`): the strategies' time
+        windows (failure rate, backoff reset) then compare times of one clock, whichever
+        host recorded each failure.
         """
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-        now = time.time() if now is None else now
-        self.history.append(
-            FAILURE, level=level, run_id=self.run_id, cause=cause, failure_ts=now, **details
+        failure = self.history.append(
+            FAILURE, level=level, run_id=self.run_id, cause=cause, **details
         )
+        now = self.history.stored_ts(failure) if now is None else now
         for _ in range(_DECIDE_ATTEMPTS):
             strategy = self.strategy()  # refreshes: the state of every event up to the cursor
             decision = strategy.on_failure(now)

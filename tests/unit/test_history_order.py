@@ -195,3 +195,26 @@ def test_compactions_that_read_different_events_keep_every_event(
     slow.listing = original_listing  # type: ignore[method-assign]
     restarts = JobHistory(storage, "job", compaction=None).events([ev.RESTART])
     assert [e.data["attempt"] for e in restarts] == [1, 2, 3, 4, 5]
+
+
+RATE2 = {"restart-strategy.type": "failure-rate",
+         "restart-strategy.failure-rate.max-failures-per-interval": 2,
+         "restart-strategy.failure-rate.failure-rate-interval": "10 min",
+         "restart-strategy.failure-rate.delay": "0 s"}
+
+
+@pytest.mark.parametrize("driver_offset_s", [-3600.0, 3600.0])
+def test_the_failure_rate_window_is_measured_on_one_clock(
+    storage: CheckpointStorage, monkeypatch: pytest.MonkeyPatch, driver_offset_s: float
+) -> None:
+    """Three failures within a minute, the middle one recorded by a driver whose clock is
+    an hour off: 2 per 10 min allows two restarts and refuses the third, as Flink's
+    strategy does on one clock (the storage's)."""
+    supervisor = RestartLog(JobHistory(storage, "job", compaction=None), RATE2, RUN)
+    supervisor.history.append(ev.JOB_SUBMITTED, run_id=RUN, attempt=1)
+    first = supervisor.record_failure("driver", "driver died")
+    with host_clock(monkeypatch, driver_offset_s):
+        driver = RestartLog(JobHistory(storage, "job", compaction=None), RATE2, RUN)
+        second = driver.record_failure("query", "query failed")
+    third = supervisor.record_failure("driver", "driver died again")
+    assert [d.restart for d in (first, second, third)] == [True, True, False]
