@@ -203,18 +203,23 @@ RATE2 = {"restart-strategy.type": "failure-rate",
          "restart-strategy.failure-rate.delay": "0 s"}
 
 
-@pytest.mark.parametrize("driver_offset_s", [-3600.0, 3600.0])
+@pytest.mark.parametrize(("driver_offset_s", "driver_turn"), [(-3600.0, 0), (3600.0, 2)])
 def test_the_failure_rate_window_is_measured_on_one_clock(
-    storage: CheckpointStorage, monkeypatch: pytest.MonkeyPatch, driver_offset_s: float
+    storage: CheckpointStorage, monkeypatch: pytest.MonkeyPatch, driver_offset_s: float,
+    driver_turn: int,
 ) -> None:
-    """Three failures within a minute, the middle one recorded by a driver whose clock is
-    an hour off: 2 per 10 min allows two restarts and refuses the third, as Flink's
-    strategy does on one clock (the storage's)."""
+    """Three failures within a minute, one of them recorded by a driver whose clock is an
+    hour off (the oldest, from a clock behind; the newest, from a clock ahead: where the
+    skew would stretch the window): 2 per 10 min allows two restarts and refuses the
+    third, as Flink's strategy does on one clock (here: the storage's)."""
     supervisor = RestartLog(JobHistory(storage, "job", compaction=None), RATE2, RUN)
     supervisor.history.append(ev.JOB_SUBMITTED, run_id=RUN, attempt=1)
-    first = supervisor.record_failure("driver", "driver died")
-    with host_clock(monkeypatch, driver_offset_s):
-        driver = RestartLog(JobHistory(storage, "job", compaction=None), RATE2, RUN)
-        second = driver.record_failure("query", "query failed")
-    third = supervisor.record_failure("driver", "driver died again")
-    assert [d.restart for d in (first, second, third)] == [True, True, False]
+    decisions = []
+    for turn in range(3):
+        if turn == driver_turn:
+            with host_clock(monkeypatch, driver_offset_s):
+                driver = RestartLog(JobHistory(storage, "job", compaction=None), RATE2, RUN)
+                decisions.append(driver.record_failure("query", "query failed"))
+        else:
+            decisions.append(supervisor.record_failure("driver", "driver died"))
+    assert [d.restart for d in decisions] == [True, True, False]
