@@ -7,6 +7,7 @@ abandoned checkpoint and is never offered for restore.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -77,14 +78,27 @@ class CheckpointCatalog:
             if (n := parse_checkpoint_dir(name)) is not None
         )
 
+    def completed_among(self, ids: Iterable[int]) -> list[int]:
+        """Of the checkpoint ``ids``, those completed and counting under the current lease
+        (one HEAD each, and the lease once): the cheap check for a few candidates, the
+        same rule as :meth:`checkpoint_ids`."""
+        found = [n for n in ids if self.storage.exists(self.layout.checkpoint_metadata(n))]
+        if not found:
+            return []
+        return valid_checkpoint_ids(found, read_lease(self.storage, self.layout.job))
+
+    def savepoint_dirs(self) -> list[str]:
+        """Ids of every ``savepoints/sp-<id>`` directory (completed or not), sorted."""
+        return [sp for name in self.storage.list_dirs(self.layout.savepoints_prefix)
+                if (sp := parse_savepoint_dir(name)) is not None]
+
+    def completed_savepoints_among(self, ids: Iterable[str]) -> list[str]:
+        """Of the savepoint ``ids``, those completed (with ``_metadata``), in order."""
+        return [sp for sp in ids if self.storage.exists(self.layout.savepoint_metadata(sp))]
+
     def savepoint_ids(self) -> list[str]:
         """Ids of completed savepoints (those with ``_metadata``), oldest key first."""
-        out = []
-        for name in self.storage.list_dirs(self.layout.savepoints_prefix):
-            sp = parse_savepoint_dir(name)
-            if sp is not None and self.storage.exists(self.layout.savepoint_metadata(sp)):
-                out.append(sp)
-        return out
+        return self.completed_savepoints_among(self.savepoint_dirs())
 
     def checkpoint(self, checkpoint_id: int) -> Manifest:
         """The manifest of a completed checkpoint (``RestoreError`` if not completed)."""

@@ -36,7 +36,6 @@ from airflow_ckpt.errors import (
 from airflow_ckpt.health import checkpoint_progress
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.control import ControlChannel
-from airflow_ckpt.runtime.layout import parse_savepoint_dir
 from airflow_ckpt.runtime.metadata import Manifest
 
 log = logging.getLogger(__name__)
@@ -206,27 +205,13 @@ def _checkpoint_dirs(catalog: CheckpointCatalog) -> list[int]:
     return catalog.checkpoint_ids(completed_only=False)
 
 
-def _completed(catalog: CheckpointCatalog, ids: Iterable[int]) -> list[int]:
-    storage, layout = catalog.storage, catalog.layout
-    return [n for n in ids if storage.exists(layout.checkpoint_metadata(n))]
-
-
 def _latest_completed_checkpoint(catalog: CheckpointCatalog) -> int | None:
-    """Newest completed checkpoint id: walks the directories newest first."""
+    """Newest completed checkpoint id (under the current lease): walks the directories
+    newest first."""
     for n in reversed(_checkpoint_dirs(catalog)):
-        if _completed(catalog, [n]):
+        if catalog.completed_among([n]):
             return n
     return None
-
-
-def _savepoint_dirs(catalog: CheckpointCatalog) -> list[str]:
-    names = catalog.storage.list_dirs(catalog.layout.savepoints_prefix)
-    return [sp for name in names if (sp := parse_savepoint_dir(name)) is not None]
-
-
-def _completed_savepoints(catalog: CheckpointCatalog, ids: Iterable[str]) -> list[str]:
-    storage, layout = catalog.storage, catalog.layout
-    return [sp for sp in ids if storage.exists(layout.savepoint_metadata(sp))]
 
 
 def take_baseline(catalog: CheckpointCatalog, condition: CheckpointCondition
@@ -242,7 +227,7 @@ def take_baseline(catalog: CheckpointCatalog, condition: CheckpointCondition
         latest = _latest_completed_checkpoint(catalog)
         after = NO_CHECKPOINT if latest is None else latest
     if condition.wants_savepoints:
-        known = tuple(_completed_savepoints(catalog, _savepoint_dirs(catalog)))
+        known = tuple(catalog.savepoint_ids())
     return replace(condition, after_checkpoint_id=after, known_savepoints=known)
 
 
@@ -260,11 +245,11 @@ def new_snapshots(catalog: CheckpointCatalog, condition: CheckpointCondition) ->
     )
     if condition.wants_checkpoints:
         candidates = [n for n in _checkpoint_dirs(catalog) if n >= lowest]
-        found.extend(catalog.checkpoint(n) for n in _completed(catalog, candidates))
+        found.extend(catalog.checkpoint(n) for n in catalog.completed_among(candidates))
     if condition.wants_savepoints and condition.request_id is None:
         known = set(condition.known_savepoints or ())
-        fresh = [sp for sp in _savepoint_dirs(catalog) if sp not in known]
-        for sp in _completed_savepoints(catalog, fresh):
+        fresh = [sp for sp in catalog.savepoint_dirs() if sp not in known]
+        for sp in catalog.completed_savepoints_among(fresh):
             manifest = catalog.savepoint(sp)
             if condition.min_checkpoint_id is None or (
                 manifest.checkpoint_id >= condition.min_checkpoint_id

@@ -9,6 +9,7 @@ import pytest
 from airflow_ckpt.errors import ConfigError, EndpointUnreachableError
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.control import ControlChannel, ControlResult
+from airflow_ckpt.runtime.lease import LeaseRecord
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.triggers.matching import (
     NO_CHECKPOINT,
@@ -296,3 +297,20 @@ def test_wait_for_healthy_matches_only_while_checkpoints_progress(
     assert CheckpointCondition.from_dict(healthy.to_dict()) == healthy
     with pytest.raises(ConfigError):
         CheckpointCondition(job=JOB, healthy_interval_s=0)
+
+
+def test_a_deposed_drivers_late_marker_never_matches(catalog: CheckpointCatalog) -> None:
+    """Sensors and triggers count completed checkpoints by the catalog's rule: a marker a
+    deposed driver wrote after the takeover (not adopted, below the holder's first id)
+    is never a new checkpoint (issue 19 A; the old directory walk matched it)."""
+    storage = catalog.storage
+    write_snapshot(storage, JOB, 1)
+    record = LeaseRecord(epoch=2, owner="successor", host="h", pid=1, acquired_ts=0.0,
+                         heartbeat_ts=0.0, adopted=(1,), first_id=200, id_limit=300)
+    storage.put_bytes(f"{JOB}/lease/{2:010d}.json", record.to_json())
+    condition = take_baseline(catalog, CheckpointCondition(job=JOB, kind="checkpoint"))
+    assert condition.after_checkpoint_id == 1
+    write_snapshot(storage, JOB, 5)  # the deposed driver's marker, landing late
+    assert new_snapshots(catalog, condition) == []
+    write_snapshot(storage, JOB, 200)  # the holder's own
+    assert [m.checkpoint_id for m in new_snapshots(catalog, condition)] == [200]
