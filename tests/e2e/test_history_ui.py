@@ -213,6 +213,8 @@ def test_job_page_renders_the_checkpoint_history(
     assert texts["job-status"] == "FINISHED"
     assert (texts["count-completed"], texts["count-failed"], texts["count-restored"]) == (
         "6", "1", "1")
+    assert (texts["count-driver-starts"], texts["count-in-process-restarts"]) == ("2", "0")
+    assert (texts["count-retained"], texts["retained"]) == ("2", "chk-5, chk-6")
     assert "checkpoint 3" in texts["latest-restored"]
 
     events = [r.cells for r in tables["events"]]
