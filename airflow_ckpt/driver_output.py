@@ -102,9 +102,10 @@ def summarize_driver_output(lines: Sequence[str], exit_code: int | None) -> tupl
     Takes the last Python traceback (or else the last JVM ``Exception in thread``) up
     to its final ``SomeError: message`` line plus the message's continuation lines.
     Without either, the error lines are never INFO/DEBUG/TRACE log lines: for a driver
-    killed by a signal (``kill -9``: exit code 137 or -9) only its last WARN/ERROR log
-    lines and exception lines (possibly none: what it printed did not explain a kill),
-    for other exits the last lines of output other than those quiet log lines (a
+    killed by a signal (``kill -9``: exit code 137 or -9) or whose exit code is unknown
+    (its whole process group was killed) only its last WARN/ERROR log lines and
+    exception lines (possibly none: what it printed did not explain its end), for other
+    exits the last lines of output other than those quiet log lines (a
     ``sys.exit("message")`` prints its message unformatted). The cause is the final
     error line, or "driver killed by SIGKILL (exit code 137)" for a signal, or "driver
     exited with code N" when the driver died without one (e.g. ``os._exit``).
@@ -115,11 +116,11 @@ def summarize_driver_output(lines: Sequence[str], exit_code: int | None) -> tupl
         start = _last_index(stripped, lambda line: bool(_JVM_EXCEPTION.search(line)))
     cause = None
     if start is None:
-        if killed_by(exit_code) is not None:
-            block = _warnings_and_errors(stripped)[-20:]
-        else:
+        if exit_code is not None and killed_by(exit_code) is None:  # it exited by itself
             block = [line for line in stripped
                      if line and log_level(line) not in _QUIET_LEVELS][-20:]
+        else:  # killed, or vanished (its exit code unknown): what it printed is no cause
+            block = _warnings_and_errors(stripped)[-20:]
     else:
         rest = stripped[start:]
         error_at = _last_index(rest, lambda line: bool(_ERROR_LINE.match(line)))

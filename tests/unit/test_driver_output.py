@@ -36,6 +36,15 @@ def test_a_kill_keeps_the_warnings_and_errors_before_it() -> None:
     assert lines == [output[1], output[3]]
 
 
+def test_a_vanished_driver_shows_only_its_warnings_and_errors() -> None:
+    """Exit code unknown (the launcher died with it): its prints explain nothing."""
+    output = [*PROGRESS, "job output: batch 7 done",
+              "25/01/01 10:00:03 ERROR Executor: task 3 failed"]
+    cause, lines = summarize_driver_output(output, None)
+    assert cause == "driver failed"
+    assert lines == [output[-1]]
+
+
 def test_an_exit_without_traceback_shows_its_unformatted_lines_only() -> None:
     output = [*PROGRESS, "fatal: the input directory is gone"]  # sys.exit("fatal: ...")
     cause, lines = summarize_driver_output(output, 1)
