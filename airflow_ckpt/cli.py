@@ -6,7 +6,7 @@
     airflow-ckpt --storage ... checkpoints <job>        # id, kind, trigger, batch, sizes, durations
     airflow-ckpt --storage ... savepoints <job>
     airflow-ckpt --storage ... describe <path-or-id> [--job J] [--json]
-    airflow-ckpt --storage ... history <job> [--type T] [--limit N] [--json]
+    airflow-ckpt --storage ... history <job> [--type T] [--limit N] [--json]  # wraps, never cuts
     airflow-ckpt --storage ... dispose <savepoint path> [--yes] [--force]
     airflow-ckpt --storage ... state <savepoint path> [--json]   # needs pyspark
     airflow-ckpt --version
@@ -30,6 +30,7 @@ import json
 import os
 import sys
 import tempfile
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -246,14 +247,31 @@ def cmd_history(storage: CheckpointStorage, args: argparse.Namespace, out: TextI
     if not events:
         out.write(f"job {args.job!r} has no history events\n")
         return 0
-    skip = {"type", "ts", "job"}
     rows = []
     for e in events:
-        details = ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in e.data.items()
-                            if k not in skip)
-        rows.append([iso(e.ts), e.type, details[:160]])
+        lines = textwrap.wrap(_history_details(e.type, e.data), HISTORY_DETAILS_WIDTH,
+                              break_on_hyphens=False) or [""]
+        rows.append([iso(e.ts), e.type, lines[0]])
+        rows.extend(["", "", line] for line in lines[1:])
     table(rows, ("time (UTC)", "event", "details"), out)
     return 0
+
+
+#: the ``history`` table wraps an event's details at this width (never cuts them)
+HISTORY_DETAILS_WIDTH = 100
+#: payload fields shown first, so what decides (restart, delay, attempt) leads the row
+_HISTORY_LEAD = {
+    "restart": ("restart", "delay_s", "attempt", "level", "strategy", "cause"),
+    "failure": ("level", "cause", "exit_code", "attempt"),
+    "restored": ("kind", "checkpoint_id", "savepoint_id", "batch_id", "from_job", "path"),
+}
+
+
+def _history_details(event_type: str, data: dict[str, Any]) -> str:
+    """Every payload field as ``key=<json>``: the event type's lead fields first."""
+    lead = [k for k in _HISTORY_LEAD.get(event_type, ()) if k in data]
+    rest = [k for k in data if k not in lead and k not in ("type", "ts", "job")]
+    return ", ".join(f"{k}={json.dumps(data[k], default=str)}" for k in (*lead, *rest))
 
 
 def cmd_dispose(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:

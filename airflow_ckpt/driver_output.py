@@ -7,6 +7,7 @@ deferrable path (the detached driver's log file).
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,15 @@ _ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(:.*)
 _JVM_EXCEPTION = re.compile(r'Exception in thread "[^"]*"')
 _SPARK_LOG_LINE = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (TRACE|DEBUG|INFO|WARN|ERROR) ")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit): .+")
+#: a log line's level: Spark's ``25/01/01 10:00:00 INFO ...``, Python logging's
+#: ``2025-01-01 10:00:00,123 INFO ...`` (and ``[...]`` / ``-`` decorated variants)
+_LOG_LEVEL = re.compile(
+    r"^[\[(]?\d[\d/:.,\-TZ ]*[\])]?\s*[-|]?\s*\[?"
+    r"(TRACE|DEBUG|INFO|WARN|WARNING|ERROR|FATAL|CRITICAL)\b"
+)
+_QUIET_LEVELS = frozenset({"TRACE", "DEBUG", "INFO"})
+#: exit codes above this are ``128 + signal`` by the shell's (and the JVM's) convention
+_SIGNAL_BASE = 128
 
 
 def root_cause(failure: BaseException, limit: int = 500) -> str:
@@ -44,14 +54,61 @@ def _last_index(lines: Sequence[str], match: Any) -> int | None:
     return found[-1] if found else None
 
 
+def killed_by(exit_code: int | None) -> signal.Signals | None:
+    """The signal that ended the driver, if ``exit_code`` says one did.
+
+    Python's ``Popen.returncode`` is ``-N`` for a child killed by signal ``N``; a shell,
+    ``spark-submit``'s JVM (for its Python driver) and the detached launcher report
+    ``128 + N`` instead.
+    """
+    if exit_code is None or exit_code == 0:
+        return None
+    number = -exit_code if exit_code < 0 else exit_code - _SIGNAL_BASE
+    try:
+        return signal.Signals(number) if number > 0 else None
+    except ValueError:
+        return None
+
+
+def exit_cause(exit_code: int | None) -> str:
+    """How the driver ended, when its output names no error: ``driver killed by SIGKILL
+    (exit code 137)``, ``driver exited with code 17``, or ``driver failed`` (unknown)."""
+    if exit_code is None:
+        return "driver failed"
+    signal_ = killed_by(exit_code)
+    if signal_ is not None:
+        return f"driver killed by {signal_.name} (exit code {exit_code})"
+    return f"driver exited with code {exit_code}"
+
+
+def log_level(line: str) -> str | None:
+    """The level of a Spark or Python logging line (``WARNING`` as ``WARN``), else None."""
+    match = _LOG_LEVEL.match(line)
+    if match is None:
+        return None
+    level = match.group(1)
+    return "WARN" if level == "WARNING" else level
+
+
+def _warnings_and_errors(lines: Sequence[str]) -> list[str]:
+    """The log lines of level WARN and above, and exception lines, in order."""
+    return [line for line in lines
+            if log_level(line) not in (None, *_QUIET_LEVELS) or _EXCEPTION_LINE.match(line)]
+
+
 def summarize_driver_output(lines: Sequence[str], exit_code: int | None) -> tuple[str, list[str]]:
     """The driver's last error from spark-submit output: (one-line cause, error lines).
 
     Takes the last Python traceback (or else the last JVM ``Exception in thread``) up
-    to its final ``SomeError: message`` line plus the message's continuation lines;
-    without either, the last lines of output. The cause is that final error line, or
-    "driver exited with code N" when the driver died without one (e.g. ``os._exit``
-    or a kill).
+    to its final ``SomeError: message`` line plus the message's continuation lines.
+    Without either, the error lines are never INFO/DEBUG/TRACE log lines: for a driver
+    killed by a signal (``kill -9``: exit code 137 or -9) or whose exit code is unknown
+    (its whole process group was killed) only its last WARN/ERROR log lines and
+    exception lines (possibly none: what it printed did not explain its end), for other
+    exits the last lines of output other than those quiet log lines (a
+    ``sys.exit("message")`` prints its message unformatted). The cause is the final
+    error line, or "driver killed by SIGKILL (exit code 137)" for a signal, or "driver
+    exited with code N" when the driver died without one (e.g. ``os._exit``).
     """
     stripped = [line.strip() for line in lines]
     start = _last_index(stripped, lambda line: line == _TRACEBACK)
@@ -59,7 +116,11 @@ def summarize_driver_output(lines: Sequence[str], exit_code: int | None) -> tupl
         start = _last_index(stripped, lambda line: bool(_JVM_EXCEPTION.search(line)))
     cause = None
     if start is None:
-        block = stripped[-20:]
+        if exit_code is not None and killed_by(exit_code) is None:  # it exited by itself
+            block = [line for line in stripped
+                     if line and log_level(line) not in _QUIET_LEVELS][-20:]
+        else:  # killed, or vanished (its exit code unknown): what it printed is no cause
+            block = _warnings_and_errors(stripped)[-20:]
     else:
         rest = stripped[start:]
         error_at = _last_index(rest, lambda line: bool(_ERROR_LINE.match(line)))
@@ -75,7 +136,7 @@ def summarize_driver_output(lines: Sequence[str], exit_code: int | None) -> tupl
     if len(block) > ERROR_LINES:
         block = [*block[:10], "...", *block[-(ERROR_LINES - 11):]]
     if cause is None:
-        cause = "driver failed" if exit_code is None else f"driver exited with code {exit_code}"
+        cause = exit_cause(exit_code)
     elif exit_code is not None:
         cause = f"{cause} (exit code {exit_code})"
     return cause[:1000], [line[:500] for line in block]

@@ -1,8 +1,10 @@
 """Example: run a checkpointed PySpark streaming job under a Flink restart strategy.
 
 Trigger it from the UI: the form validates ``restart_strategy`` against the restart
-strategies' JSON schema, so a typo in an option name is refused before the run starts
-(the operator validates again, naming every bad key, before it submits anything).
+strategies' JSON schema, whose format checker runs the restart-strategy parser, so a
+typo in an option name or an initial-backoff above max-backoff is refused before the run
+starts, with the parser's message (the operator validates again, naming every bad key,
+before it submits anything).
 
 Defaults run on the embedded setup: ``local[2]`` Spark from the pip package and
 checkpoints in ``$AIRFLOW_CKPT_STORAGE`` (default ``file:///tmp/airflow-ckpt/checkpoints``).

@@ -24,6 +24,9 @@ Settings (``airflow.cfg`` or ``AIRFLOW__AIRFLOW_CKPT__<OPTION>``), read per requ
 Importing this module is cheap (no FastAPI, no Spark provider, no storage access): the
 app and the operator link are built the first time Airflow asks for them, which only
 the api-server (and ``airflow plugins``) do. Task processes load plugins too.
+Importing it registers the restart strategy's JSON Schema format checker
+(:func:`~airflow_ckpt.restart.schema.register_format_checker`), so the api-server refuses
+a triggered run whose restart strategy the parser refuses, with the parser's message.
 """
 
 from __future__ import annotations
@@ -39,11 +42,17 @@ from airflow.sdk import BaseOperatorLink
 
 from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.hooks import DEFAULT_CONN_ID
+from airflow_ckpt.restart.schema import register_format_checker
 from airflow_ckpt.runtime.layout import is_job_name
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
     from airflow.sdk.types import TaskInstanceKey
+
+# The api-server validates a triggered run's params (Param schemas) without parsing DAG
+# files, but it loads plugins at start: the restart strategy's format checker runs the
+# parser there (airflow_ckpt.restart.schema says why).
+register_format_checker()
 
 CONFIG_SECTION = "airflow_ckpt"
 STORAGE_ENV = "AIRFLOW_CKPT_STORAGE"

@@ -5,7 +5,13 @@ endpoints, the HTML pages and tests share one implementation.
 
 The checkpoint statistics follow Flink's REST ``/jobs/:id/checkpoints``: ``counts``,
 ``summary``, ``latest`` (``completed``, ``savepoint``, ``failed``, ``restored``) and
-``history``. History entries come from two sources:
+``history``. Every count is a count of events (or of retained checkpoints), named for
+what it counts: Flink's ``restored`` counts ``restored`` events, which a driver writes
+at its start (when it found something to restore) *and* after each in-process restart
+of its query, so ``driver_starts`` (``job_started`` events) and ``in_process_restarts``
+(``restart`` events of level ``query`` that restarted) stand beside it; ``retained``
+counts the retained checkpoints, whose ids are the top-level ``retained`` list.
+History entries come from two sources:
 
 * the ``checkpoint_completed`` / ``savepoint_completed`` / ``*_failed`` history events
   (every checkpoint ever taken, including those retention has since discarded);
@@ -232,6 +238,7 @@ def checkpoint_stats(storage: CheckpointStorage, job: str, window: HistoryWindow
     by_key: dict[tuple[str, Any], dict[str, Any]] = {}
     failed: list[dict[str, Any]] = []
     restored: list[HistoryEvent] = []
+    driver_starts = in_process_restarts = 0
     for event in window.events:
         if event.type in _COMPLETED:
             entry = _from_event(event)
@@ -241,6 +248,11 @@ def checkpoint_stats(storage: CheckpointStorage, job: str, window: HistoryWindow
             failed.append(_from_event(event))
         elif event.type == ev.RESTORED:
             restored.append(event)
+        elif event.type == ev.JOB_STARTED:
+            driver_starts += 1
+        elif event.type == ev.RESTART and event.data.get("level") == "query" \
+                and event.data.get("restart"):
+            in_process_restarts += 1
     retained, incomplete = _retained(storage, job, errors)
     for entry in retained:
         key = _key(entry)
@@ -257,6 +269,8 @@ def checkpoint_stats(storage: CheckpointStorage, job: str, window: HistoryWindow
     savepoints = [e for e in history if e["status"] == "COMPLETED" and e["is_savepoint"]]
     failures = [e for e in history if e["status"] == "FAILED"]
     last_restore = restored[-1] if restored else None
+    retained_ids = sorted(e["id"] for e in completed
+                          if not e["discarded"] and not e["is_savepoint"])
     return {
         "job": job,
         "storage": storage.uri,
@@ -266,6 +280,9 @@ def checkpoint_stats(storage: CheckpointStorage, job: str, window: HistoryWindow
             "in_progress": incomplete,
             "completed": len(completed),
             "failed": len(failed),
+            "retained": len(retained_ids),
+            "driver_starts": driver_starts,
+            "in_process_restarts": in_process_restarts,
         },
         "summary": trends.summary(completed),
         "latest": {
@@ -282,8 +299,7 @@ def checkpoint_stats(storage: CheckpointStorage, job: str, window: HistoryWindow
                 "external_path": last_restore.data.get("path"),
             },
         },
-        "retained": sorted(e["id"] for e in completed
-                           if not e["discarded"] and not e["is_savepoint"]),
+        "retained": retained_ids,
         "history": history,
         "history_window": window.describe(),
         "errors": errors,

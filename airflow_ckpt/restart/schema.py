@@ -5,7 +5,25 @@ the trigger form rejects bad
 params before a run starts. It checks key names (both spellings), value shapes,
 numeric ranges and that only the chosen type's options appear.
 :func:`~airflow_ckpt.restart.params.parse_restart_params` stays authoritative:
-ranges of duration *strings* and ``initial-backoff <= max-backoff`` are checked there only.
+ranges of duration *strings* and ``initial-backoff <= max-backoff`` (JSON Schema cannot
+compare two values) are checked there only.
+
+The parser at trigger time. Airflow validates every Param with
+``jsonschema.validate(value, schema, format_checker=FormatChecker())``: when a run is
+triggered (the api-server's ``create_dagrun``, for the UI's form and the REST API; the
+same in ``dag.test()`` / ``airflow dags test``) and again when each task starts
+(``process_params``). ``FormatChecker()`` asks every checker registered in the process.
+So the schema's top level carries ``"format": "airflow-ckpt-restart-strategy"``, and
+:func:`register_format_checker` registers a checker for it that runs the parser on the
+whole object; a parser error becomes a ``jsonschema.ValidationError`` whose message is the
+parser's own (``invalid restart strategy:`` and every bad key, the cross-field rules
+included): the run is refused before any task starts, with the text the operator would
+give at run time. A Param subclass cannot do this: Airflow serialises a DAG's params as
+plain ``Param`` (a subclass fails to serialise) and validates them server-side with the
+schema alone. Who registers: :func:`restart_params_json_schema` (every process that
+parses a DAG using the schema) and the ``airflow_ckpt`` plugin module (the api-server,
+which loads plugins at start and never parses DAG files). A process without the checker
+ignores the unknown format and validates with the schema's own rules, as before.
 
 Messages. Airflow validates params with plain ``jsonschema`` and shows the best error's
 message, which for ``anyOf``/``type`` rules reads ``'fixd-delay' is not valid under any of
@@ -22,9 +40,11 @@ the key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from airflow_ckpt.durations import _UNITS
+from airflow_ckpt.errors import ConfigError
 from airflow_ckpt.restart._java import INT_MAX
 from airflow_ckpt.restart.options import EXPONENTIAL_DELAY, STRATEGY_TYPES
 from airflow_ckpt.restart.params import (
@@ -38,11 +58,46 @@ from airflow_ckpt.restart.params import (
     OptionSpec,
     foreign_option_problem,
     options_of,
+    parse_restart_params,
     type_problem,
     value_problem,
 )
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+#: The ``format`` of the whole object: the parser, when the checker is registered.
+RESTART_STRATEGY_FORMAT = "airflow-ckpt-restart-strategy"
+
+
+def check_restart_params(instance: object) -> bool:
+    """The format checker: True, or ``jsonschema.ValidationError`` carrying the message of
+    the parser's :class:`~airflow_ckpt.errors.ConfigError` (a non-object is left to the
+    schema's ``"type": "object"``).
+
+    It raises instead of returning False because jsonschema words a failed format as
+    ``<value> is not a '<format>'``; a ``ValidationError`` raised by the checker leaves
+    ``validate`` as it is, and Airflow shows its message (the SDK's ``Param.resolve``
+    and the api-server's ``SerializedParamsDict.validate`` both catch it).
+    """
+    if not isinstance(instance, Mapping):
+        return True
+    try:
+        parse_restart_params(instance)
+    except ConfigError as exc:
+        from jsonschema import ValidationError
+
+        raise ValidationError(str(exc)) from None
+    return True
+
+
+def register_format_checker() -> None:
+    """Make ``FormatChecker()`` (as Airflow builds it) run :func:`check_restart_params`
+    for :data:`RESTART_STRATEGY_FORMAT` in this process. Idempotent; imports jsonschema
+    here, so the restart package stays importable without it (in the Spark driver)."""
+    from jsonschema import FormatChecker
+
+    # the class-level registry FormatChecker() copies (FormatChecker.cls_checks, which
+    # writes the same entry, is deprecated)
+    FormatChecker.checkers[RESTART_STRATEGY_FORMAT] = (check_restart_params, ())
 
 
 def _case_insensitive(text: str) -> str:
@@ -112,7 +167,9 @@ def _all_names(keys: list[str]) -> list[str]:
 
 
 def restart_params_json_schema() -> dict[str, Any]:
-    """The JSON Schema of the params accepted by ``restart_strategy_from_params``."""
+    """The JSON Schema of the params accepted by ``restart_strategy_from_params``; also
+    registers the format checker that runs the parser (see the module docstring)."""
+    register_format_checker()
     type_schema = {
         "title": "restart-strategy.type",
         "description": "Restart strategy. Default: exponential-delay (Flink 2.x's default "
@@ -168,6 +225,7 @@ def restart_params_json_schema() -> dict[str, Any]:
         # as keyword arguments, so repeating either breaks the DAG's deserialisation.
         "title": "Restart strategy (Flink options, 'restart-strategy.' prefix optional)",
         "type": "object",
+        "format": RESTART_STRATEGY_FORMAT,
         "properties": properties,
         "additionalProperties": False,
         "allOf": rules,

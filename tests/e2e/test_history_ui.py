@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.request
@@ -53,7 +52,7 @@ from tests.fixtures.checkpoint_history import (
     write_story,
     write_trend_story,
 )
-from tests.fixtures.net import api_server_healthy, free_port
+from tests.fixtures.net import api_server_healthy, free_port, stop_process_group
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -130,17 +129,6 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Browser:
     return Browser(binary, tmp_path_factory.mktemp("chromium-profile"))
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop the api-server and its workers: the process group this fixture created."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="module")
 def api_server(
     airflow_env: AirflowEnv, browser: Browser, tmp_path_factory: pytest.TempPathFactory
@@ -183,7 +171,7 @@ def api_server(
         print(f"api-server up in {time.monotonic() - started:.1f} s at {url}")
         yield ApiServer(url, story, storage.uri, log)
     finally:
-        _stop(proc)
+        stop_process_group(proc)
         storage.close()
 
 
@@ -213,6 +201,8 @@ def test_job_page_renders_the_checkpoint_history(
     assert texts["job-status"] == "FINISHED"
     assert (texts["count-completed"], texts["count-failed"], texts["count-restored"]) == (
         "6", "1", "1")
+    assert (texts["count-driver-starts"], texts["count-in-process-restarts"]) == ("2", "0")
+    assert (texts["count-retained"], texts["retained"]) == ("2", "chk-5, chk-6")
     assert "checkpoint 3" in texts["latest-restored"]
 
     events = [r.cells for r in tables["events"]]

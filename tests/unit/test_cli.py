@@ -11,7 +11,7 @@ import pytest
 
 from airflow_ckpt.cli import STORAGE_ENV, human_bytes, main
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history import CHECKPOINT_COMPLETED, JOB_STARTED, JobHistory
+from airflow_ckpt.runtime.history import CHECKPOINT_COMPLETED, JOB_STARTED, RESTART, JobHistory
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.testing import S3Endpoint
 from tests.fixtures.snapshots import write_snapshot
@@ -287,3 +287,26 @@ def test_conn_id_takes_the_connections_credentials(
         code, out = run("--storage", uri, "--conn-id", "ckpt_cli", "jobs", "-o", "json")
         assert code == 0, capsys.readouterr().err
         assert json.loads(out) == []
+
+
+def test_history_table_never_cuts_a_restart_decision(file_storage: CheckpointStorage) -> None:
+    """A restart event's decision (restart, delay, attempt) and its whole cause are in the
+    table however long the payload (options, strategy state, run id) is."""
+    cause = "StreamingQueryException: " + "x" * 300 + " END-OF-CAUSE"
+    JobHistory(file_storage, JOB).append(
+        RESTART, level="driver", run_id="manual__2026-01-01T10:00:00.000000+00:00",
+        strategy="exponential-delay",
+        options={f"exponential-delay.option-{i}": "1 min" for i in range(8)},
+        restart=True, delay_s=120.0, attempt=7, strategy_state={"backoff_ms": 120000,
+                                                               "history": list(range(40))},
+        cause=cause, failure_ts=1.0,
+    )
+    code, out = run("--storage", file_storage.uri, "history", JOB)
+    assert code == 0
+    lines = out.splitlines()
+    row = next(i for i, line in enumerate(lines) if " restart " in line)
+    first = lines[row]
+    assert "restart=true" in first and "delay_s=120.0" in first and "attempt=7" in first
+    text = "".join(line.strip() for line in lines[row:])
+    assert "END-OF-CAUSE" in text and '"history": [0, 1, 2' in " ".join(lines[row:])
+    assert max(len(line) for line in lines) <= 140

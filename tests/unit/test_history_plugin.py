@@ -76,7 +76,8 @@ def test_checkpoints_json_has_flink_rest_shape(
     body = response.json()
     assert set(body) >= {"counts", "summary", "latest", "history"}
     assert body["counts"] == {"restored": 1, "total": 7, "in_progress": 0, "completed": 6,
-                              "failed": 1}
+                              "failed": 1, "retained": 2, "driver_starts": 2,
+                              "in_process_restarts": 0}
 
     history = body["history"]
     assert [(e["id"], e["status"], e["checkpoint_type"]) for e in history] == [
@@ -215,7 +216,8 @@ def test_job_page_shows_the_checkpoints_table(client: TestClient, story: Story) 
     assert rows["4"]["detail"] == EVIL_MESSAGE  # shown as text, exactly
     assert texts["job-status"] == "FINISHED"
     assert texts["count-completed"] == "6"
-    assert texts["retained"] == "5, 6"
+    assert (texts["retained"], texts["count-retained"]) == ("chk-5, chk-6", "2")
+    assert (texts["count-driver-starts"], texts["count-restored"]) == ("2", "1")
 
     events = [r.cells for r in tables["events"]]
     assert [e["event"] for e in events] == [
@@ -395,3 +397,41 @@ def test_extra_link(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com/base")
     assert link.get_link(_Op("j"), ti_key=_Key()).startswith(  # type: ignore[arg-type]
         "https://airflow.example.com/base/airflow-ckpt/task?")
+
+
+# ---------------------------------------------------- counts of real events (issue 18)
+
+
+def test_an_orphaned_drivers_in_process_restores_are_labelled_as_such(
+    storage: CheckpointStorage,
+) -> None:
+    """One driver start, then 13 in-process restarts, each restoring: the page says so
+    (not "Restored 14"), and the one retained checkpoint is named as an id, apart from
+    the counts (not "Retained 411" among them)."""
+    from airflow_ckpt.runtime import history as ev
+    from tests.fixtures.snapshots import write_snapshot
+
+    job = "orphan"
+    write_snapshot(storage, job, 411)
+    history = JobHistory(storage, job)
+    history.append(ev.JOB_SUBMITTED, run_id="r1", attempt=1, restore="latest")
+    history.append(ev.JOB_STARTED, run_id="r1", attempt=1, restore="latest")
+    history.append(ev.RESTORED, kind="checkpoint", checkpoint_id=400, batch_id=1, path="p")
+    for attempt in range(1, 14):
+        history.append(ev.FAILURE, level="query", run_id="r1", cause="boom", attempt=attempt)
+        history.append(ev.RESTART, level="query", run_id="r1", strategy="fixed-delay",
+                       restart=True, delay_s=1.0, attempt=attempt, cause="boom")
+        history.append(ev.RESTORED, kind="checkpoint", checkpoint_id=400 + attempt,
+                       batch_id=1, path="p")
+    history.append(ev.FAILURE, level="query", run_id="r1", cause="boom", attempt=14)
+    history.append(ev.RESTART, level="query", run_id="r1", strategy="fixed-delay",
+                   restart=False, delay_s=0.0, attempt=14, cause="boom")
+    app = create_app(PluginSettings(storage.uri), authenticate=False)
+    with TestClient(app) as client:
+        counts = client.get(f"/jobs/{job}/checkpoints").json()["counts"]
+        _, texts = parse_page(client.get(f"/view/{job}").text)
+    assert (counts["restored"], counts["driver_starts"], counts["in_process_restarts"],
+            counts["retained"]) == (14, 1, 13, 1)
+    assert (texts["count-driver-starts"], texts["count-in-process-restarts"],
+            texts["count-restored"], texts["count-retained"]) == ("1", "13", "14", "1")
+    assert texts["retained"] == "chk-411"

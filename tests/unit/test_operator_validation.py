@@ -207,9 +207,9 @@ def test_summarize_python_traceback() -> None:
 
 def test_summarize_hard_exit() -> None:
     lines = [f"25/01/01 10:00:0{i} INFO Executor: batch {i}" for i in range(5)]
-    cause, block = summarize_driver_output(lines, 17)
+    cause, block = summarize_driver_output([*lines, "exiting: input gone"], 17)
     assert cause == "driver exited with code 17"
-    assert block == lines
+    assert block == ["exiting: input gone"]  # INFO lines are not error lines
 
 
 def test_runtime_zip_is_cached_and_complete(tmp_path: Path) -> None:
