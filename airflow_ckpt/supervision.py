@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow_ckpt.driver_output import summarize_driver_output
+from airflow_ckpt.driver_output import exit_cause, summarize_driver_output
 from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.history import (
@@ -261,7 +261,7 @@ class SupervisionProbe:
         if code is not None:
             if code == 0:
                 return Verdict("finished", "spark-submit exited 0", 0, "finished")
-            return Verdict("driver_died", f"driver exited with code {code}", code)
+            return Verdict("driver_died", exit_cause(code), code)
         lease = self.observer.poll()
         ours = lease.record is not None and lease.record.epoch > self.lease_epoch_before
         if not ours:
