@@ -273,17 +273,33 @@ class CheckpointCoordinator:
 
     def drain(self) -> None:
         """The query has ended: wait until every checkpoint triggered so far has
-        completed or failed. One whose barrier batch never committed (the query stopped
-        or failed inside it) fails at once instead of waiting out its timeout."""
+        completed or failed.
+
+        One whose barrier batch never committed (the query stopped inside it) is taken
+        at the last committed batch instead: the state the query ended with, a batch
+        boundary like any barrier. So a stop is not a checkpoint failure, and a savepoint
+        requested while the stopped batch ran still completes. Nothing is triggered
+        periodically until :meth:`resume`.
+        """
+        committed = latest_batch(self.workdir, "commits")  # final: the query has ended
+        last = -1 if committed is None else committed
         with self._lock:
             self._query_ended = True  # no more periodic triggers: see _periodic_due
             pending = list(self._pending)
-        committed = latest_batch(self.workdir, "commits")
+            for p in pending:
+                if not p.captured and p.barrier_batch is not None and p.barrier_batch > last:
+                    log.info("%s %d: the query ended before batch %d committed; its barrier "
+                             "is the end of batch %d instead", "savepoint" if p.is_savepoint
+                             else "checkpoint", p.checkpoint_id, p.barrier_batch, last)
+                    p.barrier_batch = last
         for p in pending:
-            barrier = p.barrier_batch if p.barrier_batch is not None else 0
-            if not p.captured and barrier > (-1 if committed is None else committed):
-                self._fail(p, f"the query ended before batch {barrier}, its barrier, committed")
             self.wait(p)
+
+    def resume(self) -> None:
+        """The query runs again after :meth:`drain` (a stop was refused): periodic
+        checkpoints are triggered again, and their failures count again."""
+        with self._lock:
+            self._query_ended = False
 
     @property
     def fatal(self) -> BaseException | None:
@@ -635,8 +651,10 @@ class CheckpointCoordinator:
         p.cancelled.set()
         p.failure = reason
         self.store.shared.release(p.checkpoint_id)
-        if not self._stop.is_set() and not p.is_savepoint:
-            # Like Flink, only checkpoints count towards tolerable-failed-checkpoints.
+        if not self._stop.is_set() and not self._query_ended and not p.is_savepoint:
+            # Like Flink, only checkpoints count towards tolerable-failed-checkpoints; and
+            # only while the query runs: a checkpoint of an ended query fails the step
+            # that waits for it (the final checkpoint is retried, a stop is refused).
             self.failures.on_failure(p.checkpoint_id, reason)
         kind = "savepoint" if p.is_savepoint else "checkpoint"
         log.warning("%s %d failed: %s", kind, p.checkpoint_id, reason)
