@@ -678,9 +678,11 @@ class CheckpointedJob:
         bytes (so one that landed although its answer was lost is found in place: the
         retry succeeds); then the last error is raised.
         """
-        for attempt in range(1, ANSWER_ATTEMPTS + 1):
+        attempt = 1
+        while True:
             try:
                 self.control.answer(result)
+                return True
             except ObjectAlreadyExistsError:
                 log.warning("request %s was already answered (expired by its requester); "
                             "the savepoint is kept but not reported", result.request_id)
@@ -688,11 +690,9 @@ class CheckpointedJob:
             except StorageError as exc:
                 if attempt == ANSWER_ATTEMPTS:
                     raise
+                attempt += 1
                 log.warning("answering request %s failed (%s); trying again",
                             result.request_id, exc)
-            else:
-                return True
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _cancelled(self, query: StreamingQuery, coordinator: CheckpointCoordinator) -> JobResult:
         self._stop_quietly(query)

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from airflow_ckpt.errors import OutcomeUnknownError
 from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime import job as job_module
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
@@ -36,7 +37,12 @@ from airflow_ckpt.runtime.snapshot import latest_batch
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.testing import crashpoints as cp
-from airflow_ckpt.testing.faults import FailingPuts, checkpoint_marker
+from airflow_ckpt.testing.faults import (
+    FailingPuts,
+    checkpoint_marker,
+    control_answer,
+    savepoint_marker,
+)
 
 JOB = cp.JOB
 #: a periodic checkpoint is never due: only the initial and final checkpoints are taken
@@ -245,6 +251,67 @@ def test_a_final_checkpoint_that_keeps_failing_answers_failed_and_the_job_runs_o
     assert life.outcome == "finished"
     assert CheckpointCatalog(storage, JOB).savepoints() == []
     assert life.job.history.last(ev.JOB_STOPPED) is None
+    assert committed_numbers(storage) == list(range(1, 6 * cp.PER_BATCH + 1))
+
+
+def stop_at_3(storage: CheckpointStorage, stop: list[ControlRequest]) -> Callable[[int], None]:
+    return on_batch_once(3, lambda: stop.append(request(storage, stop=True,
+                                                        savepoint_id="stop")))
+
+
+def test_a_stop_whose_answer_fails_once_is_answered_and_stops(
+    storage: CheckpointStorage, tmp_path: Path
+) -> None:
+    stop: list[ControlRequest] = []
+    faults: list[FailingPuts] = []
+
+    def fault(s: CheckpointStorage) -> CheckpointStorage:
+        faults.append(FailingPuts(s, control_answer, times=1))
+        return faults[0]
+
+    life = live(storage, tmp_path / "w", cp.Script(batches=6), config=NO_PERIODIC,
+                fault=fault, on_batch=stop_at_3(storage, stop))
+
+    assert len(faults[0].failed) == 1
+    assert life.outcome == "stopped"
+    result = answer(storage, stop[0])
+    assert (result.status, result.batch_id) == ("completed", 3), result
+    assert life.job.history.events([ev.RESTART]) == []  # retried, not restarted
+
+
+def test_a_stop_whose_answer_has_an_unknown_outcome_still_stops(
+    storage: CheckpointStorage, tmp_path: Path
+) -> None:
+    """The answer "completed" may have landed (every attempt's reply was lost): the job
+    stops, since running on could contradict it."""
+    stop: list[ControlRequest] = []
+    life = live(storage, tmp_path / "w", cp.Script(batches=6), config=NO_PERIODIC,
+                fault=lambda s: FailingPuts(s, control_answer, times=None,
+                                            error=OutcomeUnknownError),
+                on_batch=stop_at_3(storage, stop))
+
+    assert life.outcome == "stopped"
+    assert life.job.history.last(ev.JOB_STOPPED) is not None
+    assert max(JsonLinesSink(storage, cp.SINK_PREFIX).committed_batches()) == 3
+
+
+def test_a_stop_whose_savepoint_fails_is_refused_and_the_job_runs_on(
+    storage: CheckpointStorage, tmp_path: Path
+) -> None:
+    """The savepoint's marker put fails: the request is answered "failed" saying that
+    the job keeps running, and it does, taking periodic checkpoints again."""
+    stop: list[ControlRequest] = []
+    life = live(storage, tmp_path / "w", cp.Script(batches=6), config=cp.CONFIG,
+                fault=lambda s: FailingPuts(s, savepoint_marker, times=1),
+                on_batch=stop_at_3(storage, stop))
+
+    result = answer(storage, stop[0])
+    assert result.status == "failed" and "keeps running" in (result.failure_message or "")
+    assert life.outcome == "finished"
+    assert life.job.history.last(ev.JOB_STOPPED) is None
+    periodic = [e.data["batch_id"] for e in life.job.history.events([ev.CHECKPOINT_COMPLETED])
+                if e.data["trigger"] == "periodic"]
+    assert max(periodic) > 3, periodic  # periodic checkpoints resumed after the refusal
     assert committed_numbers(storage) == list(range(1, 6 * cp.PER_BATCH + 1))
 
 
