@@ -324,33 +324,42 @@ class CheckpointCoordinator:
         The barrier is placed at the next batch boundary (see module doc). Returns the
         pending checkpoint; wait on ``pending.done``.
         """
-        now = time.monotonic()
         with self._lock:
-            self.id_guard(self._next_id)
             twin = savepoint_id is not None and any(
                 q.savepoint_id == savepoint_id for q in self._pending)
-            pending = PendingCheckpoint(
-                checkpoint_id=self._next_id,
-                trigger=trigger,
-                trigger_ts=time.time(),
-                deadline=now + self.config.timeout_s,
-                savepoint_id=savepoint_id,
-                request_id=request_id,
-            )
-            self._next_id += 1
-            self._last_trigger = self.clock()
-            pending.barrier_batch = self._barrier_for_trigger(trigger)
-            self._pending.append(pending)
+            pending = self._new_pending(trigger, savepoint_id, request_id)
         if twin:
             self._fail(pending, f"savepoint id {savepoint_id!r} is already being taken by "
                                 "another request")
             return pending
+        self._log_triggered(pending)
+        return pending
+
+    def _new_pending(self, trigger: Trigger, savepoint_id: str | None = None,
+                     request_id: str | None = None) -> PendingCheckpoint:
+        """Create and register a pending checkpoint; the caller holds ``self._lock``."""
+        self.id_guard(self._next_id)
+        pending = PendingCheckpoint(
+            checkpoint_id=self._next_id,
+            trigger=trigger,
+            trigger_ts=time.time(),
+            deadline=time.monotonic() + self.config.timeout_s,
+            savepoint_id=savepoint_id,
+            request_id=request_id,
+        )
+        self._next_id += 1
+        self._last_trigger = self.clock()
+        pending.barrier_batch = self._barrier_for_trigger(trigger)
+        self._pending.append(pending)
+        return pending
+
+    @staticmethod
+    def _log_triggered(pending: PendingCheckpoint) -> None:
         log.info(
             "triggered %s %d (%s) barrier at end of batch %s",
-            "savepoint" if savepoint_id else "checkpoint",
-            pending.checkpoint_id, trigger, pending.barrier_batch,
+            "savepoint" if pending.is_savepoint else "checkpoint",
+            pending.checkpoint_id, pending.trigger, pending.barrier_batch,
         )
-        return pending
 
     def _barrier_for_trigger(self, trigger: Trigger) -> int:
         """The batch whose end is the barrier; -1 for the empty state before batch 0."""
@@ -393,10 +402,14 @@ class CheckpointCoordinator:
 
     def _tick(self) -> None:
         with self._lock:
-            due = self._periodic_due(self.clock())
+            # The due check and the trigger under one hold of the lock: a periodic
+            # checkpoint is never triggered after drain() ended periodic triggering
+            # (drain would not wait for it; its barrier batch might never commit).
+            periodic = self._new_pending("periodic") if self._periodic_due(self.clock()) \
+                else None
+        if periodic is not None:
+            self._log_triggered(periodic)
         now = time.monotonic()
-        if due:
-            self.trigger("periodic")
         with self._lock:
             pending = list(self._pending)
         committed: int | None = None
