@@ -32,6 +32,7 @@ from airflow_ckpt.runtime import job as job_module
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.control import ControlChannel, ControlRequest, ControlResult
 from airflow_ckpt.runtime.job import CheckpointedJob
+from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.snapshot import latest_batch
 from airflow_ckpt.runtime.storage import open_storage
@@ -313,6 +314,32 @@ def test_a_stop_whose_savepoint_fails_is_refused_and_the_job_runs_on(
                 if e.data["trigger"] == "periodic"]
     assert max(periodic) > 3, periodic  # periodic checkpoints resumed after the refusal
     assert committed_numbers(storage) == list(range(1, 6 * cp.PER_BATCH + 1))
+
+
+def test_an_earlier_drivers_savepoint_at_another_batch_does_not_answer_a_stop(
+    storage: CheckpointStorage, tmp_path: Path
+) -> None:
+    """The driver that took the stop's savepoint (at batch 3) died before its answer
+    landed; the driver that continues the job committed batches 4 and 5 before it saw
+    the request. That savepoint cannot be the stop's (an upgrade from it would repeat
+    batches 4 and 5): the request is answered "failed" and the job keeps running."""
+    stop: list[ControlRequest] = []
+    first = live(storage, tmp_path / "w1", cp.Script(batches=6), config=NO_PERIODIC,
+                 on_batch=stop_at_3(storage, stop))
+    assert first.outcome == "stopped"
+    layout = JobLayout(JOB)
+    key = layout.control_request(stop[0].request_id)
+    body = storage.get_bytes(key)
+    # as if the answer never landed and the successor saw the request only in batch 5
+    storage.delete_many([key, layout.control_result(stop[0].request_id)])
+    second = live(storage, tmp_path / "w2", cp.Script(batches=8), config=NO_PERIODIC,
+                  on_batch=on_batch_once(5, lambda: storage.put_bytes(key, body)))
+
+    result = answer(storage, stop[0])
+    assert result.status == "failed", result
+    assert "run on to batch 5" in (result.failure_message or ""), result
+    assert second.outcome == "finished"
+    assert CheckpointCatalog(storage, JOB).savepoint("stop").batch_id == 3
 
 
 def test_a_savepoint_completed_in_the_final_drain_is_answered(
