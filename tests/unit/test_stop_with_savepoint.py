@@ -88,23 +88,23 @@ class Life:
 
 
 def live(storage: CheckpointStorage, workdir: Path, script: cp.Script, *,
-         config: dict[str, Any], fault: Callable[[CheckpointStorage], CheckpointStorage]
+         periodic: bool, fault: Callable[[CheckpointStorage], CheckpointStorage]
          = lambda s: s, on_batch: Callable[[int], None] = lambda _b: None,
          halt_at: int | None = None, on_halt: Callable[[], None] = lambda: None) -> Life:
-    """One driver life until it finishes or stops."""
+    """One driver life until it finishes or stops. ``periodic``: a periodic checkpoint
+    is due at every step after a new batch; otherwise never (only the final one)."""
     logged = cp.CrashingStorage(storage)  # never crashes: records the mutations
     spark = cp.SimulatedSpark(script, on_batch)
     job = CheckpointedJob(
         spark,  # type: ignore[arg-type]
-        job=JOB, storage=fault(logged), checkpoint_config=config, restart_strategy=cp.RESTART,
+        job=JOB, storage=fault(logged), restart_strategy=cp.RESTART,
+        checkpoint_config=cp.CONFIG if periodic else NO_PERIODIC,
         workdir=workdir, run_id="life", threaded=False,
     )
     job.lease.heartbeat_s = 3600.0  # no heartbeat thread writes during a life
     job.lease.ttl_s = 7200.0
-    # periodic: every look at the clock is an hour later (due at every tick after a new
-    # batch); otherwise time stands still (never due)
-    job.clock = (itertools.count(step=3600.0).__next__ if config is cp.CONFIG
-                 else lambda: 0.0)
+    # periodic: every look at the clock is an hour later; otherwise time stands still
+    job.clock = itertools.count(step=3600.0).__next__ if periodic else lambda: 0.0
     sink = JsonLinesSink(job.storage, cp.SINK_PREFIX)
 
     def build() -> Any:
@@ -173,7 +173,7 @@ def test_a_stop_that_interrupts_a_batch_records_no_failure(
         requests.append(request(storage, stop=False, savepoint_id="manual"))
         requests.append(request(storage, stop=True, savepoint_id="stop"))
 
-    life = live(storage, tmp_path / "w", cp.Script(batches=6), config=cp.CONFIG,
+    life = live(storage, tmp_path / "w", cp.Script(batches=6), periodic=True,
                 halt_at=3, on_halt=requested)
 
     assert life.outcome == "stopped"
@@ -206,7 +206,7 @@ def test_a_final_checkpoint_that_fails_once_is_retried_and_the_job_stops(
         faults.append(FailingPuts(s, checkpoint_marker("final"), times=1))
         return faults[0]
 
-    life = live(storage, tmp_path / "w", cp.Script(batches=6), config=NO_PERIODIC,
+    life = live(storage, tmp_path / "w", cp.Script(batches=6), periodic=False,
                 fault=fault, on_batch=on_batch_once(3, lambda: stop.append(
                     request(storage, stop=True, savepoint_id="stop"))))
 
@@ -239,7 +239,7 @@ def test_a_final_checkpoint_that_keeps_failing_answers_failed_and_the_job_runs_o
     (here to the end of its input) with every number committed exactly once. Before,
     the request was answered "completed" and the job ran on anyway."""
     stop: list[ControlRequest] = []
-    life = live(storage, tmp_path / "w", cp.Script(batches=6), config=NO_PERIODIC,
+    life = live(storage, tmp_path / "w", cp.Script(batches=6), periodic=False,
                 fault=lambda s: FailingPuts(s, checkpoint_marker("final", batch_id=3),
                                             times=None),
                 on_batch=on_batch_once(3, lambda: stop.append(
@@ -270,7 +270,7 @@ def test_a_stop_whose_answer_fails_once_is_answered_and_stops(
         faults.append(FailingPuts(s, control_answer, times=1))
         return faults[0]
 
-    life = live(storage, tmp_path / "w", cp.Script(batches=6), config=NO_PERIODIC,
+    life = live(storage, tmp_path / "w", cp.Script(batches=6), periodic=False,
                 fault=fault, on_batch=stop_at_3(storage, stop))
 
     assert len(faults[0].failed) == 1
@@ -286,7 +286,7 @@ def test_a_stop_whose_answer_has_an_unknown_outcome_still_stops(
     """The answer "completed" may have landed (every attempt's reply was lost): the job
     stops, since running on could contradict it."""
     stop: list[ControlRequest] = []
-    life = live(storage, tmp_path / "w", cp.Script(batches=6), config=NO_PERIODIC,
+    life = live(storage, tmp_path / "w", cp.Script(batches=6), periodic=False,
                 fault=lambda s: FailingPuts(s, control_answer, times=None,
                                             error=OutcomeUnknownError),
                 on_batch=stop_at_3(storage, stop))
@@ -302,7 +302,7 @@ def test_a_stop_whose_savepoint_fails_is_refused_and_the_job_runs_on(
     """The savepoint's marker put fails: the request is answered "failed" saying that
     the job keeps running, and it does, taking periodic checkpoints again."""
     stop: list[ControlRequest] = []
-    life = live(storage, tmp_path / "w", cp.Script(batches=6), config=cp.CONFIG,
+    life = live(storage, tmp_path / "w", cp.Script(batches=6), periodic=True,
                 fault=lambda s: FailingPuts(s, savepoint_marker, times=1),
                 on_batch=stop_at_3(storage, stop))
 
@@ -324,7 +324,7 @@ def test_an_earlier_drivers_savepoint_at_another_batch_does_not_answer_a_stop(
     the request. That savepoint cannot be the stop's (an upgrade from it would repeat
     batches 4 and 5): the request is answered "failed" and the job keeps running."""
     stop: list[ControlRequest] = []
-    first = live(storage, tmp_path / "w1", cp.Script(batches=6), config=NO_PERIODIC,
+    first = live(storage, tmp_path / "w1", cp.Script(batches=6), periodic=False,
                  on_batch=stop_at_3(storage, stop))
     assert first.outcome == "stopped"
     layout = JobLayout(JOB)
@@ -332,7 +332,7 @@ def test_an_earlier_drivers_savepoint_at_another_batch_does_not_answer_a_stop(
     body = storage.get_bytes(key)
     # as if the answer never landed and the successor saw the request only in batch 5
     storage.delete_many([key, layout.control_result(stop[0].request_id)])
-    second = live(storage, tmp_path / "w2", cp.Script(batches=8), config=NO_PERIODIC,
+    second = live(storage, tmp_path / "w2", cp.Script(batches=8), periodic=False,
                   on_batch=on_batch_once(5, lambda: storage.put_bytes(key, body)))
 
     result = answer(storage, stop[0])
@@ -350,7 +350,7 @@ def test_a_savepoint_completed_in_the_final_drain_is_answered(
     got no ``control/<id>.result.json`` (its requester waited out its timeout and
     failed); now it is answered before ``job_finished``."""
     manual = request(storage, stop=False, savepoint_id="late")
-    life = live(storage, tmp_path / "w", cp.Script(batches=1), config=NO_PERIODIC)
+    life = live(storage, tmp_path / "w", cp.Script(batches=1), periodic=False)
 
     assert life.outcome == "finished"
     result = answer(storage, manual)
