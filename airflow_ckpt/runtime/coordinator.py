@@ -273,17 +273,33 @@ class CheckpointCoordinator:
 
     def drain(self) -> None:
         """The query has ended: wait until every checkpoint triggered so far has
-        completed or failed. One whose barrier batch never committed (the query stopped
-        or failed inside it) fails at once instead of waiting out its timeout."""
+        completed or failed.
+
+        One whose barrier batch never committed (the query stopped inside it) is taken
+        at the last committed batch instead: the state the query ended with, a batch
+        boundary like any barrier. So a stop is not a checkpoint failure, and a savepoint
+        requested while the stopped batch ran still completes. Nothing is triggered
+        periodically until :meth:`resume`.
+        """
+        committed = latest_batch(self.workdir, "commits")  # final: the query has ended
+        last = -1 if committed is None else committed
         with self._lock:
             self._query_ended = True  # no more periodic triggers: see _periodic_due
             pending = list(self._pending)
-        committed = latest_batch(self.workdir, "commits")
+            for p in pending:
+                if not p.captured and p.barrier_batch is not None and p.barrier_batch > last:
+                    log.info("%s %d: the query ended before batch %d committed; its barrier "
+                             "is the end of batch %d instead", "savepoint" if p.is_savepoint
+                             else "checkpoint", p.checkpoint_id, p.barrier_batch, last)
+                    p.barrier_batch = last
         for p in pending:
-            barrier = p.barrier_batch if p.barrier_batch is not None else 0
-            if not p.captured and barrier > (-1 if committed is None else committed):
-                self._fail(p, f"the query ended before batch {barrier}, its barrier, committed")
             self.wait(p)
+
+    def resume(self) -> None:
+        """The query runs again after :meth:`drain` (a stop was refused): periodic
+        checkpoints are triggered again, and their failures count again."""
+        with self._lock:
+            self._query_ended = False
 
     @property
     def fatal(self) -> BaseException | None:
@@ -308,33 +324,42 @@ class CheckpointCoordinator:
         The barrier is placed at the next batch boundary (see module doc). Returns the
         pending checkpoint; wait on ``pending.done``.
         """
-        now = time.monotonic()
         with self._lock:
-            self.id_guard(self._next_id)
             twin = savepoint_id is not None and any(
                 q.savepoint_id == savepoint_id for q in self._pending)
-            pending = PendingCheckpoint(
-                checkpoint_id=self._next_id,
-                trigger=trigger,
-                trigger_ts=time.time(),
-                deadline=now + self.config.timeout_s,
-                savepoint_id=savepoint_id,
-                request_id=request_id,
-            )
-            self._next_id += 1
-            self._last_trigger = self.clock()
-            pending.barrier_batch = self._barrier_for_trigger(trigger)
-            self._pending.append(pending)
+            pending = self._new_pending(trigger, savepoint_id, request_id)
         if twin:
             self._fail(pending, f"savepoint id {savepoint_id!r} is already being taken by "
                                 "another request")
             return pending
+        self._log_triggered(pending)
+        return pending
+
+    def _new_pending(self, trigger: Trigger, savepoint_id: str | None = None,
+                     request_id: str | None = None) -> PendingCheckpoint:
+        """Create and register a pending checkpoint; the caller holds ``self._lock``."""
+        self.id_guard(self._next_id)
+        pending = PendingCheckpoint(
+            checkpoint_id=self._next_id,
+            trigger=trigger,
+            trigger_ts=time.time(),
+            deadline=time.monotonic() + self.config.timeout_s,
+            savepoint_id=savepoint_id,
+            request_id=request_id,
+        )
+        self._next_id += 1
+        self._last_trigger = self.clock()
+        pending.barrier_batch = self._barrier_for_trigger(trigger)
+        self._pending.append(pending)
+        return pending
+
+    @staticmethod
+    def _log_triggered(pending: PendingCheckpoint) -> None:
         log.info(
             "triggered %s %d (%s) barrier at end of batch %s",
-            "savepoint" if savepoint_id else "checkpoint",
-            pending.checkpoint_id, trigger, pending.barrier_batch,
+            "savepoint" if pending.is_savepoint else "checkpoint",
+            pending.checkpoint_id, pending.trigger, pending.barrier_batch,
         )
-        return pending
 
     def _barrier_for_trigger(self, trigger: Trigger) -> int:
         """The batch whose end is the barrier; -1 for the empty state before batch 0."""
@@ -377,10 +402,14 @@ class CheckpointCoordinator:
 
     def _tick(self) -> None:
         with self._lock:
-            due = self._periodic_due(self.clock())
+            # The due check and the trigger under one hold of the lock: a periodic
+            # checkpoint is never triggered after drain() ended periodic triggering
+            # (drain would not wait for it; its barrier batch might never commit).
+            periodic = self._new_pending("periodic") if self._periodic_due(self.clock()) \
+                else None
+        if periodic is not None:
+            self._log_triggered(periodic)
         now = time.monotonic()
-        if due:
-            self.trigger("periodic")
         with self._lock:
             pending = list(self._pending)
         committed: int | None = None
@@ -635,8 +664,10 @@ class CheckpointCoordinator:
         p.cancelled.set()
         p.failure = reason
         self.store.shared.release(p.checkpoint_id)
-        if not self._stop.is_set() and not p.is_savepoint:
-            # Like Flink, only checkpoints count towards tolerable-failed-checkpoints.
+        if not self._stop.is_set() and not self._query_ended and not p.is_savepoint:
+            # Like Flink, only checkpoints count towards tolerable-failed-checkpoints; and
+            # only while the query runs: a checkpoint of an ended query fails the step
+            # that waits for it (the final checkpoint is retried, a stop is refused).
             self.failures.on_failure(p.checkpoint_id, reason)
         kind = "savepoint" if p.is_savepoint else "checkpoint"
         log.warning("%s %d failed: %s", kind, p.checkpoint_id, reason)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from airflow_ckpt.driver_output import root_cause
 from airflow_ckpt.errors import (
     AirflowCkptError,
+    CheckpointError,
     ConcurrentDriverError,
     ConfigError,
     IncompatibleStateError,
@@ -37,6 +38,7 @@ from airflow_ckpt.errors import (
     OutcomeUnknownError,
     RestartsExhaustedError,
     RestoreError,
+    StorageError,
 )
 from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime import sparkconf as keys
@@ -69,6 +71,12 @@ log = logging.getLogger("airflow_ckpt.job")
 #: request waits up to this long before its barrier is placed; also how long the driver
 #: blocks on the query between looking at failures, its lease and cancellation
 CONTROL_POLL_S = 1.0
+#: how often the final checkpoint of an ended query is taken before the step fails: an
+#: attempt that fails (a storage error) is followed by another, with a new id
+FINAL_CHECKPOINT_ATTEMPTS = 3
+#: how often a control answer is written before the error is raised (the answer is
+#: create-only with the same bytes each time: a retry that finds it in place succeeded)
+ANSWER_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,10 +295,9 @@ class CheckpointedJob:
         return tuple(sorted(pending))
 
     def _commit_transactions(self, manifest: Manifest) -> None:
-        if manifest.is_savepoint and manifest.trigger != "stop":
-            # A savepoint commits nothing, a checkpoint covering the batch will; but the
-            # final savepoint of stop-with-savepoint does, as Flink's does (no checkpoint
-            # follows it).
+        if manifest.is_savepoint:
+            # A savepoint commits nothing, a checkpoint covering the batch does (also at
+            # a stop: its final checkpoint, taken before the savepoint).
             return
         for sink in self.sinks:
             for batch_id in sink.pending():
@@ -466,10 +473,10 @@ class CheckpointedJob:
                     coordinator.tick()
                 self._answer_requests(requests)
                 if stop is not None:
-                    result = self._stop_with_savepoint(query, coordinator, stop)
+                    result = self._stop_with_savepoint(query, coordinator, stop, requests)
                     if result is not None:
                         return result
-                    query = self._start_query(build)  # the savepoint failed: run on
+                    query = self._start_query(build)  # the stop was refused: run on
                     continue
                 # Block in the JVM until the next control poll: two Py4J round trips a
                 # second instead of twenty (each costs driver CPU on cores the batches
@@ -483,6 +490,7 @@ class CheckpointedJob:
         except BaseException:
             self._stop_quietly(query)
             raise
+        self._drain(coordinator, requests)
         final = self._final_checkpoint(coordinator)
         self.history.append(ev.JOB_FINISHED, run_id=self.run_id, checkpoint_id=final.checkpoint_id,
                             batch_id=final.batch_id)
@@ -497,38 +505,125 @@ class CheckpointedJob:
         return writer.start()
 
     def _stop_with_savepoint(
-        self, query: StreamingQuery, coordinator: CheckpointCoordinator, request: ControlRequest
+        self, query: StreamingQuery, coordinator: CheckpointCoordinator, request: ControlRequest,
+        requests: dict[str, PendingCheckpoint],
     ) -> JobResult | None:
-        """Stop the query, then take the savepoint and a final checkpoint at the batch it
-        stopped at, and commit that batch's transactions (as Flink's stop-with-savepoint
-        does). Both snapshots are at the same batch, so resuming from either the
-        savepoint or the latest checkpoint neither loses nor repeats output. Returns
-        None (the caller restarts the query) if the savepoint failed or its answer lost
-        to the requester's expiry.
+        """Stop the query; take a final checkpoint, then the savepoint, at the batch it
+        stopped at; answer the request; record ``job_stopped``.
+
+        ``query.stop()`` returns once the query's thread has ended: no batch commits
+        after the stopped one. The final checkpoint commits that batch's transactions
+        and is what ``restore=latest`` resumes from; the savepoint is at the same batch,
+        so resuming from either neither loses nor repeats output. "completed" is
+        answered only when all of that is durable, and nothing runs after it.
+
+        Returns None when the stop is refused and the query must run on (the caller
+        starts it again on the same working directory; it continues after the stopped
+        batch, which the final checkpoint, if taken, covers): a step failed (answered
+        "failed", saying that the job keeps running), or the requester expired the
+        request first. A fatal coordinator error (another driver, a lost lease, a marker
+        of unknown outcome, too many failed checkpoints) and a query that failed before
+        it stopped are raised without an answer: the request stays pending for the
+        query or driver that continues the job.
         """
         query.stop()
+        error = query.exception()
+        if error is not None:
+            raise error
+        self._drain(coordinator, requests)
+        try:
+            final = self._final_checkpoint(coordinator)
+        except CheckpointError as exc:
+            if coordinator.fatal is not None:
+                raise
+            self._refuse_stop(coordinator, request, str(exc))
+            return None
         pending = coordinator.trigger("stop", savepoint_id=request.savepoint_id or
                                       request.request_id, request_id=request.request_id)
         coordinator.wait(pending)
-        if not self._answer_request(request.request_id, pending) or pending.manifest is None:
-            log.warning("stop-with-savepoint %s did not complete; the job runs on",
-                        request.request_id)
+        savepoint = pending.manifest
+        if savepoint is None:
+            if coordinator.fatal is not None:
+                raise coordinator.fatal
+            self._refuse_stop(coordinator, request, f"the savepoint failed: {pending.failure}")
             return None
-        final = self._final_checkpoint(coordinator)
-        self.history.append(ev.JOB_STOPPED, run_id=self.run_id, savepoint=pending.path)
+        if savepoint.batch_id != final.batch_id:
+            # An earlier driver took this savepoint for this request and died before it
+            # stopped; this driver's query ran on past it.
+            self._refuse_stop(
+                coordinator, request,
+                f"savepoint {savepoint.savepoint_id!r} answering this request was taken at "
+                f"batch {savepoint.batch_id} by a driver that died before it stopped, and "
+                f"the job has run on to batch {final.batch_id}")
+            return None
+        try:
+            answered = self._answer_request(request.request_id, pending)
+        except OutcomeUnknownError:
+            # The answer "completed" may have landed: running on could contradict it.
+            log.exception("the answer to stop-with-savepoint %s may not have been written; "
+                          "the job stops all the same", request.request_id)
+            answered = True
+        if not answered:
+            log.warning("stop-with-savepoint %s was expired by its requester; the job runs "
+                        "on", request.request_id)
+            coordinator.resume()
+            return None
+        try:
+            self.history.append(ev.JOB_STOPPED, run_id=self.run_id, savepoint=pending.path)
+        except Exception:  # stopped and answered: the job must not run on
+            log.exception("could not record job_stopped; the job has stopped all the same")
         return JobResult("stopped", final, pending.path)
 
-    def _final_checkpoint(self, coordinator: CheckpointCoordinator) -> Manifest:
-        """A checkpoint of the finished query; the latest one if it already covers the end."""
+    def _refuse_stop(self, coordinator: CheckpointCoordinator, request: ControlRequest,
+                     reason: str) -> None:
+        """Answer a stop request that cannot be honoured "failed", saying that the job
+        keeps running, and let periodic checkpoints resume (the caller runs the query
+        on)."""
+        log.warning("stop-with-savepoint %s refused, the job keeps running: %s",
+                    request.request_id, reason)
+        self._answer(ControlResult(
+            request.request_id, "failed", time.time(),
+            savepoint_id=request.savepoint_id or request.request_id,
+            failure_message=f"{reason}; the stop was not done and the job keeps running",
+        ))
+        coordinator.resume()
+
+    def _drain(self, coordinator: CheckpointCoordinator,
+               requests: dict[str, PendingCheckpoint]) -> None:
+        """The query has ended: settle every checkpoint and savepoint triggered so far
+        (see ``CheckpointCoordinator.drain``) and answer the savepoint requests among
+        them."""
         coordinator.drain()
-        retained = coordinator.store.retained
-        # The newest retained checkpoint covers the end only if it is this run's own or
-        # the one it restored from (a newer, damaged one it fell back past does not).
-        own = [m for m in retained if m.checkpoint_id >= coordinator.first_id
-               or m.checkpoint_id == self._restored_id]
-        if own and own[-1].batch_id == latest_batch(self.workdir, "commits"):
-            return own[-1]
-        return self._await(coordinator.trigger("final"), coordinator)
+        self._answer_requests(requests)
+
+    def _final_checkpoint(self, coordinator: CheckpointCoordinator) -> Manifest:
+        """A checkpoint of the ended (drained) query at its last committed batch; the
+        newest retained one if it covers that batch already.
+
+        An attempt that fails is followed by another, up to
+        :data:`FINAL_CHECKPOINT_ATTEMPTS`; then ``CheckpointError`` names the last
+        failure. A fatal coordinator error (another driver, a lost lease, a marker of
+        unknown outcome) is raised at once: no attempt can help.
+        """
+        failure = None
+        for _ in range(FINAL_CHECKPOINT_ATTEMPTS):
+            retained = coordinator.store.retained
+            # The newest retained checkpoint covers the end only if it is this run's own
+            # or the one it restored from (a newer, damaged one it fell back past does not).
+            own = [m for m in retained if m.checkpoint_id >= coordinator.first_id
+                   or m.checkpoint_id == self._restored_id]
+            if own and own[-1].batch_id == latest_batch(self.workdir, "commits"):
+                return own[-1]
+            pending = coordinator.trigger("final")
+            coordinator.wait(pending)
+            if pending.manifest is not None:
+                return pending.manifest
+            if coordinator.fatal is not None:
+                raise coordinator.fatal
+            failure = f"chk-{pending.checkpoint_id}: {pending.failure}"
+            log.warning("the final checkpoint failed (%s); taking it again", failure)
+        raise CheckpointError(
+            f"the final checkpoint failed {FINAL_CHECKPOINT_ATTEMPTS} times; last: {failure}")
 
     def _poll_control(
         self, coordinator: CheckpointCoordinator, requests: dict[str, PendingCheckpoint]
@@ -577,14 +672,27 @@ class CheckpointedJob:
 
     def _answer(self, result: ControlResult) -> bool:
         """Answer a request; False if it was answered already (the requester gave up
-        waiting and expired it), in which case a stop request is not honoured."""
-        try:
-            self.control.answer(result)
-        except ObjectAlreadyExistsError:
-            log.warning("request %s was already answered (expired by its requester); "
-                        "the savepoint is kept but not reported", result.request_id)
-            return False
-        return True
+        waiting and expired it), in which case a stop request is not honoured.
+
+        A write that fails is tried again, up to :data:`ANSWER_ATTEMPTS`, with the same
+        bytes (so one that landed although its answer was lost is found in place: the
+        retry succeeds); then the last error is raised.
+        """
+        attempt = 1
+        while True:
+            try:
+                self.control.answer(result)
+                return True
+            except ObjectAlreadyExistsError:
+                log.warning("request %s was already answered (expired by its requester); "
+                            "the savepoint is kept but not reported", result.request_id)
+                return False
+            except StorageError as exc:
+                if attempt == ANSWER_ATTEMPTS:
+                    raise
+                attempt += 1
+                log.warning("answering request %s failed (%s); trying again",
+                            result.request_id, exc)
 
     def _cancelled(self, query: StreamingQuery, coordinator: CheckpointCoordinator) -> JobResult:
         self._stop_quietly(query)
