@@ -151,8 +151,10 @@ class SinkReplayMismatchError(RestoreError):
             "refused it: nothing of the replay was published and nothing committed was "
             "deleted. To go on, restore the newest checkpoint or savepoint of the run that "
             "committed this batch (restore=latest once it is restorable, or "
-            "restore=<path>), or start from scratch into a new output location (a new "
-            "sink path, or a new job name with its own output); see docs/sinks.md."
+            "restore=<path>); or run the query with the batch sizing it had then (the same "
+            "maxFilesPerTrigger / maxOffsetsPerTrigger), so that its replays read what was "
+            "committed; or start from scratch into a new output location (a new sink path, "
+            "or a new job name with its own output). See docs/sinks.md."
         )
 
     def with_restored(self, restored: str | None) -> SinkReplayMismatchError:
