@@ -13,8 +13,9 @@ checkpoint directory (``v1``, the batch's metadata, then one line per source: it
 offset as JSON, or ``-``). The metadata line is left out (its ``batchTimestampMs`` differs
 on every replay). A file source's offset, ``{"logOffset": n}``, only points into the
 source's own log (``sources/<i>/<n>``, or a ``.compact`` file holding it), whose entry for
-``n`` lists the files the batch read; those paths are part of what is compared, since a
-replay may list other files under the same ``logOffset``.
+``n`` lists the files the batch read; those paths are part of what is compared (as a
+count and a SHA-256 of the sorted paths, so a record stays small however many files a
+batch reads), since a replay may list other files under the same ``logOffset``.
 """
 
 from __future__ import annotations
@@ -34,37 +35,40 @@ _SHOWN = 300
 @dataclass(frozen=True, slots=True)
 class BatchOffsets:
     """The sources' end offsets of one batch (``sources[i]`` is source ``i``'s JSON
-    offset, ``-`` if it had none) and, per file source, the files the batch read.
-    ``digest`` identifies the two together: equal digests, same input."""
+    offset, ``-`` if it had none) and, per source, the files it read (``files[i]``:
+    ``<count>:<sha256 of the sorted paths>`` for a file source, ``""`` for any other; the
+    tuple is empty when no source is a file source). ``digest`` identifies the two
+    together: equal digests, same input."""
 
     sources: tuple[str, ...]
-    files: tuple[tuple[str, ...], ...] = ()
+    files: tuple[str, ...] = ()
 
     @property
     def digest(self) -> str:
-        body = json.dumps([list(self.sources), [list(f) for f in self.files]])
+        body = json.dumps([list(self.sources), list(self.files)])
         return hashlib.sha256(body.encode()).hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sources": list(self.sources), "files": [list(f) for f in self.files],
+        return {"sources": list(self.sources), "files": list(self.files),
                 "digest": self.digest}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> BatchOffsets:
-        return cls(tuple(raw["sources"]), tuple(tuple(f) for f in raw.get("files", [])))
+        return cls(tuple(raw["sources"]), tuple(raw.get("files", ())))
 
     def describe(self) -> str:
         """The offsets for a person: each source's offset (and file count), shortened."""
         parts = []
         for i, offset in enumerate(self.sources):
             shown = offset if len(offset) <= _SHOWN else offset[:_SHOWN] + "..."
-            files = self.files[i] if i < len(self.files) else ()
-            parts.append(f"{shown} ({len(files)} files)" if files else shown)
+            files = self.files[i] if i < len(self.files) else ""
+            parts.append(f"{shown} ({files.split(':')[0]} files)" if files else shown)
         return "[" + ", ".join(parts) + "]"
 
 
-def _file_source_entries(source_log: Path, log_offset: int) -> tuple[str, ...]:
-    """The paths a file source's log lists for ``log_offset`` (empty if unreadable)."""
+def _file_source_entries(source_log: Path, log_offset: int) -> str:
+    """``<count>:<sha256>`` of the paths a file source's log lists for ``log_offset``
+    (``""`` if the log has no entry for it)."""
     for name in (str(log_offset), f"{log_offset}.compact"):
         path = source_log / name
         if path.is_file():
@@ -73,8 +77,9 @@ def _file_source_entries(source_log: Path, log_offset: int) -> tuple[str, ...]:
                 entry = json.loads(line) if line.strip() else {}
                 if entry.get("batchId") == log_offset:
                     found.append(str(entry["path"]))
-            return tuple(sorted(found))
-    return ()
+            listed = "\n".join(sorted(found)).encode()
+            return f"{len(found)}:{hashlib.sha256(listed).hexdigest()}"
+    return ""
 
 
 def read_batch_offsets(checkpoint_dir: Path, batch_id: int) -> BatchOffsets | None:
@@ -86,9 +91,9 @@ def read_batch_offsets(checkpoint_dir: Path, batch_id: int) -> BatchOffsets | No
     except FileNotFoundError:
         return None
     sources = tuple(line.strip() for line in lines[2:])
-    files: list[tuple[str, ...]] = []
+    files: list[str] = []
     for i, offset in enumerate(sources):
-        listed: tuple[str, ...] = ()
+        listed = ""
         if offset.startswith("{"):
             parsed = json.loads(offset)
             if isinstance(parsed, dict) and set(parsed) == {"logOffset"}:
