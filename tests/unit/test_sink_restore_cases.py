@@ -227,11 +227,13 @@ def committed(sink: TwoPhaseCommitSink) -> list[dict[str, Any]]:
 
 def run_life(storage: CheckpointStorage, workdir: Path, source: Source, kind: str, *,
              job: str = JOB, restore: str = "latest",
-             on_batch: Callable[[int], None] = lambda b: None) -> str:
+             on_batch: Callable[[int], None] = lambda b: None,
+             mode: str = "EXACTLY_ONCE") -> str:
     spark = SimulatedSpark(source, on_batch)
     driver = CheckpointedJob(
         spark,  # type: ignore[arg-type]
-        job=job, storage=storage, checkpoint_config=CONFIG,
+        job=job, storage=storage,
+        checkpoint_config={**CONFIG, "execution.checkpointing.mode": mode},
         restart_strategy={"type": "fixed-delay", "fixed-delay.attempts": 3,
                           "fixed-delay.delay": "0 s"},
         restore=restore, workdir=workdir, threaded=False,
@@ -347,6 +349,26 @@ def test_a_replay_that_reads_other_offsets_is_refused_before_anything_is_lost(
     (failed,) = JobHistory(storage, job).events([ev.JOB_FAILED])
     assert failed.data["error"] == "SinkReplayMismatchError"  # final: not resubmitted
     assert not JobHistory(storage, job).events([ev.RESTART])  # refused at once
+
+
+@pytest.mark.parametrize("per_batch", [3, 100], ids=["same-offsets", "other-offsets"])
+def test_at_least_once_replays_follow_the_same_rule(
+        storage: CheckpointStorage, tmp_path: Path, per_batch: int) -> None:
+    """AT_LEAST_ONCE commits each batch at once, so the sink is ahead of every checkpoint
+    restored after a failure; a replay is committed again right after its staging (a
+    no-op for a skipped one)."""
+    mode = "AT_LEAST_ONCE"
+    assert run_life(storage, tmp_path / "w1", Source(18, 3), "jsonl", mode=mode) == "finished"
+    target = older_checkpoint(storage, 1)
+    if per_batch == 3:
+        assert run_life(storage, tmp_path / "w2", Source(30, per_batch), "jsonl",
+                        restore=target, mode=mode) == "finished"
+        expect_exactly_once(make_sink("jsonl", storage), 30)
+    else:
+        with pytest.raises(SinkReplayMismatchError):
+            run_life(storage, tmp_path / "w2", Source(30, per_batch), "jsonl",
+                     restore=target, mode=mode)
+        expect_exactly_once(make_sink("jsonl", storage), 18)
 
 
 def test_check_replay_rules() -> None:
