@@ -127,6 +127,42 @@ class CorruptCheckpointError(RestoreError):
         self.key = key
 
 
+class SinkReplayMismatchError(RestoreError):
+    """A batch id the sink committed already was replayed reading other source data.
+
+    After a restore of a checkpoint older than the sink's output (``restore=latest``
+    falling back past a damaged checkpoint, an explicit older checkpoint or savepoint, or
+    a new start over an existing output), Spark plans the batches after the restored one
+    again from the sources, and a batch id may then cover other offsets than the batch
+    the sink committed under that id. Dropping the replay would lose the rows the
+    committed batch did not read; publishing it would repeat the rows it did. The sink
+    does neither: nothing of the replay is published and nothing committed is deleted.
+    """
+
+    def __init__(self, batch_id: int, sink: str, committed: str, replay: str,
+                 restored: str | None = None) -> None:
+        self.batch_id, self.sink, self.committed, self.replay = batch_id, sink, committed, replay
+        self.restored = restored
+        start = f"restoring {restored}" if restored else "a restore or a new start"
+        super().__init__(
+            f"{sink}: batch {batch_id} is committed already, from source offsets "
+            f"{committed}; its replay after {start} read other source offsets {replay}. "
+            f"Publishing it under batch {batch_id} would repeat or lose rows, so the sink "
+            "refused it: nothing of the replay was published and nothing committed was "
+            "deleted. To go on, restore the newest checkpoint or savepoint of the run that "
+            "committed this batch (restore=latest once it is restorable, or "
+            "restore=<path>); or run the query with the batch sizing it had then (the same "
+            "maxFilesPerTrigger / maxOffsetsPerTrigger), so that its replays read what was "
+            "committed; or start from scratch into a new output location (a new sink path, "
+            "or a new job name with its own output). See docs/sinks.md."
+        )
+
+    def with_restored(self, restored: str | None) -> SinkReplayMismatchError:
+        """The same refusal, naming the checkpoint or savepoint the run restored."""
+        return SinkReplayMismatchError(self.batch_id, self.sink, self.committed,
+                                       self.replay, restored)
+
+
 class IncompatibleStateError(RestoreError):
     """The restored state does not fit the query (Spark's state schema check failed)."""
 

@@ -38,6 +38,7 @@ from airflow_ckpt.errors import (
     OutcomeUnknownError,
     RestartsExhaustedError,
     RestoreError,
+    SinkReplayMismatchError,
     StorageError,
 )
 from airflow_ckpt.runtime import history as ev
@@ -53,6 +54,7 @@ from airflow_ckpt.runtime.metadata import Manifest
 from airflow_ckpt.runtime.restart_log import RestartLog
 from airflow_ckpt.runtime.restore import RestoreResult, restore
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
+from airflow_ckpt.runtime.sinks.offsets import read_batch_offsets
 from airflow_ckpt.runtime.snapshot import latest_batch
 from airflow_ckpt.runtime.spark_features import SparkSetupError, require_offline_repartition
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
@@ -230,6 +232,10 @@ class CheckpointedJob:
         self._restored_txns: tuple[int, ...] | None = None
         self._recovered: list[TwoPhaseCommitSink] = []
         self._restored_id: int | None = None  # this job's checkpoint the attempt restored
+        #: what the attempt restored (path, batch; batch -1 for a fresh start)
+        self._restored_at: tuple[str | None, int] = (None, -1)
+        #: a sink's refusal of a replay: the query fails with it, and it is final
+        self._refused: SinkReplayMismatchError | None = None
         self._listeners: list[Callable[[Manifest], None]] = [self._commit_transactions]
         self._cancel = threading.Event()
         #: False: the coordinator runs no threads and is ticked by the run loop (one
@@ -255,11 +261,19 @@ class CheckpointedJob:
         Call it before :meth:`run` or inside ``build``: either way the sink is
         recovered (the restored checkpoint's transactions committed, every other
         pending one aborted) before the query's first batch runs.
+
+        A batch the sink committed already (the restore was older than the sink's
+        output) is skipped if it read the same source offsets, and otherwise refused:
+        the run then fails for good with ``SinkReplayMismatchError`` (docs/sinks.md).
         """
         self._register(sink)
 
         def write(df: DataFrame, batch_id: int) -> None:
-            sink.stage(df, batch_id)
+            try:
+                sink.stage(df, batch_id)
+            except SinkReplayMismatchError as exc:
+                self._refused = exc.with_restored(self._restored_at[0])
+                raise self._refused from None
             if not self.config.exactly_once:
                 sink.commit(batch_id)
 
@@ -271,12 +285,31 @@ class CheckpointedJob:
                 sink.fence(self.lease.gate, confirm=self.lease.confirm)
             else:  # a sink written for the one-argument hook
                 sink.fence(self.lease.gate)
+            sink.track_offsets(lambda batch_id: read_batch_offsets(self.workdir, batch_id))
             self.sinks.append(sink)
             if self._building:
                 self._attempt_sinks.append(sink)
         if self._restored_txns is not None and not any(sink is s for s in self._recovered):
             sink.recover(self._restored_txns)
             self._recovered.append(sink)
+            self._report_committed_ahead(sink)
+
+    def _report_committed_ahead(self, sink: TwoPhaseCommitSink) -> None:
+        """Say (log and history) before any batch runs that the sink committed batches
+        after the restored one: Spark plans those batch ids again, and each replay is
+        skipped if it reads the offsets the sink recorded, refused otherwise."""
+        path, batch = self._restored_at
+        ahead = [b for b in sink.committed_batches() if b > batch]
+        if not ahead:
+            return
+        log.warning(
+            "%s committed batches %d..%d, after the restored %s (batch %d): Spark replans "
+            "them; each replay is skipped if it reads the source offsets the sink "
+            "recorded and refused (SinkReplayMismatchError) if not", sink, ahead[0],
+            ahead[-1], path or "fresh start", batch)
+        self.history.append(ev.SINK_AHEAD, run_id=self.run_id, sink=repr(sink),
+                            restored=path, restored_batch=batch, first_batch=ahead[0],
+                            last_batch=ahead[-1], batches=len(ahead))
 
     def _recover_sinks(self, restored: RestoreResult) -> None:
         """Start of an attempt: forget the previous attempt's ``build`` sinks and recover
@@ -285,6 +318,8 @@ class CheckpointedJob:
         self._attempt_sinks = []
         self._recovered = []
         self._restored_txns = restored.manifest.pending_transactions if restored.manifest else ()
+        self._restored_at = (restored.path, restored.batch_id if restored.batch_id is not None
+                             else -1)
         for sink in list(self.sinks):
             self._register(sink)
 
@@ -351,6 +386,8 @@ class CheckpointedJob:
                     raise  # a storage fault in the query itself: no marker involved
                 raise coordinator.fatal from None  # only a new epoch settles the marker
             except Exception as exc:  # the query failed (StreamingQueryException, ...)
+                if self._refused is not None:
+                    raise self._refused from exc  # final: replaying cannot change it
                 if restored.path and _INCOMPATIBLE.search(str(exc)):
                     # Restarting cannot help: the restored state does not fit this query.
                     raise IncompatibleStateError(

@@ -7,6 +7,14 @@ batch. ``pre_commit(batch)`` makes the batch's output durable but invisible;
 transactions listed in ``k``'s manifest are committed (recover-and-commit) and every
 other pending one is aborted: its batch is replayed. In AT_LEAST_ONCE mode output is
 committed right away and a replay after restore may repeat it.
+
+A batch id is not the batch's data: after a restore older than the sink's output Spark
+plans those batch ids again, possibly over other offsets. The runtime therefore hands
+each sink the batch's source offsets (:meth:`TwoPhaseCommitSink.batch_offsets`); a sink
+records them with the transaction and, when a committed batch id is staged again, skips
+the replay only if it read the same offsets and otherwise raises
+:class:`~airflow_ckpt.errors.SinkReplayMismatchError` (the built-in sinks do so through
+:class:`~airflow_ckpt.runtime.sinks.transactions.SinkTransactions`).
 """
 
 from __future__ import annotations
@@ -19,12 +27,37 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from airflow_ckpt.runtime.sinks.offsets import BatchOffsets
+
 log = logging.getLogger("airflow_ckpt.sinks")
 
 
 class TwoPhaseCommitSink(ABC):
     """A sink whose transactions are micro-batches. Implementations must be idempotent:
     ``commit`` and ``abort`` may be called again for the same batch after a crash."""
+
+    #: set by the runtime (:meth:`track_offsets`); None when the sink runs on its own
+    _offsets_reader: Callable[[int], BatchOffsets | None] | None = None
+
+    def track_offsets(self, reader: Callable[[int], BatchOffsets | None]) -> None:
+        """Called by the runtime when the sink is registered: ``reader(batch_id)`` gives
+        the source offsets of the batch being staged (from the query's offsets log)."""
+        self._offsets_reader = reader
+
+    def batch_offsets(self, batch_id: int) -> BatchOffsets | None:
+        """The source offsets of ``batch_id`` (call it while staging the batch), or None
+        if the sink runs without the runtime. Record them with the transaction; a
+        committed batch staged again with other offsets must be refused (see
+        :func:`~airflow_ckpt.runtime.sinks.offsets.check_replay`), never published nor
+        dropped."""
+        reader = self._offsets_reader
+        return reader(batch_id) if reader is not None else None
+
+    def committed_batches(self) -> list[int]:
+        """Batch ids this sink committed, ascending. The runtime compares them with the
+        restored checkpoint's batch to report, before any batch runs, that batches will
+        be replayed over committed output. The default knows none."""
+        return []
 
     def fence(self, gate: Callable[[], None],  # noqa: B027 - optional hook
               confirm: Callable[[], None] = lambda: None) -> None:

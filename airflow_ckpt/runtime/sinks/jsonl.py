@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -12,10 +13,13 @@ from airflow_ckpt.errors import (
     CorruptCheckpointError,
     ObjectAlreadyExistsError,
     ObjectNotFoundError,
+    SinkReplayMismatchError,
 )
 from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
 from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+
+log = logging.getLogger("airflow_ckpt.sinks")
 
 
 class JsonLinesSink(TwoPhaseCommitSink):
@@ -27,19 +31,24 @@ class JsonLinesSink(TwoPhaseCommitSink):
     :class:`~airflow_ckpt.runtime.sinks.transactions.SinkTransactions` (``_txn/`` and
     ``_committed/`` under the prefix), so a deposed driver's late write never changes
     it. Commit is copy-then-delete: a crash between the two leaves the decision, and the
-    next commit or abort of that batch finishes it.
+    next commit or abort of that batch finishes it. A committed batch staged again is
+    skipped if it read the source offsets its decision recorded and refused
+    (``SinkReplayMismatchError``) otherwise; see ``docs/sinks.md``.
     """
 
     def __init__(self, storage: CheckpointStorage, prefix: str) -> None:
         self.storage = storage
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
-        self.transactions = SinkTransactions(storage, self.prefix)
+        self.transactions = SinkTransactions(storage, self.prefix, name=repr(self))
         self._lock = threading.Lock()
 
     def fence(self, gate: Callable[[], None],
               confirm: Callable[[], None] = lambda: None) -> None:
         """The storage is the job's (gated already); decisions confirm the lease."""
-        self.transactions = SinkTransactions(self.storage, self.prefix, confirm)
+        self.transactions = SinkTransactions(self.storage, self.prefix, confirm, repr(self))
+
+    def __repr__(self) -> str:
+        return f"JsonLinesSink({self.storage.uri.rstrip('/') + '/' + self.prefix!r})"
 
     def _pending_prefix(self, batch_id: int) -> str:
         return f"{self.prefix}_pending/{batch_id:012d}/"
@@ -53,9 +62,14 @@ class JsonLinesSink(TwoPhaseCommitSink):
         staged = f"{self._pending_prefix(batch_id)}{attempt}.jsonl"
         self.storage.put_bytes(staged, body.encode(), create_only=True)
         try:
-            superseded = self.transactions.record(Transaction(batch_id, attempt, "staged"))
-        except ObjectAlreadyExistsError:  # committed already: the replay is dropped
+            superseded = self.transactions.record(Transaction(
+                batch_id, attempt, "staged", offsets=self.batch_offsets(batch_id)))
+        except (ObjectAlreadyExistsError, SinkReplayMismatchError) as exc:
+            # committed already: the replay is never published; its own staging goes
             self.storage.delete_many([staged])
+            if isinstance(exc, SinkReplayMismatchError):
+                raise
+            log.warning("%s: skipping the replay of batch %d: %s", self, batch_id, exc)
             return
         if superseded is not None:
             self.storage.delete_many(

@@ -27,7 +27,10 @@ changes a decision, see there).
   first attempt recorded there is the one published, ever), copies its staged files to
   ``part-<batch>-<n>.parquet`` (names fixed by the record, so re-running a commit
   rewrites the same objects with the same bytes), then deletes the staging and the
-  ``_txn`` record. A replayed batch whose decision exists is dropped: no second copy.
+  ``_txn`` record. A replayed batch whose decision exists is never published again: it is
+  skipped if it read the source offsets the decision recorded (exactly once), and refused
+  with ``SinkReplayMismatchError`` if it read others (its staging is deleted, the
+  published files are kept).
 * ``abort``: marks the record aborted and deletes ``_staging/<batch>/``. If a decision
   exists the batch is already (partly) visible, so abort rolls the commit forward.
 
@@ -55,6 +58,7 @@ from airflow_ckpt.errors import (
     CorruptCheckpointError,
     ObjectAlreadyExistsError,
     ObjectNotFoundError,
+    SinkReplayMismatchError,
 )
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
@@ -253,7 +257,7 @@ class ParquetSink(TwoPhaseCommitSink):
         self.max_workers = max(1, max_workers)
         self._options = dict(s3_options)
         self.storage = open_storage(self.uri, **self._options)
-        self.transactions = SinkTransactions(self.storage)
+        self.transactions = SinkTransactions(self.storage, name=repr(self))
         self._lock = threading.Lock()
         #: the last batch :meth:`stage` recorded, for monitoring (None before the first)
         self.last_stage: StagedBatch | None = None
@@ -268,7 +272,7 @@ class ParquetSink(TwoPhaseCommitSink):
         files, which nothing publishes unfenced)."""
         if not isinstance(self.storage, FencedStorage):
             self.storage = FencedStorage(self.storage, gate)
-        self.transactions = SinkTransactions(self.storage, "", confirm)
+        self.transactions = SinkTransactions(self.storage, "", confirm, repr(self))
 
     # ------------------------------------------------------------------ keys
 
@@ -326,12 +330,15 @@ class ParquetSink(TwoPhaseCommitSink):
     def _record(self, batch_id: int, attempt: str, files: list[dict[str, Any]]) -> None:
         files.sort(key=lambda f: f["name"])
         try:
-            superseded = self.transactions.record(
-                Transaction(batch_id, attempt, "staged", {"files": files}))
-        except ObjectAlreadyExistsError:
-            log.warning("batch %d is committed already: dropping its replay (attempt %s)",
-                        batch_id, attempt)
+            superseded = self.transactions.record(Transaction(
+                batch_id, attempt, "staged", {"files": files}, self.batch_offsets(batch_id)))
+        except (ObjectAlreadyExistsError, SinkReplayMismatchError) as exc:
+            # committed already: the replay is never published; its own staging goes
             self.transactions.discard(self._staging_prefix(batch_id, attempt))
+            if isinstance(exc, SinkReplayMismatchError):
+                raise
+            log.warning("%s: skipping the replay of batch %d (attempt %s): %s",
+                        self, batch_id, attempt, exc)
             return
         if superseded is not None:  # a replay replaces an earlier attempt's staging
             self.transactions.discard(self._staging_prefix(batch_id, superseded.attempt))

@@ -23,6 +23,12 @@ by the network for minutes and land after a successor took over):
   job since the record was read: a successor's records all come after its claim.
 * **Staged data lives under attempt-scoped keys** (``attempt`` is fresh per staging),
   so deleting an aborted attempt never touches another attempt's files.
+
+Why a replay of a committed batch is skipped or refused, never dropped blindly: the
+record and the decision carry the batch's source offsets
+(:class:`~airflow_ckpt.runtime.sinks.offsets.BatchOffsets`); a batch id whose decision
+exists is staged again only after a restore older than the sink's output, and then it is
+the same batch only if it read the same offsets (``check_replay``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from airflow_ckpt.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
 )
+from airflow_ckpt.runtime.sinks.offsets import BatchOffsets, check_replay
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 log = logging.getLogger("airflow_ckpt.sinks")
@@ -49,17 +56,21 @@ _SWAP_ROUNDS = 8
 
 @dataclass(frozen=True, slots=True)
 class Transaction:
-    """A batch's transaction record: the attempt staged last, its state and the sink's
-    own description of the staged data (``payload``: e.g. the file list)."""
+    """A batch's transaction record: the attempt staged last, its state, the sink's
+    own description of the staged data (``payload``: e.g. the file list) and the
+    source offsets the batch read (None when the sink runs without the runtime)."""
 
     batch: int
     attempt: str
     state: TxnState
     payload: dict[str, Any] = field(default_factory=dict)
+    offsets: BatchOffsets | None = None
 
     def to_json(self) -> bytes:
         return json.dumps({"batch": self.batch, "attempt": self.attempt, "state": self.state,
-                           "payload": self.payload}, sort_keys=True).encode()
+                           "payload": self.payload,
+                           "offsets": self.offsets.to_dict() if self.offsets else None},
+                          sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> Transaction:
@@ -67,7 +78,9 @@ class Transaction:
         if "payload" not in obj:  # a record written before states existed
             payload = {k: v for k, v in obj.items() if k not in ("batch", "attempt")}
             return cls(int(obj["batch"]), str(obj["attempt"]), "staged", payload)
-        return cls(int(obj["batch"]), str(obj["attempt"]), obj["state"], obj["payload"])
+        offsets = obj.get("offsets")
+        return cls(int(obj["batch"]), str(obj["attempt"]), obj["state"], obj["payload"],
+                   BatchOffsets.from_dict(offsets) if offsets else None)
 
 
 class SinkTransactions:
@@ -75,10 +88,11 @@ class SinkTransactions:
     lost the job; sinks get it from :meth:`TwoPhaseCommitSink.fence`."""
 
     def __init__(self, storage: CheckpointStorage, prefix: str = "",
-                 confirm: Callable[[], None] = lambda: None) -> None:
+                 confirm: Callable[[], None] = lambda: None, name: str = "sink") -> None:
         self.storage = storage
         self.prefix = prefix
         self.confirm = confirm
+        self.name = name  # the sink, as error messages name it
 
     # ------------------------------------------------------------------ keys
     def txn_key(self, batch_id: int) -> str:
@@ -129,13 +143,21 @@ class SinkTransactions:
         """Make ``txn`` (state ``staged``) the batch's transaction; durable on return.
 
         Returns the attempt it superseded (its staged data is now garbage), or None.
-        Raises ``ObjectAlreadyExistsError`` if the batch was committed meanwhile (the
-        caller drops its staging)."""
+        If the batch is committed already, records nothing and raises (the caller
+        discards its staging either way): ``ObjectAlreadyExistsError`` if ``txn`` read
+        the offsets the decision recorded (or carries none), so skipping it is exactly
+        once; :class:`~airflow_ckpt.errors.SinkReplayMismatchError` if it read others."""
         key = self.txn_key(txn.batch)
         for _ in range(_SWAP_ROUNDS):
-            if self.storage.exists(self.decision_key(txn.batch)):
+            decided = self.decision(txn.batch)
+            if decided is not None:
+                verified = check_replay(self.name, txn.batch, decided.get("offsets"),
+                                        txn.offsets)
                 raise ObjectAlreadyExistsError(
-                    f"batch {txn.batch} is committed already; its replay is dropped")
+                    f"batch {txn.batch} is committed already; its replay "
+                    + ("read the same source offsets" if verified else
+                       "carries no source offsets to compare (the sink runs without the "
+                       "runtime)"))
             try:
                 stored = self.storage.get_versioned(key)
             except ObjectNotFoundError:
@@ -157,7 +179,8 @@ class SinkTransactions:
     def decide(self, batch_id: int, describe: Callable[[Transaction], dict[str, Any]]
                ) -> dict[str, Any] | None:
         """The batch's commit decision: the existing one, or one taken now (create-only)
-        from its staged record, described by ``describe``. None if nothing is staged."""
+        from its staged record, described by ``describe`` plus the record's ``offsets``.
+        None if nothing is staged."""
         existing = self.decision(batch_id)
         if existing is not None:
             return existing
@@ -166,6 +189,8 @@ class SinkTransactions:
             return None
         self.confirm()  # the record read above is not a successor's
         decision = describe(txn)
+        if txn.offsets is not None:
+            decision["offsets"] = txn.offsets.to_dict()
         try:
             self.storage.put_bytes(self.decision_key(batch_id), json.dumps(
                 decision, sort_keys=True).encode(), create_only=True)

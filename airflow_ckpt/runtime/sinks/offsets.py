@@ -1,0 +1,120 @@
+"""What a micro-batch read: its source offsets, recorded in each sink transaction.
+
+A batch id alone does not name a batch's data. After a restore of a checkpoint older than
+the sink's output, Spark plans every batch after the restored one again from the sources
+(it re-runs only the last batch its offsets log holds without a commit), so batch ``b`` may
+now cover other offsets than the batch the sink committed as ``b``. Each transaction
+therefore records :class:`BatchOffsets`, and a replay of a committed batch is skipped only
+if it read exactly the same (``check_replay``); otherwise the sink refuses it with
+:class:`~airflow_ckpt.errors.SinkReplayMismatchError`.
+
+The offsets come from Spark's offsets log entry ``offsets/<batch>`` of the query's
+checkpoint directory (``v1``, the batch's metadata, then one line per source: its end
+offset as JSON, or ``-``). The metadata line is left out (its ``batchTimestampMs`` differs
+on every replay). A file source's offset, ``{"logOffset": n}``, only points into the
+source's own log (``sources/<i>/<n>``, or a ``.compact`` file holding it), whose entry for
+``n`` lists the files the batch read; those paths are part of what is compared (as a
+count and a SHA-256 of the sorted paths, so a record stays small however many files a
+batch reads), since a replay may list other files under the same ``logOffset``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from airflow_ckpt.errors import SinkReplayMismatchError
+
+#: characters of each source's offset shown in an error message
+_SHOWN = 300
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOffsets:
+    """The sources' end offsets of one batch (``sources[i]`` is source ``i``'s JSON
+    offset, ``-`` if it had none) and, per source, the files it read (``files[i]``:
+    ``<count>:<sha256 of the sorted paths>`` for a file source, ``""`` for any other; the
+    tuple is empty when no source is a file source). ``digest`` identifies the two
+    together: equal digests, same input."""
+
+    sources: tuple[str, ...]
+    files: tuple[str, ...] = ()
+
+    @property
+    def digest(self) -> str:
+        body = json.dumps([list(self.sources), list(self.files)])
+        return hashlib.sha256(body.encode()).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sources": list(self.sources), "files": list(self.files),
+                "digest": self.digest}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> BatchOffsets:
+        return cls(tuple(raw["sources"]), tuple(raw.get("files", ())))
+
+    def describe(self) -> str:
+        """The offsets for a person: each source's offset (and file count), shortened."""
+        parts = []
+        for i, offset in enumerate(self.sources):
+            shown = offset if len(offset) <= _SHOWN else offset[:_SHOWN] + "..."
+            files = self.files[i] if i < len(self.files) else ""
+            parts.append(f"{shown} ({files.split(':')[0]} files)" if files else shown)
+        return "[" + ", ".join(parts) + "]"
+
+
+def _file_source_entries(source_log: Path, log_offset: int) -> str:
+    """``<count>:<sha256>`` of the paths a file source's log lists for ``log_offset``
+    (``""`` if the log has no entry for it)."""
+    for name in (str(log_offset), f"{log_offset}.compact"):
+        path = source_log / name
+        if path.is_file():
+            found = []
+            for line in path.read_text().splitlines()[1:]:
+                entry = json.loads(line) if line.strip() else {}
+                if entry.get("batchId") == log_offset:
+                    found.append(str(entry["path"]))
+            listed = "\n".join(sorted(found)).encode()
+            return f"{len(found)}:{hashlib.sha256(listed).hexdigest()}"
+    return ""
+
+
+def read_batch_offsets(checkpoint_dir: Path, batch_id: int) -> BatchOffsets | None:
+    """The offsets of ``batch_id`` from the query's checkpoint directory, or None if its
+    offsets log has no such entry (the batch is not Spark's, e.g. a sink driven
+    directly)."""
+    try:
+        lines = (checkpoint_dir / "offsets" / str(batch_id)).read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    sources = tuple(line.strip() for line in lines[2:])
+    files: list[str] = []
+    for i, offset in enumerate(sources):
+        listed = ""
+        if offset.startswith("{"):
+            parsed = json.loads(offset)
+            if isinstance(parsed, dict) and set(parsed) == {"logOffset"}:
+                listed = _file_source_entries(checkpoint_dir / "sources" / str(i),
+                                              int(parsed["logOffset"]))
+        files.append(listed)
+    return BatchOffsets(sources, tuple(files) if any(files) else ())
+
+
+def check_replay(sink: str, batch_id: int, committed: dict[str, Any] | None,
+                 replay: BatchOffsets | None) -> bool:
+    """Decide a replay of a batch ``sink`` committed already: True to skip it (it read
+    exactly what the committed batch read: exactly once), False to skip it unverified
+    (``replay`` is None: the sink is driven without the runtime, which knows no
+    offsets). Raises :class:`~airflow_ckpt.errors.SinkReplayMismatchError` if the
+    replay read other offsets, or the committed transaction recorded none to compare.
+    ``committed`` is the offsets the commit decision recorded (``BatchOffsets.to_dict``).
+    """
+    if replay is None:
+        return False
+    if committed is not None and committed.get("digest") == replay.digest:
+        return True
+    shown = BatchOffsets.from_dict(committed).describe() if committed else "(not recorded)"
+    raise SinkReplayMismatchError(batch_id, sink, shown, replay.describe())

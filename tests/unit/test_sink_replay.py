@@ -1,0 +1,238 @@
+"""A committed batch id staged again (a replay after a restore older than the sink's
+output, issue 19 item 2): skipped if it read the same source offsets, refused with
+``SinkReplayMismatchError`` if it read others -- never published twice, never dropped
+silently, the committed output never deleted. The sinks are driven directly over
+``file://`` storage; the offsets come from a Spark-shaped offsets log
+(``read_batch_offsets``), as the runtime hands them over."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_ckpt.errors import SinkReplayMismatchError
+from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
+from airflow_ckpt.runtime.sinks.offsets import BatchOffsets, check_replay, read_batch_offsets
+from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
+from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+
+
+class OwnSink(TwoPhaseCommitSink):
+    """A user's sink built on the documented contract without SinkTransactions: it
+    publishes each batch into a keyed table (here a dict) and keeps the offsets it
+    committed, and checks a replay of a published batch with ``check_replay``."""
+
+    def __init__(self) -> None:
+        self.staged: dict[int, tuple[list[dict[str, Any]], BatchOffsets | None]] = {}
+        self.table: dict[int, list[dict[str, Any]]] = {}
+        self.offsets: dict[int, dict[str, Any] | None] = {}
+
+    def pre_commit(self, batch_id: int, rows: Sequence[dict[str, Any]]) -> None:
+        offsets = self.batch_offsets(batch_id)
+        if batch_id in self.table:
+            check_replay(repr(self), batch_id, self.offsets[batch_id], offsets)
+            return  # the same input: published already
+        self.staged[batch_id] = (list(rows), offsets)
+
+    def commit(self, batch_id: int) -> None:
+        if batch_id in self.staged:
+            rows, offsets = self.staged.pop(batch_id)
+            self.table[batch_id] = rows
+            self.offsets[batch_id] = offsets.to_dict() if offsets else None
+
+    def abort(self, batch_id: int) -> None:
+        self.staged.pop(batch_id, None)
+
+    def pending(self) -> list[int]:
+        return sorted(self.staged)
+
+    def committed_batches(self) -> list[int]:
+        return sorted(self.table)
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Iterator[CheckpointStorage]:
+    store = open_storage((tmp_path / "store").as_uri())
+    yield store
+    store.close()
+
+
+def make_sink(kind: str, storage: CheckpointStorage) -> TwoPhaseCommitSink:
+    if kind == "parquet":
+        return ParquetSink(storage.uri.rstrip("/") + "/table")
+    if kind == "jsonl":
+        return JsonLinesSink(storage, "_out")
+    return OwnSink()
+
+
+def committed_numbers(sink: TwoPhaseCommitSink) -> list[int]:
+    if isinstance(sink, JsonLinesSink):
+        return sorted(r["n"] for r in sink.committed_rows())
+    if isinstance(sink, OwnSink):
+        return sorted(r["n"] for rows in sink.table.values() for r in rows)
+    assert isinstance(sink, ParquetSink)
+    out: list[int] = []
+    for key in sink.committed_files():
+        with sink.storage.open_stream(key) as fh:
+            out += pq.read_table(fh).column("n").to_pylist()
+    return sorted(out)
+
+
+def staged_leftovers(sink: TwoPhaseCommitSink) -> list[str]:
+    if isinstance(sink, ParquetSink):
+        return [i.key for i in sink.storage.list("_staging/")]
+    if isinstance(sink, JsonLinesSink):
+        return [i.key for i in sink.storage.list("_out/_pending/")]
+    assert isinstance(sink, OwnSink)
+    return [str(b) for b in sink.staged]
+
+
+class OffsetsLog:
+    """A query's checkpoint directory as Spark writes it: ``offsets/<batch>`` (version,
+    metadata with a fresh timestamp each time, one line per source) and, for a file
+    source, ``sources/0/<logOffset>`` listing the batch's files."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.timestamp = 1_700_000_000_000
+
+    def write(self, batch_id: int, *sources: str, files: Sequence[str] = ()) -> None:
+        self.timestamp += 1
+        meta = {"batchWatermarkMs": 0, "batchTimestampMs": self.timestamp, "conf": {}}
+        offsets = self.root / "offsets" / str(batch_id)
+        offsets.parent.mkdir(parents=True, exist_ok=True)
+        offsets.write_text("\n".join(["v1", json.dumps(meta), *sources]))
+        if files:
+            log_offset = json.loads(sources[0])["logOffset"]
+            entry = self.root / "sources" / "0" / str(log_offset)
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            entry.write_text("\n".join(["v1", *(json.dumps(
+                {"path": f, "timestamp": 1, "batchId": log_offset}) for f in files)]))
+
+    def reader(self, batch_id: int) -> BatchOffsets | None:
+        return read_batch_offsets(self.root, batch_id)
+
+
+def rows(start: int, end: int) -> list[dict[str, Any]]:
+    return [{"n": n} for n in range(start, end)]
+
+
+KINDS = ["parquet", "jsonl", "own"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_replay_with_the_same_offsets_is_skipped(
+        storage: CheckpointStorage, tmp_path: Path, kind: str) -> None:
+    log = OffsetsLog(tmp_path / "work")
+    sink = make_sink(kind, storage)
+    sink.track_offsets(log.reader)
+    for b, (start, end) in enumerate([(0, 10), (10, 20)]):
+        log.write(b, json.dumps({"end": end}))
+        sink.pre_commit(b, rows(start, end))
+        sink.commit(b)
+    # Restore of an older checkpoint: Spark plans batch 1 again, over the same offsets
+    # (its metadata line, with the batch timestamp, differs).
+    log.write(1, json.dumps({"end": 20}))
+    sink.pre_commit(1, rows(10, 20))
+    sink.commit(1)
+    assert committed_numbers(sink) == list(range(20))  # once each
+    assert sink.pending() == [] and staged_leftovers(sink) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_replay_with_other_offsets_is_refused_and_the_committed_output_kept(
+        storage: CheckpointStorage, tmp_path: Path, kind: str) -> None:
+    """The issue's case: batch 5 was [0, 10); after the restore, batch 5 is [0, 40)."""
+    log = OffsetsLog(tmp_path / "work")
+    sink = make_sink(kind, storage)
+    sink.track_offsets(log.reader)
+    log.write(5, json.dumps({"end": 10}))
+    sink.pre_commit(5, rows(0, 10))
+    sink.commit(5)
+
+    log.write(5, json.dumps({"end": 40}))
+    with pytest.raises(SinkReplayMismatchError) as raised:
+        sink.pre_commit(5, rows(0, 40))
+    message = str(raised.value)
+    assert raised.value.batch_id == 5
+    assert '{"end": 10}' in message and '{"end": 40}' in message  # both offset ranges
+    assert "restore the newest checkpoint" in message and "new output location" in message
+    # nothing of the replay published, the committed batch kept; a commit of batch 5
+    # (the checkpoint covering it) changes nothing either
+    sink.commit(5)
+    assert committed_numbers(sink) == list(range(10))
+    assert sink.pending() == [] and staged_leftovers(sink) == []
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_file_source_replay_listing_other_files_under_the_same_log_offset_is_refused(
+        storage: CheckpointStorage, tmp_path: Path, kind: str) -> None:
+    """A file source's offset is only ``{"logOffset": n}``: the files are compared."""
+    log = OffsetsLog(tmp_path / "work")
+    sink = make_sink(kind, storage)
+    sink.track_offsets(log.reader)
+    offset = json.dumps({"logOffset": 2})
+    log.write(2, offset, files=["file:///in/3.txt"])
+    sink.pre_commit(2, rows(0, 10))
+    sink.commit(2)
+    log.write(2, offset, files=["file:///in/3.txt"])
+    sink.pre_commit(2, rows(0, 10))  # same files: skipped
+    log.write(2, offset, files=["file:///in/3.txt", "file:///in/4.txt"])
+    with pytest.raises(SinkReplayMismatchError, match=r"\(2 files\)"):
+        sink.pre_commit(2, rows(0, 20))
+    assert committed_numbers(sink) == list(range(10))
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_decision_without_recorded_offsets_cannot_vouch_for_a_replay(
+        storage: CheckpointStorage, tmp_path: Path, kind: str) -> None:
+    """A decision taken without offsets (the sink ran without the runtime, or an older
+    version wrote it) is no proof that a runtime replay is the same batch: refused."""
+    log = OffsetsLog(tmp_path / "work")
+    sink = make_sink(kind, storage)
+    sink.pre_commit(3, rows(0, 10))
+    sink.commit(3)
+    sink.track_offsets(log.reader)
+    log.write(3, json.dumps({"end": 10}))
+    with pytest.raises(SinkReplayMismatchError, match="not recorded"):
+        sink.pre_commit(3, rows(0, 10))
+    assert committed_numbers(sink) == list(range(10))
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_without_the_runtime_a_replay_is_skipped_with_a_warning(
+        storage: CheckpointStorage, kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    sink = make_sink(kind, storage)
+    sink.pre_commit(0, rows(0, 10))
+    sink.commit(0)
+    with caplog.at_level(logging.WARNING, logger="airflow_ckpt.sinks"):
+        sink.pre_commit(0, rows(0, 40))
+    assert "no source offsets to compare" in caplog.text
+    assert committed_numbers(sink) == list(range(10))
+
+
+def test_the_decision_records_the_offsets_of_the_record_it_was_taken_from(
+        storage: CheckpointStorage) -> None:
+    txns = SinkTransactions(storage, "t/")
+    offsets = BatchOffsets(('{"end": 10}',))
+    txns.record(Transaction(4, "a1", "staged", {}, offsets))
+    decision = txns.decide(4, lambda txn: {"attempt": txn.attempt})
+    assert decision is not None and decision["offsets"] == offsets.to_dict()
+    assert BatchOffsets.from_dict(decision["offsets"]).digest == offsets.digest
+    assert txns.current(4) == Transaction(4, "a1", "staged", {}, offsets)
+
+
+def test_offsets_ignore_the_batch_metadata_and_a_missing_entry_is_none(tmp_path: Path) -> None:
+    log = OffsetsLog(tmp_path)
+    log.write(0, json.dumps({"end": 10}), "-")
+    first = read_batch_offsets(tmp_path, 0)
+    log.write(0, json.dumps({"end": 10}), "-")  # a new batch timestamp only
+    assert first is not None and first == read_batch_offsets(tmp_path, 0)
+    assert first.sources == ('{"end": 10}', "-")
+    assert read_batch_offsets(tmp_path, 1) is None
