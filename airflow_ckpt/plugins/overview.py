@@ -50,7 +50,7 @@ from airflow_ckpt.runtime.storage.base import CheckpointStorage
 TIMELINE_EVENTS = frozenset(
     {
         ev.JOB_SUBMITTED, ev.JOB_STARTED, ev.RESTORED, ev.RESTORE_FALLBACK, ev.FAILURE,
-        ev.RESTART, ev.JOB_FINISHED, ev.JOB_STOPPED, ev.JOB_FAILED,
+        ev.RESTART, ev.JOB_FINISHED, ev.JOB_STOPPED, ev.JOB_FAILED, ev.SINK_AHEAD,
     }
 )
 _LIFECYCLE = {ev.JOB_STARTED: "RUNNING", ev.JOB_FINISHED: "FINISHED",
@@ -335,6 +335,8 @@ def _summary(event: HistoryEvent) -> str:
                 str(airflow.get(k)) for k in ("dag_id", "run_id", "task_id")))
     elif event.type == ev.JOB_STARTED:
         parts = has("attempt", "restore", "spark_version")
+    elif event.type == ev.SINK_AHEAD:
+        parts = has("sink", "first_batch", "last_batch", "restored_batch", "restored")
     else:
         parts = has("cause", "checkpoint_id", "savepoint", "exit_code", "attempts", "reason")
     return ", ".join(parts)
