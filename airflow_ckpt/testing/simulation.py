@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_ckpt import supervision as supervision_module
 from airflow_ckpt.errors import AirflowCkptError
 from airflow_ckpt.restart import RestartDecision
 from airflow_ckpt.runtime import history as history_module
@@ -71,7 +72,6 @@ from airflow_ckpt.runtime.history import (
 )
 from airflow_ckpt.runtime.lease import JobLease, lease_epochs
 from airflow_ckpt.runtime.restart_log import RestartLog
-from airflow_ckpt import supervision as supervision_module
 from airflow_ckpt.supervision import (
     RESTORE_LATEST,
     RESTORE_NONE,
@@ -184,6 +184,11 @@ class Setup:
             driver_crash_p=rng.choice((0.0, 0.005, 0.02)),
             plants=frozenset(plants),
         )
+
+    @property
+    def skewed(self) -> bool:
+        """Whether any two hosts' clocks disagree."""
+        return bool(self.driver_skew_s or self.compactor_skew_s)
 
     def describe(self) -> str:
         return (f"strategy {self.strategy}, driver clock {self.driver_skew_s:+g} s, "
@@ -567,6 +572,7 @@ class Exploration:
     seeds: int = 0
     violations: int = 0
     first: dict[str, Outcome] = field(default_factory=dict)
+    first_unskewed: dict[str, Outcome] = field(default_factory=dict)  # all clocks agree
     failing_seeds: list[int] = field(default_factory=list)
 
 
@@ -585,6 +591,8 @@ def explore(seeds: Iterable[int], plants: Iterable[str] = (),
             result.failing_seeds.append(seed)
         for violation in outcome.violations:
             result.first.setdefault(violation.invariant, outcome)
+            if not outcome.setup.skewed:
+                result.first_unskewed.setdefault(violation.invariant, outcome)
         if (wanted and wanted <= set(result.first)) or (stop_on_violation and result.first):
             break
     return result
@@ -619,11 +627,15 @@ def main(argv: list[str] | None = None) -> int:
     started = real_time.monotonic()
     result = explore(range(args.start, args.start + args.seeds), args.plant)
     for invariant in INVARIANTS:
-        outcome = result.first.get(invariant)
-        if outcome is not None:
-            count = outcome.seed - args.start + 1
-            print(f"FIRST {invariant}: seed {outcome.seed} ({count} seeds)\n"
-                  + format_outcome(outcome, 60), flush=True)
+        first = result.first.get(invariant)
+        if first is not None:
+            print(f"FIRST {invariant}: seed {first.seed} "
+                  f"({first.seed - args.start + 1} seeds)\n" + format_outcome(first, 60))
+    for invariant in INVARIANTS:
+        unskewed = result.first_unskewed.get(invariant)
+        if unskewed is not None:
+            print(f"first {invariant} with every clock right: seed {unskewed.seed} "
+                  f"({unskewed.seed - args.start + 1} seeds)")
     print(f"{result.seeds} simulated schedules explored, {result.violations} violations "
           f"({real_time.monotonic() - started:.0f} s)")
     if result.failing_seeds:

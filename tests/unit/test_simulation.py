@@ -47,9 +47,9 @@ def test_one_seed_replays_one_schedule() -> None:
     assert other.trace != first.trace
 
 
-def _storage(faults: Faults = Faults()) -> tuple[Scheduler, SimStorage]:
+def _storage(faults: Faults | None = None) -> tuple[Scheduler, SimStorage]:
     scheduler = Scheduler(1)
-    return scheduler, SimStorage(SimObjects(), scheduler, faults=faults, tag="t")
+    return scheduler, SimStorage(SimObjects(), scheduler, faults=faults or Faults(), tag="t")
 
 
 def test_sim_storage_enforces_the_conditions() -> None:

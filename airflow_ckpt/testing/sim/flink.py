@@ -79,7 +79,7 @@ def expected_decisions(strategy: Strategy, failures_s: Sequence[float]) -> list[
     elif isinstance(strategy, FailureRate):
         kept: list[int] = []
         for now in times:
-            kept = (kept + [now])[-(strategy.max_failures + 1):]
+            kept = [*kept, now][-(strategy.max_failures + 1):]
             full = len(kept) > strategy.max_failures
             ok = not (full and now - kept[0] <= strategy.interval_ms)
             attempt = sum(1 for t in kept if now - t <= strategy.interval_ms)

@@ -40,7 +40,7 @@ BATON_TIMEOUT_S = 60.0
 TICKS = (0.0, 0.001, 0.005, 0.02, 0.1, 0.3)
 
 
-class Crash(BaseException):  # noqa: N818 - a process death, not an error
+class Crash(BaseException):
     """The actor's process died at this yield point."""
 
 
@@ -199,7 +199,7 @@ class Scheduler:
                 program()
             except Crash:
                 actor.crashed = True
-            except BaseException as exc:  # noqa: BLE001 - the process died of it: recorded
+            except BaseException as exc:
                 actor.error = exc
             finally:
                 actor.done = True

@@ -40,7 +40,6 @@ from airflow_ckpt.errors import (
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned, etag_of
 from airflow_ckpt.testing.sim.scheduler import Scheduler
 
-
 #: a planted reader defect: which stored objects a view leaves out of its listings
 Hidden = Callable[[str, "Stored"], bool]
 
@@ -270,6 +269,6 @@ def _outcome(apply: Callable[[], str]) -> str:
     """Apply a held write; its outcome as a trace word (conditions may fail by now)."""
     try:
         apply()
-    except Exception as exc:  # noqa: BLE001 - a late write's failure is only reported
+    except Exception as exc:
         return type(exc).__name__
     return "applied"
