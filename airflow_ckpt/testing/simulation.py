@@ -23,8 +23,9 @@ simulated storage that enforces the storage contract and injects faults
 Invariants, checked after every step (:class:`World`):
 
 * ``event-lost``: every event whose ``append`` returned is read back by
-  :meth:`JobHistory.events` (issue 19 item 5); ``history-rewritten``: no history object
-  is ever created again with other bytes (readers cache them by name; item 5's cause);
+  :meth:`JobHistory.events` (issue 19 item 5); ``history-rewritten``: no history key is
+  deleted and later created again with other bytes (readers cache objects by name;
+  item 5's cause);
 * ``restart-decision``: each restart decision equals Flink's
   (:mod:`airflow_ckpt.testing.sim.flink`) over the run's ``restart`` events that storage
   held when the decision was taken (item 3);
@@ -269,18 +270,18 @@ class World:
         self.triggerer_restarts = 0
         self._truth_version = -1
         self._truth: list[HistoryEvent] = []
-        self._rewritten_seen = 0
+        self._changed_seen = 0
         self.scheduler.observers.append(self.check_events)
 
     # ------------------------------------------------------------------ ground truth
 
     def truth(self) -> list[HistoryEvent]:
         """Every event storage holds (the public reader over a faultless view), in the
-        order their keys were first created. The reader's cache is dropped when a key
-        was rewritten (the ``history-rewritten`` invariant reports that)."""
+        order their keys were first created. The reader's cache is dropped whenever an
+        object got other bytes (the ``history-rewritten`` invariant reports that)."""
         if self.objects.version != self._truth_version:
-            if len(self.objects.rewritten) != self._rewritten_seen:
-                self._rewritten_seen = len(self.objects.rewritten)
+            if self.objects.changed != self._changed_seen:  # its cache trusts names
+                self._changed_seen = self.objects.changed
                 self.oracle.cache = EventCache()
             events = self.oracle.events()
             born = self.objects.born
@@ -302,11 +303,12 @@ class World:
 
     def check_events(self) -> None:
         """``event-lost``: every append that returned is read back;
-        ``history-rewritten``: no history object is created twice with other bytes."""
+        ``history-rewritten``: no history key is deleted and created again with other
+        bytes."""
         rewritten = sorted(k for k in self.objects.rewritten if "/history/" in k)
         if rewritten:
-            self.violate(HISTORY_REWRITTEN, "written again with other content (a reader "
-                         "that caches it by name misses events): "
+            self.violate(HISTORY_REWRITTEN, "deleted, then written again with other content "
+                         "(a reader that caches it by name misses events): "
                          + ", ".join(k.rsplit("/", 1)[-1] for k in rewritten))
         held = {e.key for e in self.truth()}
         lost = [k for k in self.appended if k not in held]

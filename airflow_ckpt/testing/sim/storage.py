@@ -76,8 +76,9 @@ class SimObjects:
         self.objects: dict[str, Stored] = {}
         self.births = 0
         self.born: dict[str, int] = {}  # birth number of every key ever created
-        self.first: dict[str, str] = {}  # the ETag each key was first created with
-        self.rewritten: set[str] = set()  # keys created again with other bytes
+        self.last: dict[str, str] = {}  # the ETag each key was last written with
+        self.changed = 0  # writes that gave a key other bytes than it had (or last had)
+        self.rewritten: set[str] = set()  # keys deleted and created again, other bytes
         self.version = 0  # bumped by every mutation (a cheap "did anything change")
 
     def put(self, key: str, data: bytes, now: float, *, create_only: bool,
@@ -90,11 +91,14 @@ class SimObjects:
             raise ObjectAlreadyExistsError(f"sim://{key} already exists")
         if if_match is not None and (current is None or current.etag != if_match):
             raise PreconditionFailedError(f"sim://{key}: version is not {if_match}")
+        etag = etag_of(data)
+        if key in self.last and self.last[key] != etag:
+            self.changed += 1
+            if current is None:
+                self.rewritten.add(key)
         born = self.born.get(key) or self._birth()
         self.born.setdefault(key, born)
-        etag = etag_of(data)
-        if self.first.setdefault(key, etag) != etag:
-            self.rewritten.add(key)
+        self.last[key] = etag
         self.objects[key] = Stored(data, etag, now, born, writer)
         self.version += 1
         return etag
