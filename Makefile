@@ -59,7 +59,7 @@ crash-points: venv
 	$(PY) -m airflow_ckpt.testing.crashpoints
 
 # The deterministic whole-system simulation (docs/architecture.md, "Deterministic
-# simulation"): SIM_SEEDS seeded schedules of a supervised job (make test runs 250 in
+# simulation"): SIM_SEEDS seeded schedules of a supervised job (make test runs 200 in
 # tests/unit/test_simulation.py); prints "N simulated schedules explored, K violations",
 # the first failing seed of each invariant and its trace. Replay one:
 # $(PY) -m airflow_ckpt.testing.simulation --seed S --trace
