@@ -254,7 +254,6 @@ class World:
         self.probe_storage = base.view(Faults(unavailable=0.05), "probe",
                                        hidden=_hidden(plants))
         self.oracle = JobHistory(base, JOB, compaction=None, cache=EventCache())
-        base = SimStorage(self.objects, self.scheduler, tag="harness")
         self.hosts = {
             "driver": Host("driver", self.setup.driver_skew_s),
             "airflow": Host("airflow", 0.0),

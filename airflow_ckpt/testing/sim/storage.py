@@ -52,10 +52,6 @@ class Faults:
     late: float = 0.0
     unknown: float = 0.0
 
-    @property
-    def any(self) -> bool:
-        return bool(self.unavailable or self.late or self.unknown)
-
 
 @dataclass(frozen=True, slots=True)
 class Stored:
