@@ -32,8 +32,9 @@ Invariants, checked after every step (:class:`World`):
 * ``own-checkpoint``: a resubmission restores ``latest`` once the run completed a
   checkpoint of its own (item 4), and ``foreign-state``: never before that unless the
   operator asked for ``latest``;
-* ``terminal-restarted``: a driver whose job finished, stopped or failed for good is
-  never declared dead (and so restarted).
+* ``terminal-restarted``: a driver whose job finished, stopped or failed for good (its
+  terminal event's append returned before it exited) is never declared dead (and so
+  restarted).
 
 ``python -m airflow_ckpt.testing.simulation --seeds N`` explores N seeds and prints
 ``N simulated schedules explored, K violations`` and, for the first failing seed of
@@ -358,10 +359,12 @@ class World:
                          "a checkpoint of its own (it resumes another run's state)")
 
     def terminal_of(self, submitted: HistoryEvent) -> HistoryEvent | None:
-        """A terminal event of the run newer than ``submitted`` that storage holds."""
+        """A terminal event of the run newer than ``submitted`` that storage holds and
+        whose append returned: the driver wrote it before it exited, released its lease
+        or died, so any verdict about that driver comes after it."""
         floor = self.born(submitted)
         return next((e for e in self.truth() if e.type in TERMINAL and self.born(e) > floor
-                     and e.data.get("run_id") == RUN_ID), None)
+                     and e.data.get("run_id") == RUN_ID and e.key in self.appended), None)
 
     # ------------------------------------------------------------------ actors
 
@@ -510,7 +513,6 @@ class World:
                 self.triggerer_restarts += 1
                 sched.log("triggerer restart: a new probe")
                 current = probe()
-            terminal = self.terminal_of(submitted)
             try:
                 verdict = current.poll()
             except AirflowCkptError as exc:
@@ -519,6 +521,7 @@ class World:
             if verdict is None:
                 continue
             sched.log(f"verdict {verdict.kind}: {verdict.cause}")
+            terminal = self.terminal_of(submitted)
             if verdict.needs_restart_decision and terminal is not None:
                 self.violate(TERMINAL_RESTARTED, f"the driver was declared dead "
                              f"({verdict.cause}) after its {terminal.type} "
