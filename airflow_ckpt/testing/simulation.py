@@ -12,13 +12,16 @@ simulated storage that enforces the storage contract and injects faults
   ``job_stopped``, an exit without terminal event, or a crash at any step. Its writes
   may time out and land later, get 503s or lose their answers. Its process compacts
   its own history (:meth:`JobHistory.compact` on the driver's instance, as the
-  background thread does), and so may an unrelated compactor on a third host.
+  background thread does), and so may 0-2 other processes on a third host (the UI, the
+  CLI), whose writes also meet 503s and late landings.
 * **the supervisor** (host ``airflow``): the operator's steps - the restore target of
   each submission (:class:`~airflow_ckpt.supervision.RunCheckpoints`), ``job_submitted``,
   a :class:`~airflow_ckpt.supervision.SupervisionProbe` polled until a verdict (its reads
   get 503s; the triggerer may restart, i.e. a fresh probe), the driver-level decision
   (:meth:`RestartLog.record_failure`), the delay, the next submission. Blocking (one
-  restart log kept) or deferrable (everything rebuilt at each resume).
+  restart log kept) or deferrable (everything rebuilt at each resume). Its own storage
+  calls are delayed and reordered but never fail: an error there fails the Airflow task,
+  whose retry is not modelled.
 
 Invariants, checked after every step (:class:`World`):
 
@@ -34,7 +37,11 @@ Invariants, checked after every step (:class:`World`):
   operator asked for ``latest``;
 * ``terminal-restarted``: a driver whose job finished, stopped or failed for good (its
   terminal event's append returned before it exited) is never declared dead (and so
-  restarted).
+  restarted);
+* ``supervisor-error``: the supervisor never dies of an error.
+
+Planted defects (:data:`PLANTS`, ``--plant``) are faults of a storage *view* the
+simulation must find whatever the history layer looks like.
 
 ``python -m airflow_ckpt.testing.simulation --seeds N`` explores N seeds and prints
 ``N simulated schedules explored, K violations`` and, for the first failing seed of
