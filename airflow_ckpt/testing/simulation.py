@@ -289,7 +289,8 @@ class World:
         if self.objects.version != self._truth_version:
             if self.objects.changed != self._changed_seen:  # its cache trusts names
                 self._changed_seen = self.objects.changed
-                self.oracle.cache = EventCache()
+                self.oracle = JobHistory(self.oracle.storage, JOB, compaction=None,
+                                         cache=EventCache())
             events = self.oracle.events()
             born = self.objects.born
             self._truth = sorted(events, key=lambda e: born.get(e.key, 0))
