@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint unit unit-matrix demo bench bench-scale clean chromium crash-points soak
+.PHONY: venv test lint unit unit-matrix demo bench bench-scale clean chromium crash-points soak simulate
 
 venv: $(STAMP)
 
@@ -57,6 +57,16 @@ soak: venv
 # explores every 7th); prints the number of crash points explored.
 crash-points: venv
 	$(PY) -m airflow_ckpt.testing.crashpoints
+
+# The deterministic whole-system simulation (docs/architecture.md, "Deterministic
+# simulation"): SIM_SEEDS seeded schedules of a supervised job (make test runs 200 in
+# tests/unit/test_simulation.py); prints "N simulated schedules explored, K violations",
+# the first failing seed of each invariant and its trace. Replay one:
+# $(PY) -m airflow_ckpt.testing.simulation --seed S --trace
+SIM_SEEDS ?= 2000
+SIM_START ?= 0
+simulate: venv
+	$(PY) -m airflow_ckpt.testing.simulation --seeds $(SIM_SEEDS) --start $(SIM_START)
 # The unit tests under every Python that Airflow 3 supports and this package accepts
 # (3.10-3.13), each in its own .venv-<version>; a version that is not installed is skipped
 # with a message. UNIT_PYTHONS=3.12 make unit-matrix runs one.

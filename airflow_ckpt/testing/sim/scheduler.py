@@ -1,0 +1,335 @@
+"""A deterministic scheduler: actors in threads, one running at a time, seeded choices.
+
+Every actor (a driver, the Airflow supervisor, a compactor, ...) runs its program in its
+own thread, but only the holder of the *baton* runs. An actor gives the baton back at
+every *yield point* (each storage call, each :meth:`Scheduler.sleep`), and the scheduler
+(the caller of :meth:`Scheduler.run`) picks who runs next with its seeded
+:class:`random.Random`. Nothing else decides the order, so one seed replays one
+schedule exactly: same choices, same storage calls, same trace.
+
+**Time** is virtual. The scheduler keeps the true time ``now``; it moves by a small
+seeded step per turn and jumps to the next wake-up when every actor sleeps. Each actor
+runs on a :class:`Host` whose wall clock is ``now + skew_s``. The real classes read the
+clock through the module-level ``time`` of their modules; :func:`patched_modules`
+replaces that name (inside the harness only) by a :class:`VirtualTime` that answers
+with the calling actor's host clock, and ``uuid`` by seeded ids. Hosts are separate
+processes: module globals a process keeps to itself (e.g. a "last key" counter) are
+saved and restored per host at every baton switch (:class:`ProcessGlobals`).
+
+**Crashes.** The scheduler may kill an actor at any yield point: :class:`Crash` (a
+``BaseException``, which no runtime handler swallows) is raised there, and raised again
+at every later yield point of that actor, so its leftover ``finally`` code touches
+nothing. A process that dies leaves what it wrote and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import types
+import uuid as real_uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+#: how long the scheduler waits for an actor to give the baton back before it calls the
+#: simulation stuck (an actor blocked on something that is no yield point)
+BATON_TIMEOUT_S = 60.0
+#: the time steps (seconds) the true clock moves by between two turns
+TICKS = (0.0, 0.001, 0.005, 0.02, 0.1, 0.3)
+
+
+class Crash(BaseException):
+    """The actor's process died at this yield point."""
+
+
+class SimulationStuck(RuntimeError):
+    """An actor kept the baton without reaching a yield point."""
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """A machine: its name and how far its wall clock is ahead of true time."""
+
+    name: str
+    skew_s: float = 0.0
+
+
+@dataclass(eq=False)
+class Actor:
+    """One process of the simulated system, running ``program`` in its own thread."""
+
+    name: str
+    host: Host
+    program: Callable[[], None]
+    crash_p: float = 0.0  # chance of dying at each of its turns
+    go: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    wake_at: float = 0.0
+    killed: bool = False
+    done: bool = False
+    crashed: bool = False
+    error: BaseException | None = None
+    thread: threading.Thread | None = None
+    parent: Actor | None = None  # a thread of that process: it dies with it
+
+    @property
+    def alive(self) -> bool:
+        return not self.done
+
+
+@dataclass(eq=False)
+class Deferred:
+    """Something the network still holds (a write whose caller gave up): it takes
+    effect when the scheduler picks it."""
+
+    label: str
+    apply: Callable[[], str]
+
+
+class ProcessGlobals:
+    """Module globals that belong to one process: swapped per host at baton switches."""
+
+    def __init__(self, names: list[tuple[types.ModuleType, str]]) -> None:
+        self.names = [(m, n) for m, n in names if hasattr(m, n)]
+        self._initial = {(m.__name__, n): getattr(m, n) for m, n in self.names}
+        self._saved: dict[str, dict[tuple[str, str], Any]] = {}
+
+    def enter(self, host: Host) -> None:
+        saved = self._saved.get(host.name, self._initial)
+        for module, name in self.names:
+            setattr(module, name, saved[(module.__name__, name)])
+
+    def leave(self, host: Host) -> None:
+        self._saved[host.name] = {(m.__name__, n): getattr(m, n) for m, n in self.names}
+
+    def restore(self) -> None:
+        for module, name in self.names:
+            setattr(module, name, self._initial[(module.__name__, name)])
+
+
+class Scheduler:
+    """Runs actors one at a time in an order its seed decides (see the module doc).
+
+    :param seed: the schedule
+    :param start: true time at the start (epoch seconds)
+    :param max_steps: turns before the run is cut off (reported, not a violation)
+    :param deliver_p: chance, per turn, of delivering a held write when there is one
+    """
+
+    def __init__(self, seed: int, *, start: float = 1_800_000_000.0, max_steps: int = 4000,
+                 deliver_p: float = 0.15,
+                 process_globals: ProcessGlobals | None = None) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.ids = random.Random(seed ^ 0x5EED)
+        self.now = start
+        self.max_steps = max_steps
+        self.deliver_p = deliver_p
+        self.step = 0
+        self.actors: list[Actor] = []
+        self.deferred: list[Deferred] = []
+        self.trace: list[str] = []
+        self.cut_off = False
+        self.observers: list[Callable[[], None]] = []
+        self.globals = process_globals or ProcessGlobals([])
+        self._back = threading.Semaphore(0)
+        self._local = threading.local()
+
+    # ------------------------------------------------------------------ actors' side
+
+    def current(self) -> Actor | None:
+        """The actor whose thread calls (None: the harness itself)."""
+        actor: Actor | None = getattr(self._local, "actor", None)
+        return actor
+
+    def wall_clock(self, host: Host | None = None) -> float:
+        """``host``'s wall clock (default: the calling actor's host; true time for the
+        harness)."""
+        if host is None:
+            actor = self.current()
+            host = actor.host if actor is not None else None
+        return self.now + (host.skew_s if host is not None else 0.0)
+
+    def monotonic(self) -> float:
+        """A monotonic clock (each host's runs at the true rate: skew does not matter)."""
+        return self.now
+
+    def log(self, line: str) -> None:
+        actor = self.current()
+        who = actor.name if actor is not None else "sim"
+        self.trace.append(f"{self.step:5d} t+{self.now - 1_800_000_000.0:9.3f} {who}: {line}")
+
+    def yield_point(self, what: str = "") -> None:
+        """Give the baton back (the scheduler picks who runs next); raises
+        :class:`Crash` if this actor was killed. A no-op outside actors."""
+        actor = self.current()
+        if actor is None:
+            return
+        if actor.killed:
+            raise Crash(what)
+        self.globals.leave(actor.host)
+        self._back.release()
+        actor.go.acquire()
+        self.globals.enter(actor.host)
+        if actor.killed:
+            raise Crash(what)
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` of virtual time (a yield point)."""
+        actor = self.current()
+        if actor is None:
+            raise RuntimeError("only actors sleep")
+        actor.wake_at = self.now + max(seconds, 0.0)
+        self.yield_point(f"sleep {seconds:g}")
+
+    def spawn(self, name: str, host: Host, program: Callable[[], None], *,
+              crash_p: float = 0.0, parent: Actor | None = None) -> Actor:
+        """Start an actor; it first runs when the scheduler picks it. With ``parent``
+        it is a thread of that actor's process and ends when the parent does."""
+        actor = Actor(name, host, program, crash_p, wake_at=self.now, parent=parent)
+
+        def body() -> None:
+            self._local.actor = actor
+            actor.go.acquire()
+            self.globals.enter(actor.host)
+            try:
+                if actor.killed:
+                    raise Crash("before start")
+                program()
+            except Crash:
+                actor.crashed = True
+            except BaseException as exc:
+                actor.error = exc
+            finally:
+                actor.done = True
+                self.globals.leave(actor.host)
+                self._back.release()
+
+        actor.thread = threading.Thread(target=body, name=f"sim-{name}", daemon=True)
+        self.actors.append(actor)
+        actor.thread.start()
+        self.log(f"spawn {name} on {host.name}")
+        return actor
+
+    def defer(self, label: str, apply: Callable[[], str]) -> None:
+        """Hold ``apply`` (a write in flight); it runs when the scheduler delivers it."""
+        self.deferred.append(Deferred(label, apply))
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        """Run until every actor ended and every held write was delivered."""
+        while True:
+            live = [a for a in self.actors if a.alive]
+            if not live and not self.deferred:
+                return
+            self.step += 1
+            if self.step > self.max_steps:
+                self.cut_off = True
+                self.log("step limit reached: the run is cut off")
+                self.shutdown()
+                return
+            if self.deferred and (not live or self.rng.random() < self.deliver_p):
+                held = self.deferred.pop(self.rng.randrange(len(self.deferred)))
+                self.log(f"deliver {held.label}: {held.apply()}")
+                self._observe()
+                continue
+            ready = [a for a in live if a.wake_at <= self.now]
+            if not ready:
+                self.now = min(a.wake_at for a in live)
+                continue
+            self.now += self.rng.choice(TICKS)
+            actor = self.rng.choice(ready)
+            if actor.crash_p and self.rng.random() < actor.crash_p:
+                actor.killed = True
+                self.log(f"crash {actor.name}")
+            self._hand(actor)
+            if actor.done:
+                how = "crashed" if actor.crashed else (
+                    f"died of {type(actor.error).__name__}: {actor.error}" if actor.error
+                    else "ended")
+                self.log(f"{actor.name} {how}")
+                self._reap(actor)
+            self._observe()
+
+    def _reap(self, ended: Actor) -> None:
+        """End the threads of a process that ended."""
+        for child in self.actors:
+            if child.parent is ended and child.alive:
+                self.kill(child)
+                self._reap(child)
+
+    def _hand(self, actor: Actor) -> None:
+        actor.go.release()
+        if not self._back.acquire(timeout=BATON_TIMEOUT_S):
+            raise SimulationStuck(f"{actor.name} kept the baton for {BATON_TIMEOUT_S:g} s")
+
+    def _observe(self) -> None:
+        for observer in self.observers:
+            observer()
+
+    def kill(self, actor: Actor) -> None:
+        """Kill ``actor`` now (the harness's decision, e.g. a triggerer restart)."""
+        if actor.alive:
+            actor.killed = True
+            self._hand(actor)
+
+    def shutdown(self) -> None:
+        """Kill every live actor (their threads end) and drop held writes."""
+        for actor in self.actors:
+            self.kill(actor)
+        self.deferred.clear()
+
+
+class VirtualTime:
+    """Stands in for the ``time`` module inside the simulated modules (see module doc)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    def time(self) -> float:
+        return self._scheduler.wall_clock()
+
+    def monotonic(self) -> float:
+        return self._scheduler.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        self._scheduler.sleep(seconds)
+
+    def __getattr__(self, name: str) -> Any:
+        import time
+
+        return getattr(time, name)  # strftime, gmtime, ...: pure functions
+
+
+class SeededUuid:
+    """Stands in for the ``uuid`` module: ``uuid4()`` draws from the scheduler's seed."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    def uuid4(self) -> real_uuid.UUID:
+        return real_uuid.UUID(int=self._scheduler.ids.getrandbits(128), version=4)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(real_uuid, name)
+
+
+@contextlib.contextmanager
+def patched_modules(scheduler: Scheduler, modules: list[types.ModuleType]) -> Iterator[None]:
+    """Point the ``time`` and ``uuid`` names of ``modules`` at the simulation's clock and
+    ids for the duration (only names a module has are replaced); restore them after."""
+    fakes: dict[str, Any] = {"time": VirtualTime(scheduler), "uuid": SeededUuid(scheduler)}
+    saved: list[tuple[types.ModuleType, str, Any]] = []
+    try:
+        for module in modules:
+            for name, fake in fakes.items():
+                if isinstance(getattr(module, name, None), types.ModuleType):
+                    saved.append((module, name, getattr(module, name)))
+                    setattr(module, name, fake)
+        yield
+    finally:
+        for module, name, original in reversed(saved):
+            setattr(module, name, original)
+        scheduler.globals.restore()

@@ -1,0 +1,274 @@
+"""An in-memory checkpoint storage that enforces the contract and injects seeded faults.
+
+:class:`SimStorage` implements :class:`~airflow_ckpt.runtime.storage.base.CheckpointStorage`
+over a dict, atomically (only one actor runs at a time): create-only writes that find
+other bytes raise ``ObjectAlreadyExistsError`` (equal bytes succeed, the contract's
+equal-bytes rule), ``if_match`` writes that find another version (or none) raise
+``PreconditionFailedError``, listings are sorted by key, ``list_after`` is S3's
+``StartAfter``, and every write returns the ETag a read returns.
+
+Every call is a yield point of the :class:`~.scheduler.Scheduler` (so a request is
+*delayed*: others run first), and, per the storage's :class:`Faults`, the calling actor
+may meet:
+
+* ``unavailable``: a 503 / timeout after the backend's own retries
+  (``EndpointUnreachableError``); nothing was applied;
+* ``late``: the write's answer never came (``OutcomeUnknownError``) and the request is
+  still in the network: it is applied at a later turn the scheduler picks (its
+  conditions judged then), after its caller gave up;
+* ``unknown``: the write was applied, but its answer was lost and the read-back failed
+  (``OutcomeUnknownError``).
+
+Each storage call appends one line to the scheduler's trace. :meth:`SimStorage.objects`
+is the ground truth (no yield, no fault) for the invariants.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from airflow_ckpt.errors import (
+    EndpointUnreachableError,
+    ObjectAlreadyExistsError,
+    ObjectNotFoundError,
+    OutcomeUnknownError,
+    PreconditionFailedError,
+)
+from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned, etag_of
+from airflow_ckpt.testing.sim.scheduler import Scheduler
+
+#: a planted reader defect: which stored objects a view leaves out of its listings
+Hidden = Callable[[str, "Stored"], bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """Chances, per call, of each fault (see the module doc); all 0: a perfect store."""
+
+    unavailable: float = 0.0
+    late: float = 0.0
+    unknown: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """One object: bytes, ETag, when it was written (true time) and its birth number
+    (the order in which keys were first created; kept across deletes and rewrites)."""
+
+    data: bytes
+    etag: str
+    written: float
+    born: int
+    writer: str  # the tag of the storage view that wrote it
+
+
+class SimObjects:
+    """The objects themselves, shared by every actor's :class:`SimStorage` view."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, Stored] = {}
+        self.births = 0
+        self.born: dict[str, int] = {}  # birth number of every key ever created
+        self.last: dict[str, str] = {}  # the ETag each key was last written with
+        self.changed = 0  # writes that gave a key other bytes than it had (or last had)
+        self.rewritten: set[str] = set()  # keys deleted and created again, other bytes
+        self.version = 0  # bumped by every mutation (a cheap "did anything change")
+
+    def put(self, key: str, data: bytes, now: float, *, create_only: bool,
+            if_match: str | None, writer: str = "") -> str:
+        """Apply a write with its conditions (raises as the contract says)."""
+        current = self.objects.get(key)
+        if create_only and current is not None:
+            if current.data == data:
+                return current.etag
+            raise ObjectAlreadyExistsError(f"sim://{key} already exists")
+        if if_match is not None and (current is None or current.etag != if_match):
+            raise PreconditionFailedError(f"sim://{key}: version is not {if_match}")
+        etag = etag_of(data)
+        if key in self.last and self.last[key] != etag:
+            self.changed += 1
+            if current is None:
+                self.rewritten.add(key)
+        born = self.born.get(key) or self._birth()
+        self.born.setdefault(key, born)
+        self.last[key] = etag
+        self.objects[key] = Stored(data, etag, now, born, writer)
+        self.version += 1
+        return etag
+
+    def delete(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            if self.objects.pop(key, None) is not None:
+                self.version += 1
+
+    def _birth(self) -> int:
+        self.births += 1
+        return self.births
+
+
+class SimStorage(CheckpointStorage):
+    """One actor's (or one group of actors') view of the shared :class:`SimObjects`.
+
+    :param faults: the faults this view's callers meet (the harness gives each kind of
+        actor its own view, so e.g. only the driver's writes land late)
+    :param tag: shown in the trace
+    :param hidden: planted defect: objects it accepts (key, object) are left out of
+        listings (a reader that does not know where some events live)
+    :param dropped: planted defect: writes to keys containing this are acknowledged and
+        never stored (a writer that believes a write it did not make)
+    :param oracle: the harness's own view: no yield point, no fault, no trace line (the
+        invariants read the ground truth through it)
+    """
+
+    def __init__(self, objects: SimObjects, scheduler: Scheduler, *,
+                 faults: Faults = Faults(), tag: str = "", hidden: Hidden | None = None,
+                 dropped: str | None = None, oracle: bool = False) -> None:
+        self.store = objects
+        self.oracle = oracle
+        self.scheduler = scheduler
+        self.faults = faults
+        self.tag = tag
+        self.hidden = hidden
+        self.dropped = dropped
+        self.uri = "sim://bucket/root"
+
+    def view(self, faults: Faults, tag: str, *, hidden: Hidden | None = None,
+             dropped: str | None = None) -> SimStorage:
+        """Another view of the same objects with other faults (and planted defects)."""
+        return SimStorage(self.store, self.scheduler, faults=faults, tag=tag, hidden=hidden,
+                          dropped=dropped)
+
+    def _listed(self, prefix: str, start_after: str = "") -> builtins.list[ObjectInfo]:
+        return [ObjectInfo(k, len(v.data), v.written) for k, v in
+                sorted(self.store.objects.items())
+                if k.startswith(prefix) and k > start_after
+                and not (self.hidden and self.hidden(k, v))]
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _enter(self, op: str, key: str) -> None:
+        if self.oracle:
+            return
+        self.scheduler.yield_point(f"{op} {key}")
+        if self.scheduler.current() is not None and self.faults.unavailable \
+                and self.scheduler.rng.random() < self.faults.unavailable:
+            self._log(op, key, "503")
+            raise EndpointUnreachableError(f"sim: {op} {key}: 503 Slow Down (retries spent)")
+
+    def _log(self, op: str, key: str, outcome: str) -> None:
+        if not self.oracle:
+            self.scheduler.log(f"[{self.tag}] {op} {key} -> {outcome}")
+
+    def _write(self, op: str, key: str, apply: Callable[[], str]) -> str:
+        """Run a mutation with the write faults; returns what ``apply`` returns."""
+        self._enter(op, key)
+        if self.scheduler.current() is not None and not self.oracle:
+            draw = self.scheduler.rng.random()
+            if draw < self.faults.late:
+                self.scheduler.defer(f"late {op} {key}", lambda: _outcome(apply))
+                self._log(op, key, "timeout (still in flight)")
+                raise OutcomeUnknownError(f"sim: {op} {key}: no answer (it may land later)")
+            if draw < self.faults.late + self.faults.unknown:
+                self._log(op, key, f"applied, answer lost ({_outcome(apply)})")
+                raise OutcomeUnknownError(f"sim: {op} {key}: answer lost, read-back failed")
+        try:
+            result = apply()
+        except Exception as exc:
+            self._log(op, key, type(exc).__name__)
+            raise
+        self._log(op, key, "ok")
+        return result
+
+    def _get(self, key: str) -> Stored:
+        found = self.store.objects.get(key)
+        if found is None:
+            self._log("get", key, "404")
+            raise ObjectNotFoundError(f"sim://{key}: no such object")
+        self._log("get", key, "ok")
+        return found
+
+    # ------------------------------------------------------------------ the interface
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
+        op = "put" + (" create-only" if create_only else "") + (" if-match" if if_match else "")
+
+        def apply() -> str:
+            if self.dropped and self.dropped in key:
+                return etag_of(data)
+            return self.store.put(key, data, self.scheduler.now, create_only=create_only,
+                                  if_match=if_match, writer=self.tag)
+
+        return self._write(op, key, apply)
+
+    def get_bytes(self, key: str) -> bytes:
+        self._enter("get", key)
+        return self._get(key).data
+
+    def get_versioned(self, key: str) -> Versioned:
+        self._enter("get", key)
+        found = self._get(key)
+        return Versioned(found.data, found.etag)
+
+    def exists(self, key: str) -> bool:
+        self._enter("head", key)
+        return key in self.store.objects
+
+    def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
+        self._enter("list", prefix)
+        out = self._listed(prefix)
+        self._log("list", prefix, f"{len(out)} keys")
+        return out
+
+    def list_after(self, prefix: str, start_after: str) -> builtins.list[ObjectInfo]:
+        self._enter("list", prefix)
+        out = self._listed(prefix, start_after)
+        self._log("list", f"{prefix} after {start_after.rsplit('/', 1)[-1]}", f"{len(out)} keys")
+        return out
+
+    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
+        self._enter("list-dirs", prefix)
+        base = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        names = {k[len(base):].split("/", 1)[0] for k in self.store.objects
+                 if k.startswith(base) and "/" in k[len(base):]}
+        return sorted(names)
+
+    def upload_file(self, path: Path, key: str) -> None:
+        data = path.read_bytes()
+        self._write("upload", key, lambda: self.store.put(
+            key, data, self.scheduler.now, create_only=False, if_match=None))
+
+    def download_file(self, key: str, path: Path) -> None:
+        self._enter("download", key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(self._get(key).data)
+
+    def copy(self, src_key: str, dst_key: str) -> None:
+        self._enter("get", src_key)
+        data = self._get(src_key).data
+        self._write("copy", dst_key, lambda: self.store.put(
+            dst_key, data, self.scheduler.now, create_only=False, if_match=None))
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        keys = builtins.list(keys)
+        if not keys:
+            return
+
+        def apply() -> str:
+            self.store.delete(keys)
+            return "deleted"
+
+        label = keys[0].rsplit("/", 1)[-1] + (f" (+{len(keys) - 1})" if len(keys) > 1 else "")
+        self._write("delete", label, apply)
+
+
+def _outcome(apply: Callable[[], str]) -> str:
+    """Apply a held write; its outcome as a trace word (conditions may fail by now)."""
+    try:
+        apply()
+    except Exception as exc:
+        return type(exc).__name__
+    return "applied"
