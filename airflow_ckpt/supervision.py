@@ -253,11 +253,16 @@ class SupervisionProbe:
         self._gone_since: float | None = None
 
     def poll(self) -> Verdict | None:
-        """A verdict, or None while the driver runs healthily (or is still starting)."""
+        """A verdict, or None while the driver runs healthily (or is still starting).
+
+        Terminal events are read *after* the evidence of an end (the exit code, the lease
+        state): a driver appends its terminal event before it exits or releases, so a
+        ``job_failed`` written just before the exit is never taken for a silent death.
+        """
+        code = self.exit_code()
         terminal = self._terminal()
         if terminal is not None:
             return terminal
-        code = self.exit_code()
         if code is not None:
             if code == 0:
                 return Verdict("finished", "spark-submit exited 0", 0, "finished")
@@ -266,20 +271,21 @@ class SupervisionProbe:
         ours = lease.record is not None and lease.record.epoch > self.lease_epoch_before
         if not ours:
             if self.clock() - self._started >= self.startup_timeout_s:
-                return Verdict("driver_died", f"the driver took no lease within "
-                               f"{self.startup_timeout_s:.0f} s of its submission")
+                return self._terminal() or Verdict(
+                    "driver_died", f"the driver took no lease within "
+                    f"{self.startup_timeout_s:.0f} s of its submission")
             return None
         if lease.status in ("expired", "dead"):
             if self._awaiting_exit_code():
                 return None
-            return Verdict("driver_died", f"driver heartbeat {lease.status} (unchanged for "
-                           f"{lease.unchanged_for_s:.1f} s) without a terminal event")
+            return self._terminal() or Verdict(
+                "driver_died", f"driver heartbeat {lease.status} (unchanged for "
+                f"{lease.unchanged_for_s:.1f} s) without a terminal event")
         if lease.status == "released":
-            # released after its terminal event is written: give the listing one more poll
             self._released_polls += 1
             if self._released_polls >= 2 and not self._awaiting_exit_code():
-                return Verdict("driver_died", "driver released its lease without a "
-                               "terminal event")
+                return self._terminal() or Verdict(
+                    "driver_died", "driver released its lease without a terminal event")
             return None
         return self._health()
 

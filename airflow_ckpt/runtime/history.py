@@ -747,13 +747,16 @@ class JobHistory:
                 chunks = [ordered[i:i + size] for i in range(0, len(ordered), size)] or [[]]
                 keep = policy.retain_checkpoint_events if stream == STREAM_CHECKPOINTS \
                     else None
-                kept = 0
-                for index in range(len(chunks) - 1, -1, -1):  # newest first, for retention
-                    chunk = chunks[index]
+                kept, dropped = 0, 0
+                for chunk in reversed(chunks):  # newest first, for retention
                     if keep is not None and kept >= keep:
+                        dropped += 1
                         result.events_dropped += len(chunk)  # dropped by retention unwritten
-                        continue
                     kept += len(chunk)
+                # oldest first: the segment that declares ``hi`` (the seal, in the events
+                # stream) is written only once every older one is durable
+                for index in range(dropped, len(chunks)):
+                    chunk = chunks[index]
                     top = hi if index == len(chunks) - 1 else chunk[-1].seq
                     segment = self._write_segment(stream, chunk, top)
                     written.add(segment.key)

@@ -28,7 +28,8 @@ Invariants, checked after every step (:class:`World`):
 * ``event-lost``: every event whose ``append`` returned is read back by
   :meth:`JobHistory.events` (issue 19 item 5); ``history-rewritten``: no history key is
   deleted and later created again with other bytes (readers cache objects by name;
-  item 5's cause);
+  item 5's cause), but for a *void* write at or below the sealed mark, which no reader
+  reads;
 * ``restart-decision``: each restart decision equals Flink's
   (:mod:`airflow_ckpt.testing.sim.flink`) over the run's ``restart`` events that storage
   held when the decision was taken (item 3);
@@ -267,7 +268,7 @@ class World:
             "airflow": Host("airflow", 0.0),
             "other": Host("other", self.setup.compactor_skew_s),
         }
-        self.policy = CompactionPolicy(every=0, grace_s=60.0,
+        self.policy = CompactionPolicy(every=0,
                                        segment_events=self.setup.segment_events,
                                        retain_checkpoint_events=None)
         self.appended: dict[str, str] = {}  # key -> type of every append that returned
@@ -512,7 +513,7 @@ class World:
                 self.history(self.probe_storage), RUN_ID, submitted_key=submitted.key,
                 lease_epoch_before=epoch_before,
                 exit_code=lambda: self.exit_codes.get(attempt) if local else None,
-                startup_timeout_s=120.0, clock=sched.monotonic, wall_clock=sched.wall_clock)
+                startup_timeout_s=120.0, clock=sched.monotonic)
 
         current = probe()
         while True:

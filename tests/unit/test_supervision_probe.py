@@ -273,3 +273,21 @@ def test_trigger_on_kill_asks_for_a_graceful_stop_then_kills(
     assert request.stop and "on_kill" in request.requested_by
     reaper.join(15)
     assert driver.returncode is not None and driver.returncode != 0  # killed
+
+
+def test_a_terminal_event_written_just_before_the_exit_is_never_a_silent_death(
+    storage: CheckpointStorage,
+) -> None:
+    """The driver appends job_failed and exits between two reads of the probe: the
+    verdict is its own final failure, not a death to restart (found by the simulation)."""
+    clock = FakeClock()
+    history = JobHistory(storage, "job")
+
+    def driver_fails_and_exits() -> int:
+        history.append(JOB_FAILED, run_id=RUN, cause="the strategy gave up")
+        return 1
+
+    p = probe(storage, clock, exit_code=driver_fails_and_exits)
+    verdict = p.poll()
+    assert verdict is not None and verdict.kind == "failed", verdict
+    assert verdict.cause == "the strategy gave up"

@@ -65,6 +65,19 @@ class Stored:
     writer: str  # the tag of the storage view that wrote it
 
 
+def _void(objects: dict[str, Stored], key: str) -> bool:
+    """A raw history key at or below the sealed mark (see runtime/history.py): no reader
+    ever reads it, so creating it again with other bytes is a void write (its writer takes
+    it back), not a rewrite a cache could be fooled by."""
+    head, sep, name = key.rpartition("/history/")
+    if not sep or not name.endswith(".json") or not name[:-5].isdigit():
+        return False
+    prefix = f"{head}/history/segments/events/"
+    sealed = max((int(k[len(prefix):len(prefix) + 16]) for k in objects
+                  if k.startswith(prefix)), default=0)
+    return int(name[:-5]) <= sealed
+
+
 class SimObjects:
     """The objects themselves, shared by every actor's :class:`SimStorage` view."""
 
@@ -90,7 +103,7 @@ class SimObjects:
         etag = etag_of(data)
         if key in self.last and self.last[key] != etag:
             self.changed += 1
-            if current is None:
+            if current is None and not _void(self.objects, key):
                 self.rewritten.add(key)
         born = self.born.get(key) or self._birth()
         self.born.setdefault(key, born)
