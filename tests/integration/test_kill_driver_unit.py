@@ -147,19 +147,20 @@ def _running(process: psutil.Process) -> bool:
 
 def run_kills(
     s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    kills: list[tuple[str, signal.Signals]], restart_strategy: dict[str, Any],
+    capfd: pytest.CaptureFixture[str], kills: list[tuple[str, signal.Signals]],
+    restart_strategy: dict[str, Any],
 ) -> None:
     """Kill one driver life per entry of ``kills`` (which process, which signal), then let
     the last life finish; check exactness and the one-failure-per-kill count."""
     monkeypatch.setenv("AIRFLOW_CONN_AWS_DEFAULT", s3_endpoint.airflow_connection())
-    truth = write_numbers(tmp_path / "in", files=10 * (len(kills) + 1), per_file=20)
+    truth = write_numbers(tmp_path / "in", files=6 * (len(kills) + 1), per_file=20)
     output_uri = s3_uri + "-out"
     op = CheckpointedSparkSubmitOperator(
         task_id="t", application=str(JOB_SCRIPT), job_name=JOB, checkpoint_storage=s3_uri,
         master="local[2]", restart_strategy=restart_strategy,
         checkpoint_config={"execution.checkpointing.interval": "300 ms",
                            "execution.checkpointing.num-retained": 2},
-        conf={"spark.airflow_ckpt.demo.batch_delay_s": "0.5",
+        conf={"spark.airflow_ckpt.demo.batch_delay_s": "0.3",
               "spark.ui.enabled": "false"},
         application_args=["--input", str(tmp_path / "in"), "--output", output_uri],
         workdir=str(tmp_path / "work"), env_vars=s3_endpoint.env(),
@@ -169,6 +170,7 @@ def run_kills(
     sup = Supervision(op)
     sup.thread.start()
     landed: list[str] = []
+    followed: list[str] = []  # how long the rest of each killed driver lived on
     seen: list[psutil.Process] = []
     previous: int | None = None
     try:
@@ -183,10 +185,12 @@ def run_kills(
                 break
             for process in life.targets(which):
                 process.send_signal(sig)
+            killed_at = time.monotonic()
             left = _left_behind([life.jvm, life.python], FOLLOW_S)
             assert not left, (f"kill of the {which} ({sig.name}): still running after "
                               f"{FOLLOW_S:.0f} s: {left}")
             landed.append(f"{which}/{sig.name}")
+            followed.append(f"{which}/{sig.name}: {time.monotonic() - killed_at:.1f} s")
             problems = killed_run_problems(storage, JOB, sink, truth)
             assert not problems, f"after {landed}: {problems}"
         sup.thread.join(WAIT_S)
@@ -197,6 +201,9 @@ def run_kills(
         for process in seen:  # a failed test leaves nothing running either
             if _running(process):
                 process.kill()
+    log = capfd.readouterr().out
+    with capfd.disabled():
+        print(f"\nkills and how long the rest of the driver lived on: {followed}")
     assert sup.error is None, f"kills {landed}: the supervision failed: {sup.error!r}"
     assert sup.result is not None and sup.result["outcome"] == "finished", sup.result
     assert len(landed) == len(kills), f"only {landed} landed before the job finished"
@@ -217,8 +224,12 @@ def run_kills(
     assert history.events([JOB_FAILED]) == []
     assert data(JOB_SUBMITTED, "attempt") == list(range(1, len(kills) + 2))
     assert len(history.events([JOB_FINISHED])) == 1
-    # only the running attempts restored: one restore per resubmission
-    assert len(history.events([RESTORED])) == len(kills), history.events([RESTORED])
+    # only the running attempts restored: one restore per resubmission, each reported once
+    restored = history.events([RESTORED])
+    assert [e.data.get("attempt") for e in restored] == list(range(2, len(kills) + 2))
+    for attempt in range(1, len(kills) + 2):
+        lines = log.count(f"attempt {attempt} restored from checkpoint")
+        assert lines == (attempt > 1), f"attempt {attempt}: {lines} restore lines in the log"
 
 
 #: restarts at once, many allowed: the strategy under which one JVM kill used to count
@@ -228,10 +239,21 @@ FAILURE_RATE = {"type": "failure-rate", "failure-rate.max-failures-per-interval"
                 "failure-rate.delay": "100 ms"}
 
 
-@pytest.mark.timeout(900)
+#: the strategy under which the orphan restarted in-process forever
+EXPONENTIAL = {"type": "exponential-delay",
+               "exponential-delay.initial-backoff": "100 ms",
+               "exponential-delay.max-backoff": "1 s"}
+
+
+@pytest.mark.timeout(1200)  # four driver lives: ~3 min idle, far more on a loaded 2-core CI
+@pytest.mark.parametrize("sig, strategy", [
+    pytest.param(signal.SIGKILL, FAILURE_RATE, id="sigkill-failure-rate"),
+    pytest.param(signal.SIGTERM, EXPONENTIAL, id="sigterm-exponential-delay",
+                 marks=pytest.mark.soak),
+])
 def test_killing_the_jvm_or_the_python_or_both_counts_one_failure_each(
-    s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    sig: signal.Signals, strategy: dict[str, Any], s3_endpoint: S3Endpoint, s3_uri: str,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str],
 ) -> None:
-    run_kills(s3_endpoint, s3_uri, tmp_path, monkeypatch, [
-        ("jvm", signal.SIGKILL), ("python", signal.SIGKILL), ("both", signal.SIGKILL),
-    ], FAILURE_RATE)
+    run_kills(s3_endpoint, s3_uri, tmp_path, monkeypatch, capfd,
+              [("jvm", sig), ("python", sig), ("both", sig)], strategy)
