@@ -21,8 +21,17 @@ import pytest
 
 from airflow_ckpt import launch
 from airflow_ckpt.runtime import driver_unit
+from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.driver_unit import EXIT_CODE, DriverExit, DriverUnit
-from airflow_ckpt.runtime.history import FAILURE, JOB_FAILED, RESTART, RESTORED, JobHistory
+from airflow_ckpt.runtime.history import (
+    CHECKPOINT_COMPLETED,
+    FAILURE,
+    JOB_FAILED,
+    JOB_STOPPED,
+    RESTART,
+    RESTORED,
+    JobHistory,
+)
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.lease import pid_alive
 from airflow_ckpt.runtime.sinks import JsonLinesSink
@@ -184,3 +193,26 @@ def test_the_launcher_writes_the_exit_file_only_after_the_orphans_ended(tmp_path
     assert not pid_alive(orphan), "the orphan outlived the launcher"
     assert "outlived the driver process that ended first" in result.stdout
     assert time.monotonic() - started < launch.FOLLOW_S  # not the default wait
+
+
+def test_cancel_stops_the_job_as_cancelled(tmp_path: Path) -> None:
+    """Cancelling is an API call, no longer SIGTERM: the query stops, the job ends as
+    cancelled (``job_stopped`` with ``cancelled``), DELETE_ON_CANCELLATION applies."""
+    storage = open_storage((tmp_path / "ckpt").as_uri())
+    script = Script(batches=50)
+    jobs: list[CheckpointedJob] = []
+    spark = SimulatedSpark(script, lambda b: jobs[0].cancel() if b == 3 else None)
+    job = CheckpointedJob(spark, job="unit", storage=storage,  # type: ignore[arg-type]
+                          checkpoint_config={**CONFIG, "execution.checkpointing."
+                                             "externalized-checkpoint-retention":
+                                             "DELETE_ON_CANCELLATION"},
+                          restart_strategy=FIXED, workdir=tmp_path / "work", run_id="r",
+                          threaded=False)
+    jobs.append(job)
+    sink = JsonLinesSink(job.storage, "out")
+    result = job.run(lambda: spark.writer(job.exactly_once(sink)))  # type: ignore[arg-type,return-value]
+    assert result.outcome == "cancelled"
+    stopped = JobHistory(storage, "unit").events([JOB_STOPPED])
+    assert [e.data.get("cancelled") for e in stopped] == [True]
+    assert JobHistory(storage, "unit").events([CHECKPOINT_COMPLETED])  # there were some
+    assert CheckpointCatalog(storage, "unit").checkpoint_ids() == []  # discarded
