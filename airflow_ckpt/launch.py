@@ -33,12 +33,17 @@ _PR_SET_CHILD_SUBREAPER = 36
 def end_processes(processes: Sequence[Any], grace_s: float = FOLLOW_S,
                   warn: Callable[[str], object] | None = None) -> list[int]:
     """Wait up to ``grace_s`` for ``processes`` (``psutil.Process``) to end; SIGKILL the
-    rest. Returns the pids killed (``warn`` is told about each)."""
+    rest. Returns the pids killed. ``warn`` is told which processes outlived the one that
+    ended first (the driver's own last words went to its dead JVM's pipe) and each kill."""
     try:
         import psutil
     except ImportError:  # nothing to wait with
         return []
-    _, alive = psutil.wait_procs(list(processes), timeout=grace_s)
+    alive = [p for p in processes if _running(p)]
+    if alive and warn is not None:
+        warn(f"driver process(es) {sorted(p.pid for p in alive)} outlived the one that ended "
+             f"first: waiting up to {grace_s:.0f} s for them to end (a driver is one unit)")
+    _, alive = psutil.wait_procs(alive, timeout=grace_s)
     killed = []
     for process in alive:
         with contextlib.suppress(psutil.Error):  # ended meanwhile
@@ -49,6 +54,16 @@ def end_processes(processes: Sequence[Any], grace_s: float = FOLLOW_S,
             killed.append(process.pid)
     psutil.wait_procs(alive, timeout=5)
     return killed
+
+
+def _running(process: Any) -> bool:
+    """A ``psutil.Process`` that still runs (a zombie waiting to be reaped does not)."""
+    import psutil
+
+    try:
+        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
 
 
 def _become_subreaper() -> bool:
