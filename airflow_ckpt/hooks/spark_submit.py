@@ -16,6 +16,12 @@ Detached drivers (deferrable supervision): :meth:`submit_detached` starts spark-
 through ``python -m airflow_ckpt.launch`` in its own session with output to a log file,
 so the driver outlives the task process; the launcher writes spark-submit's exit code
 to ``<log>.exit`` when it ends (:func:`read_exit_code`).
+
+A driver is one unit: a blocking :meth:`~CheckpointedSparkSubmitHook.submit` returns
+only once every process spark-submit started has ended too (a client-mode Python
+driver whose JVM died ends itself within seconds; one that does not is killed after
+:data:`~airflow_ckpt.launch.FOLLOW_S`), and the launcher does the same for a detached
+driver. So the supervisor resubmits only when no process of the previous driver runs.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -37,10 +44,15 @@ from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
+from airflow_ckpt.launch import end_processes
 from airflow_ckpt.supervision import DriverFailure
 
 #: spark-submit output lines kept per submission to report the driver's last error
 OUTPUT_TAIL_LINES = 400
+
+#: how often a blocking submission notes the processes spark-submit started (while its
+#: output flows), to end the ones that outlive it
+UNIT_LOOK_S = 1.0
 
 #: environment variable names whose values are credentials (masked everywhere)
 SECRET_ENV_NAMES = frozenset({"AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
@@ -88,6 +100,9 @@ class CheckpointedSparkSubmitHook(SparkSubmitHook):
         self.before_submit: Callable[[], object] | None = None
         self._secret_values = tuple(v for v in secret_values if v)
         self._tail: deque[str] = deque(maxlen=OUTPUT_TAIL_LINES)
+        #: the processes spark-submit started (pid -> psutil.Process), noted while it ran
+        self._unit: dict[int, Any] = {}
+        self._unit_looked = float("-inf")
         if master:
             self._override_master(master)
         self._connection["spark_binary"] = resolve_spark_binary(
@@ -226,6 +241,7 @@ class CheckpointedSparkSubmitHook(SparkSubmitHook):
     def _process_spark_submit_log(self, itr: Iterator[Any]) -> None:
         def capture(lines: Iterator[Any]) -> Iterator[Any]:
             for line in lines:
+                self._note_unit()
                 masked = self.mask(str(line))
                 self._tail.append(masked.rstrip("\n"))
                 yield masked
@@ -235,10 +251,26 @@ class CheckpointedSparkSubmitHook(SparkSubmitHook):
     # ------------------------------------------------------------------ detached submit
 
     def submit(self, application: str = "", **kwargs: Any) -> None:
-        """``SparkSubmitHook.submit``, after :attr:`before_submit`."""
+        """``SparkSubmitHook.submit``, after :attr:`before_submit`; returns (or raises)
+        once the processes spark-submit started have ended too (see the module doc)."""
         if self.before_submit is not None:
             self.before_submit()
-        super().submit(application, **kwargs)
+        self._unit.clear()
+        try:
+            super().submit(application, **kwargs)
+        finally:
+            end_processes(list(self._unit.values()), warn=self.log.warning)
+            self._unit.clear()
+
+    def _note_unit(self) -> None:
+        """Note spark-submit's descendants (the JVM's Python driver), at most once per
+        :data:`UNIT_LOOK_S`: after the JVM died they are no longer its children."""
+        now = time.monotonic()
+        if self.pid is None or now - self._unit_looked < UNIT_LOOK_S:
+            return
+        self._unit_looked = now
+        for process in _child_processes(self.pid):
+            self._unit.setdefault(process.pid, process)
 
     def submit_detached(self, application: str, log_path: str | Path) -> DetachedDriver:
         """Start spark-submit in its own session (it outlives this process); don't wait.

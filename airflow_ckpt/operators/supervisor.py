@@ -246,6 +246,9 @@ class Supervisor:
                 failure = submit(attempt, self.restore_for(attempt))
             state = self.restart_log.refresh()
             for event in state.restored[restored_before:]:
+                if (event.data.get("run_id"), event.data.get("attempt")) != (self.run_id,
+                                                                            attempt):
+                    continue  # another driver's restore (a deposed one): not this attempt's
                 self.log.info("attempt %d restored from %s %s (batch %s)", attempt,
                               event.data.get("kind", "checkpoint"), event.data.get("path"),
                               event.data.get("batch_id"))

@@ -16,7 +16,6 @@ import inspect
 import json
 import logging
 import re
-import signal
 import tempfile
 import threading
 import time
@@ -47,6 +46,7 @@ from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.config import CheckpointConfig
 from airflow_ckpt.runtime.control import ControlChannel, ControlRequest, ControlResult
 from airflow_ckpt.runtime.coordinator import CheckpointCoordinator, PendingCheckpoint
+from airflow_ckpt.runtime.driver_unit import DriverUnit
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.layout import validate_job_name
 from airflow_ckpt.runtime.lease import JobLease, LeaseRecord
@@ -238,6 +238,8 @@ class CheckpointedJob:
         self._refused: SinkReplayMismatchError | None = None
         self._listeners: list[Callable[[Manifest], None]] = [self._commit_transactions]
         self._cancel = threading.Event()
+        #: the driver's Python process and JVM as one unit (installed by ``run``)
+        self.unit: DriverUnit | None = None
         #: False: the coordinator runs no threads and is ticked by the run loop (one
         #: deterministic order of storage mutations, for crash-point enumeration)
         self.threaded = threaded
@@ -346,9 +348,12 @@ class CheckpointedJob:
         ``build`` returns a fresh ``DataStreamWriter`` (it is called again after an
         in-process restart); the runtime sets its ``checkpointLocation``. Returns a
         :class:`JobResult`; raises ``RestartsExhaustedError`` (chained to the last
-        failure) when the restart strategy declines another restart.
+        failure) when the restart strategy declines another restart, and
+        :class:`~airflow_ckpt.runtime.driver_unit.DriverExit` (exit code 143, no history
+        event: the supervisor counts the driver's death) on SIGTERM or when the JVM is
+        gone (:mod:`airflow_ckpt.runtime.driver_unit`).
         """
-        self._install_sigterm()
+        self.unit = DriverUnit.install(self.spark, self.job)
         try:
             self.lease.acquire(adopt=self._adopt)
             try:
@@ -363,6 +368,15 @@ class CheckpointedJob:
             self.history.append(ev.JOB_FAILED, run_id=self.run_id, cause=str(exc)[:2000],
                                 error=type(exc).__name__)
             raise
+        finally:
+            self.unit.close()
+
+    def cancel(self) -> None:
+        """Cancel the job (Flink's cancel; any thread): the running query stops within a
+        control poll, ``run`` records ``job_stopped`` (``cancelled``) and returns, and
+        ``DELETE_ON_CANCELLATION`` discards the retained checkpoints. SIGTERM is no
+        cancel: it ends the driver process (see :meth:`run`)."""
+        self._cancel.set()
 
     def _run_supervised(self, build: Callable[[], DataStreamWriter]) -> JobResult:
         self.history.append(
@@ -373,7 +387,7 @@ class CheckpointedJob:
         target = self.restore_target
         while True:
             restored = restore(self.storage, self.job, target, self.workdir, self.history,
-                               self._digests)
+                               self._digests, by={"run_id": self.run_id, "attempt": self.attempt})
             rescaled = target == self.restore_target and self._rescale(restored)
             coordinator = self._start_coordinator(restored, initial=rescaled)
             try:
@@ -386,6 +400,10 @@ class CheckpointedJob:
                     raise  # a storage fault in the query itself: no marker involved
                 raise coordinator.fatal from None  # only a new epoch settles the marker
             except Exception as exc:  # the query failed (StreamingQueryException, ...)
+                if self.unit is not None and (lost := self.unit.lost()) is not None:
+                    # No query failure: the driver died with its JVM. The supervisor
+                    # counts that once; a restart here would have nothing to run on.
+                    raise self.unit.end(lost) from exc
                 if self._refused is not None:
                     raise self._refused from exc  # final: replaying cannot change it
                 if restored.path and _INCOMPATIBLE.search(str(exc)):
@@ -746,12 +764,3 @@ class CheckpointedJob:
         except Exception:  # the query may already be dead
             log.debug("query.stop() failed", exc_info=True)
 
-    def _install_sigterm(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def handler(signum: int, frame: object) -> None:
-            log.warning("SIGTERM: cancelling job %s", self.job)
-            self._cancel.set()
-
-        signal.signal(signal.SIGTERM, handler)

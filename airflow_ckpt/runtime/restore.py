@@ -8,8 +8,10 @@ from __future__ import annotations
 import logging
 import shutil
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from airflow_ckpt.errors import CorruptCheckpointError, MetadataError, RestoreError
 from airflow_ckpt.runtime import history as ev
@@ -73,6 +75,7 @@ def restore(
     workdir: Path,
     history: JobHistory,
     digests: DigestCache | None = None,
+    by: Mapping[str, Any] | None = None,
 ) -> RestoreResult:
     """Make ``workdir`` the Spark checkpoint location to start ``job`` from.
 
@@ -87,7 +90,8 @@ def restore(
     raises ``RestoreError``. When this returns, ``workdir`` holds logs up to batch
     ``b`` and state up to version ``b + 1`` of the chosen checkpoint; with ``digests``,
     the verified SHA-256 of every file restored is recorded there (the first checkpoint
-    after the restore then hashes only what Spark writes new).
+    after the restore then hashes only what Spark writes new). ``by`` (the driver's
+    ``run_id`` and ``attempt``) goes into the ``restored`` event: who restored.
     """
     catalog = CheckpointCatalog(storage, job)
     reset_working_dir(workdir)
@@ -112,7 +116,7 @@ def restore(
                     damaged.add(exc.key)
                 continue
             return _restored(history, manifest, path, from_latest=True,
-                             damaged=frozenset(damaged))
+                             damaged=frozenset(damaged), by=by)
         if unusable:
             raise RestoreError(
                 f"restore=latest: none of the {len(unusable)} completed checkpoints of job "
@@ -132,12 +136,12 @@ def restore(
         _materialize_into(storage, manifest, workdir, digests)
     except (CorruptCheckpointError, MetadataError) as exc:
         raise RestoreError(f"cannot restore from {path}: {exc}") from exc
-    return _restored(history, manifest, path, from_latest=False)
+    return _restored(history, manifest, path, from_latest=False, by=by)
 
 
 def _restored(
     history: JobHistory, manifest: Manifest, path: str, *, from_latest: bool,
-    damaged: frozenset[str] = frozenset(),
+    damaged: frozenset[str] = frozenset(), by: Mapping[str, Any] | None = None,
 ) -> RestoreResult:
     log.info(
         "restored %s from %s %s (batch %d, %d files)",
@@ -155,5 +159,6 @@ def _restored(
         savepoint_id=manifest.savepoint_id,
         batch_id=manifest.batch_id,
         from_job=manifest.job,
+        **(by or {}),
     )
     return RestoreResult(manifest, path, from_latest, damaged)
