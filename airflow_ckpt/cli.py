@@ -28,6 +28,7 @@ that does not exist), 2 bad arguments.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -472,12 +473,18 @@ def add_storage_options(parser: argparse.ArgumentParser, *, top_level: bool) -> 
 
 
 def connection_options(storage_uri: str, conn_id: str) -> dict[str, Any]:
-    """Storage options from an Airflow ``aws`` connection (imports Airflow)."""
-    try:
-        from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
-    except ImportError as exc:
-        raise CliError(f"--conn-id needs Apache Airflow installed ({exc})") from exc
-    return CheckpointStoreHook(storage_uri, conn_id).storage_options()
+    """Storage options from an Airflow ``aws`` connection (imports Airflow).
+
+    Airflow configures its logging at import, writing to the ``sys.stdout`` of that
+    moment; it is imported with stdout pointing at stderr, so that its logs (and those of
+    boto3 it routes) stay out of the command's output (``-o json`` must parse).
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+        except ImportError as exc:
+            raise CliError(f"--conn-id needs Apache Airflow installed ({exc})") from exc
+        return CheckpointStoreHook(storage_uri, conn_id).storage_options()
 
 
 def open_cli_storage(args: argparse.Namespace, uri: str | None = None, *,
