@@ -106,9 +106,8 @@ def prepare_storage(storage: CheckpointStorage, *, create_bucket: bool) -> str:
     except BucketNotFoundError as exc:
         if not create_bucket:
             raise ExamplesError(f"{exc}; pass --create-bucket to create it") from exc
-        created = storage.create_bucket()
-        return (f"{'created' if created else 'found'} bucket {storage.bucket!r} at "
-                f"{storage.endpoint_url}")
+        storage.create_bucket()
+        return f"created bucket {storage.bucket!r} at {storage.endpoint_url}"
     return f"bucket {storage.bucket!r} exists at {storage.endpoint_url}"
 
 

@@ -357,9 +357,9 @@ class S3Storage(CheckpointStorage):
             self._raise(exc, "access", "")
         self._bucket_known = True
 
-    def create_bucket(self) -> bool:
-        """Create the bucket in the client's region; True if created, False if it
-        already was ours (``BucketAlreadyOwnedByYou``).
+    def create_bucket(self) -> None:
+        """Create the bucket in the client's region; one that is already ours is fine
+        (S3 answers ``BucketAlreadyOwnedByYou``, or in us-east-1 plain success).
 
         Raises ``StorageError`` when the name is taken by another account
         (``BucketAlreadyExists``), and the usual ``StorageError`` subclasses otherwise.
@@ -373,12 +373,9 @@ class S3Storage(CheckpointStorage):
         except ClientError as exc:
             if _error_code(exc) != "BucketAlreadyOwnedByYou":
                 self._raise(exc, "create bucket", "")
-            self._bucket_known = True
-            return False
         except BotoCoreError as exc:
             self._raise(exc, "create bucket", "")
         self._bucket_known = True
-        return True
 
     # ------------------------------------------------------------------ writes
 
