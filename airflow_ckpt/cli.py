@@ -18,8 +18,9 @@ endpoint and region come from ``--conn-id <aws connection>`` (resolved by Airflo
 Amazon provider's semantics when it is installed) or else from ``--endpoint-url`` /
 ``--region`` and the standard AWS environment (``AWS_ENDPOINT_URL``,
 ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, profiles,
-instance roles). Airflow is imported only for ``--conn-id``; pyspark only by ``state``. ``examples``
-(:mod:`airflow_ckpt.examples`) needs no storage (default: the examples' ``file://``).
+instance roles). Airflow is imported only for ``--conn-id``; pyspark only by ``state``.
+``examples`` (:mod:`airflow_ckpt.examples`) needs no storage (default: the examples'
+``file://`` root).
 
 Exit codes: 0 success, 1 an operation failed (message on stderr; also a ``file://`` root
 that does not exist), 2 bad arguments.
@@ -39,7 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from airflow_ckpt import __version__
+from airflow_ckpt import __version__, examples
 from airflow_ckpt.driver_output import root_cause
 from airflow_ckpt.errors import AirflowCkptError, StorageAccessDeniedError
 from airflow_ckpt.runtime.catalog import CheckpointCatalog, CompletedRef
@@ -361,8 +362,6 @@ def cmd_state(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO)
 
 def cmd_examples(args: argparse.Namespace, out: TextIO) -> int:
     """Check the storage, copy the example DAGs and jobs, print the settings to make."""
-    from airflow_ckpt import examples
-
     uri = parse_storage_uri(args.storage or examples.DEFAULT_STORAGE).uri
     dags_folder = Path(args.dags_folder).expanduser().absolute()
     jobs_dir = (Path(args.jobs_dir).expanduser().absolute() if args.jobs_dir

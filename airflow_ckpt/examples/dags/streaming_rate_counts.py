@@ -48,7 +48,9 @@ with DAG(
         "storage": Param(STORAGE, type="string", pattern=r"^(s3a?|file)://",
                          description="Checkpoint storage: s3://bucket/prefix or file:///path."),
         "rows_per_second": Param(10, type="integer", minimum=1,
-                                 description="Rate of the source (Spark's rowsPerSecond)."),
+                                 description="Rate of the source (Spark's rowsPerSecond); "
+                                             "keep it across a restore (the source numbers "
+                                             "its rows by elapsed seconds x rate)."),
         "trigger_interval": Param("2 seconds", type="string", minLength=1,
                                   description="Processing-time trigger: a micro-batch every..."),
         "checkpoint_interval": Param("5 s", type="string",

@@ -1,14 +1,16 @@
 """Streaming example: Spark's rate source, running counts per key, until it is stopped.
 
-The main example (``airflow-ckpt examples``, DAG ``streaming_rate_counts``). The source is
-Spark's ``rate`` source: ``rowsPerSecond`` rows a second, ``value`` counting up from 0
+The main example (``airflow-ckpt examples``, DAG ``streaming_rate_counts``). The source
+is Spark's ``rate`` source: ``rowsPerSecond`` rows a second, ``value`` counting up from 0
 without gaps. It is replayable: its start time is in the checkpoint, so a restore resumes
 at the checkpoint's offsets and the first batch after it catches up on the rows of the
-time the job was down. State is the running ``count``, ``sum`` and ``max`` of ``value``
-per key ``value % 10`` (Spark's state store); every micro-batch writes the keys it
-updated through the exactly-once JSON-lines sink to ``<storage>/_output/<job>`` (or
-``--output``). The trigger is a processing-time trigger: the job runs until a
-stop-with-savepoint request (``savepoint_manual`` with ``stop=true``) or a kill ends it.
+time the job was down. Its values are elapsed seconds times the rate: restore with the
+rate the job had, or values repeat (a lower rate) or are skipped (a higher one). State is
+the running ``count``, ``sum`` and ``max`` of ``value`` per key ``value % 10`` (Spark's
+state store); every micro-batch writes the keys it updated through the exactly-once
+JSON-lines sink to ``<storage>/_output/<job>`` (or ``--output``). The trigger is a
+processing-time trigger: the job runs until a stop-with-savepoint request
+(``savepoint_manual`` with ``stop=true``) or a kill ends it.
 
 Because the values have no gaps, every output row can be checked on its own: with no
 row lost or counted twice, key ``k`` with maximum ``m`` has ``count = (m - k) // 10 + 1``
