@@ -19,6 +19,7 @@ import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from airflow_ckpt import __version__
 from airflow_ckpt.errors import AirflowCkptError, BucketNotFoundError
@@ -49,7 +50,7 @@ class CopiedFile:
     source: Path
     target: Path
     #: ``copied`` (new), ``replaced`` (differed; ``force``) or ``unchanged`` (identical)
-    action: str
+    action: Literal["copied", "replaced", "unchanged"]
 
 
 def copy_examples(dags_folder: Path, jobs_dir: Path, *, force: bool = False
