@@ -9,6 +9,7 @@
     airflow-ckpt --storage ... history <job> [--type T] [--limit N] [--json]  # wraps, never cuts
     airflow-ckpt --storage ... dispose <savepoint path> [--yes] [--force]
     airflow-ckpt --storage ... state <savepoint path> [--json]   # needs pyspark
+    airflow-ckpt [--storage ...] examples <dags folder> [--jobs-dir D] [--create-bucket]
     airflow-ckpt --version
 
 Every listing takes ``-o table|json|yaml`` (``--output``, as Airflow's CLI; ``--json`` is
@@ -18,6 +19,8 @@ Amazon provider's semantics when it is installed) or else from ``--endpoint-url`
 ``--region`` and the standard AWS environment (``AWS_ENDPOINT_URL``,
 ``AWS_DEFAULT_REGION``, ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``, profiles,
 instance roles). Airflow is imported only for ``--conn-id``; pyspark only by ``state``.
+``examples`` (:mod:`airflow_ckpt.examples`) needs no storage (default: the examples'
+``file://`` root).
 
 Exit codes: 0 success, 1 an operation failed (message on stderr; also a ``file://`` root
 that does not exist), 2 bad arguments.
@@ -26,6 +29,7 @@ that does not exist), 2 bad arguments.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -37,7 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from airflow_ckpt import __version__
+from airflow_ckpt import __version__, examples
 from airflow_ckpt.driver_output import root_cause
 from airflow_ckpt.errors import AirflowCkptError, StorageAccessDeniedError
 from airflow_ckpt.runtime.catalog import CheckpointCatalog, CompletedRef
@@ -374,6 +378,26 @@ def cmd_state(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO)
     return 0
 
 
+def cmd_examples(args: argparse.Namespace, out: TextIO) -> int:
+    """Check the storage, copy the example DAGs and jobs, print the settings to make."""
+    uri = parse_storage_uri(args.storage or examples.DEFAULT_STORAGE).uri
+    dags_folder = Path(args.dags_folder).expanduser().absolute()
+    jobs_dir = (Path(args.jobs_dir).expanduser().absolute() if args.jobs_dir
+                else examples.default_jobs_dir(dags_folder))
+    storage = open_cli_storage(args, uri, must_exist=False)
+    try:
+        note = examples.prepare_storage(storage, create_bucket=args.create_bucket)
+    finally:
+        storage.close()
+    copied = examples.copy_examples(dags_folder, jobs_dir, force=args.force)
+    env = examples.settings(
+        uri, jobs_dir, conn_id=args.conn_id,
+        endpoint_url=args.endpoint_url or os.environ.get("AWS_ENDPOINT_URL"),
+        region_name=args.region or os.environ.get("AWS_DEFAULT_REGION"))
+    out.write(examples.report(copied, note, env))
+    return 0
+
+
 # --------------------------------------------------------------------------- parser
 
 Command = Callable[[CheckpointStorage, argparse.Namespace, TextIO], int]
@@ -385,16 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Inspect and administer airflow-ckpt checkpoint storage.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--storage", default=os.environ.get(STORAGE_ENV),
-                        help=f"storage root, s3://bucket/prefix or file:///path "
-                             f"(default: ${STORAGE_ENV})")
-    parser.add_argument("--endpoint-url", default=None,
-                        help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL / AWS)")
-    parser.add_argument("--region", default=None,
-                        help="S3 region (default: $AWS_DEFAULT_REGION / AWS config)")
-    parser.add_argument("--conn-id", default=None, metavar="CONN_ID",
-                        help="take credentials, endpoint and region from this Airflow aws "
-                             "connection (needs Airflow; --endpoint-url/--region override)")
+    add_storage_options(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="command")
 
     def add(name: str, func: Command, help_text: str) -> argparse.ArgumentParser:
@@ -438,28 +453,71 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", metavar="DIR",
                    help="materialise into DIR and keep it (default: a temporary directory)")
     add_output(p, "print JSON")
+    p = sub.add_parser(
+        "examples", help="copy the example DAGs and Spark jobs into an Airflow deployment",
+        description="Copy the example DAGs into DAGS_FOLDER and their Spark jobs beside it, "
+                    "check the storage (--storage, default the examples' file:// root; "
+                    "--create-bucket creates a missing S3 bucket) and print the "
+                    "environment settings the Airflow components need.")
+    p.add_argument("dags_folder", help="Airflow's DAGs folder ([core] dags_folder)")
+    p.add_argument("--jobs-dir", metavar="DIR",
+                   help="where the Spark jobs go (default: spark_jobs beside DAGS_FOLDER)")
+    p.add_argument("--create-bucket", action="store_true",
+                   help="create the S3 bucket of --storage if it does not exist")
+    p.add_argument("--force", action="store_true",
+                   help="replace files that differ from the shipped examples")
+    add_storage_options(p, top_level=False)
     return parser
 
 
+def add_storage_options(parser: argparse.ArgumentParser, *, top_level: bool) -> None:
+    """``--storage``, ``--endpoint-url``, ``--region``, ``--conn-id``: before the command
+    (``top_level``, with their defaults) or also after it (``examples``; only when given,
+    so they do not mask the ones before it)."""
+    def default(value: str | None) -> str | None:
+        return value if top_level else argparse.SUPPRESS
+
+    parser.add_argument("--storage", default=default(os.environ.get(STORAGE_ENV)),
+                        help=f"storage root, s3://bucket/prefix or file:///path "
+                             f"(default: ${STORAGE_ENV})")
+    parser.add_argument("--endpoint-url", default=default(None),
+                        help="S3-compatible endpoint (default: $AWS_ENDPOINT_URL / AWS)")
+    parser.add_argument("--region", default=default(None),
+                        help="S3 region (default: $AWS_DEFAULT_REGION / AWS config)")
+    parser.add_argument("--conn-id", default=default(None), metavar="CONN_ID",
+                        help="take credentials, endpoint and region from this Airflow aws "
+                             "connection (needs Airflow; --endpoint-url/--region override)")
+
+
 def connection_options(storage_uri: str, conn_id: str) -> dict[str, Any]:
-    """Storage options from an Airflow ``aws`` connection (imports Airflow)."""
-    try:
-        from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
-    except ImportError as exc:
-        raise CliError(f"--conn-id needs Apache Airflow installed ({exc})") from exc
-    return CheckpointStoreHook(storage_uri, conn_id).storage_options()
+    """Storage options from an Airflow ``aws`` connection (imports Airflow).
+
+    Airflow configures its logging at import, writing to the ``sys.stdout`` of that
+    moment; it is imported with stdout pointing at stderr, so that its logs (and those of
+    boto3 it routes) stay out of the command's output (``-o json`` must parse).
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+        except ImportError as exc:
+            raise CliError(f"--conn-id needs Apache Airflow installed ({exc})") from exc
+        return CheckpointStoreHook(storage_uri, conn_id).storage_options()
 
 
-def open_cli_storage(args: argparse.Namespace) -> CheckpointStorage:
-    parsed = parse_storage_uri(args.storage)
-    if parsed.scheme == "file" and not Path(str(parsed.path)).is_dir():
+def open_cli_storage(args: argparse.Namespace, uri: str | None = None, *,
+                     must_exist: bool = True) -> CheckpointStorage:
+    """Open ``uri`` (default ``--storage``) with the command line's S3 options; a
+    ``file://`` root must exist unless ``must_exist`` is false."""
+    uri = uri or args.storage
+    parsed = parse_storage_uri(uri)
+    if must_exist and parsed.scheme == "file" and not Path(str(parsed.path)).is_dir():
         raise CliError(f"storage root {parsed.uri} does not exist (or is not a directory)")
     options: dict[str, Any] = {}
     if args.conn_id and parsed.scheme == "s3":
-        options.update(connection_options(args.storage, args.conn_id))
+        options.update(connection_options(uri, args.conn_id))
     overrides = {"endpoint_url": args.endpoint_url, "region_name": args.region}
     options.update({k: v for k, v in overrides.items() if v})
-    return open_storage(args.storage, **options)
+    return open_storage(uri, **options)
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -467,11 +525,13 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not args.storage:
+    if not args.storage and args.command != "examples":
         parser.error(f"--storage is required (or set ${STORAGE_ENV})")
     if getattr(args, "limit", 0) and args.limit < 0:
         parser.error("--limit must be >= 0")
     try:
+        if args.command == "examples":
+            return cmd_examples(args, out)
         storage = open_cli_storage(args)
         try:
             code: int = args.func(storage, args, out)

@@ -1,4 +1,4 @@
-"""``make demo``: the main job end to end on the embedded defaults.
+"""``make demo``: the odd/even example job end to end on the embedded defaults.
 
 Starts a local S3-compatible endpoint (moto, 127.0.0.1), writes input numbers, runs
 the checkpointed odd/even job as a real driver process, kills it with SIGKILL

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_ckpt.examples import JOBS_DIR
 from airflow_ckpt.runtime import sparkconf
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
-JOB_SCRIPT = Path(__file__).resolve().parents[2] / "spark_jobs" / "odd_even_sums.py"
+JOB_SCRIPT = JOBS_DIR / "odd_even_sums.py"
 
 
 @dataclass(frozen=True, slots=True)

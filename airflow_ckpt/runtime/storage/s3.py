@@ -357,6 +357,26 @@ class S3Storage(CheckpointStorage):
             self._raise(exc, "access", "")
         self._bucket_known = True
 
+    def create_bucket(self) -> None:
+        """Create the bucket in the client's region; one that is already ours is fine
+        (S3 answers ``BucketAlreadyOwnedByYou``, or in us-east-1 plain success).
+
+        Raises ``StorageError`` when the name is taken by another account
+        (``BucketAlreadyExists``), and the usual ``StorageError`` subclasses otherwise.
+        """
+        params: dict[str, Any] = {"Bucket": self.bucket}
+        region = self._client.meta.region_name
+        if region and region != "us-east-1":  # us-east-1 refuses its own constraint
+            params["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            self._client.create_bucket(**params)
+        except ClientError as exc:
+            if _error_code(exc) != "BucketAlreadyOwnedByYou":
+                self._raise(exc, "create bucket", "")
+        except BotoCoreError as exc:
+            self._raise(exc, "create bucket", "")
+        self._bucket_known = True
+
     # ------------------------------------------------------------------ writes
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,

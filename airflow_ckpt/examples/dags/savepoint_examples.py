@@ -3,17 +3,19 @@
 * ``savepoint_manual``: take a savepoint of a running job (trigger with
   ``stop=true`` for stop-with-savepoint: the job stops cleanly after the savepoint and
   its supervisor task ends successfully). The task returns the savepoint's URI (XCom).
-* ``savepoint_restore``: start a job from a chosen savepoint, under the same or a new
-  job name, optionally with a different number of state partitions (rescaling).
+* ``savepoint_restore``: start the odd/even example job (``checkpointed_streaming_job``)
+  from a chosen savepoint, under the same or a new job name, optionally with a different
+  number of state partitions (rescaling). The main example restores with its own DAG:
+  ``streaming_rate_counts`` with ``restore`` set to the savepoint's URI.
 * ``savepoint_consumer``: scheduled by an ``AssetWatcher`` on "a new savepoint of job X
   completed" (``CheckpointEventTrigger``); it prints the savepoint it was woken for.
 * ``checkpoint_health``: a deferrable ``CheckpointSensor`` used as a health check: it
   waits for the job's next checkpoint and fails if none completed within the window.
 
-Defaults match ``checkpointed_streaming_job``: job ``odd-even-sums`` and the storage in
-``$AIRFLOW_CKPT_STORAGE`` (default ``file:///tmp/airflow-ckpt/checkpoints``), reached with
-the ``aws_default`` connection (``$AIRFLOW_CKPT_CONN_ID``). The module does no I/O at
-import time.
+Defaults match the main example, ``streaming_rate_counts``: job ``rate-counts``
+(``$AIRFLOW_CKPT_EXAMPLE_JOB``) and the storage in ``$AIRFLOW_CKPT_STORAGE`` (default
+``file:///tmp/airflow-ckpt/checkpoints``), reached with the ``aws_default`` connection
+(``$AIRFLOW_CKPT_CONN_ID``). The module does no I/O at import time.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from airflow_ckpt.triggers.checkpoint import CheckpointEventTrigger
 
 STORAGE = os.environ.get("AIRFLOW_CKPT_STORAGE", "file:///tmp/airflow-ckpt/checkpoints")
 CONN_ID = os.environ.get("AIRFLOW_CKPT_CONN_ID", "aws_default")
-JOB = os.environ.get("AIRFLOW_CKPT_EXAMPLE_JOB", "odd-even-sums")
+JOB = os.environ.get("AIRFLOW_CKPT_EXAMPLE_JOB", "rate-counts")
 JOBS_DIR = Path(
     os.environ.get("AIRFLOW_CKPT_JOBS_DIR", Path(__file__).resolve().parent.parent / "spark_jobs")
 )
@@ -84,7 +86,7 @@ with DAG(
 
 with DAG(
     dag_id="savepoint_restore",
-    description="Start a job from a savepoint (same or new job name, optional rescaling)",
+    description="Start the odd/even job from a savepoint (same or new name, optional rescaling)",
     schedule=None,
     catchup=False,
     tags=["airflow-ckpt", "example", "savepoint"],
@@ -93,7 +95,7 @@ with DAG(
         "savepoint": Param(type="string", minLength=1, pattern=r"^(s3a?|file)://.+/sp-[^/]+/?$",
                            description="Full URI of the savepoint (the XCom of "
                                        "savepoint_manual, or `airflow-ckpt savepoints <job>`)."),
-        "job_name": Param(JOB, type="string", pattern=JOB_NAME_PATTERN,
+        "job_name": Param("odd-even-sums", type="string", pattern=JOB_NAME_PATTERN,
                           description="Job to start: the savepoint's job or a new name."),
         "storage": Param(STORAGE, type="string", pattern=r"^(s3a?|file)://",
                          description="Checkpoint storage (must hold the savepoint)."),

@@ -9,9 +9,11 @@ before it submits anything).
 Defaults run on the embedded setup: ``local[2]`` Spark from the pip package and
 checkpoints in ``$AIRFLOW_CKPT_STORAGE`` (default ``file:///tmp/airflow-ckpt/checkpoints``).
 For S3, set the storage to ``s3://bucket/prefix`` and configure the ``aws_default``
-connection (see docs/operators.md). The job is ``spark_jobs/odd_even_sums.py``
-(``$AIRFLOW_CKPT_JOBS_DIR`` if the DAG file was copied elsewhere): running odd and even
-sums of the numbers in ``input_dir``, written exactly once to ``<storage>/_output/<job>``.
+connection (see docs/operators.md). The job is ``spark_jobs/odd_even_sums.py`` (beside
+the DAGs folder, where ``airflow-ckpt examples`` copies it, or ``$AIRFLOW_CKPT_JOBS_DIR``):
+running odd and even sums of the numbers in ``input_dir``, written exactly once to
+``<storage>/_output/<job>``. It ends when the input is done (``availableNow``); the
+example that streams until stopped is ``streaming_rate_counts``.
 
 Fault injection for a demo of the restart strategy: ``crash_attempts=N`` with
 ``crash_after_batch=K`` kills the driver after batch K on the first N submissions; each

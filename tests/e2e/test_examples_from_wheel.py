@@ -1,0 +1,295 @@
+"""E2E, the README's "Use it from Airflow" against the installed wheel (issue 18's acceptance).
+
+Nothing of the repository is used but the wheel built from it: ``pip wheel`` of a copy of
+the sources, installed with ``pip install --no-deps`` into a fresh virtualenv whose
+dependencies (Airflow, pyspark, boto3) come from this interpreter's site-packages through
+a ``.pth`` file, so nothing is downloaded. Every command runs from an empty directory with
+that virtualenv's interpreter and without ``PYTHONPATH``; Airflow is real (SQLite,
+``airflow dags test``), Spark is real (``spark-submit`` of pyspark, local mode) and the
+storage is the session's moto S3 server, reached only through what the walkthrough sets.
+
+The walkthrough, step by step, each outcome checked in the storage:
+
+1. ``airflow-ckpt examples <dags>`` with a bucket that does not exist fails clearly and
+   copies nothing; with ``--create-bucket`` it creates the bucket, copies the DAGs and the
+   Spark jobs and prints the settings, which become the Airflow environment (plus the
+   AWS credentials a user has in theirs);
+2. ``airflow db migrate``; ``airflow dags test streaming_rate_counts`` starts the
+   streaming job (it runs until stopped): checkpoints complete;
+3. ``airflow dags test savepoint_manual``: a savepoint; the job keeps running;
+4. ``... savepoint_manual -c '{"stop": true}'``: stop-with-savepoint; the streaming run
+   ends successfully;
+5. ``airflow dags test streaming_rate_counts -c '{"restore": <savepoint>}'``: the job
+   restarts from the savepoint, continues the source where it stopped and carries its
+   state on (every output row, before and after, counts each value exactly once); a last
+   stop-with-savepoint ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_ckpt.examples.spark_jobs.rate_counts import expected_row
+from airflow_ckpt.runtime import history as ev
+from airflow_ckpt.runtime.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.sinks import JsonLinesSink
+from airflow_ckpt.runtime.storage import CheckpointStorage
+from airflow_ckpt.testing import S3Endpoint
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = "rate-counts"  # the main example's default job name
+#: rows a second, the same before and after the restore: Spark's rate source numbers its
+#: rows by elapsed seconds x rate (another rate would repeat or skip values; the
+#: restore assertions fail then)
+RATE = 20
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A virtualenv with the wheel installed, an empty working directory and an
+    environment that holds nothing of the repository."""
+
+    venv: Path
+    workdir: Path
+    env: dict[str, str]
+
+    @property
+    def python(self) -> str:
+        return str(self.venv / "bin" / "python")
+
+    def run(self, *argv: str, env: Mapping[str, str] | None = None, timeout_s: float = 300,
+            ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(argv), cwd=self.workdir, env=dict(env or self.env),
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
+
+    def airflow(self, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+        return self.run(self.python, "-m", "airflow", *args, timeout_s=timeout_s)
+
+    def start_airflow(self, log: Path, *args: str) -> subprocess.Popen[bytes]:
+        with open(log, "ab") as out:
+            return subprocess.Popen([self.python, "-m", "airflow", *args], cwd=self.workdir,
+                                    env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+
+
+def build_wheel(dist: Path, tmp: Path) -> Path:
+    """``pip wheel`` of a copy of what the package is built from (no build/ left in the
+    repository)."""
+    src = tmp / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(ROOT / "airflow_ckpt", src / "airflow_ckpt",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                           str(dist), str(src)], capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [wheel] = dist.glob("airflow_ckpt-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Deployment:
+    tmp = tmp_path_factory.mktemp("wheel")
+    wheel = build_wheel(tmp / "dist", tmp)
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    # installed first, into the bare venv: with the dependencies already visible, pip
+    # would take the repository's editable install for this version and skip the wheel
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
+                           "install", "--no-deps", "--no-index", "-q", str(wheel)],
+                          capture_output=True, text=True, timeout=300, check=False, env=clean)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [site] = (venv / "lib").glob("python*/site-packages")
+    assert (site / "airflow_ckpt" / "examples" / "dags" / "streaming_rate_counts.py").is_file()
+    # the dependencies: this interpreter's site-packages, after the venv's own (a path
+    # line only: the .pth files there, e.g. an editable install of the repository, are
+    # not processed)
+    (site / "_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    home = tmp / "airflow"
+    workdir = tmp / "work"
+    workdir.mkdir()
+    own_bin = str(Path(sys.executable).parent)
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != own_bin]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AIRFLOW", "AWS_", "PYSPARK", "SPARK_"))
+           and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update({
+        "PATH": os.pathsep.join([str(venv / "bin"), *path]),
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    })
+    return Deployment(venv, workdir, env)
+
+
+def rows_by_batch(storage: CheckpointStorage) -> dict[int, list[dict[str, Any]]]:
+    """The example's committed output rows, per micro-batch."""
+    sink = JsonLinesSink(storage, f"_output/{JOB}")
+    return {batch: [json.loads(line) for line in
+                    storage.get_bytes(sink.part_key(batch)).decode().splitlines() if line]
+            for batch in sink.committed_batches()}
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, what: str,
+               proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"the streaming run exited ({proc.returncode}) while waiting "
+                                 f"for {what}:\n{log.read_text(errors='replace')[-6000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}:\n"
+                                 f"{log.read_text(errors='replace')[-6000:]}")
+        time.sleep(0.5)
+
+
+def stopped(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 180) -> int:
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the streaming run did not end after stop-with-savepoint:\n"
+                             f"{log.read_text(errors='replace')[-6000:]}") from None
+
+
+@contextlib.contextmanager
+def ended_at_exit(*procs: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Kill whatever of the streaming runs (and their Spark drivers) is left at the end."""
+    try:
+        yield
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=60)
+
+
+@pytest.mark.timeout(1500)  # two Spark drivers, five Airflow runs: slow on a loaded 2-core box
+def test_readme_walkthrough_from_the_wheel(
+    deployment: Deployment, s3_endpoint: S3Endpoint, tmp_path: Path,
+) -> None:
+    d = deployment
+    # the wheel's package, not the repository's
+    probe = d.run(d.python, "-c", "import airflow_ckpt; print(airflow_ckpt.__file__)")
+    assert probe.stdout.strip().startswith(str(d.venv)), probe.stdout + probe.stderr
+    # the user's own AWS credentials; the endpoint only through what `examples` prints
+    d.env.update({"AWS_ACCESS_KEY_ID": s3_endpoint.access_key_id,
+                  "AWS_SECRET_ACCESS_KEY": s3_endpoint.secret_access_key})
+    bucket = f"examples-{uuid.uuid4().hex[:8]}"
+    uri = f"s3://{bucket}/checkpoints"
+    dags = Path(d.env["AIRFLOW_HOME"]) / "dags"
+    examples = [str(d.venv / "bin" / "airflow-ckpt"), "--storage", uri,
+                "--endpoint-url", s3_endpoint.url, "examples", str(dags)]
+
+    # 1. the bucket does not exist: a clear error, nothing copied
+    refused = d.run(*examples)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"bucket {bucket!r} does not exist" in refused.stderr
+    assert "pass --create-bucket to create it" in refused.stderr
+    assert not dags.exists()
+    made = d.run(*examples, "--create-bucket")
+    assert made.returncode == 0, made.stdout + made.stderr
+    assert f"created bucket {bucket!r}" in made.stdout
+    [shipped] = d.venv.glob("lib/python*/site-packages/airflow_ckpt/examples")
+    for name in ("streaming_rate_counts.py", "savepoint_examples.py"):
+        assert (dags / name).read_bytes() == (shipped / "dags" / name).read_bytes()
+    assert (dags.parent / "spark_jobs" / "rate_counts.py").is_file()
+    exports = dict(line[len("export "):].split("=", 1) for line in made.stdout.splitlines()
+                   if line.startswith("export "))
+    assert set(exports) == {"AIRFLOW_CKPT_STORAGE", "AIRFLOW_CKPT_JOBS_DIR",
+                            "AIRFLOW_CONN_AWS_DEFAULT"}, made.stdout
+    for name, quoted in exports.items():  # what `export NAME=<shell-quoted value>` sets
+        d.env[name] = subprocess.run(["sh", "-c", f"printf %s {quoted}"], capture_output=True,
+                                     text=True, check=True).stdout
+    assert d.env["AIRFLOW_CKPT_STORAGE"] == uri
+    again = d.run(*examples)  # the same files again: nothing to replace, the bucket exists
+    assert again.returncode == 0 and "unchanged" in again.stdout, again.stdout + again.stderr
+
+    storage = s3_endpoint.storage(uri)
+    catalog = CheckpointCatalog(storage, JOB)
+    history = JobHistory(storage, JOB)
+    migrate = d.airflow("db", "migrate")
+    assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
+
+    # 2. the streaming job starts and checkpoints
+    log = tmp_path / "stream.log"
+    stream = d.start_airflow(log, "dags", "test", "streaming_rate_counts",
+                             "-c", json.dumps({"rows_per_second": RATE}))
+    restored_log = tmp_path / "restored.log"
+    with ended_at_exit(stream):
+        wait_until(lambda: catalog.checkpoint_ids(), 300, "a completed checkpoint", stream, log)
+        listing = d.run(str(d.venv / "bin" / "airflow-ckpt"), "--conn-id", "aws_default",
+                        "checkpoints", JOB, "--json")
+        assert listing.returncode == 0, listing.stderr
+        assert json.loads(listing.stdout), listing.stdout
+
+        # 3. a savepoint; the job keeps running
+        first = d.airflow("dags", "test", "savepoint_manual",
+                          "-c", json.dumps({"savepoint_id": "first"}))
+        assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+        manifest = catalog.savepoint("first")
+        assert (manifest.kind, manifest.trigger) == ("savepoint", "manual")
+        wait_until(lambda: (m := catalog.latest_checkpoint()) is not None
+                   and m.batch_id > manifest.batch_id, 120,
+                   "a checkpoint after the savepoint", stream, log)
+
+        # 4. stop-with-savepoint: the streaming run ends successfully
+        stop = d.airflow("dags", "test", "savepoint_manual",
+                         "-c", json.dumps({"stop": True, "savepoint_id": "final"}))
+        assert stop.returncode == 0, stop.stdout[-4000:] + stop.stderr[-4000:]
+        assert stopped(stream, log) == 0, log.read_text(errors="replace")[-6000:]
+    final = catalog.savepoint("final")
+    final_uri = f"{uri}/{JOB}/savepoints/sp-final"
+    assert final.trigger == "stop"
+    event = history.last(ev.JOB_STOPPED)
+    assert event is not None and event.data.get("savepoint") == final_uri
+    before = rows_by_batch(storage)
+    assert before and max(before) == final.batch_id  # the final savepoint committed all
+    last_before = {row["key"]: row["max"] for rows in before.values() for row in rows}
+    assert sorted(last_before) == list(range(10))
+
+    # 5. restore from the savepoint: state and source position carry on
+    restored = d.start_airflow(restored_log, "dags", "test", "streaming_rate_counts",
+                               "-c", json.dumps({"restore": final_uri,
+                                                 "rows_per_second": RATE}))
+    with ended_at_exit(restored):
+        wait_until(lambda: (m := catalog.latest_checkpoint()) is not None
+                   and m.batch_id > final.batch_id, 300,
+                   "checkpoints of the restored job", restored, restored_log)
+        stop = d.airflow("dags", "test", "savepoint_manual",
+                         "-c", json.dumps({"stop": True, "savepoint_id": "after-restore"}))
+        assert stop.returncode == 0, stop.stdout[-4000:] + stop.stderr[-4000:]
+        assert stopped(restored, restored_log) == 0
+    [restore] = history.events([ev.RESTORED])
+    assert restore.data["path"] == final_uri
+    after = {b: rows for b, rows in rows_by_batch(storage).items() if b > final.batch_id}
+    assert after, "the restored job committed no output"
+    # the source went on where it stopped: every value after the savepoint is newer
+    assert all(row["max"] > last_before[row["key"]] for rows in after.values() for row in rows)
+    # ... and every row, before and after, counts each value 0..max exactly once: the
+    # state came back whole (a fresh state with a restored source fails this)
+    for rows in (*before.values(), *after.values()):
+        for row in rows:
+            assert row == expected_row(row["key"], row["max"]), row
+    storage.close()
