@@ -35,6 +35,16 @@ class ControlRequest:
     stop: bool = False
     savepoint_id: str | None = None
     requested_by: str = ""
+    #: when the storage stored the request (its clock; set by :meth:`ControlChannel.pending`)
+    stored_ts: float | None = None
+
+    def expired(self, storage_now: float) -> bool:
+        """Whether the request outlived its timeout (``expires_ts - created_ts``, a
+        duration on the requester's clock) by ``storage_now``, both ends measured on the
+        storage's clock: the requester's and the job's clocks are never compared."""
+        if self.stored_ts is None:
+            return False
+        return storage_now > self.stored_ts + (self.expires_ts - self.created_ts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,23 +100,24 @@ class ControlChannel:
         )
         self.storage.put_bytes(
             self.layout.control_request(request_id),
-            json.dumps(asdict(request)).encode(),
+            json.dumps({k: v for k, v in asdict(request).items() if k != "stored_ts"}).encode(),
             create_only=True,
         )
         return request
 
     def pending(self) -> list[ControlRequest]:
         """Requests without a result, oldest first."""
-        keys = {i.key for i in self.storage.list(self.layout.control_prefix)}
+        stored = {i.key: i.last_modified for i in self.storage.list(self.layout.control_prefix)}
         out = []
-        for key in sorted(keys):
+        for key in sorted(stored):
             if key.endswith(_RESULT_SUFFIX) or not key.endswith(".json"):
                 continue
-            if key[: -len(".json")] + _RESULT_SUFFIX in keys:
+            if key[: -len(".json")] + _RESULT_SUFFIX in stored:
                 continue
             body = _load(self.storage.get_bytes(key), key)
+            body.pop("stored_ts", None)  # the storage's word, never the request's
             try:
-                out.append(ControlRequest(**body))
+                out.append(ControlRequest(**body, stored_ts=stored[key]))
             except TypeError as exc:
                 raise MetadataError(f"{key}: not a control request ({exc})") from exc
         return out

@@ -178,6 +178,7 @@ class CheckpointedJob:
         #: coordinator of this driver (restored files are never hashed again)
         self._digests = DigestCache()
         self.control = ControlChannel(self.storage, self.job)
+        self._storage_offset_s = 0.0  # the storage's clock minus ours (see _run_supervised)
         base = workdir or get(keys.WORKDIR)
         self.workdir = (
             Path(base) if base else Path(tempfile.gettempdir()) / "airflow_ckpt" / self.job
@@ -379,11 +380,14 @@ class CheckpointedJob:
         self._cancel.set()
 
     def _run_supervised(self, build: Callable[[], DataStreamWriter]) -> JobResult:
-        self.history.append(
+        started = self.history.append(
             ev.JOB_STARTED, run_id=self.run_id, attempt=self.attempt,
             spark_version=self.spark.version, restore=self.restore_target,
             checkpoint_config=self.config.to_dict(), restart_strategy=self.restart_params,
         )
+        # how far the storage's clock is from ours: requests' ages are judged on the
+        # storage's clock, never by comparing the requester's clock with ours
+        self._storage_offset_s = self.history.stored_ts(started) - started.ts
         target = self.restore_target
         while True:
             restored = restore(self.storage, self.job, target, self.workdir, self.history,
@@ -688,7 +692,7 @@ class CheckpointedJob:
         for request in self.control.pending():
             if request.request_id in requests:
                 continue
-            if time.time() > request.expires_ts:
+            if request.expired(time.time() + self._storage_offset_s):
                 self._answer(ControlResult(
                     request.request_id, "failed", time.time(),
                     failure_message="the request expired before the job picked it up",
