@@ -52,11 +52,10 @@ from tests.fixtures.checkpoint_history import (
     write_story,
     write_trend_story,
 )
-from tests.fixtures.net import api_server_healthy, free_port, stop_process_group
+from tests.fixtures.net import free_port, running_api_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
-STARTUP_TIMEOUT_S = 120
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"  # gitignored: screenshots
 CHROMIUM_TIMEOUT_S = 90
 CHROMIUM_FLAGS = (
@@ -150,28 +149,10 @@ def api_server(
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
     }
     log = root / "api-server.log"
-    started = time.monotonic()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(VENV_BIN / "airflow"), "api-server", "-H", "127.0.0.1", "-p", str(port),
-             "-w", "1"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
     try:
-        # meanwhile (2 cores): store the DAG serialised, as the dag-processor would
-        reserialize = subprocess.run([str(VENV_BIN / "airflow"), "dags", "reserialize"],
-                                     env=env, capture_output=True, text=True, timeout=300,
-                                     check=False)
-        assert reserialize.returncode == 0, reserialize.stderr[-3000:]
-        url = f"http://127.0.0.1:{port}"
-        while not api_server_healthy(url):
-            if proc.poll() is not None or time.monotonic() - started > STARTUP_TIMEOUT_S:
-                pytest.fail(f"the api-server did not start:\n{log.read_text()[-5000:]}")
-            time.sleep(0.5)
-        print(f"api-server up in {time.monotonic() - started:.1f} s at {url}")
-        yield ApiServer(url, story, storage.uri, log)
+        with running_api_server(VENV_BIN / "airflow", env, port, log) as url:
+            yield ApiServer(url, story, storage.uri, log)
     finally:
-        stop_process_group(proc)
         storage.close()
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ import pytest
 from airflow_ckpt.errors import ConfigError
 from airflow_ckpt.restart import parse_restart_params
 from tests.fixtures.airflow_env import VENV_BIN, AirflowEnv
-from tests.fixtures.net import api_server_healthy, free_port, stop_process_group
+from tests.fixtures.net import free_port, running_api_server
 
 pytestmark = pytest.mark.e2e
 
@@ -29,7 +28,6 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "dags" / "checkpointed_streaming
 DAG_ID = "checkpointed_streaming_job"
 INVERTED = {"type": "exponential-delay", "exponential-delay.initial-backoff": "2 min",
             "exponential-delay.max-backoff": "1 min"}
-STARTUP_TIMEOUT_S = 120
 
 
 def runs(env: AirflowEnv) -> int:
@@ -81,26 +79,8 @@ def api_server(airflow_env: AirflowEnv, tmp_path_factory: pytest.TempPathFactory
     port = free_port()
     env = {**airflow_env.env, "AIRFLOW__CORE__DAGS_FOLDER": str(EXAMPLE.parent),
            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True"}
-    started = time.monotonic()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(VENV_BIN / "airflow"), "api-server", "-H", "127.0.0.1", "-p", str(port),
-             "-w", "1"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    try:
-        reserialize = subprocess.run([str(VENV_BIN / "airflow"), "dags", "reserialize"],
-                                     env=env, capture_output=True, text=True, timeout=300,
-                                     check=False)
-        assert reserialize.returncode == 0, reserialize.stderr[-3000:]
-        url = f"http://127.0.0.1:{port}"
-        while not api_server_healthy(url):
-            if proc.poll() is not None or time.monotonic() - started > STARTUP_TIMEOUT_S:
-                pytest.fail(f"the api-server did not start:\n{log.read_text()[-5000:]}")
-            time.sleep(0.5)
+    with running_api_server(VENV_BIN / "airflow", env, port, log) as url:
         yield url
-    finally:
-        stop_process_group(proc)
 
 
 def trigger(url: str, conf: dict[str, object]) -> tuple[int, dict[str, object]]:
