@@ -45,6 +45,7 @@ argument validation in :mod:`airflow_ckpt.operators.arguments`.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Mapping, Sequence
@@ -64,6 +65,7 @@ from airflow_ckpt.hooks.spark_submit import (
     CheckpointedSparkSubmitHook,
     detached_log_path,
     log_tail,
+    master_given,
     secret_values,
 )
 from airflow_ckpt.operators.arguments import (
@@ -359,8 +361,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             "try_number": getattr(ti, "try_number", None)}}
 
     def _get_hook(self) -> CheckpointedSparkSubmitHook:
+        with master_given() if self.master else contextlib.nullcontext():
+            built = super()._get_hook()
         return CheckpointedSparkSubmitHook.adopt(
-            super()._get_hook(), master=str(self.master) if self.master else None,
+            built, master=str(self.master) if self.master else None,
             secret_values=secret_values(self.env_vars or {}),
         )
 
