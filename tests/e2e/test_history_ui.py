@@ -35,7 +35,9 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.runtime.storage import open_storage
+from airflow_ckpt.runtime import job as job_module
+from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.testing import crashpoints as cp
 from tests.fixtures.airflow_env import VENV_BIN, AirflowEnv
 from tests.fixtures.checkpoint_history import (
     DAG_ID,
@@ -53,6 +55,10 @@ from tests.fixtures.checkpoint_history import (
     write_trend_story,
 )
 from tests.fixtures.net import free_port, running_api_server
+from tests.unit.test_stop_with_savepoint import live, request
+
+#: a job the real runtime stopped with a savepoint (issue 18 item 3)
+STOPPED_JOB = cp.JOB
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -137,6 +143,7 @@ def api_server(
     story = write_story(storage)
     # a running job, for the trends and badges; a 60 s interval: stale only after 3 min
     write_trend_story(storage, time.time(), interval_s=60.0)
+    stop_with_savepoint(storage, root / "stopped-workdir")
     dags = root / "dags"
     dags.mkdir()
     (dags / "history_ui_dag.py").write_text(DAG_FILE)
@@ -205,11 +212,50 @@ def _heartbeat(api_server: ApiServer) -> None:
     storage.close()
 
 
+def stop_with_savepoint(storage: CheckpointStorage, workdir: Path) -> None:
+    """A driver life of the real runtime (simulated query) that a stop-with-savepoint
+    ends while a batch runs, with a periodic checkpoint and a manual savepoint waiting
+    for that batch: what used to record a checkpoint failure."""
+
+    def requested() -> None:
+        request(storage, stop=False, savepoint_id="manual")
+        request(storage, stop=True, savepoint_id="stop")
+
+    poll = job_module.CONTROL_POLL_S
+    job_module.CONTROL_POLL_S = 0.0  # look at the control requests at every step
+    try:
+        life = live(storage, workdir, cp.Script(batches=6), periodic=True, halt_at=3,
+                    on_halt=requested)
+    finally:
+        job_module.CONTROL_POLL_S = poll
+    assert life.outcome == "stopped"
+
+
+def test_a_job_stopped_with_a_savepoint_shows_no_failure(
+    api_server: ApiServer, browser: Browser
+) -> None:
+    """Issue 18 item 3: the page of a job stopped with a savepoint shows it stopped, its
+    savepoints, and no failure; the screenshot is kept with the others."""
+    url = f"{api_server.url}/airflow-ckpt/view/{STOPPED_JOB}"
+    tables, texts = parse_page(browser.dom(url))
+    assert texts["job-status"] == "STOPPED"
+    assert texts["count-failed"] == "0"
+    assert "none" in texts["latest-failed"]
+    kinds = [r.cells["kind"] for r in tables["checkpoints"]]
+    assert kinds.count("savepoint") == 2, kinds
+    assert all(r.cells["status"].startswith("COMPLETED") for r in tables["checkpoints"])
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = browser.screenshot(url, ARTIFACTS / "history-stopped.png")
+    assert shot.stat().st_size > 20_000, "the screenshot looks blank"
+    print(f"screenshot: {shot}")
+
+
 def test_jobs_index_and_json(api_server: ApiServer, browser: Browser) -> None:
     _heartbeat(api_server)
     tables, _ = parse_page(browser.dom(f"{api_server.url}/airflow-ckpt/"))
     rows = {r.cells["job"]: r.cells for r in tables["jobs"]}
-    assert list(rows) == [TREND_JOB, JOB]
+    assert [job for job in rows if job != STOPPED_JOB] == [TREND_JOB, JOB]
+    assert rows[STOPPED_JOB]["health"] == "stopped"
     row = rows[JOB]
     assert (row["id"], row["retained"], row["health"], row["dag"]) == ("6", "2", "finished",
                                                                      DAG_ID)

@@ -360,3 +360,34 @@ def test_a_savepoint_completed_in_the_final_drain_is_answered(
     finished = life.job.history.last(ev.JOB_FINISHED)
     assert finished is not None
     assert life.index(".result.json") < life.index(finished.key)
+
+
+def test_the_job_page_shows_no_failure_after_a_stop_with_savepoint(
+    storage: CheckpointStorage, tmp_path: Path
+) -> None:
+    """Issue 18 item 3 on the page: after the stop of the first case (a periodic
+    checkpoint and a manual savepoint interrupted by it), the job page's "Latest
+    failure" is empty, the failed count 0, and the job STOPPED."""
+    import warnings
+
+    from airflow_ckpt.plugins.app import create_app
+    from airflow_ckpt.plugins.history import PluginSettings
+    from tests.fixtures.checkpoint_history import parse_page
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+
+    def requested() -> None:
+        request(storage, stop=False, savepoint_id="manual")
+        request(storage, stop=True, savepoint_id="stop")
+
+    life = live(storage, tmp_path / "w", cp.Script(batches=6), periodic=True,
+                halt_at=3, on_halt=requested)
+    assert life.outcome == "stopped"
+    with TestClient(create_app(PluginSettings(storage.uri), authenticate=False)) as client:
+        body = client.get(f"/jobs/{JOB}/checkpoints").json()
+        _, texts = parse_page(client.get(f"/view/{JOB}").text)
+    assert body["counts"]["failed"] == 0 and body["latest"]["failed"] is None, body
+    assert texts["job-status"] == "STOPPED"
+    assert texts["count-failed"] == "0"
