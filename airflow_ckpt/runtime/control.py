@@ -122,6 +122,9 @@ class ControlChannel:
         self._listed_at: float | None = None
         #: the doorbells heard before that listing began: their requests are in it
         self._heard_before_listing: frozenset[str] = frozenset()
+        #: requests read so far that are still pending (a request never changes: it is
+        #: read once, not at every look while its savepoint is taken)
+        self._read: dict[str, ControlRequest] = {}
 
     def request_savepoint(
         self,
@@ -169,7 +172,7 @@ class ControlChannel:
 
     def pending(self) -> list[ControlRequest]:
         """Requests without a result, oldest first: one LIST of ``control/`` and a GET
-        per pending request."""
+        per pending request not read by this channel before."""
         return self._unanswered(self._keys())
 
     def look(self, now: float) -> list[ControlRequest]:
@@ -186,18 +189,19 @@ class ControlChannel:
         return {i.key for i in self.storage.list(self.layout.control_prefix)}
 
     def _unanswered(self, keys: set[str]) -> list[ControlRequest]:
-        out = []
-        for key in sorted(keys):
-            if key.endswith(_RESULT_SUFFIX) or not key.endswith(".json"):
-                continue
-            if key[: -len(".json")] + _RESULT_SUFFIX in keys:
-                continue
-            body = _load(self.storage.get_bytes(key), key)
-            try:
-                out.append(ControlRequest(**body))
-            except TypeError as exc:
-                raise MetadataError(f"{key}: not a control request ({exc})") from exc
-        return out
+        pending = sorted(
+            key for key in keys
+            if key.endswith(".json") and not key.endswith(_RESULT_SUFFIX)
+            and key[: -len(".json")] + _RESULT_SUFFIX not in keys)
+        self._read = {key: self._read.get(key) or self._read_request(key) for key in pending}
+        return list(self._read.values())
+
+    def _read_request(self, key: str) -> ControlRequest:
+        body = _load(self.storage.get_bytes(key), key)
+        try:
+            return ControlRequest(**body)
+        except TypeError as exc:
+            raise MetadataError(f"{key}: not a control request ({exc})") from exc
 
     def _hang_up(self, heard: frozenset[str], keys: set[str]) -> None:
         answered = [self.layout.doorbell(r) for r in sorted(heard)
