@@ -460,6 +460,7 @@ class CheckpointedJob:
     ) -> JobResult:
         query = self._start_query(build)
         requests: dict[str, PendingCheckpoint] = {}
+        looked = False  # a restarted query looks at once: its requests died with the last
         try:
             while query.isActive:
                 if coordinator.fatal is not None:
@@ -470,8 +471,8 @@ class CheckpointedJob:
                     return self._cancelled(query, coordinator)
                 stop = None
                 now = time.monotonic()
-                if self.control.due(now, CONTROL_POLL_S):
-                    stop = self._poll_control(coordinator, requests, now)
+                if not looked or self.control.due(now, CONTROL_POLL_S):
+                    looked, stop = True, self._poll_control(coordinator, requests, now)
                 if not coordinator.threaded:
                     coordinator.tick()
                 self._answer_requests(requests)
