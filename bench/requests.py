@@ -107,27 +107,41 @@ class Feeder:
                 self.write()
 
 
+def _at_listing(counter: RequestCounter, alive: Callable[[], None]
+                ) -> tuple[Counter[tuple[str, str]], float]:
+    """Wait for the driver's next listing of ``control/``; the counts just before it and
+    when it was seen."""
+    before = counter.counts()
+    listed = sum(n for (area, _), n in before.items() if area == "control")
+    while True:
+        alive()
+        time.sleep(0.01)
+        now = counter.counts()
+        if sum(n for (area, _), n in now.items() if area == "control") > listed:
+            return before, time.monotonic()
+        before = now
+
+
 def measure(counter: RequestCounter, scenario: str, policy: str, seconds: float,
             alive: Callable[[], None], checkpoints: Callable[[], int]) -> Window:
-    """Count what the driver sends over ``seconds`` (``alive`` raises if the job died).
+    """Count what the driver sends over at least ``seconds`` (``alive`` raises if the job
+    died).
 
-    The window opens at a listing of ``control/``: one that ``seconds`` spans a whole
-    number of listing periods holds exactly that many (a window opened at a random
-    moment would hold one more or one less of the rare ones)."""
-    listed = counter.total("control")
-    while counter.total("control") == listed:
-        alive()
-        time.sleep(0.01)
-    before, started, first = counter.counts(), time.monotonic(), checkpoints()
+    The window runs from one listing of ``control/`` (counted) to the first one at least
+    ``seconds`` later (not counted): it holds whole listing periods, so the rare periodic
+    listing is counted exactly, not one more or one less."""
+    opened, started = _at_listing(counter, alive)
+    first = checkpoints()
     while time.monotonic() - started < seconds:
         alive()
-        time.sleep(0.01)
-    elapsed, counts = time.monotonic() - started, counter.counts()
-    counts.subtract(before)
+        time.sleep(0.1)
+    closed, ended = _at_listing(counter, alive)
+    closed.subtract(opened)
     done = checkpoints() - first
-    _log(f"  {scenario}/{policy}: {sum(counts.values())} requests, {done} checkpoints "
+    elapsed = ended - started
+    _log(f"  {scenario}/{policy}: {sum(closed.values())} requests, {done} checkpoints "
          f"in {elapsed:.0f} s")
-    return Window(scenario, policy, elapsed, +counts, done)
+    return Window(scenario, policy, elapsed, +closed, done)
 
 
 def run(window_s: float) -> tuple[list[Window], dict[str, Any]]:
@@ -147,8 +161,12 @@ def run(window_s: float) -> tuple[list[Window], dict[str, Any]]:
         feeder = Feeder(source)
         feeder.write()  # the job has run a batch before it goes idle
         spark = spark_session()
+        # A loaded machine can break one Py4J call: restart in-process rather than lose
+        # the run (a restart's restore shows up in that window's data requests).
         job = CheckpointedJob(spark, job=JOB, storage=driver, workdir=root / "work",
-                              restart_strategy={"type": "none"})
+                              restart_strategy={"type": "fixed-delay",
+                                                "fixed-delay.attempts": 3,
+                                                "fixed-delay.delay": "1 s"})
         completed: list[Manifest] = []
         job.on_checkpoint(completed.append)
         sink = JsonLinesSink(job.storage, SINK_PREFIX)
