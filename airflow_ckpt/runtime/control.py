@@ -5,19 +5,39 @@ A request is ``<job>/control/<request-id>.json``; the job answers with
 exactly once). A request without a result is pending. Requests carry an expiry so a
 request written while no job runs is answered "expired" instead of being acted on
 days later.
+
+**What an idle job pays to be asked.** Listing ``control/`` every second would cost
+86,400 LIST requests a day per running job. Instead the requester, once its request is
+durable, rings a doorbell: it creates ``<job>/lease/doorbell-<request-id>``, beside the
+lease records. The driver's lease heartbeat lists ``lease/`` every few seconds anyway
+(to confirm its epoch), so the driver hears the ring in a listing it makes regardless
+(:class:`Doorbell`), at no request of its own, and lists ``control/`` then. It also
+lists ``control/`` on a slow period whatever it heard: that listing, not the doorbell,
+is what guarantees a request is found (a ring that failed, or a heartbeat that stopped
+listing, only makes the answer slower). Correctness never rests on the doorbell or on
+timing; the doorbell is a hint.
+
+Who writes what: the requester writes its request and creates its doorbell; the
+driver writes the answer (create-only) and, once a request has an answer, deletes its
+doorbell; a requester that gives up writes the "expired" answer instead (create-only:
+exactly one answer wins). Nobody decides anything from a doorbell but "list now".
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from airflow_ckpt.errors import MetadataError, ObjectNotFoundError
+from airflow_ckpt.errors import MetadataError, ObjectNotFoundError, StorageError
 from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo
+from airflow_ckpt.runtime.storage.observed import ObservedStorage
+
+log = logging.getLogger("airflow_ckpt.control")
 
 RequestType = Literal["savepoint"]
 ResultStatus = Literal["completed", "failed"]
@@ -71,12 +91,50 @@ def _load(raw: bytes, key: str) -> dict:
     return body
 
 
-class ControlChannel:
-    """Writes and reads the control requests of one job."""
+class Doorbell:
+    """The doorbells rung for one job, as the newest listing of ``lease/`` showed them.
 
-    def __init__(self, storage: CheckpointStorage, job: str) -> None:
+    :meth:`listen` gives the driver's lease a view of its storage through which every
+    listing of ``lease/`` (the heartbeat's) updates :attr:`rung`. Thread-safe: the
+    heartbeat thread replaces the set, the driver's loop reads it.
+    """
+
+    def __init__(self, job: str) -> None:
+        self.layout = JobLayout(job)
+        #: request ids whose doorbell the newest listing of ``lease/`` showed
+        self.rung: frozenset[str] = frozenset()
+
+    def listen(self, storage: CheckpointStorage) -> CheckpointStorage:
+        """``storage`` as a view whose listings of ``lease/`` are heard (reads and writes
+        otherwise unchanged)."""
+        return ObservedStorage(storage, self._hear)
+
+    def _hear(self, prefix: str, objects: list[ObjectInfo]) -> None:
+        bells = self.layout.doorbell_prefix
+        if bells.startswith(prefix):  # a listing that covers every doorbell
+            self.rung = frozenset(
+                info.key[len(bells):] for info in objects if info.key.startswith(bells))
+
+
+class ControlChannel:
+    """Writes and reads the control requests of one job.
+
+    :param doorbell: the driver's :class:`Doorbell` (the driver's channel only): lets
+        :meth:`due` say "list now" as soon as a ring was heard
+    """
+
+    def __init__(self, storage: CheckpointStorage, job: str, *,
+                 doorbell: Doorbell | None = None) -> None:
         self.storage = storage
         self.layout = JobLayout(job)
+        self.doorbell = doorbell
+        #: when (the caller's clock) the newest listing of ``control/`` began
+        self._listed_at: float | None = None
+        #: the doorbells heard before that listing began: their requests are in it
+        self._heard_before_listing: frozenset[str] = frozenset()
+        #: requests read so far that are still pending (a request never changes: it is
+        #: read once, not at every look while its savepoint is taken)
+        self._read: dict[str, ControlRequest] = {}
 
     def request_savepoint(
         self,
@@ -103,24 +161,68 @@ class ControlChannel:
             json.dumps({k: v for k, v in asdict(request).items() if k != "stored_ts"}).encode(),
             create_only=True,
         )
+        try:  # only now: a ring must never lead the driver to a request not yet stored
+            self.storage.put_bytes(self.layout.doorbell(request_id), b"", create_only=True)
+        except StorageError as exc:  # the request stands; the job finds it a bit later
+            log.warning("request %s is stored but its doorbell could not be rung (%s); the "
+                        "job finds it at its next periodic look", request_id, exc)
         return request
 
+    def due(self, now: float, every_s: float) -> bool:
+        """Whether the driver should list its requests at ``now`` (its own clock): it
+        never did, ``every_s`` passed since its last listing began, or a doorbell was
+        heard that had not been heard when that listing began. No request is made."""
+        if self._listed_at is None or now >= self._listed_at + every_s:
+            return True
+        return self.doorbell is not None and bool(self.doorbell.rung - self._heard_before_listing)
+
+    def next_due(self, every_s: float) -> float:
+        """When (the caller's clock) the next periodic listing is due."""
+        return float("-inf") if self._listed_at is None else self._listed_at + every_s
+
     def pending(self) -> list[ControlRequest]:
-        """Requests without a result, oldest first."""
-        stored = {i.key: i.last_modified for i in self.storage.list(self.layout.control_prefix)}
-        out = []
-        for key in sorted(stored):
-            if key.endswith(_RESULT_SUFFIX) or not key.endswith(".json"):
-                continue
-            if key[: -len(".json")] + _RESULT_SUFFIX in stored:
-                continue
-            body = _load(self.storage.get_bytes(key), key)
-            body.pop("stored_ts", None)  # the storage's word, never the request's
-            try:
-                out.append(ControlRequest(**body, stored_ts=stored[key]))
-            except TypeError as exc:
-                raise MetadataError(f"{key}: not a control request ({exc})") from exc
-        return out
+        """Requests without a result, oldest first: one LIST of ``control/`` and a GET
+        per pending request not read by this channel before."""
+        return self._unanswered(self._keys())
+
+    def look(self, now: float) -> list[ControlRequest]:
+        """The driver's :meth:`pending`: also remembers that a listing began at ``now``
+        (the caller's clock, for :meth:`due`) and deletes the doorbells heard for
+        requests that have an answer (best effort: a doorbell is only a hint)."""
+        heard = self.doorbell.rung if self.doorbell is not None else frozenset()
+        keys = self._keys()
+        self._listed_at, self._heard_before_listing = now, heard
+        self._hang_up(heard, keys)
+        return self._unanswered(keys)
+
+    def _keys(self) -> dict[str, float]:
+        """Every key under ``control/`` and when the storage stored it (its clock)."""
+        return {i.key: i.last_modified for i in self.storage.list(self.layout.control_prefix)}
+
+    def _unanswered(self, keys: dict[str, float]) -> list[ControlRequest]:
+        pending = sorted(
+            key for key in keys
+            if key.endswith(".json") and not key.endswith(_RESULT_SUFFIX)
+            and key[: -len(".json")] + _RESULT_SUFFIX not in keys)
+        self._read = {key: self._read.get(key) or self._read_request(key, keys[key])
+                      for key in pending}
+        return list(self._read.values())
+
+    def _read_request(self, key: str, stored_ts: float) -> ControlRequest:
+        body = _load(self.storage.get_bytes(key), key)
+        body.pop("stored_ts", None)  # the storage's word, never the request's
+        try:
+            return ControlRequest(**body, stored_ts=stored_ts)
+        except TypeError as exc:
+            raise MetadataError(f"{key}: not a control request ({exc})") from exc
+
+    def _hang_up(self, heard: frozenset[str], keys: dict[str, float]) -> None:
+        answered = [self.layout.doorbell(r) for r in sorted(heard)
+                    if self.layout.control_result(r) in keys]
+        try:
+            self.storage.delete_many(answered)
+        except StorageError as exc:
+            log.warning("could not delete answered doorbells %s (%s); will retry", answered, exc)
 
     def answer(self, result: ControlResult) -> None:
         """Write the result (create-only: a request is answered once)."""

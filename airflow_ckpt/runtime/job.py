@@ -44,7 +44,12 @@ from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime import sparkconf as keys
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.config import CheckpointConfig
-from airflow_ckpt.runtime.control import ControlChannel, ControlRequest, ControlResult
+from airflow_ckpt.runtime.control import (
+    ControlChannel,
+    ControlRequest,
+    ControlResult,
+    Doorbell,
+)
 from airflow_ckpt.runtime.coordinator import CheckpointCoordinator, PendingCheckpoint
 from airflow_ckpt.runtime.driver_unit import DriverUnit
 from airflow_ckpt.runtime.history import JobHistory
@@ -69,16 +74,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("airflow_ckpt.job")
 
-#: how often the driver lists its control requests (one LIST request each): a savepoint
-#: request waits up to this long before its barrier is placed; also how long the driver
-#: blocks on the query between looking at failures, its lease and cancellation
-CONTROL_POLL_S = 1.0
 #: how often the final checkpoint of an ended query is taken before the step fails: an
 #: attempt that fails (a storage error) is followed by another, with a new id
 FINAL_CHECKPOINT_ATTEMPTS = 3
 #: how often a control answer is written before the error is raised (the answer is
 #: create-only with the same bytes each time: a retry that finds it in place succeeded)
 ANSWER_ATTEMPTS = 3
+#: how often the driver lists its control requests whatever it heard (one LIST request
+#: each; 1,440 a day): how late a request is found at worst, when its doorbell was not
+#: heard. A rung doorbell is heard in the lease heartbeat's listing of ``lease/`` (every
+#: ``heartbeat_s``, 5 s) at no request of the driver's own; see runtime/control.py
+CONTROL_POLL_S = 60.0
+#: how long the driver blocks on the query between looks at failures, its lease,
+#: cancellation and the doorbell (none of which makes a storage request)
+CONTROL_WAKE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +176,9 @@ class CheckpointedJob:
             raw_storage = open_storage(
                 uri, endpoint_url=get(keys.ENDPOINT_URL), region_name=get(keys.REGION_NAME)
             )
-        self.lease = JobLease(raw_storage, self.job, owner=self.run_id)
+        #: hears the requesters' doorbells in the listings of ``lease/`` the lease makes
+        self.doorbell = Doorbell(self.job)
+        self.lease = JobLease(self.doorbell.listen(raw_storage), self.job, owner=self.run_id)
         #: every write that changes checkpoints, shared files, sink output or control
         #: answers goes through this view: gated by the lease (self-fencing)
         self.storage: CheckpointStorage = FencedStorage(raw_storage, self.lease.gate)
@@ -177,7 +188,7 @@ class CheckpointedJob:
         #: digests of the working directory's files, shared by restore and every
         #: coordinator of this driver (restored files are never hashed again)
         self._digests = DigestCache()
-        self.control = ControlChannel(self.storage, self.job)
+        self.control = ControlChannel(self.storage, self.job, doorbell=self.doorbell)
         self._storage_offset_s = 0.0  # the storage's clock minus ours (see _run_supervised)
         base = workdir or get(keys.WORKDIR)
         self.workdir = (
@@ -515,7 +526,7 @@ class CheckpointedJob:
     ) -> JobResult:
         query = self._start_query(build)
         requests: dict[str, PendingCheckpoint] = {}
-        next_control = 0.0
+        looked = False  # a restarted query looks at once: its requests died with the last
         try:
             while query.isActive:
                 if coordinator.fatal is not None:
@@ -525,9 +536,9 @@ class CheckpointedJob:
                 if self._cancel.is_set():
                     return self._cancelled(query, coordinator)
                 stop = None
-                if time.monotonic() >= next_control:
-                    next_control = time.monotonic() + CONTROL_POLL_S
-                    stop = self._poll_control(coordinator, requests)
+                now = time.monotonic()
+                if not looked or self.control.due(now, CONTROL_POLL_S):
+                    looked, stop = True, self._poll_control(coordinator, requests, now)
                 if not coordinator.threaded:
                     coordinator.tick()
                 self._answer_requests(requests)
@@ -537,10 +548,11 @@ class CheckpointedJob:
                         return result
                     query = self._start_query(build)  # the stop was refused: run on
                     continue
-                # Block in the JVM until the next control poll: two Py4J round trips a
-                # second instead of twenty (each costs driver CPU on cores the batches
-                # use). A failure, a lost lease or a cancel is seen within that second.
-                wait = max(next_control - time.monotonic(), 0.05)
+                # Block in the JVM until the next look: two Py4J round trips a second
+                # instead of twenty (each costs driver CPU on cores the batches use). A
+                # failure, a lost lease, a cancel or a doorbell is seen within a second.
+                wake = min(now + CONTROL_WAKE_S, self.control.next_due(CONTROL_POLL_S))
+                wait = max(wake - time.monotonic(), 0.05)
                 if query.awaitTermination(wait):  # type: ignore[arg-type]  # float s is fine
                     break
             error = query.exception()
@@ -685,11 +697,12 @@ class CheckpointedJob:
             f"the final checkpoint failed {FINAL_CHECKPOINT_ATTEMPTS} times; last: {failure}")
 
     def _poll_control(
-        self, coordinator: CheckpointCoordinator, requests: dict[str, PendingCheckpoint]
+        self, coordinator: CheckpointCoordinator, requests: dict[str, PendingCheckpoint],
+        now: float,
     ) -> ControlRequest | None:
         """Trigger the savepoints newly requested; return a stop request, if any."""
         stop = None
-        for request in self.control.pending():
+        for request in self.control.look(now):
             if request.request_id in requests:
                 continue
             if request.expired(time.time() + self._storage_offset_s):

@@ -13,6 +13,8 @@ This layout is a public contract (see docs/storage-layout.md)::
       history/<seq>.json           append-only events, numbered 1, 2, ... (create-only)
       history/segments/<stream>/   compacted events (see history.py)
       lease/<epoch>.json           which driver may write checkpoints (see lease.py)
+      lease/doorbell-<request-id>  "a request is waiting": a hint the lease heartbeat's
+                                   listing carries to the driver (see control.py)
 """
 
 from __future__ import annotations
@@ -137,6 +139,14 @@ class JobLayout:
 
     def control_result(self, request_id: str) -> str:
         return f"{self.control_prefix}{request_id}.result.json"
+
+    @property
+    def doorbell_prefix(self) -> str:
+        """Doorbells live beside the lease records, whose listing the heartbeat makes."""
+        return f"{self.lease_prefix}doorbell-"
+
+    def doorbell(self, request_id: str) -> str:
+        return f"{self.doorbell_prefix}{request_id}"
 
     # driver lease ------------------------------------------------------------------
     @property

@@ -1,0 +1,99 @@
+"""Counting the S3 requests a storage sends, by kind and by what they touch.
+
+:class:`RequestCounter` hooks the boto3 client of an S3 storage (botocore's
+``before-send`` event: once per HTTP request actually sent, retries and pages
+included), so what it counts is what the endpoint receives and what AWS bills. Each
+request is filed under a billing *kind* (:data:`KINDS`) and an *area* of the job's
+layout (:data:`AREAS`), read from the request's key or listing prefix.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import Counter
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from airflow_ckpt.errors import ConfigError
+from airflow_ckpt.runtime.storage.base import CheckpointStorage
+
+#: billing kinds, as AWS prices S3 requests: PUT holds every PUT-priced request (PUT,
+#: COPY, POST, multipart parts); DELETE holds DeleteObject(s) and multipart aborts
+KINDS = ("LIST", "GET", "PUT", "DELETE", "HEAD", "OTHER")
+#: areas of a job's layout: control requests and doorbells, lease records, history
+#: events, and everything else (checkpoints, shared files, savepoints, sink output)
+AREAS = ("control", "lease", "history", "data")
+
+_KIND_OF = {
+    "ListObjectsV2": "LIST", "ListObjects": "LIST", "ListMultipartUploads": "LIST",
+    "ListParts": "LIST",
+    "GetObject": "GET",
+    "HeadObject": "HEAD", "HeadBucket": "HEAD",
+    "PutObject": "PUT", "CopyObject": "PUT", "UploadPart": "PUT", "UploadPartCopy": "PUT",
+    "CreateMultipartUpload": "PUT", "CompleteMultipartUpload": "PUT",
+    "DeleteObject": "DELETE", "DeleteObjects": "DELETE", "AbortMultipartUpload": "DELETE",
+}
+_FIRST_KEY = re.compile(rb"<Key>([^<]*)</Key>")
+
+
+def area_of(key: str) -> str:
+    """The layout area of a bucket key or listing prefix (see :data:`AREAS`)."""
+    path = f"/{key}"
+    if "/control/" in path or "/lease/doorbell-" in path:
+        return "control"
+    if "/lease/" in path:
+        return "lease"
+    if "/history/" in path:
+        return "history"
+    return "data"
+
+
+def _key_of(request: Any) -> str:
+    """The key (or listing prefix) a path-style S3 request is about."""
+    url = urlsplit(request.url)
+    query = parse_qs(url.query)
+    if "prefix" in query:
+        return query["prefix"][0]
+    body = request.body
+    if "delete" in query and isinstance(body, bytes):
+        found = _FIRST_KEY.search(body)
+        return unquote(found.group(1).decode()) if found else ""
+    parts = url.path.split("/", 2)  # "", bucket, key
+    return unquote(parts[2]) if len(parts) > 2 else ""
+
+
+class RequestCounter:
+    """Counts every request the attached storages send, by ``(area, kind)``.
+
+    Thread-safe: a driver sends from its heartbeat, coordinator and upload threads.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[tuple[str, str]] = Counter()
+
+    def attach(self, storage: CheckpointStorage) -> None:
+        """Count the requests of ``storage`` (an S3 storage, or a view of one).
+
+        :raises ConfigError: ``storage`` does not send S3 requests
+        """
+        client = getattr(storage, "_client", None)  # S3Storage's boto3 client
+        if client is None:
+            raise ConfigError("request counter", {"storage": f"{storage!r} is not on S3"})
+        client.meta.events.register("before-send.s3", self._sent)
+
+    def _sent(self, request: Any, event_name: str, **_: Any) -> None:
+        operation = event_name.rsplit(".", 1)[-1]
+        kind = _KIND_OF.get(operation, "OTHER")
+        with self._lock:
+            self._counts[(area_of(_key_of(request)), kind)] += 1
+
+    def counts(self) -> Counter[tuple[str, str]]:
+        """A copy of the counts so far."""
+        with self._lock:
+            return Counter(self._counts)
+
+    def total(self, area: str | None = None) -> int:
+        """Requests so far, of one area or of all."""
+        return sum(n for (a, _), n in self.counts().items() if area is None or a == area)
