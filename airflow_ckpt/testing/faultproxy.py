@@ -12,7 +12,8 @@ injects the faults a real S3 path has (:class:`FaultKind`):
 * ``reset_before``: the connection reset, nothing forwarded (not applied);
 * ``reset_after``: forwarded (applied), then the connection reset (answer lost);
 * ``cut_body``: forwarded, the answer's headers and only part of its body sent, then
-  the connection reset (a body cut short);
+  the connection reset (a body cut short; an answer without a body breaks off in its
+  status line);
 * ``latency``: forwarded after a delay (2-8 s by default).
 
 Faults come from two sources, checked in this order:
@@ -126,7 +127,8 @@ class FaultSchedule:
         """``rate`` of all requests get a fault: ``latency_share`` of those a delay, the
         rest split evenly over the other kinds."""
         others = [k for k in FaultKind if k is not FaultKind.LATENCY]
-        rates = {k: rate * (1 - latency_share) / len(others) for k in others}
+        rates: dict[FaultKind, float] = {
+            k: rate * (1 - latency_share) / len(others) for k in others}
         rates[FaultKind.LATENCY] = rate * latency_share
         return cls(rates=rates, seed=seed, **kwargs)
 
@@ -299,13 +301,13 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib name
+    def log_message(self, format: str, *args: Any) -> None:
         """Quiet: the proxy records faults in :attr:`FaultProxy.injected`."""
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         self._proxy()
 
-    do_PUT = do_POST = do_DELETE = do_HEAD = do_GET  # noqa: N815
+    do_PUT = do_POST = do_DELETE = do_HEAD = do_GET
 
     def _proxy(self) -> None:
         proxy = self.server.proxy
@@ -338,16 +340,23 @@ class _Handler(BaseHTTPRequestHandler):
         if kind is FaultKind.ERROR_AFTER:
             self._answer_error(500, "InternalError", "injected after the request")
             return
+        cut = decision.cut_after if decision is not None and kind is FaultKind.CUT_BODY \
+            else None
+        if cut is not None and (self.command == "HEAD" or not payload):
+            # nothing to cut in a body-less answer: it breaks off in its status line
+            self.wfile.write(f"HTTP/1.1 {status} ".encode())
+            self._reset()
+            return
         self.send_response_only(status, reason)
         for name, value in headers:
             self.send_header(name, value)
-        if self.command == "HEAD":
-            self.end_headers()
-            return
-        self.send_header("Content-Length", str(len(payload)))
+        if self.command != "HEAD":
+            self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
-        if decision is not None and kind is FaultKind.CUT_BODY:
-            self.wfile.write(payload[:min(decision.cut_after, max(len(payload) - 1, 0))])
+        if self.command == "HEAD":
+            return
+        if cut is not None:
+            self.wfile.write(payload[:min(cut, len(payload) - 1)])
             self._reset()
             return
         self.wfile.write(payload)
@@ -357,7 +366,7 @@ class _Handler(BaseHTTPRequestHandler):
         if length is not None:
             return self.rfile.read(int(length))
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            chunks = []
+            chunks: list[bytes] = []
             while True:
                 size = int(self.rfile.readline().split(b";")[0].strip(), 16)
                 if size == 0:
