@@ -162,30 +162,34 @@ def _root_cause(exc: BaseException) -> BaseException:
 
 class _ResumingBody:
     """A GetObject body read through ``read`` that, when the body breaks off, reopens
-    it at the first byte not yet returned (``open_at(offset)``), up to ``attempts``
-    reads in a row; the bytes returned are those of one object version."""
+    it at the first byte not yet returned (``open_at(offset)``, None when the endpoint
+    does not answer with exactly that range), at most ``resumes`` times per stream;
+    the bytes returned are those of one object version."""
 
-    def __init__(self, open_at: Callable[[int], Any], attempts: int) -> None:
+    def __init__(self, open_at: Callable[[int], Any], resumes: int) -> None:
         self._open_at = open_at
-        self._attempts = attempts
+        self._resumes = resumes
         self._offset = 0
         self._body = open_at(0)
 
     def read(self, size: int = -1) -> bytes:
         """Up to ``size`` bytes (all that is left when negative); b"" at the end."""
-        for attempt in range(1, self._attempts + 1):
+        while True:
             try:
                 chunk: bytes = self._body.read() if size < 0 else self._body.read(size)
             except _BODY_ERRORS:
-                if attempt == self._attempts:
+                if self._resumes <= 0:
                     raise
+                self._resumes -= 1
                 self._body.close()
-                time.sleep(0.05 * 2**attempt)
-                self._body = self._open_at(self._offset)
+                time.sleep(0.05)
+                body = self._open_at(self._offset)
+                if body is None:
+                    raise
+                self._body = body
                 continue
             self._offset += len(chunk)
             return chunk
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
         """Close the current body's connection."""
@@ -726,8 +730,8 @@ class S3Storage(CheckpointStorage):
 
         A body that breaks off while it is read (connection reset, cut short) is
         resumed where it broke with a ranged GetObject conditioned on the first
-        answer's ETag, up to ``max_attempts`` times; errors beyond that map like
-        request errors.
+        answer's ETag, at most ``max_attempts - 1`` times per stream; errors beyond
+        that map like request errors.
         """
         if length == 0:
             yield io.BytesIO()
@@ -736,20 +740,27 @@ class S3Storage(CheckpointStorage):
         etag: list[str] = []
 
         def open_at(offset: int) -> Any:
-            """The body from byte ``start + offset`` on, of the version first read."""
+            """The body from byte ``start + offset`` on, of the version first read; None
+            if a resumed answer is not exactly that range of that version."""
             params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key)}
             if start + offset or length is not None:
                 params["Range"] = f"bytes={start + offset}-{last}"
-            if etag:
+            if offset:
+                if not etag:
+                    return None
                 params["IfMatch"] = etag[0]
             response = self._client.get_object(**params)
-            etag[:] = [str(response.get("ETag", ""))]
+            if offset and not str(response.get("ContentRange", "")).startswith(
+                    f"bytes {start + offset}-"):
+                response["Body"].close()
+                return None
+            etag[:] = [e for e in [str(response.get("ETag", ""))] if e]
             return response["Body"]
 
         with self._errors("download", key):
             body: Any
             try:
-                body = _ResumingBody(open_at, self._attempts)
+                body = _ResumingBody(open_at, self._attempts - 1)
             except ClientError as exc:
                 if _status(exc) != 416 and _error_code(exc) != "InvalidRange":
                     raise
