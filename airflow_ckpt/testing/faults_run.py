@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import argparse
 import re
-import sys
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Sequence
