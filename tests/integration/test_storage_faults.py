@@ -25,6 +25,7 @@ from airflow_ckpt.cli import main as cli_main
 from airflow_ckpt.errors import (
     EndpointUnreachableError,
     ObjectAlreadyExistsError,
+    ObjectNotFoundError,
     OutcomeUnknownError,
     PreconditionFailedError,
     StorageError,
@@ -156,6 +157,19 @@ def test_each_call_survives_each_fault_kind(
     proxy.script(_fault(kind, method, "/", count=1 if kind is K.LATENCY else 2))
     call(faulty, direct)
     assert proxy.pending_scripted() == []  # both faults met the call's requests
+
+
+def test_a_cut_not_found_answer_is_read_again(
+    proxy: FaultProxy, faulty: CheckpointStorage,
+) -> None:
+    """GetObject of an absent key whose 404 body is cut: botocore reads an error body
+    outside its retries and raises urllib3's ProtocolError (found by ``make faults``:
+    a sink's commit-decision read failed the commit step on d712e5f). It is read again:
+    ObjectNotFoundError, the answer the caller branches on."""
+    proxy.script(_fault(K.CUT_BODY, "GET", "/absent", count=2))
+    with pytest.raises(ObjectNotFoundError):
+        faulty.get_bytes("absent")
+    assert proxy.pending_scripted() == []
 
 
 # ------------------------------------------------------------------ three outcomes

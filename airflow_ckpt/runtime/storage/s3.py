@@ -43,6 +43,7 @@ from botocore.exceptions import (
     SSLError,
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from urllib3.exceptions import ProtocolError as URLLib3ProtocolError
 
 from airflow_ckpt.errors import (
     BucketNotFoundError,
@@ -102,8 +103,10 @@ _CONFLICT_ATTEMPTS = 4
 # is one get with botocore's own retries inside).
 _READBACK_ROUNDS = 4
 # botocore retries a request whose answer broke off only while it parses the answer: a
-# GetObject body is read after its retries, so a body cut short is retried here.
-_BODY_ERRORS = (ResponseStreamingError, IncompleteReadError)
+# GetObject body is read after its retries, so a body cut short is retried here. The
+# error body of a GetObject (404, 412...) is read by botocore outside its retries and
+# its break surfaces as urllib3's own ProtocolError.
+_BODY_ERRORS = (ResponseStreamingError, IncompleteReadError, URLLib3ProtocolError)
 
 # (endpoint, bucket) pairs whose If-None-Match support has been verified.
 _VERIFIED_CONDITIONAL: set[tuple[str, str]] = set()
@@ -345,7 +348,8 @@ class S3Storage(CheckpointStorage):
                 f"cannot {action} {where}: TLS handshake with {self.endpoint_url} failed "
                 f"({cause}); check the endpoint's scheme (http/https) and certificate"
             ) from exc
-        if isinstance(cause, ResponseStreamingError | IncompleteReadError):
+        if isinstance(cause, ResponseStreamingError | IncompleteReadError
+                      | URLLib3ProtocolError):
             # transient like an unreachable endpoint: sensors and triggers poll again
             raise EndpointUnreachableError(
                 f"cannot {action} {where}: the response from {self.endpoint_url} broke off "
@@ -368,7 +372,7 @@ class S3Storage(CheckpointStorage):
             yield
         except StorageError:
             raise
-        except (ClientError, BotoCoreError) as exc:
+        except (ClientError, BotoCoreError, URLLib3ProtocolError) as exc:
             self._raise(exc, action, key)
 
     def _bucket_exists(self) -> bool:
