@@ -32,6 +32,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -73,11 +74,20 @@ class RunResult:
     problems: list[str] = field(default_factory=list)
 
 
-def _false_failures(direct: CheckpointStorage, job: str, log_text: str,
+_ERROR_LINE = re.compile(r"^[\w.]+(Error|Exception): .*", re.MULTILINE)
+
+
+def _false_failures(direct: CheckpointStorage, job: str, logs: Sequence[Path],
                     codes: Sequence[int | None]) -> list[str]:
-    out = [f"a driver exited {code}" for code in codes if code not in (None, 0)]
-    if "ConcurrentDriverError" in log_text:
-        out.append("ConcurrentDriverError with a single driver")
+    out: list[str] = []
+    for life, (log_path, code) in enumerate(zip(logs, codes, strict=True), start=1):
+        text = log_path.read_text(errors="replace")
+        if code not in (None, 0):
+            errors = [m.group(0) for m in _ERROR_LINE.finditer(text)]
+            last = errors[-1][:300] if errors else "no error line"
+            out.append(f"life {life} exited {code} ({log_path}): {last}")
+        if "ConcurrentDriverError" in text:
+            out.append(f"life {life}: ConcurrentDriverError with a single driver")
     events = JobHistory(direct, job).events()
     failed = {e.data.get("id") for e in events if e.type == ev.CHECKPOINT_FAILED}
     stored = set(CheckpointCatalog(direct, job).checkpoint_ids()) | {
@@ -101,29 +111,29 @@ def run_story(endpoint: S3Endpoint, proxy: FaultProxy, work: Path, name: str,
                    confs={"spark.airflow_ckpt.demo.batch_delay_s": "0.5"},
                    workdir=work / name / "driver")
     env = {**endpoint.env(), "AWS_ENDPOINT_URL": proxy.url}
-    log_path = work / name / "driver.log"
+    logs = [work / name / "driver-1.log", work / name / "driver-2.log"]
     result = RunResult()
     codes: list[int | None] = []
-    proc = start_job(spec, env, log_path)
+    proc = start_job(spec, env, logs[0])
     try:
         if outage_s:
             wait_for_checkpoints(direct, job, 1, proc, timeout_s)
             with proxy.outage():
-                proc_exited = _wait(proc, outage_s)
-            if proc_exited:
-                result.problems.append("life 1 exited during the outage")
+                ends = time.monotonic() + outage_s
+                if _wait(proc, outage_s):
+                    result.problems.append("life 1 exited during the outage")
+                time.sleep(max(0.0, ends - time.monotonic()))  # the outage lasts
         wait_for_checkpoints(direct, job, 2, proc, timeout_s)
         codes.append(proc.poll())
     finally:
         kill_hard(proc)
     latest = CheckpointCatalog(direct, job).latest_checkpoint()
-    proc = start_job(spec, env, log_path)
+    proc = start_job(spec, env, logs[1])
     try:
         codes.append(proc.wait(timeout=timeout_s))
     finally:
         kill_hard(proc)
-    log_text = log_path.read_text(errors="replace")
-    result.false_failures = _false_failures(direct, job, log_text, codes)
+    result.false_failures = _false_failures(direct, job, logs, codes)
     verdict = verify_output(JsonLinesSink(out_direct, ""), truth, finished=True)
     result.output_exact = verdict.ok
     result.problems += verdict.problems
