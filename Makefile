@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint unit unit-matrix demo bench bench-scale clean chromium crash-points soak simulate
+.PHONY: venv test lint unit unit-matrix demo bench bench-scale clean chromium crash-points soak simulate faults
 
 venv: $(STAMP)
 
@@ -67,6 +67,15 @@ SIM_SEEDS ?= 2000
 SIM_START ?= 0
 simulate: venv
 	$(PY) -m airflow_ckpt.testing.simulation --seeds $(SIM_SEEDS) --start $(SIM_START)
+
+# Real drivers of the example job through a fault-injecting S3 proxy at 2 %, 10 % and
+# 30 % faulty requests and through a 2-minute outage (each run: a SIGKILL, a restore, to
+# the end); prints false failures (must be 0), output exact and restore exact per rate.
+# About 10 minutes on 2 cores. FAULTS_ARGS="--runs 3" runs more stories per rate.
+FAULTS_ARGS ?=
+faults: venv
+	$(PY) -m airflow_ckpt.testing.faults_run $(FAULTS_ARGS)
+
 # The unit tests under every Python that Airflow 3 supports and this package accepts
 # (3.10-3.13), each in its own .venv-<version>; a version that is not installed is skipped
 # with a message. UNIT_PYTHONS=3.12 make unit-matrix runs one.

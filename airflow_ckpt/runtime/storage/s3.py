@@ -22,7 +22,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 from urllib.parse import urlsplit
@@ -43,6 +43,7 @@ from botocore.exceptions import (
     SSLError,
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from urllib3.exceptions import ProtocolError as URLLib3ProtocolError
 
 from airflow_ckpt.errors import (
     BucketNotFoundError,
@@ -98,9 +99,14 @@ _CODE_HINTS = {
 }
 # Attempts for a create-only write that meets a concurrent conditional write (409).
 _CONFLICT_ATTEMPTS = 4
-# Rounds of reading an object back to settle a conditional write whose answer was lost
-# (each round is one get with botocore's own retries inside).
+# Rounds of reading an object back to settle a write whose answer was lost (each round
+# is one get with botocore's own retries inside).
 _READBACK_ROUNDS = 4
+# botocore retries a request whose answer broke off only while it parses the answer: a
+# GetObject body is read after its retries, so a body cut short is retried here. The
+# error body of a GetObject (404, 412...) is read by botocore outside its retries and
+# its break surfaces as urllib3's own ProtocolError.
+_BODY_ERRORS = (ResponseStreamingError, IncompleteReadError, URLLib3ProtocolError)
 
 # (endpoint, bucket) pairs whose If-None-Match support has been verified.
 _VERIFIED_CONDITIONAL: set[tuple[str, str]] = set()
@@ -157,6 +163,49 @@ def _root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+class _ResumingBody:
+    """A GetObject body read through ``read`` that, when the body breaks off, reopens
+    it at the first byte not yet returned (``open_at(offset)``, None when the endpoint
+    does not answer with exactly that range), at most ``resumes`` times per stream;
+    the bytes returned are those of one object version."""
+
+    def __init__(self, open_at: Callable[[int], Any], resumes: int) -> None:
+        self._open_at = open_at
+        self._resumes = resumes
+        self._offset = 0
+        self._body = open_at(0)
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes (all that is left when negative); b"" at the end."""
+        while True:
+            try:
+                chunk: bytes = self._body.read() if size < 0 else self._body.read(size)
+            except _BODY_ERRORS:
+                if self._resumes <= 0:
+                    raise
+                self._resumes -= 1
+                self._body.close()
+                time.sleep(0.05)
+                body = self._open_at(self._offset)
+                if body is None:
+                    raise
+                self._body = body
+                continue
+            self._offset += len(chunk)
+            return chunk
+
+    def close(self) -> None:
+        """Close the current body's connection."""
+        self._body.close()
+
+
+def _refused_as_existing(exc: ClientError) -> bool:
+    """A create-only PutObject refused because the object exists (412) or is being
+    written concurrently (409)."""
+    code = _error_code(exc)
+    return code in _PRECONDITION_CODES or code == _CONFLICT_CODE or _status(exc) in (409, 412)
+
+
 class S3Storage(CheckpointStorage):
     """Checkpoint storage under ``s3://<bucket>/<prefix>``.
 
@@ -188,6 +237,7 @@ class S3Storage(CheckpointStorage):
         self.uri = f"s3://{bucket}" + (f"/{prefix}" if prefix else "")
         self._root = prefix + "/" if prefix else ""
         self._verify_conditional = o.verify_conditional_writes
+        self._attempts = o.max_attempts
         self._bucket_known = False
 
         session = _botocore_session()
@@ -298,7 +348,8 @@ class S3Storage(CheckpointStorage):
                 f"cannot {action} {where}: TLS handshake with {self.endpoint_url} failed "
                 f"({cause}); check the endpoint's scheme (http/https) and certificate"
             ) from exc
-        if isinstance(cause, ResponseStreamingError | IncompleteReadError):
+        if isinstance(cause, ResponseStreamingError | IncompleteReadError
+                      | URLLib3ProtocolError):
             # transient like an unreachable endpoint: sensors and triggers poll again
             raise EndpointUnreachableError(
                 f"cannot {action} {where}: the response from {self.endpoint_url} broke off "
@@ -321,7 +372,7 @@ class S3Storage(CheckpointStorage):
             yield
         except StorageError:
             raise
-        except (ClientError, BotoCoreError) as exc:
+        except (ClientError, BotoCoreError, URLLib3ProtocolError) as exc:
             self._raise(exc, action, key)
 
     def _bucket_exists(self) -> bool:
@@ -386,10 +437,12 @@ class S3Storage(CheckpointStorage):
         ``create_only`` sends ``If-None-Match: *``, ``if_match`` sends ``If-Match``;
         a 412 (or, for ``If-Match``, a 404) means the condition failed. A 409 means a
         concurrent conditional write of the same key is in flight, and is retried until
-        one of the two has won. A 412 may answer our own earlier request whose response
-        was lost (botocore retried it, or a 409 came first): the object is read back and
-        compared with ``data`` (:meth:`_settle`), so a lost answer is never reported
-        as another writer.
+        one of the two has won. A write that ends without an answer that settles it --
+        a 412, which may answer our own earlier attempt whose response was lost, or a
+        transient error (5xx, reset, cut answer) after botocore's retries, any of
+        whose attempts may have been applied -- is reconciled by reading the object
+        back (:meth:`_settle`): a lost answer is never reported as another writer, nor
+        as a failure while the object holds our bytes.
         """
         if create_only and if_match is not None:
             raise ValueError("create_only and if_match exclude each other")
@@ -408,7 +461,7 @@ class S3Storage(CheckpointStorage):
                 failed = code in _PRECONDITION_CODES or status == 412 or (
                     if_match is not None and (code in _NOT_FOUND_CODES or status == 404))
                 if (create_only or if_match is not None) and failed:
-                    return self._settle(key, data, create_only, exc)
+                    return self._settle(key, data, create_only, if_match, exc)
                 if (create_only or if_match is not None) and code == _CONFLICT_CODE:
                     if attempt < _CONFLICT_ATTEMPTS:
                         time.sleep(0.05 * 2**attempt)
@@ -418,44 +471,67 @@ class S3Storage(CheckpointStorage):
                         "ConditionalRequestConflict after retries); whether this write "
                         "was applied is not known yet: repeat it or read the object"
                     ) from exc
+                if status >= 500:
+                    return self._settle(key, data, create_only, if_match, exc)
                 self._raise(exc, "write", key)
+            except (BotoConnectionError, HTTPClientError, IncompleteReadError) as exc:
+                return self._settle(key, data, create_only, if_match, exc)
             except BotoCoreError as exc:
                 self._raise(exc, "write", key)
             self._bucket_known = True
             return str(response.get("ETag", "")).strip('"')
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _settle(self, key: str, data: bytes, create_only: bool, exc: ClientError) -> str:
-        """A conditional write of ``data`` met 412: done (our bytes are stored: an
-        earlier request of ours landed and its answer was lost), or not done (other
-        bytes, or none): raise the condition's error. A read-back that keeps failing is
+    def _settle(self, key: str, data: bytes, create_only: bool, if_match: str | None,
+                exc: ClientError | BotoCoreError) -> str:
+        """Decide a write of ``data`` whose last answer did not: done, not done, or
+        (only when the object cannot be read back) unknown.
+
+        ``exc`` is a 412 (the condition failed, possibly against our own earlier
+        attempt) or a transient error after retries (any attempt may have landed). The
+        object is read back: our bytes there mean done (return their ETag). Otherwise
+        not done, and the error says why, on evidence only: a create-only write that
+        met 412 or finds other bytes raises ``ObjectAlreadyExistsError``; an
+        ``if_match`` write that met 412 or finds another version (or none) raises
+        ``PreconditionFailedError``; else the transient error is raised as it was
+        (nothing of ours landed). A read-back that keeps failing is
         ``OutcomeUnknownError``, never a guess."""
+        stored = self._read_back(key, exc)
+        if stored is not None and stored.data == data:
+            log.info("write of %s settled by reading it back: applied (%s)",
+                     self._where(key), exc)
+            return stored.etag
+        refused = isinstance(exc, ClientError) and _status(exc) < 500
+        if create_only and (refused or stored is not None):
+            raise ObjectAlreadyExistsError(
+                f"{self._where(key)} already exists; a create-only write never "
+                "replaces an object"
+            ) from exc
+        if if_match is not None and (
+                refused or stored is None or stored.etag != if_match.strip('"')):
+            raise PreconditionFailedError(
+                f"{self._where(key)} is not the version this write was conditioned on "
+                "(another writer replaced or deleted it); nothing was written"
+            ) from exc
+        self._raise(exc, "write", key)
+
+    def _read_back(self, key: str, exc: BaseException) -> Versioned | None:
+        """The stored object (None if absent), read in up to ``_READBACK_ROUNDS``
+        rounds; ``OutcomeUnknownError`` (from ``exc``) if every round fails."""
         last: StorageError | None = None
         for round_ in range(_READBACK_ROUNDS):
             try:
-                stored = self.get_versioned(key)
+                return self.get_versioned(key)
             except ObjectNotFoundError:
-                stored = None
+                return None
             except StorageError as read_exc:
                 if isinstance(read_exc, StorageAccessDeniedError | BucketNotFoundError):
                     raise
                 last = read_exc
                 time.sleep(0.05 * 2**round_)
-                continue
-            if stored is not None and stored.data == data:
-                return stored.etag
-            if create_only:
-                raise ObjectAlreadyExistsError(
-                    f"{self._where(key)} already exists; a create-only write never "
-                    "replaces an object"
-                ) from exc
-            raise PreconditionFailedError(
-                f"{self._where(key)} is not the version this write was conditioned on "
-                "(another writer replaced or deleted it); nothing was written"
-            ) from exc
         raise OutcomeUnknownError(
-            f"cannot tell whether the conditional write of {self._where(key)} was applied: "
-            f"the endpoint answered 412 and reading the object back failed ({last})"
+            f"cannot tell whether the write of {self._where(key)} was applied: its "
+            f"answer was lost ({exc}) and reading the object back failed ({last})"
         ) from exc
 
     def _ensure_conditional_writes(self, key: str) -> None:
@@ -475,22 +551,27 @@ class S3Storage(CheckpointStorage):
             probe = self._root + PROBE_PREFIX + uuid.uuid4().hex
             honoured = False
             try:
-                with self._errors("write", key):
-                    self._client.put_object(
-                        Bucket=self.bucket, Key=probe, Body=b"probe", IfNoneMatch="*"
-                    )
                 try:
                     self._client.put_object(
                         Bucket=self.bucket, Key=probe, Body=b"probe", IfNoneMatch="*"
                     )
                 except ClientError as exc:
-                    code = _error_code(exc)
-                    if code in _PRECONDITION_CODES or code == _CONFLICT_CODE or _status(
-                        exc
-                    ) in (409, 412):
-                        honoured = True
-                    else:
+                    if not _refused_as_existing(exc):
                         self._raise(exc, "write", key)
+                    # The probe key is new and ours alone: a 412 answers a retry of
+                    # our own first PUT, applied but its answer lost. The endpoint
+                    # refused to create an existing object: it honours the header.
+                    honoured = True
+                except BotoCoreError as exc:
+                    self._raise(exc, "write", key)
+                try:
+                    self._client.put_object(
+                        Bucket=self.bucket, Key=probe, Body=b"probe", IfNoneMatch="*"
+                    )
+                except ClientError as exc:
+                    if not _refused_as_existing(exc):
+                        self._raise(exc, "write", key)
+                    honoured = True
                 except BotoCoreError as exc:
                     self._raise(exc, "write", key)
             finally:
@@ -595,14 +676,25 @@ class S3Storage(CheckpointStorage):
         return self.get_versioned(key).data
 
     def get_versioned(self, key: str) -> Versioned:
-        """The object's bytes and ETag from one GetObject."""
+        """The object's bytes and ETag from one GetObject; a body that breaks off while
+        it is read is read again, up to ``max_attempts`` times (botocore's retries end
+        before the body of a GetObject is read)."""
         full = self._full(key)
-        with self._errors("read", key):
-            response = self._client.get_object(Bucket=self.bucket, Key=full,
-                                               ChecksumMode="ENABLED")
-            data = response["Body"].read()
-        self._bucket_known = True
-        return Versioned(data, str(response.get("ETag", "")).strip('"'))
+        for attempt in range(1, self._attempts + 1):
+            try:
+                response = self._client.get_object(Bucket=self.bucket, Key=full,
+                                                   ChecksumMode="ENABLED")
+                data = response["Body"].read()
+            except _BODY_ERRORS as exc:
+                if attempt == self._attempts:
+                    self._raise(exc, "read", key)
+                time.sleep(0.05 * 2**attempt)
+                continue
+            except (ClientError, BotoCoreError) as exc:
+                self._raise(exc, "read", key)
+            self._bucket_known = True
+            return Versioned(data, str(response.get("ETag", "")).strip('"'))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def exists(self, key: str) -> bool:
         """Whether an object is stored at exactly ``key`` (HeadObject).
@@ -660,19 +752,39 @@ class S3Storage(CheckpointStorage):
         CPU-bound on small machines (see the README's benchmarks). A range past the
         object's end (416) yields an empty stream: the caller's size check reports it.
 
-        Errors while reading the body (connection reset...) map like request errors.
+        A body that breaks off while it is read (connection reset, cut short) is
+        resumed where it broke with a ranged GetObject conditioned on the first
+        answer's ETag, at most ``max_attempts - 1`` times per stream; errors beyond
+        that map like request errors.
         """
-        params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key)}
         if length == 0:
             yield io.BytesIO()
             return
-        if start or length is not None:
-            last = "" if length is None else str(start + length - 1)
-            params["Range"] = f"bytes={start}-{last}"
+        last = "" if length is None else str(start + length - 1)
+        etag: list[str] = []
+
+        def open_at(offset: int) -> Any:
+            """The body from byte ``start + offset`` on, of the version first read; None
+            if a resumed answer is not exactly that range of that version."""
+            params: dict[str, Any] = {"Bucket": self.bucket, "Key": self._full(key)}
+            if start + offset or length is not None:
+                params["Range"] = f"bytes={start + offset}-{last}"
+            if offset:
+                if not etag:
+                    return None
+                params["IfMatch"] = etag[0]
+            response = self._client.get_object(**params)
+            if offset and not str(response.get("ContentRange", "")).startswith(
+                    f"bytes {start + offset}-"):
+                response["Body"].close()
+                return None
+            etag[:] = [e for e in [str(response.get("ETag", ""))] if e]
+            return response["Body"]
+
         with self._errors("download", key):
             body: Any
             try:
-                body = self._client.get_object(**params)["Body"]
+                body = _ResumingBody(open_at, self._attempts - 1)
             except ClientError as exc:
                 if _status(exc) != 416 and _error_code(exc) != "InvalidRange":
                     raise
