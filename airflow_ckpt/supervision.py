@@ -1,10 +1,11 @@
 """Supervision decisions shared by the blocking and the deferrable supervisor (no Airflow).
 
-Typed predicates over the job's history (STYLE.md point 3): the operator and the
-supervision trigger ask these objects instead of reading raw event dicts.
+Typed predicates over the job's history, read through :class:`JobHistory` (the one
+reader of ``history/``): the operator and the supervision trigger ask these objects
+instead of reading raw event dicts.
 
 * :class:`RunCheckpoints` answers "has *this* supervision run completed a checkpoint of
-  its own?" (issue 8, defect 4). A run started from a savepoint or ``none`` must keep
+  its own?". A run started from a savepoint or ``none`` must keep
   that target on resubmission until its own ``initial`` checkpoint exists; the job's
   catalog may hold an *older* run's checkpoints, and ``restore=latest`` would resume
   those instead. One driver per job runs at a time (the lease), so a
