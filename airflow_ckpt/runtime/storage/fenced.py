@@ -3,35 +3,26 @@
 The driver writes checkpoints, shared files, sink output and control answers through
 one of these, gated by :meth:`airflow_ckpt.runtime.lease.JobLease.gate`: once the
 driver's lease could have expired, no new write starts (self-fencing). Reads pass
-straight through; so does anything a wrapped backend offers beyond the interface.
+straight through (:class:`~airflow_ckpt.runtime.storage.delegating.DelegatingStorage`);
+so does anything a wrapped backend offers beyond the interface.
 """
 
 from __future__ import annotations
 
-import builtins
-import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, BinaryIO
 
-from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned
+from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.delegating import DelegatingStorage
 
 
-class FencedStorage(CheckpointStorage):
+class FencedStorage(DelegatingStorage):
     """``inner`` with ``gate()`` called before every put, upload, copy and delete."""
 
     def __init__(self, inner: CheckpointStorage, gate: Callable[[], None]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.gate = gate
-        self.uri = inner.uri
 
-    def __repr__(self) -> str:
-        return f"FencedStorage({self.inner!r})"
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    # mutations: gated
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:
         self.gate()
@@ -54,31 +45,3 @@ class FencedStorage(CheckpointStorage):
     def abort_incomplete_uploads(self, prefix: str) -> int:
         self.gate()
         return self.inner.abort_incomplete_uploads(prefix)
-
-    # reads: straight through
-    def get_bytes(self, key: str) -> bytes:
-        return self.inner.get_bytes(key)
-
-    def get_versioned(self, key: str) -> Versioned:
-        return self.inner.get_versioned(key)
-
-    @contextlib.contextmanager
-    def open_stream(self, key: str, start: int = 0,
-                    length: int | None = None) -> Iterator[BinaryIO]:
-        with self.inner.open_stream(key, start, length) as stream:
-            yield stream
-
-    def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
-
-    def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
-        return self.inner.list(prefix)
-
-    def list_dirs(self, prefix: str = "") -> builtins.list[str]:
-        return self.inner.list_dirs(prefix)
-
-    def download_file(self, key: str, path: Path) -> None:
-        self.inner.download_file(key, path)
-
-    def close(self) -> None:
-        self.inner.close()
