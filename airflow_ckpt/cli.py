@@ -44,6 +44,7 @@ from typing import Any, TextIO
 from airflow_ckpt import __version__, examples
 from airflow_ckpt.driver_output import root_cause
 from airflow_ckpt.errors import AirflowCkptError, StorageAccessDeniedError
+from airflow_ckpt.formatting import human_bytes, human_ms
 from airflow_ckpt.runtime.catalog import CheckpointCatalog, CompletedRef
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.layout import JobLayout
@@ -66,20 +67,6 @@ class CliError(AirflowCkptError):
 
 
 # --------------------------------------------------------------------------- formatting
-
-
-def human_bytes(n: int) -> str:
-    """``1536`` -> ``"1.5 KiB"``."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
-
-
-def human_ms(ms: int) -> str:
-    return f"{ms} ms" if ms < 10_000 else f"{ms / 1000:.1f} s"
 
 
 def iso(ts: float) -> str:

@@ -48,6 +48,14 @@ CONFIG: dict[str, Any] = {
                 "example": "1000",
                 "default": "1000",
             },
+            "stale_checkpoint_multiple": {
+                "description": "A running job's checkpoints are shown as stale after this "
+                               "many checkpoint intervals without a completed checkpoint.",
+                "version_added": "0.1.0",
+                "type": "float",
+                "example": "3",
+                "default": "3",
+            },
         },
     },
 }

@@ -36,12 +36,12 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from airflow_ckpt.cli import human_bytes, human_ms
 from airflow_ckpt.errors import InvalidStorageUriError, StorageError
+from airflow_ckpt.formatting import human_bytes, human_ms
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.plugins import jobstate, overview
 from airflow_ckpt.plugins.access import EVERY_DAG, DagAccess, access_of
-from airflow_ckpt.plugins.history import (
+from airflow_ckpt.plugins.settings import (
     CONFIG_SECTION,
     STORAGE_ENV,
     PluginSettings,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_ckpt.cli import human_bytes, human_ms
+from airflow_ckpt.formatting import human_bytes, human_ms
 from airflow_ckpt.plugins.redact import driver_text
 from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime.history import HistoryEvent

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from airflow_ckpt.cli import STORAGE_ENV, human_bytes, main
+from airflow_ckpt.cli import STORAGE_ENV, main
+from airflow_ckpt.formatting import human_bytes
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.history import CHECKPOINT_COMPLETED, JOB_STARTED, RESTART, JobHistory
 from airflow_ckpt.runtime.storage.base import CheckpointStorage

@@ -19,13 +19,8 @@ import pytest
 from airflow_ckpt.errors import EndpointUnreachableError
 from airflow_ckpt.plugins import overview
 from airflow_ckpt.plugins.app import create_app
-from airflow_ckpt.plugins.history import (
-    URL_PREFIX,
-    AirflowCkptPlugin,
-    CheckpointHistoryLink,
-    PluginSettings,
-    load_settings,
-)
+from airflow_ckpt.plugins.history import URL_PREFIX, AirflowCkptPlugin, CheckpointHistoryLink
+from airflow_ckpt.plugins.settings import PluginSettings, load_settings
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage

@@ -17,8 +17,9 @@ import pytest
 from airflow_ckpt.plugins import jobstate
 from airflow_ckpt.plugins.access import DagAccess, access_of
 from airflow_ckpt.plugins.app import create_app
-from airflow_ckpt.plugins.history import CheckpointHistoryLink, PluginSettings
+from airflow_ckpt.plugins.history import CheckpointHistoryLink
 from airflow_ckpt.plugins.redact import driver_text
+from airflow_ckpt.plugins.settings import PluginSettings
 from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime.history import CompactionPolicy, JobHistory
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage

@@ -371,7 +371,7 @@ def test_the_job_page_shows_no_failure_after_a_stop_with_savepoint(
     import warnings
 
     from airflow_ckpt.plugins.app import create_app
-    from airflow_ckpt.plugins.history import PluginSettings
+    from airflow_ckpt.plugins.settings import PluginSettings
     from tests.fixtures.checkpoint_history import parse_page
 
     with warnings.catch_warnings():

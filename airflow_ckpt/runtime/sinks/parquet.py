@@ -244,7 +244,7 @@ class ParquetSink(TwoPhaseCommitSink):
     :param arrow_batch_rows: rows per Arrow batch the writing tasks receive, set on
         the micro-batch's session while the batch is staged (a streaming query runs on
         its own clone of the session, so other queries are not affected)
-    :param s3_options: :class:`~airflow_ckpt.runtime.storage.factory.S3Options` fields;
+    :param s3_options: :class:`~airflow_ckpt.runtime.storage.options.S3Options` fields;
         they are shipped to the executors, which otherwise resolve endpoint and
         credentials from their environment (``AWS_*`` variables...) as the runtime does
     """

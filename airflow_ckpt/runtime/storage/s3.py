@@ -57,7 +57,6 @@ from airflow_ckpt.errors import (
     StorageError,
 )
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned
-from airflow_ckpt.runtime.storage.factory import S3Options
 from airflow_ckpt.runtime.storage.local import fsync_dir, write_temp
 from airflow_ckpt.runtime.storage.naming import (
     bucket_name_problem,
@@ -65,6 +64,7 @@ from airflow_ckpt.runtime.storage.naming import (
     check_prefix,
     dir_prefix,
 )
+from airflow_ckpt.runtime.storage.options import S3Options
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
