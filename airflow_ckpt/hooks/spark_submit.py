@@ -15,7 +15,7 @@ belongs in ``pyproject.toml``.
 Detached drivers (deferrable supervision): :meth:`submit_detached` starts spark-submit
 through ``python -m airflow_ckpt.launch`` in its own session with output to a log file,
 so the driver outlives the task process; the launcher writes spark-submit's exit code
-to ``<log>.exit`` when it ends (:func:`read_exit_code`).
+to ``<log>.exit`` when it ends (:mod:`airflow_ckpt.detached` reads it and stops the driver).
 
 A driver is one unit: a blocking :meth:`~CheckpointedSparkSubmitHook.submit` returns
 only once every process spark-submit started has ended too (a client-mode Python
@@ -29,27 +29,23 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
+from airflow_ckpt.detached import OUTPUT_TAIL_LINES, DetachedDriver
 from airflow_ckpt.launch import end_processes
 from airflow_ckpt.supervision import DriverFailure
 
 #: spark-submit output lines kept per submission to report the driver's last error
-OUTPUT_TAIL_LINES = 400
 
 #: how often a blocking submission notes the processes spark-submit started (while its
 #: output flows), to end the ones that outlive it
@@ -58,15 +54,6 @@ UNIT_LOOK_S = 1.0
 #: environment variable names whose values are credentials (masked everywhere)
 SECRET_ENV_NAMES = frozenset({"AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
                               "AWS_SECURITY_TOKEN"})
-
-
-@dataclass(frozen=True, slots=True)
-class DetachedDriver:
-    """A spark-submit started in its own session: pid (= its process group), log, exit file."""
-
-    pid: int
-    log_path: str
-    exit_path: str
 
 
 #: the provider hook's line when its connection is missing: "Could not load connection
@@ -355,39 +342,6 @@ class CheckpointedSparkSubmitHook(SparkSubmitHook):
         self._should_track_driver_status = self._resolve_should_track_driver_status()
 
 
-def read_exit_code(exit_path: str | None) -> int | None:
-    """The exit code a detached launcher wrote, or None (still running / other host)."""
-    if not exit_path:
-        return None
-    try:
-        return int(Path(exit_path).read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def signal_detached(pid: int, sig: int = signal.SIGTERM) -> bool:
-    """Send ``sig`` to a detached driver's whole process group; False if it is gone."""
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def log_tail(path: str | None, lines: int = OUTPUT_TAIL_LINES) -> list[str]:
-    """The last ``lines`` lines of a detached driver's log (empty if unreadable here)."""
-    if not path:
-        return []
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, fh.tell() - 256 * 1024))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    return text.splitlines()[-lines:]
-
-
 def secret_values(env: Mapping[str, Any]) -> tuple[str, ...]:
     """The credential values in an environment mapping (to mask them)."""
     return tuple(str(v) for k, v in env.items() if k in SECRET_ENV_NAMES and v)
@@ -410,14 +364,6 @@ def resolve_spark_binary(name: str) -> str:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     return name
-
-
-def detached_log_path(log_dir: str | None, job: str, run_id: str, attempt: int) -> Path:
-    """Where a detached driver's output goes: ``<log_dir>/<job>-<run id>-<attempt>.log``
-    (default directory ``$TMPDIR/airflow-ckpt-drivers``; the run id made file-safe)."""
-    base = Path(log_dir) if log_dir else Path(tempfile.gettempdir()) / "airflow-ckpt-drivers"
-    safe_run = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)
-    return base / f"{job}-{safe_run}-{attempt}.log"
 
 
 def _child_processes(pid: int) -> list[Any]:

@@ -59,12 +59,11 @@ from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_ckpt.detached import detached_log_path, kill_detached, log_tail
 from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.hooks.spark_submit import (
     CheckpointedSparkSubmitHook,
-    detached_log_path,
-    log_tail,
     master_given,
     secret_values,
 )
@@ -80,7 +79,6 @@ from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.lease import lease_epochs
 from airflow_ckpt.shipping import runtime_py_files
 from airflow_ckpt.supervision import RESTORE_LATEST, DriverFailure, Verdict
-from airflow_ckpt.triggers.supervision import kill_detached
 
 __all__ = ["CheckpointedJobConfigError", "CheckpointedJobFailedError",
            "CheckpointedSparkSubmitOperator", "supervision_id"]

@@ -23,15 +23,14 @@ driver's process group when it runs on this host.
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_ckpt.detached import kill_detached, read_exit_code
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
-from airflow_ckpt.hooks.spark_submit import read_exit_code, signal_detached
 from airflow_ckpt.metrics import EventMetrics
 from airflow_ckpt.runtime.lease import pid_alive
 from airflow_ckpt.supervision import HealthRule, SupervisionProbe, Verdict
@@ -193,20 +192,6 @@ class DriverSupervisionTrigger(BaseTrigger):
             kill_detached(self.driver_pid if self._local() else None)
         finally:
             hook.close()
-
-
-def kill_detached(pid: int | None, grace_s: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace_s``, to a detached driver's process group."""
-    if pid is None:
-        return
-    if not signal_detached(pid, signal.SIGTERM):
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not signal_detached(pid, 0):
-            return
-        time.sleep(0.2)
-    signal_detached(pid, signal.SIGKILL)
 
 
 def verdict_of(event: dict[str, Any]) -> Verdict:
