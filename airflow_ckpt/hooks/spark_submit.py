@@ -197,6 +197,16 @@ class CheckpointedSparkSubmitHook(SparkSubmitHook):
     def clear_output(self) -> None:
         self._tail.clear()
 
+    def use_attempt(self, conf: Mapping[str, Any], py_files: str | None,
+                    env: Mapping[str, Any]) -> None:
+        """Submit with this attempt's Spark conf, ``--py-files`` and environment (instead
+        of the ones the hook was built with); its credentials are masked in the output."""
+        self._conf = dict(conf)
+        self._py_files = py_files
+        self._env_vars = dict(env)
+        self._secret_values = tuple(dict.fromkeys(self._secret_values + secret_values(env)))
+        self.clear_output()
+
     # ------------------------------------------------------------------ submission
 
     def submission_env(

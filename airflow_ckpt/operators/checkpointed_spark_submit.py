@@ -188,8 +188,6 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         if restart_on_stale_checkpoints and checkpoint_progress_multiple is None:
             self.checkpoint_progress_multiple = DEFAULT_MULTIPLE
         self._killed = threading.Event()
-        # the user's conf / env_vars / py_files, kept while an attempt's are set
-        self._user_args: tuple[dict[str, Any], dict[str, Any], str | None] | None = None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CheckpointedSparkSubmitOperator:
         """A copy with its own (fresh) execution state: ``partial_subset`` and similar
@@ -242,22 +240,19 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
                          restore: str) -> DriverFailure | None:
         """One spark-submit, waited for; None on exit 0, else the driver failure. Errors
         that are no driver failure (spark-submit missing, bad connection) propagate."""
+        hook = self._prepare(sup, attempt, restore)
+        # recorded when spark-submit really runs: a durable (YARN/K8s) task retry that
+        # reconnects to the driver it submitted before submits nothing
+        hook.before_submit = partial(sup.record_submit, hook, attempt, restore,
+                                     **self._submit_fields(context))
         try:
-            hook = self._prepare(sup, attempt, restore)
-            # recorded when spark-submit really runs: a durable (YARN/K8s) task retry that
-            # reconnects to the driver it submitted before submits nothing
-            hook.before_submit = partial(sup.record_submit, hook, attempt, restore,
-                                         **self._submit_fields(context))
-            try:
-                super().execute(context)
-            except (AirflowException, RuntimeError) as exc:
-                failure = hook.failure_of(exc, attempt)
-                if failure is None:
-                    raise
-                return failure
-            return None
-        finally:
-            self._restore_user_args()
+            super().execute(context)
+        except (AirflowException, RuntimeError) as exc:
+            failure = hook.failure_of(exc, attempt)
+            if failure is None:
+                raise
+            return failure
+        return None
 
     # ================================================================ deferrable path
 
@@ -271,10 +266,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         submitted = sup.record_submit(hook, attempt, restore, driver_log=str(log_path),
                                       driver_host=host, detached=True,
                                       **self._submit_fields(context))
-        try:
-            driver = hook.submit_detached(self.application, log_path)
-        finally:
-            self._restore_user_args()
+        driver = hook.submit_detached(self.application, log_path)
         self.log.info("job %s attempt %d submitted detached (pid %d, log %s); deferring",
                       sup.args.job, attempt, driver.pid, driver.log_path)
         # the event carries the submission (attempt, pid, host, log): no resume kwargs
@@ -326,31 +318,22 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
 
     def _prepare(self, sup: Supervisor, attempt: int, restore: str
                  ) -> CheckpointedSparkSubmitHook:
-        """Set this attempt's conf / env_vars / py_files (the provider's ``_get_hook`` and
-        ``execute`` read them from the operator) and build its hook; the user's values
-        come back in :meth:`_restore_user_args`."""
-        if self._user_args is None:
-            self._user_args = (dict(self.conf or {}), dict(self.env_vars or {}), self.py_files)
-        user_conf, user_env, user_py_files = self._user_args
-        self.conf = {**user_conf, **sup.args.spark_conf(
-            restore=restore, attempt=attempt, run_id=sup.run_id,
-            storage_conf=sup.store.job_conf(), workdir=self.workdir)}
-        runtime = runtime_py_files() if self.ship_runtime else None
-        self.py_files = ",".join(p for p in (runtime, user_py_files) if p) or None
-        self.env_vars = {}
-        probe = self._get_hook()
-        if (problem := probe.unsupported_deploy_mode) is not None:
-            raise CheckpointedJobConfigError(ARGUMENTS, {"deploy_mode": problem})
-        self.env_vars = probe.submission_env(sup.store.job_env(), user_conf, user_env, self.log)
-        self._hook = None
+        """Build this attempt's hook: the user's arguments plus the job's Spark conf,
+        runtime ``--py-files`` and environment (the operator's own attributes stay the
+        user's). The provider's ``execute`` submits through :attr:`_hook`."""
+        user_conf, user_env = dict(self.conf or {}), dict(self.env_vars or {})
         hook = self._get_hook()
+        if (problem := hook.unsupported_deploy_mode) is not None:
+            raise CheckpointedJobConfigError(ARGUMENTS, {"deploy_mode": problem})
+        runtime = runtime_py_files() if self.ship_runtime else None
+        hook.use_attempt(
+            conf={**user_conf, **sup.args.spark_conf(
+                restore=restore, attempt=attempt, run_id=sup.run_id,
+                storage_conf=sup.store.job_conf(), workdir=self.workdir)},
+            py_files=",".join(p for p in (runtime, self.py_files) if p) or None,
+            env=hook.submission_env(sup.store.job_env(), user_conf, user_env, self.log))
         self._hook = hook
-        hook.clear_output()
         return hook
-
-    def _restore_user_args(self) -> None:
-        if self._user_args is not None:
-            self.conf, self.env_vars, self.py_files = self._user_args
 
     def _submit_fields(self, context: Context) -> dict[str, Any]:
         ti = context["ti"]
