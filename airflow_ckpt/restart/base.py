@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from airflow_ckpt.durations import format_duration
 from airflow_ckpt.errors import ConfigError
+from airflow_ckpt.options import format_duration
 from airflow_ckpt.restart.options import STRATEGY_TYPES
 
 STATE_FORMAT = 1

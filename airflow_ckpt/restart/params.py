@@ -12,7 +12,7 @@ form can send every field.
 * No type given -> ``exponential-delay``: Flink 2.x's default when checkpointing is
   enabled (``RestartBackoffTimeStrategyFactoryLoader.getDefaultRestartStrategyFactory``),
   and this package always checkpoints.
-* Durations go through :func:`airflow_ckpt.durations.parse_duration` (Flink forms
+* Durations go through :func:`airflow_ckpt.options.parse_duration` (Flink forms
   such as "500 ms", "10 s", "1 min", "1 h"; plain numbers are *seconds* here, not
   Flink's milliseconds) and are then truncated to whole milliseconds, like Flink's
   ``Duration.toMillis()``.
@@ -29,13 +29,12 @@ from __future__ import annotations
 import difflib
 import math
 import random
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_ckpt.durations import DURATION_FORMS, parse_duration
 from airflow_ckpt.errors import ConfigError
+from airflow_ckpt.options import DURATION_FORMS, parse_duration, parse_float, parse_int
 from airflow_ckpt.restart._java import INT_MAX, LONG_MAX
 from airflow_ckpt.restart.base import RestartStrategy, fmt_ms
 from airflow_ckpt.restart.exponential_delay import ExponentialDelayRestartStrategy
@@ -74,8 +73,6 @@ TYPE_ALIASES: dict[str, str] = {
     "exponentialdelay": EXPONENTIAL_DELAY,
 }
 
-INT_PATTERN = r"^\s*[+-]?\d+\s*$"
-FLOAT_PATTERN = r"^\s*[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?\s*$"
 INFINITE = "infinite"
 
 
@@ -125,35 +122,11 @@ class OptionSpec:
     def _parse_int(self, value: Any) -> int:
         if self.infinite and isinstance(value, str) and value.strip().lower() == INFINITE:
             return INT_MAX
-        if isinstance(value, bool):
-            raise ValueError
-        if isinstance(value, float) and value.is_integer():
-            number = int(value)
-        elif isinstance(value, int):
-            number = value
-        elif isinstance(value, str) and re.match(INT_PATTERN, value):
-            number = int(value)
-        else:
-            raise ValueError
-        if not self.minimum <= number <= INT_MAX:
-            raise ValueError
-        return number
+        return parse_int(value, int(self.minimum), INT_MAX)
 
     def _parse_float(self, value: Any) -> float:
-        if isinstance(value, bool):
-            raise ValueError
-        if isinstance(value, int | float) or (
-            isinstance(value, str) and re.match(FLOAT_PATTERN, value)
-        ):
-            number = float(value)
-        else:
-            raise ValueError
-        if not math.isfinite(number):
-            raise ValueError
-        too_low = number <= self.minimum if self.exclusive_minimum else number < self.minimum
-        if too_low or (self.maximum is not None and number > self.maximum):
-            raise ValueError
-        return number
+        return parse_float(value, self.minimum, self.maximum,
+                           exclusive_minimum=self.exclusive_minimum)
 
     def _parse_duration(self, value: Any) -> int:
         seconds = parse_duration(value)

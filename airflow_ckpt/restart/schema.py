@@ -43,14 +43,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_ckpt.durations import _UNITS
 from airflow_ckpt.errors import ConfigError
+from airflow_ckpt.options import DURATION_UNITS, FLOAT_PATTERN, INT_PATTERN
 from airflow_ckpt.restart._java import INT_MAX
 from airflow_ckpt.restart.options import EXPONENTIAL_DELAY, STRATEGY_TYPES
 from airflow_ckpt.restart.params import (
     DEFAULT_TYPE,
-    FLOAT_PATTERN,
-    INT_PATTERN,
     OPTION_SPECS,
     PREFIX,
     TYPE_ALIASES,
@@ -105,7 +103,7 @@ def _case_insensitive(text: str) -> str:
 
 
 def _duration_pattern() -> str:
-    units = sorted(_UNITS, key=len, reverse=True)
+    units = sorted(DURATION_UNITS, key=len, reverse=True)
     alternatives = "|".join(_case_insensitive(unit) for unit in units)
     return rf"^\s*\d+(\.\d+)?\s*({alternatives})?\s*$"
 

@@ -13,47 +13,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from airflow_ckpt.durations import DURATION_FORMS, format_duration, parse_duration
 from airflow_ckpt.errors import ConfigError
-from airflow_ckpt.sizes import MEMORY_SIZE_FORMS, format_memory_size, parse_memory_size
+from airflow_ckpt.options import (
+    DURATION_FORMS,
+    MEMORY_SIZE_FORMS,
+    format_duration,
+    format_memory_size,
+    parse_bool,
+    parse_choice,
+    parse_duration,
+    parse_int,
+    parse_memory_size,
+)
 
 PREFIX = "execution.checkpointing."
 MODES = ("EXACTLY_ONCE", "AT_LEAST_ONCE")
 RETENTIONS = ("RETAIN_ON_CANCELLATION", "DELETE_ON_CANCELLATION")
-
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise ValueError(f"expected true or false, got {value!r}")
-
-
-def _int(minimum: int) -> Any:
-    def parse(value: Any) -> int:
-        if isinstance(value, bool):
-            raise ValueError(f"expected an integer >= {minimum}, got {value!r}")
-        try:
-            number = int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"expected an integer >= {minimum}, got {value!r}") from None
-        if (isinstance(value, float) and value != number) or number < minimum:
-            raise ValueError(f"expected an integer >= {minimum}, got {value!r}")
-        return number
-
-    return parse
-
-
-def _choice(allowed: tuple[str, ...]) -> Any:
-    def parse(value: Any) -> str:
-        if isinstance(value, str) and value.strip().upper() in allowed:
-            return value.strip().upper()
-        raise ValueError(f"expected one of {', '.join(allowed)}, got {value!r}")
-
-    return parse
 
 
 def _positive_duration(value: Any) -> float:
@@ -80,13 +58,13 @@ _OPTIONS: dict[str, tuple[str, Any]] = {
     "interval": ("interval_s", _positive_duration),
     "min-pause": ("min_pause_s", parse_duration),
     "timeout": ("timeout_s", _positive_duration),
-    "max-concurrent-checkpoints": ("max_concurrent", _int(1)),
-    "tolerable-failed-checkpoints": ("tolerable_failed", _int(0)),
-    "num-retained": ("num_retained", _int(1)),
-    "mode": ("mode", _choice(MODES)),
-    "incremental": ("incremental", _bool),
-    "externalized-checkpoint-retention": ("retention", _choice(RETENTIONS)),
-    "file-merging.enabled": ("file_merging", _bool),
+    "max-concurrent-checkpoints": ("max_concurrent", partial(parse_int, minimum=1)),
+    "tolerable-failed-checkpoints": ("tolerable_failed", partial(parse_int, minimum=0)),
+    "num-retained": ("num_retained", partial(parse_int, minimum=1)),
+    "mode": ("mode", partial(parse_choice, allowed=MODES)),
+    "incremental": ("incremental", parse_bool),
+    "externalized-checkpoint-retention": ("retention", partial(parse_choice, allowed=RETENTIONS)),
+    "file-merging.enabled": ("file_merging", parse_bool),
     "file-merging.max-file-size": ("file_merging_max_file_size", _file_size),
 }
 

@@ -14,10 +14,10 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
-from airflow_ckpt.durations import parse_duration
 from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.hooks.checkpoint_store import DEFAULT_CONN_ID, CheckpointStoreHook
 from airflow_ckpt.metrics import report_snapshot
+from airflow_ckpt.options import parse_duration
 from airflow_ckpt.triggers.checkpoint import CheckpointTrigger
 from airflow_ckpt.triggers.matching import (
     CheckpointCondition,
