@@ -337,6 +337,7 @@ class JobLease:
         self._etag = ""  # of the record as we wrote it last (compare-and-swap)
         self._beating = threading.Condition()
         self._in_flight = False  # a heartbeat write is under way
+        self._swapping = threading.Lock()  # one rewrite of our record at a time (_swap)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -421,22 +422,33 @@ class JobLease:
         if late:
             log.info("job %s: adopting checkpoints %s whose markers landed during the "
                      "takeover", self.job, late)
-            self._swap(replace(self.record, adopted=tuple(sorted(
-                {*self.record.adopted, *late}))))
+            self._swap(lambda r: replace(r, adopted=tuple(sorted({*(r.adopted or ()), *late}))))
 
-    def _swap(self, record: LeaseRecord) -> None:
-        """Replace our record, conditioned on the version we wrote last (nobody else
-        writes an epoch's record; a mismatch means it was tampered with: we lose)."""
-        try:
-            self._etag = self.storage.put_bytes(_lease_key(self.prefix, record.epoch),
-                                                record.to_json(), if_match=self._etag)
-        except PreconditionFailedError as exc:
-            self._lose(ConcurrentDriverError(
-                f"job {self.job!r}: the lease record of epoch {record.epoch} was changed or "
-                f"deleted by someone else ({exc}); this driver must stop"))
-            assert self.failure is not None
-            raise self.failure from exc
-        self.record = record
+    def _swap(self, change: Callable[[LeaseRecord], LeaseRecord]) -> None:
+        """Replace our record by ``change(current record)``, conditioned on the version we
+        wrote last (nobody else writes an epoch's record; a mismatch means it was
+        tampered with: we lose).
+
+        The heartbeat thread and the coordinator (:meth:`reserve_ids`) both rewrite the
+        record: one swap at a time, each built from the record the previous one wrote.
+        Two swaps in flight at once would both be conditioned on the same version, and
+        the loser's 412 would read as another driver's write (a final
+        ``ConcurrentDriverError`` with no other driver anywhere).
+        """
+        interleave.point(interleave.LEASE_BEFORE_SWAP)
+        with self._swapping:
+            assert self.record is not None
+            record = change(self.record)
+            try:
+                self._etag = self.storage.put_bytes(_lease_key(self.prefix, record.epoch),
+                                                    record.to_json(), if_match=self._etag)
+            except PreconditionFailedError as exc:
+                self._lose(ConcurrentDriverError(
+                    f"job {self.job!r}: the lease record of epoch {record.epoch} was changed "
+                    f"or deleted by someone else ({exc}); this driver must stop"))
+                assert self.failure is not None
+                raise self.failure from exc
+            self.record = record
 
     # ------------------------------------------------------------------ holding it
     def gate(self) -> None:
@@ -501,7 +513,7 @@ class JobLease:
         if self.record.id_limit is not None and checkpoint_id < self.record.id_limit:
             return
         self.gate()
-        self._swap(replace(self.record, id_limit=checkpoint_id + ID_BLOCK))
+        self._swap(lambda r: replace(r, id_limit=max(r.id_limit or 0, checkpoint_id + ID_BLOCK)))
 
     def _lose(self, failure: ConcurrentDriverError | LeaseExpiredError) -> None:
         if self.failure is None:
@@ -523,7 +535,7 @@ class JobLease:
             self._in_flight = True
         try:
             interleave.point(interleave.LEASE_BEFORE_BEAT)
-            self._swap(replace(self.record, seq=self.record.seq + 1, heartbeat_ts=time.time()))
+            self._swap(lambda r: replace(r, seq=r.seq + 1, heartbeat_ts=time.time()))
             self.confirm()  # a newer epoch means we were deposed: do not extend
             self._valid_until = started + self.ttl_s - self.max_write_s
         finally:
@@ -553,7 +565,7 @@ class JobLease:
         if self.record is not None and self.failure is None:
             try:
                 self.check()
-                self._swap(replace(self.record, seq=self.record.seq + 1, released=True,
+                self._swap(lambda r: replace(r, seq=r.seq + 1, released=True,
                                    heartbeat_ts=time.time()))
             except Exception:  # best effort: expiry frees it anyway
                 log.warning("could not release the lease of job %s", self.job, exc_info=True)

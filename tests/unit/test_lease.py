@@ -9,14 +9,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from airflow_ckpt.errors import ConcurrentDriverError, LeaseExpiredError, StorageError
+from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.lease import (
+    ID_BLOCK,
     HolderIdentity,
     JobLease,
     LeaseObserver,
@@ -25,6 +29,7 @@ from airflow_ckpt.runtime.lease import (
     valid_checkpoint_ids,
 )
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.runtime.storage.delegating import DelegatingStorage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 
 TTL, MAX_WRITE, BEAT = 100.0, 10.0, 50.0  # the heartbeat thread never fires in a test
@@ -149,6 +154,72 @@ def test_a_successful_heartbeat_extends_validity_from_its_start(
     clock.now += 1
     with pytest.raises(LeaseExpiredError):
         holder.gate()
+
+
+class HeldIfMatchPuts(DelegatingStorage):
+    """Holds the conditional (``if_match``) PUTs made by one thread until released;
+    ``other`` is set when another thread makes one."""
+
+    def __init__(self, inner: CheckpointStorage, thread_name: str) -> None:
+        super().__init__(inner)
+        self.thread_name = thread_name
+        self.arrived = threading.Event()
+        self.go = threading.Event()
+        self.other = threading.Event()
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
+        if if_match is not None and threading.current_thread().name == self.thread_name:
+            self.arrived.set()
+            assert self.go.wait(10)
+        elif if_match is not None:
+            self.other.set()
+        return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
+
+
+def test_a_heartbeat_in_flight_and_an_id_reservation_both_land(
+    store: CheckpointStorage, clock: FakeClock
+) -> None:
+    """Found through the fault proxy: the heartbeat thread and the coordinator both
+    rewrite the lease record. With a heartbeat PUT in flight, a reservation conditioned
+    on the same version made the later write fail with 412, read as another driver's
+    (a final ConcurrentDriverError while no other driver existed). Forced here with the
+    heartbeat's PUT held and the reservation paused where it waits for its turn."""
+    held = HeldIfMatchPuts(store, "beat")
+    holder = JobLease(held, "job", "run-a", ttl_s=TTL, heartbeat_s=BEAT,
+                      max_write_s=MAX_WRITE, clock=clock, sleep=clock.sleep)
+    record = holder.acquire()
+    assert record.id_limit is None  # nothing reserved yet
+    reserving = held.other  # set by the reservation's PUT, or where it waits for its turn
+
+    def note_reservation() -> None:
+        if threading.current_thread().name == "reserve":
+            reserving.set()
+
+    errors: list[BaseException] = []
+
+    def run(action: Callable[[], object]) -> None:
+        try:
+            action()
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    with interleave.installed(interleave.LEASE_BEFORE_SWAP, note_reservation):
+        beat = threading.Thread(target=run, args=(holder.beat,), name="beat")
+        beat.start()
+        assert held.arrived.wait(10)  # the heartbeat's PUT is in flight
+        reserve = threading.Thread(target=run, name="reserve",
+                                   args=(lambda: holder.reserve_ids(1),))
+        reserve.start()
+        assert reserving.wait(10)  # the reservation is about to rewrite the record
+        held.go.set()
+        beat.join(10)
+        reserve.join(10)
+    assert errors == [] and holder.failure is None
+    stored = read_lease(store, "job")
+    assert stored is not None
+    assert (stored.seq, stored.id_limit) == (record.seq + 1, 1 + ID_BLOCK)
+    holder.gate()
 
 
 def test_a_deposed_holder_notices_the_newer_epoch(
