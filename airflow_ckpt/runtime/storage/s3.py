@@ -549,31 +549,13 @@ class S3Storage(CheckpointStorage):
             if ident in _VERIFIED_CONDITIONAL:
                 return
             probe = self._root + PROBE_PREFIX + uuid.uuid4().hex
-            honoured = False
             try:
-                try:
-                    self._client.put_object(
-                        Bucket=self.bucket, Key=probe, Body=b"probe", IfNoneMatch="*"
-                    )
-                except ClientError as exc:
-                    if not _refused_as_existing(exc):
-                        self._raise(exc, "write", key)
-                    # The probe key is new and ours alone: a 412 answers a retry of
-                    # our own first PUT, applied but its answer lost. The endpoint
-                    # refused to create an existing object: it honours the header.
-                    honoured = True
-                except BotoCoreError as exc:
-                    self._raise(exc, "write", key)
-                try:
-                    self._client.put_object(
-                        Bucket=self.bucket, Key=probe, Body=b"probe", IfNoneMatch="*"
-                    )
-                except ClientError as exc:
-                    if not _refused_as_existing(exc):
-                        self._raise(exc, "write", key)
-                    honoured = True
-                except BotoCoreError as exc:
-                    self._raise(exc, "write", key)
+                # The probe key is new and ours alone: a 412 on the first PUT answers a
+                # retry of that PUT, applied but its answer lost. Either refusal means
+                # the endpoint refused to create an existing object: it honours the
+                # header. Both PUTs are sent either way.
+                first = self._probe_refused(probe, key)
+                honoured = self._probe_refused(probe, key) or first
             finally:
                 with contextlib.suppress(ClientError, BotoCoreError):
                     self._client.delete_object(Bucket=self.bucket, Key=probe)
@@ -587,6 +569,22 @@ class S3Storage(CheckpointStorage):
                 )
             _VERIFIED_CONDITIONAL.add(ident)
             self._bucket_known = True
+
+    def _probe_refused(self, probe: str, key: str) -> bool:
+        """One create-only PUT of the probe object: True if the endpoint refused it as
+        existing (412, or 409 for a concurrent conditional write), False if it wrote
+        it. Any other error raises the ``StorageError`` of a write of ``key``."""
+        try:
+            self._client.put_object(
+                Bucket=self.bucket, Key=probe, Body=b"probe", IfNoneMatch="*"
+            )
+        except ClientError as exc:
+            if not _refused_as_existing(exc):
+                self._raise(exc, "write", key)
+            return True
+        except BotoCoreError as exc:
+            self._raise(exc, "write", key)
+        return False
 
     def upload_file(self, path: Path, key: str) -> None:
         """Upload a local file, multipart at or above ``multipart_threshold``.
