@@ -1,9 +1,10 @@
 """A committed batch id staged again (a replay after a restore older than the sink's
-output, issue 19 item 2): skipped if it read the same source offsets, refused with
-``SinkReplayMismatchError`` if it read others -- never published twice, never dropped
-silently, the committed output never deleted. The sinks are driven directly over
-``file://`` storage; the offsets come from a Spark-shaped offsets log
-(``read_batch_offsets``), as the runtime hands them over."""
+output, issue 19 item 2): skipped if it read the same source offsets; if it read others,
+refused with ``SinkReplayMismatchError`` under EXACTLY_ONCE, published as extra output
+(reported, nothing lost) under AT_LEAST_ONCE -- never dropped silently, the committed
+output never deleted nor changed. The sinks are driven directly over ``file://``
+storage; the offsets come from a Spark-shaped offsets log (``read_batch_offsets``), as
+the runtime hands them over."""
 
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ import pytest
 
 from airflow_ckpt.errors import SinkReplayMismatchError
 from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
-from airflow_ckpt.runtime.sinks.offsets import BatchOffsets, check_replay, read_batch_offsets
+from airflow_ckpt.runtime.sinks.offsets import (
+    BatchOffsets,
+    ReplayPolicy,
+    check_replay,
+    read_batch_offsets,
+)
 from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 
@@ -168,6 +174,69 @@ def test_a_replay_with_other_offsets_is_refused_and_the_committed_output_kept(
     sink.commit(5)
     assert committed_numbers(sink) == list(range(10))
     assert sink.pending() == [] and staged_leftovers(sink) == []
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_at_least_once_a_replay_with_other_offsets_is_published_as_extra_output(
+        storage: CheckpointStorage, tmp_path: Path, kind: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """AT_LEAST_ONCE (duplicates allowed): the issue's replay of batch 5, [0, 40) after a
+    committed [0, 10), is published as extra output -- every row of it reaches the sink,
+    rows 0..9 twice -- after a WARNING and a report naming the batch and both offset
+    ranges; the committed decision is unchanged, and a replay of the same offsets again
+    is skipped (that input is published already). Failed on main: refused."""
+    log = OffsetsLog(tmp_path / "work")
+    reports: list[tuple[str, int, str, str]] = []
+    sink = make_sink(kind, storage)
+    sink.track_offsets(log.reader, ReplayPolicy(True, lambda *r: reports.append(r)))
+    assert isinstance(sink, (JsonLinesSink, ParquetSink))
+    log.write(5, json.dumps({"end": 10}))
+    sink.pre_commit(5, rows(0, 10))
+    sink.commit(5)
+    decision = sink.storage.get_bytes(sink.transactions.decision_key(5))
+
+    log.write(5, json.dumps({"end": 40}))
+    with caplog.at_level(logging.WARNING, logger="airflow_ckpt.sinks"):
+        sink.pre_commit(5, rows(0, 40))
+    sink.commit(5)  # AT_LEAST_ONCE commits right after staging
+    assert committed_numbers(sink) == sorted([*range(10), *range(40)])
+    ((name, batch, committed, replay),) = reports
+    assert (name, batch) == (repr(sink), 5)
+    assert '{"end": 10}' in committed and '{"end": 40}' in replay
+    assert "batch 5" in caplog.text and '{"end": 10}' in caplog.text \
+        and '{"end": 40}' in caplog.text and "extra output" in caplog.text
+    assert sink.pending() == [] and staged_leftovers(sink) == []
+    assert sink.committed_batches() == [5]
+    assert sink.storage.get_bytes(sink.transactions.decision_key(5)) == decision  # unchanged
+
+    log.write(5, json.dumps({"end": 40}))  # the same replay once more: skipped
+    sink.pre_commit(5, rows(0, 40))
+    sink.commit(5)
+    assert committed_numbers(sink) == sorted([*range(10), *range(40)])
+    assert len(reports) == 1 and staged_leftovers(sink) == []
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_at_least_once_an_extra_publication_staged_then_aborted_is_never_published(
+        storage: CheckpointStorage, tmp_path: Path, kind: str) -> None:
+    """A crash between staging the extra publication and its commit: recovery aborts
+    it (its staging deleted, the batch's own publication kept); the next replay with
+    those offsets publishes it after all."""
+    log = OffsetsLog(tmp_path / "work")
+    sink = make_sink(kind, storage)
+    sink.track_offsets(log.reader, ReplayPolicy(True))
+    log.write(5, json.dumps({"end": 10}))
+    sink.pre_commit(5, rows(0, 10))
+    sink.commit(5)
+    log.write(5, json.dumps({"end": 20}))
+    sink.pre_commit(5, rows(0, 20))
+    assert sink.pending() == [5]
+    sink.recover(commit=[])  # the next driver life: not in the restored checkpoint
+    assert committed_numbers(sink) == list(range(10))
+    assert sink.pending() == [] and staged_leftovers(sink) == []
+    sink.pre_commit(5, rows(0, 20))
+    sink.commit(5)
+    assert committed_numbers(sink) == sorted([*range(10), *range(20)])
 
 
 @pytest.mark.parametrize("kind", ["parquet", "jsonl"])

@@ -9,17 +9,21 @@ available, and the last offsets-log entry without a commit is re-run as it is.
 In every case the outcome is one of the two documented ones: each number committed
 exactly once with the right running sum (the replays read what the committed batches
 read, and are skipped), or ``SinkReplayMismatchError`` with the committed output intact
-(a replay read other offsets). Never a loss, never a duplicate."""
+(a replay read other offsets). Never a loss, never a duplicate. Under AT_LEAST_ONCE a
+replay that read other offsets is published as extra output instead: every number at
+least once, the repeats reported."""
 
 from __future__ import annotations
 
 import itertools
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from airflow_ckpt.errors import ObjectAlreadyExistsError, SinkReplayMismatchError
@@ -29,7 +33,7 @@ from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.control import ControlChannel
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.sinks import JsonLinesSink, TwoPhaseCommitSink
+from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
 from airflow_ckpt.runtime.sinks.offsets import check_replay
 from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
@@ -216,11 +220,26 @@ class OwnSink(TwoPhaseCommitSink):
                 for r in json.loads(self.storage.get_bytes(i.key))]
 
 
+class RowsParquetSink(ParquetSink):
+    """``ParquetSink`` staging the simulated query's rows on the driver
+    (``pre_commit``): its decisions, records and publishing as they are, no Spark."""
+
+    stage = TwoPhaseCommitSink.stage
+
+
 def make_sink(kind: str, storage: CheckpointStorage) -> TwoPhaseCommitSink:
+    if kind == "parquet":
+        return RowsParquetSink(storage.uri.rstrip("/") + "/table")
     return JsonLinesSink(storage, "_out") if kind == "jsonl" else OwnSink(storage)
 
 
 def committed(sink: TwoPhaseCommitSink) -> list[dict[str, Any]]:
+    if isinstance(sink, ParquetSink):
+        found: list[dict[str, Any]] = []
+        for key in sink.committed_files():
+            with sink.storage.open_stream(key) as fh:
+                found += pq.read_table(fh).to_pylist()
+        return sorted(found, key=lambda r: int(r["n"]))
     assert isinstance(sink, (JsonLinesSink, OwnSink))
     return sorted(sink.committed_rows(), key=lambda r: int(r["n"]))
 
@@ -351,24 +370,40 @@ def test_a_replay_that_reads_other_offsets_is_refused_before_anything_is_lost(
     assert not JobHistory(storage, job).events([ev.RESTART])  # refused at once
 
 
-@pytest.mark.parametrize("per_batch", [3, 100], ids=["same-offsets", "other-offsets"])
-def test_at_least_once_replays_follow_the_same_rule(
-        storage: CheckpointStorage, tmp_path: Path, per_batch: int) -> None:
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_at_least_once_replays_are_skipped_or_published_never_refused(
+        storage: CheckpointStorage, tmp_path: Path, kind: str) -> None:
     """AT_LEAST_ONCE commits each batch at once, so the sink is ahead of every checkpoint
-    restored after a failure; a replay is committed again right after its staging (a
-    no-op for a skipped one)."""
+    restored after a failure. A replay that read the committed offsets is skipped;
+    one that read others (batch 2 takes every number now available) is published as
+    extra output, not refused: the run finishes, every number reaches the output (the
+    replay's with the right running sum) and the repeats are reported in the history.
+    Failed on main: SinkReplayMismatchError."""
     mode = "AT_LEAST_ONCE"
-    assert run_life(storage, tmp_path / "w1", Source(18, 3), "jsonl", mode=mode) == "finished"
+    assert run_life(storage, tmp_path / "w1", Source(18, 3), kind, mode=mode) == "finished"
     target = older_checkpoint(storage, 1)
-    if per_batch == 3:
-        assert run_life(storage, tmp_path / "w2", Source(30, per_batch), "jsonl",
-                        restore=target, mode=mode) == "finished"
-        expect_exactly_once(make_sink("jsonl", storage), 30)
-    else:
-        with pytest.raises(SinkReplayMismatchError):
-            run_life(storage, tmp_path / "w2", Source(30, per_batch), "jsonl",
-                     restore=target, mode=mode)
-        expect_exactly_once(make_sink("jsonl", storage), 18)
+    assert run_life(storage, tmp_path / "w2", Source(30, 3), kind, restore=target,
+                    mode=mode) == "finished"
+    expect_exactly_once(make_sink(kind, storage), 30)  # same offsets: skipped
+
+    first = committed(make_sink(kind, storage))
+    assert run_life(storage, tmp_path / "w3", Source(40, 100), kind, restore=target,
+                    mode=mode) == "finished"
+    rows = committed(make_sink(kind, storage))
+    # what the third life added: batch 2 over 7..40 (7..30 are now there twice), each
+    # row with the running sum the restored state gives
+    added = Counter(json.dumps(r, sort_keys=True) for r in rows)
+    added.subtract(json.dumps(r, sort_keys=True) for r in first)
+    assert sorted(added.elements()) == sorted(json.dumps(
+        {"batch": 2, "n": n, "running": n * (n + 1) // 2}, sort_keys=True)
+        for n in range(7, 41))
+    (published,) = JobHistory(storage, JOB).events([ev.SINK_REPLAY_PUBLISHED])
+    assert published.data["batch"] == 2
+    assert published.data["restored"].endswith(f"/{JOB}/{target}")
+    assert '"end": 9' in published.data["committed_offsets"]
+    assert '"end": 40' in published.data["replay_offsets"]
+    assert make_sink(kind, storage).pending() == []
+    assert not JobHistory(storage, JOB).events([ev.JOB_FAILED])
 
 
 def test_check_replay_rules() -> None:
