@@ -140,9 +140,9 @@ class ReplayPolicy:
     offsets. ``publish_other`` False (EXACTLY_ONCE, the default): refuse it with
     :class:`~airflow_ckpt.errors.SinkReplayMismatchError`, nothing published; True
     (AT_LEAST_ONCE, duplicates allowed by contract): publish it as extra output, so that
-    no row is lost, after a WARNING log and ``report`` (the runtime appends a
-    ``sink_replay_published`` history event). The runtime hands each registered sink
-    the policy of the job's mode (:meth:`TwoPhaseCommitSink.track_offsets`)."""
+    no row is lost, after :meth:`announce` (a WARNING log, then ``report``: the runtime
+    appends a ``sink_replay_published`` history event). The runtime hands each
+    registered sink the policy of the job's mode (``TwoPhaseCommitSink.track_offsets``)."""
 
     publish_other: bool = False
     report: ReplayReport | None = None
