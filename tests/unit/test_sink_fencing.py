@@ -18,6 +18,7 @@ from airflow_ckpt.runtime.lease import JobLease
 from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
+from airflow_ckpt.testing.published import published_numbers
 from tests.unit.test_lease import FakeClock
 
 JOB = "job"
@@ -53,19 +54,6 @@ def lease(storage: CheckpointStorage, clock: FakeClock, owner: str) -> JobLease:
 
 def rows(n: int, start: int) -> list[dict[str, Any]]:
     return [{"n": i} for i in range(start, start + n)]
-
-
-def committed_numbers(sink: TwoPhaseCommitSink) -> list[int]:
-    if isinstance(sink, JsonLinesSink):
-        return sorted(r["n"] for r in sink.committed_rows())
-    assert isinstance(sink, ParquetSink)
-    import pyarrow.parquet as pq
-
-    out: list[int] = []
-    for key in sink.committed_files():
-        with sink.storage.open_stream(key) as fh:
-            out += pq.read_table(fh).column("n").to_pylist()
-    return sorted(out)
 
 
 def make_sink(kind: str, storage: CheckpointStorage, lease_: JobLease,
@@ -117,7 +105,7 @@ def test_a_deposed_drivers_late_pre_commit_record_never_replaces_the_successors(
     thread.join(timeout=30)
     new.commit(7)
 
-    assert committed_numbers(new) == list(range(40))
+    assert published_numbers(new) == list(range(40))
     assert new.pending() == []
     # whatever the deposed driver's write met, it changed nothing it was not allowed to
     assert all(isinstance(f, (ConcurrentDriverError, StorageError)) for f in failures)

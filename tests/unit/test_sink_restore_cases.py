@@ -23,12 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 
 from airflow_ckpt.errors import ObjectAlreadyExistsError, SinkReplayMismatchError
 from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime import job as job_module
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.control import ControlChannel
 from airflow_ckpt.runtime.history import JobHistory
@@ -37,6 +35,8 @@ from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommi
 from airflow_ckpt.runtime.sinks.offsets import check_replay
 from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.testing.published import published_rows
+from airflow_ckpt.testing.simquery import SimulatedQuery, SimulatedSpark, run_to_end, write_file
 
 JOB = "replay"
 CONFIG = {
@@ -55,44 +55,20 @@ class Source:
     per_batch: int
 
 
-class _Conf:
-    def get(self, key: str, default: str | None = None) -> str | None:
-        return default
-
-
-class _Row(dict[str, Any]):
-    def asDict(self, recursive: bool = False) -> dict[str, Any]:
-        return dict(self)
-
-
-class _Frame:
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self.rows = rows
-
-    def collect(self) -> list[_Row]:
-        return [_Row(r) for r in self.rows]
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-class _Query:
-    """One batch per ``awaitTermination`` call, planned as Spark's MicroBatchExecution
-    plans: re-run the newest offsets-log entry if it has no commit, else a new batch
-    from the previous entry's end offset; state version ``b + 1`` holds the running
-    sum."""
+class _Query(SimulatedQuery):
+    """Plans as Spark's MicroBatchExecution plans: re-run the newest offsets-log entry if
+    it has no commit, else a new batch from the previous entry's end offset; state
+    version ``b + 1`` holds the running sum."""
 
     def __init__(self, workdir: Path, fn: Callable[[Any, int], None], source: Source,
                  on_batch: Callable[[int], None]) -> None:
-        self.workdir, self.fn, self.source, self.on_batch = workdir, fn, source, on_batch
-        self.error: BaseException | None = None
-        self.stopped = False
+        super().__init__(workdir, fn, on_batch)
+        self.source = source
+        self.total = 0
         self.clock = itertools.count(1_700_000_000_000)
-        _write(workdir / "metadata", json.dumps({"id": "replay-query"}))
-        _write(workdir / "state" / "0" / "_metadata" / "metadata",
-               'v1\n{"stateStoreInfo":[{"storeName":"default","numPartitions":1}]}')
+        write_file(workdir / "metadata", json.dumps({"id": "replay-query"}))
+        write_file(workdir / "state" / "0" / "_metadata" / "metadata",
+                   'v1\n{"stateStoreInfo":[{"storeName":"default","numPartitions":1}]}')
 
     def _logged(self, name: str) -> list[int]:
         return sorted(int(p.name) for p in (self.workdir / name).glob("*") if p.name.isdigit())
@@ -103,7 +79,7 @@ class _Query:
         lines = (self.workdir / "offsets" / str(batch)).read_text().splitlines()
         return int(json.loads(lines[2])["end"])
 
-    def _plan(self) -> tuple[int, int, int] | None:
+    def _span(self) -> tuple[int, int, int] | None:
         """(batch, start, end) of the batch to run next, or None if there is none."""
         offsets, commits = self._logged("offsets"), self._logged("commits")
         if offsets and offsets[-1] not in commits:  # re-run as logged
@@ -114,63 +90,42 @@ class _Query:
         end = min(start + self.source.per_batch, self.source.available)
         return (b, start, end) if end > start else None
 
-    @property
-    def isActive(self) -> bool:
-        return not self.stopped and self.error is None and self._plan() is not None
+    def _plan(self) -> int | None:
+        span = self._span()
+        return span[0] if span is not None else None
 
-    def awaitTermination(self, timeout: float | None = None) -> bool:
-        planned = self._plan()
-        if self.stopped or self.error is not None or planned is None:
-            return True
-        b, start, end = planned
-        self.on_batch(b)
+    def _input(self, b: int) -> list[dict[str, Any]]:
+        span = self._span()
+        assert span is not None and span[0] == b
+        _, start, end = span
         meta = {"batchWatermarkMs": 0, "batchTimestampMs": next(self.clock), "conf": {
             "spark.sql.shuffle.partitions": "1"}}
         if not (self.workdir / "offsets" / str(b)).exists():
-            _write(self.workdir / "offsets" / str(b),
-                   f"v1\n{json.dumps(meta)}\n{json.dumps({'end': end})}")
+            write_file(self.workdir / "offsets" / str(b),
+                       f"v1\n{json.dumps(meta)}\n{json.dumps({'end': end})}")
         state = self.workdir / "state" / "0" / "0"
-        total = json.loads((state / f"{b}.delta").read_text())["sum"] if b else 0
+        self.total = json.loads((state / f"{b}.delta").read_text())["sum"] if b else 0
         rows = []
         for n in range(start + 1, end + 1):
-            total += n
-            rows.append({"n": n, "batch": b, "running": total})
-        try:
-            self.fn(_Frame(rows), b)
-        except Exception as exc:
-            self.error = exc
-            return True
-        _write(state / f"{b + 1}.delta", json.dumps({"sum": total}))
-        _write(self.workdir / "commits" / str(b), "v1\n{}")
-        return not self.isActive
+            self.total += n
+            rows.append({"n": n, "batch": b, "running": self.total})
+        return rows
 
-    def exception(self) -> BaseException | None:
-        return self.error
-
-    def stop(self) -> None:
-        self.stopped = True
+    def _finish(self, b: int) -> None:
+        write_file(self.workdir / "state" / "0" / "0" / f"{b + 1}.delta",
+                   json.dumps({"sum": self.total}))
+        write_file(self.workdir / "commits" / str(b), "v1\n{}")
 
 
-class _Writer:
-    def __init__(self, spark: SimulatedSpark, fn: Callable[[Any, int], None]) -> None:
-        self.spark, self.fn, self.location = spark, fn, ""
-
-    def option(self, key: str, value: str) -> _Writer:
-        if key == "checkpointLocation":
-            self.location = value
-        return self
-
-    def start(self) -> _Query:
-        return _Query(Path(self.location), self.fn, self.spark.source, self.spark.on_batch)
-
-
-class SimulatedSpark:
-    version = "4.2.0-simulated"
+class SourceSpark(SimulatedSpark):
+    """The simulated session whose query reads ``source``."""
 
     def __init__(self, source: Source, on_batch: Callable[[int], None]) -> None:
-        self.conf = _Conf()
+        super().__init__(on_batch)
         self.source = source
-        self.on_batch = on_batch
+
+    def query(self, workdir: Path, fn: Callable[[Any, int], None]) -> _Query:
+        return _Query(workdir, fn, self.source, self.on_batch)
 
 
 class OwnSink(TwoPhaseCommitSink):
@@ -233,22 +188,11 @@ def make_sink(kind: str, storage: CheckpointStorage) -> TwoPhaseCommitSink:
     return JsonLinesSink(storage, "_out") if kind == "jsonl" else OwnSink(storage)
 
 
-def committed(sink: TwoPhaseCommitSink) -> list[dict[str, Any]]:
-    if isinstance(sink, ParquetSink):
-        found: list[dict[str, Any]] = []
-        for key in sink.committed_files():
-            with sink.storage.open_stream(key) as fh:
-                found += pq.read_table(fh).to_pylist()
-        return sorted(found, key=lambda r: int(r["n"]))
-    assert isinstance(sink, (JsonLinesSink, OwnSink))
-    return sorted(sink.committed_rows(), key=lambda r: int(r["n"]))
-
-
 def run_life(storage: CheckpointStorage, workdir: Path, source: Source, kind: str, *,
              job: str = JOB, restore: str = "latest",
              on_batch: Callable[[int], None] = lambda b: None,
              mode: str = "EXACTLY_ONCE") -> str:
-    spark = SimulatedSpark(source, on_batch)
+    spark = SourceSpark(source, on_batch)
     driver = CheckpointedJob(
         spark,  # type: ignore[arg-type]
         job=job, storage=storage,
@@ -257,19 +201,11 @@ def run_life(storage: CheckpointStorage, workdir: Path, source: Source, kind: st
                           "fixed-delay.delay": "0 s"},
         restore=restore, workdir=workdir, threaded=False,
     )
-    driver.clock = itertools.count(step=3600.0).__next__  # a checkpoint at every tick
-    sink = make_sink(kind, storage)
-    write = driver.exactly_once(sink)
-    previous = job_module.CONTROL_POLL_S
-    job_module.CONTROL_POLL_S = 0.0
-    try:
-        return driver.run(lambda: _Writer(spark, write)).outcome  # type: ignore[arg-type,return-value]
-    finally:
-        job_module.CONTROL_POLL_S = previous
+    return run_to_end(driver, spark, make_sink(kind, storage))
 
 
 def expect_exactly_once(sink: TwoPhaseCommitSink, available: int) -> None:
-    rows = committed(sink)
+    rows = published_rows(sink)
     assert [r["n"] for r in rows] == list(range(1, available + 1))  # each number once
     assert all(r["running"] == r["n"] * (r["n"] + 1) // 2 for r in rows)  # state right
 
@@ -386,10 +322,10 @@ def test_at_least_once_replays_are_skipped_or_published_never_refused(
                     mode=mode) == "finished"
     expect_exactly_once(make_sink(kind, storage), 30)  # same offsets: skipped
 
-    first = committed(make_sink(kind, storage))
+    first = published_rows(make_sink(kind, storage))
     assert run_life(storage, tmp_path / "w3", Source(40, 100), kind, restore=target,
                     mode=mode) == "finished"
-    rows = committed(make_sink(kind, storage))
+    rows = published_rows(make_sink(kind, storage))
     # what the third life added: batch 2 over 7..40 (7..30 are now there twice), each
     # row with the running sum the restored state gives
     added = Counter(json.dumps(r, sort_keys=True) for r in rows)
