@@ -209,22 +209,51 @@ def test_at_least_once_a_replay_with_other_offsets_is_published_as_extra_output(
     assert len(reports) == 1 and staged_leftovers(sink) == []
 
 
+@pytest.mark.parametrize("kept", [False, True], ids=["aborted", "kept"])
+@pytest.mark.parametrize("next_mode", ["AT_LEAST_ONCE", "EXACTLY_ONCE"])
 @pytest.mark.parametrize("kind", ["parquet", "jsonl"])
-def test_at_least_once_an_extra_publication_staged_then_aborted_is_never_published(
-        storage: CheckpointStorage, tmp_path: Path, kind: str) -> None:
-    """A crash between staging the extra publication and its commit: recovery aborts
-    it (its staging deleted, the batch's own publication kept); the next replay with
-    those offsets publishes it after all."""
+def test_an_extra_publication_left_staged_is_settled_by_the_next_recovery(
+        storage: CheckpointStorage, tmp_path: Path, kind: str, next_mode: str,
+        kept: bool) -> None:
+    """A crash between staging the extra publication and its commit; the next driver
+    life (in either mode) recovers: not in the restored checkpoint, it is aborted (its
+    staging deleted, the batch's own publication kept) and the next replay with those
+    offsets publishes it after all; in the checkpoint, it is committed."""
     log = OffsetsLog(tmp_path / "work")
     sink = tracked_sink(kind, storage, log, ReplayPolicy(True))
     run_batch(sink, log, 5, 0, 10)
     run_batch(sink, log, 5, 0, 20, commit=False)
     assert sink.pending() == [5]
-    sink.recover(commit=[])  # the next driver life: not in the restored checkpoint
-    assert published_numbers(sink) == list(range(10))
-    assert sink.pending() == [] and staged_leftovers(sink) == []
-    run_batch(sink, log, 5, 0, 20)
-    assert published_numbers(sink) == sorted([*range(10), *range(20)])
+    later = tracked_sink(kind, storage, log, ReplayPolicy(next_mode == "AT_LEAST_ONCE"))
+    later.recover(commit=[5] if kept else [])
+    assert later.pending() == [] and staged_leftovers(later) == []
+    if kept:
+        assert published_numbers(later) == sorted([*range(10), *range(20)])
+        return
+    assert published_numbers(later) == list(range(10))
+    if next_mode == "AT_LEAST_ONCE":
+        run_batch(later, log, 5, 0, 20)
+        assert published_numbers(later) == sorted([*range(10), *range(20)])
+
+
+@pytest.mark.parametrize("mode", ["EXACTLY_ONCE", "AT_LEAST_ONCE"])
+def test_only_at_least_once_commits_list_the_extra_publications(
+        storage: CheckpointStorage, tmp_path: Path, mode: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Looking for a batch's extra publications costs a LIST per commit: paid only where
+    the job publishes them (recovery and abort always look)."""
+    listed: list[str] = []
+    real_list = storage.list
+    monkeypatch.setattr(storage, "list", lambda prefix="": listed.append(prefix)
+                        or real_list(prefix))
+    log = OffsetsLog(tmp_path / "work")
+    sink = tracked_sink("jsonl", storage, log, ReplayPolicy(mode == "AT_LEAST_ONCE"))
+    for b in range(3):
+        run_batch(sink, log, b, 10 * b, 10 * b + 10)
+    looked = [p for p in listed if p.startswith("_out/_txn/0")]
+    assert looked == ([] if mode == "EXACTLY_ONCE" else
+                      [f"_out/_txn/{b:012d}." for b in range(3)])
+    assert published_numbers(sink) == list(range(30))
 
 
 @pytest.mark.parametrize("kind", ["parquet", "jsonl"])

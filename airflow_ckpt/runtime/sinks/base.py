@@ -44,6 +44,8 @@ class TwoPhaseCommitSink(ABC):
     _offsets_reader: Callable[[int], BatchOffsets | None] | None = None
     #: set by the runtime (:meth:`track_offsets`); refuse when the sink runs on its own
     _replays: ReplayPolicy = REFUSE
+    #: True while :meth:`recover` runs
+    _recovering = False
 
     def track_offsets(self, reader: Callable[[int], BatchOffsets | None],
                       replays: ReplayPolicy | None = None) -> None:
@@ -115,10 +117,22 @@ class TwoPhaseCommitSink(ABC):
     def recover(self, commit: Iterable[int]) -> None:
         """After restore: commit the checkpoint's transactions, abort all others."""
         keep = set(commit)
-        for batch_id in self.pending():
-            if batch_id in keep:
-                log.info("recover-and-commit transaction of batch %d", batch_id)
-                self.commit(batch_id)
-            else:
-                log.info("aborting transaction of batch %d (it will be replayed)", batch_id)
-                self.abort(batch_id)
+        self._recovering = True
+        try:
+            for batch_id in self.pending():
+                if batch_id in keep:
+                    log.info("recover-and-commit transaction of batch %d", batch_id)
+                    self.commit(batch_id)
+                else:
+                    log.info("aborting transaction of batch %d (it will be replayed)",
+                             batch_id)
+                    self.abort(batch_id)
+        finally:
+            self._recovering = False
+
+    @property
+    def _seeks_extra(self) -> bool:
+        """Whether ``commit`` looks for extra publications of the batch (replays that
+        read other offsets, AT_LEAST_ONCE; a LIST per commit): where this job publishes
+        them, and in :meth:`recover` (an earlier life may have). ``abort`` always looks."""
+        return self._replays.publish_other or self._recovering

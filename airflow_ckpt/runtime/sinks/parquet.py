@@ -362,15 +362,15 @@ class ParquetSink(TwoPhaseCommitSink):
             ],
         }
 
-    def _slots(self, batch_id: int) -> list[str]:
-        """The batch's extra publications with a record, then the batch itself (""):
-        an extra one is finished first, as the batch's own clean-up deletes every
-        attempt staged under ``_staging/<batch>/``."""
-        return [*self.transactions.replays(batch_id), ""]
+    def _slots(self, batch_id: int, extra: bool = True) -> list[str]:
+        """The batch's extra publications with a record (if ``extra``), then the batch
+        itself (""): an extra one is finished first, as the batch's own clean-up deletes
+        every attempt staged under ``_staging/<batch>/``."""
+        return [*(self.transactions.replays(batch_id) if extra else ()), ""]
 
     def commit(self, batch_id: int) -> None:
         with self._lock:
-            for replay in self._slots(batch_id):
+            for replay in self._slots(batch_id, self._seeks_extra):
                 self._commit(batch_id, replay)
 
     def _commit(self, batch_id: int, replay: str) -> None:
