@@ -218,10 +218,12 @@ def storage(tmp_path: Path) -> Iterator[CheckpointStorage]:
 
 
 def first_life(storage: CheckpointStorage, tmp_path: Path, kind: str,
-               on_batch: Callable[[int], None] = lambda b: None) -> TwoPhaseCommitSink:
-    """Batches 0..5 of three numbers each, each committed by a checkpoint."""
-    assert run_life(storage, tmp_path / "w1", Source(18, 3), kind, on_batch=on_batch) \
-        == "finished"
+               on_batch: Callable[[int], None] = lambda b: None,
+               mode: str = "EXACTLY_ONCE") -> TwoPhaseCommitSink:
+    """Batches 0..5 of three numbers each, each committed (by a checkpoint, or at once
+    under AT_LEAST_ONCE)."""
+    assert run_life(storage, tmp_path / "w1", Source(18, 3), kind, on_batch=on_batch,
+                    mode=mode) == "finished"
     sink = make_sink(kind, storage)
     assert sink.committed_batches() == list(range(6))
     return sink
@@ -268,16 +270,19 @@ def savepoint_at_batch_2(storage: CheckpointStorage) -> Callable[[int], None]:
     return on_batch
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "own"])
+@pytest.mark.parametrize(("mode", "kind"), [
+    ("EXACTLY_ONCE", "jsonl"), ("EXACTLY_ONCE", "own"),
+    ("AT_LEAST_ONCE", "jsonl"), ("AT_LEAST_ONCE", "parquet")])
 @pytest.mark.parametrize("case", CASES)
 def test_replays_that_read_what_was_committed_are_skipped_exactly_once(
-        storage: CheckpointStorage, tmp_path: Path, case: str, kind: str) -> None:
-    first_life(storage, tmp_path, kind, savepoint_at_batch_2(storage))
+        storage: CheckpointStorage, tmp_path: Path, case: str, kind: str,
+        mode: str) -> None:
+    first_life(storage, tmp_path, kind, savepoint_at_batch_2(storage), mode)
     job, target = restore_target(case, storage)
     # More input arrived; batches still take three numbers: the replays of the committed
     # batches read the same offsets, the batches after them are new.
     assert run_life(storage, tmp_path / "w2", Source(30, 3), kind, job=job,
-                    restore=target) == "finished"
+                    restore=target, mode=mode) == "finished"
     expect_exactly_once(make_sink(kind, storage), 30)
     (ahead,) = JobHistory(storage, job).events([ev.SINK_AHEAD])
     assert ahead.data["last_batch"] == 5 and ahead.data["batches"] > 1
@@ -307,39 +312,34 @@ def test_a_replay_that_reads_other_offsets_is_refused_before_anything_is_lost(
 
 
 @pytest.mark.parametrize("kind", ["jsonl", "parquet"])
-def test_at_least_once_replays_are_skipped_or_published_never_refused(
-        storage: CheckpointStorage, tmp_path: Path, kind: str) -> None:
-    """AT_LEAST_ONCE commits each batch at once, so the sink is ahead of every checkpoint
-    restored after a failure. A replay that read the committed offsets is skipped;
-    one that read others (batch 2 takes every number now available) is published as
-    extra output, not refused: the run finishes, every number reaches the output (the
-    replay's with the right running sum) and the repeats are reported in the history.
-    Failed on main: SinkReplayMismatchError."""
+@pytest.mark.parametrize("case", CASES)
+def test_at_least_once_a_replay_that_reads_other_offsets_is_published_as_extra_output(
+        storage: CheckpointStorage, tmp_path: Path, case: str, kind: str) -> None:
+    """AT_LEAST_ONCE (duplicates allowed): the first replayed batch takes every number
+    now available and is published as extra output, not refused: the run finishes,
+    every number reaches the output (the replay's rows with the running sum the
+    restored state gives), the repeats are reported in the history. Failed on main:
+    SinkReplayMismatchError."""
     mode = "AT_LEAST_ONCE"
-    assert run_life(storage, tmp_path / "w1", Source(18, 3), kind, mode=mode) == "finished"
-    target = older_checkpoint(storage, 1)
-    assert run_life(storage, tmp_path / "w2", Source(30, 3), kind, restore=target,
-                    mode=mode) == "finished"
-    expect_exactly_once(make_sink(kind, storage), 30)  # same offsets: skipped
-
-    first = published_rows(make_sink(kind, storage))
-    assert run_life(storage, tmp_path / "w3", Source(40, 100), kind, restore=target,
-                    mode=mode) == "finished"
-    rows = published_rows(make_sink(kind, storage))
-    # what the third life added: batch 2 over 7..40 (7..30 are now there twice), each
-    # row with the running sum the restored state gives
-    added = Counter(json.dumps(r, sort_keys=True) for r in rows)
+    first = published_rows(first_life(storage, tmp_path, kind,
+                                      savepoint_at_batch_2(storage), mode))
+    job, target = restore_target(case, storage)
+    assert run_life(storage, tmp_path / "w2", Source(40, 100), kind, job=job,
+                    restore=target, mode=mode) == "finished"
+    (published,) = JobHistory(storage, job).events([ev.SINK_REPLAY_PUBLISHED])
+    b = published.data["batch"]
+    assert f'"end": {3 * b + 3}' in published.data["committed_offsets"]
+    assert '"end": 40' in published.data["replay_offsets"]
+    assert (published.data["restored"] is None) == (case == "new job name")
+    # what the second life added: batch b over every number after batch b - 1's end
+    added = Counter(json.dumps(r, sort_keys=True) for r in published_rows(make_sink(
+        kind, storage)))
     added.subtract(json.dumps(r, sort_keys=True) for r in first)
     assert sorted(added.elements()) == sorted(json.dumps(
-        {"batch": 2, "n": n, "running": n * (n + 1) // 2}, sort_keys=True)
-        for n in range(7, 41))
-    (published,) = JobHistory(storage, JOB).events([ev.SINK_REPLAY_PUBLISHED])
-    assert published.data["batch"] == 2
-    assert published.data["restored"].endswith(f"/{JOB}/{target}")
-    assert '"end": 9' in published.data["committed_offsets"]
-    assert '"end": 40' in published.data["replay_offsets"]
+        {"batch": b, "n": n, "running": n * (n + 1) // 2}, sort_keys=True)
+        for n in range(3 * b + 1, 41))
     assert make_sink(kind, storage).pending() == []
-    assert not JobHistory(storage, JOB).events([ev.JOB_FAILED])
+    assert not JobHistory(storage, job).events([ev.JOB_FAILED])
 
 
 def test_check_replay_rules() -> None:
