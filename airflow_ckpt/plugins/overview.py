@@ -51,6 +51,7 @@ TIMELINE_EVENTS = frozenset(
     {
         ev.JOB_SUBMITTED, ev.JOB_STARTED, ev.RESTORED, ev.RESTORE_FALLBACK, ev.FAILURE,
         ev.RESTART, ev.JOB_FINISHED, ev.JOB_STOPPED, ev.JOB_FAILED, ev.SINK_AHEAD,
+        ev.SINK_REPLAY_PUBLISHED,
     }
 )
 _LIFECYCLE = {ev.JOB_STARTED: "RUNNING", ev.JOB_FINISHED: "FINISHED",
@@ -337,6 +338,8 @@ def _summary(event: HistoryEvent) -> str:
         parts = has("attempt", "restore", "spark_version")
     elif event.type == ev.SINK_AHEAD:
         parts = has("sink", "first_batch", "last_batch", "restored_batch", "restored")
+    elif event.type == ev.SINK_REPLAY_PUBLISHED:
+        parts = has("sink", "batch", "committed_offsets", "replay_offsets")
     else:
         parts = has("cause", "checkpoint_id", "savepoint", "exit_code", "attempts", "reason")
     return ", ".join(parts)

@@ -85,6 +85,8 @@ JOB_STARTED = "job_started"  # driver: runtime up (query name, spark version, co
 RESTORED = "restored"  # driver: restored from (path, checkpoint id, batch id)
 RESTORE_FALLBACK = "restore_fallback"  # driver: newest was damaged, fell back (why)
 SINK_AHEAD = "sink_ahead"  # driver: a sink committed batches after the restored one
+#: driver, AT_LEAST_ONCE: a replay of a committed batch read other offsets, published extra
+SINK_REPLAY_PUBLISHED = "sink_replay_published"
 CHECKPOINT_COMPLETED = "checkpoint_completed"  # Flink history entry fields
 CHECKPOINT_FAILED = "checkpoint_failed"  # id, failure_message
 SAVEPOINT_COMPLETED = "savepoint_completed"
@@ -99,7 +101,7 @@ EVENT_TYPES = frozenset(
     {
         JOB_SUBMITTED, JOB_STARTED, RESTORED, RESTORE_FALLBACK, CHECKPOINT_COMPLETED,
         CHECKPOINT_FAILED, SAVEPOINT_COMPLETED, SAVEPOINT_FAILED, FAILURE, RESTART,
-        JOB_FINISHED, JOB_STOPPED, JOB_FAILED, SINK_AHEAD,
+        JOB_FINISHED, JOB_STOPPED, JOB_FAILED, SINK_AHEAD, SINK_REPLAY_PUBLISHED,
     }
 )
 #: events that end every supervision of the job

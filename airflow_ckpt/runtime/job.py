@@ -59,7 +59,7 @@ from airflow_ckpt.runtime.metadata import Manifest
 from airflow_ckpt.runtime.restart_log import RestartLog
 from airflow_ckpt.runtime.restore import RestoreResult, restore
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
-from airflow_ckpt.runtime.sinks.offsets import read_batch_offsets
+from airflow_ckpt.runtime.sinks.offsets import ReplayPolicy, read_batch_offsets
 from airflow_ckpt.runtime.snapshot import latest_batch
 from airflow_ckpt.runtime.spark_features import SparkSetupError, require_offline_repartition
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
@@ -277,8 +277,10 @@ class CheckpointedJob:
         pending one aborted) before the query's first batch runs.
 
         A batch the sink committed already (the restore was older than the sink's
-        output) is skipped if it read the same source offsets, and otherwise refused:
-        the run then fails for good with ``SinkReplayMismatchError`` (docs/sinks.md).
+        output) is skipped if it read the same source offsets. Otherwise, in
+        EXACTLY_ONCE mode it is refused: the run then fails for good with
+        ``SinkReplayMismatchError``; in AT_LEAST_ONCE mode it is published as extra
+        output and reported (``sink_replay_published``; docs/sinks.md).
         """
         self._register(sink)
 
@@ -299,7 +301,9 @@ class CheckpointedJob:
                 sink.fence(self.lease.gate, confirm=self.lease.confirm)
             else:  # a sink written for the one-argument hook
                 sink.fence(self.lease.gate)
-            sink.track_offsets(lambda batch_id: read_batch_offsets(self.workdir, batch_id))
+            sink.track_offsets(lambda batch_id: read_batch_offsets(self.workdir, batch_id),
+                               ReplayPolicy(not self.config.exactly_once,
+                                            self._report_replay_published))
             self.sinks.append(sink)
             if self._building:
                 self._attempt_sinks.append(sink)
@@ -319,11 +323,20 @@ class CheckpointedJob:
         log.warning(
             "%s committed batches %d..%d, after the restored %s (batch %d): Spark replans "
             "them; each replay is skipped if it reads the source offsets the sink "
-            "recorded and refused (SinkReplayMismatchError) if not", sink, ahead[0],
-            ahead[-1], path or "fresh start", batch)
+            "recorded and %s if not", sink, ahead[0], ahead[-1], path or "fresh start",
+            batch, "refused (SinkReplayMismatchError)" if self.config.exactly_once
+            else "published as extra output (AT_LEAST_ONCE)")
         self.history.append(ev.SINK_AHEAD, run_id=self.run_id, sink=repr(sink),
                             restored=path, restored_batch=batch, first_batch=ahead[0],
                             last_batch=ahead[-1], batches=len(ahead))
+
+    def _report_replay_published(self, sink: str, batch_id: int, committed: str,
+                                 replay: str) -> None:
+        """AT_LEAST_ONCE: a sink is about to publish a replay of a committed batch that
+        read other offsets as extra output; recorded before the sink records it."""
+        self.history.append(ev.SINK_REPLAY_PUBLISHED, run_id=self.run_id, sink=sink,
+                            batch=batch_id, committed_offsets=committed,
+                            replay_offsets=replay, restored=self._restored_at[0])
 
     def _recover_sinks(self, restored: RestoreResult) -> None:
         """Start of an attempt: forget the previous attempt's ``build`` sinks and recover

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import itertools
 import json
 import shutil
 import subprocess
@@ -40,7 +39,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime import job as job_module
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.control import ControlChannel
 from airflow_ckpt.runtime.history import JobHistory
@@ -50,6 +48,8 @@ from airflow_ckpt.runtime.materialize import materialize
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned
+from airflow_ckpt.testing import simquery
+from airflow_ckpt.testing.simquery import SimulatedQuery, run_to_end, write_file
 
 JOB = "crash"
 SINK_PREFIX = "_out/crash"
@@ -142,27 +142,6 @@ class CrashingStorage(CheckpointStorage):
 # ---------------------------------------------------------------------- the "Spark" side
 
 
-class _Conf:
-    def __init__(self, values: dict[str, str]) -> None:
-        self.values = values
-
-    def get(self, key: str, default: str | None = None) -> str | None:
-        return self.values.get(key, default)
-
-
-class _Row(dict[str, Any]):
-    def asDict(self, recursive: bool = False) -> dict[str, Any]:
-        return dict(self)
-
-
-class _Frame:
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self.rows = rows
-
-    def collect(self) -> list[_Row]:
-        return [_Row(r) for r in self.rows]
-
-
 @dataclass
 class Script:
     """What happens during one driver life, by batch id."""
@@ -173,7 +152,7 @@ class Script:
     failed: bool = False
 
 
-class _Query:
+class _Query(SimulatedQuery):
     """A micro-batch query over ``Script.batches`` batches of ``PER_BATCH`` numbers.
 
     One batch runs per ``awaitTermination`` call, as Spark would: offsets written,
@@ -183,48 +162,41 @@ class _Query:
 
     def __init__(self, workdir: Path, fn: Callable[[Any, int], None], script: Script,
                  on_batch: Callable[[int], None]) -> None:
-        self.workdir, self.fn, self.script, self.on_batch = workdir, fn, script, on_batch
-        self.error: BaseException | None = None
-        self.stopped = False
+        super().__init__(workdir, fn, on_batch)
+        self.script = script
+        self._sums = [0, 0]
         (workdir / "state" / "0" / "_metadata").mkdir(parents=True, exist_ok=True)
-        _write(workdir / "metadata", json.dumps({"id": "crash-query"}))
-        _write(workdir / "state" / "0" / "_metadata" / "metadata",
-               'v1\n{"stateStoreInfo":[{"storeName":"default","numPartitions":2}]}')
-
-    @property
-    def isActive(self) -> bool:
-        return not self.stopped and self.error is None and self._next() < self.script.batches
+        write_file(workdir / "metadata", json.dumps({"id": "crash-query"}))
+        write_file(workdir / "state" / "0" / "_metadata" / "metadata",
+                   'v1\n{"stateStoreInfo":[{"storeName":"default","numPartitions":2}]}')
 
     def _next(self) -> int:
         done = [int(p.name) for p in (self.workdir / "commits").glob("*") if p.name.isdigit()]
         return max(done, default=-1) + 1
 
-    def awaitTermination(self, timeout: float | None = None) -> bool:
-        if not self.isActive:
-            return True
+    def _plan(self) -> int | None:
         b = self._next()
-        self.on_batch(b)
-        _write(self.workdir / "offsets" / str(b),
-               'v1\n{"conf":{"spark.sql.shuffle.partitions":"2"}}\n' + json.dumps({"b": b}))
-        sums = [_read_state(self.workdir, p, b) for p in (0, 1)]
+        return b if b < self.script.batches else None
+
+    def _input(self, b: int) -> list[dict[str, Any]]:
+        write_file(self.workdir / "offsets" / str(b),
+                   'v1\n{"conf":{"spark.sql.shuffle.partitions":"2"}}\n' + json.dumps({"b": b}))
+        self._sums = [_read_state(self.workdir, p, b) for p in (0, 1)]
         numbers = list(range(b * PER_BATCH + 1, (b + 1) * PER_BATCH + 1))
         for n in numbers:
-            sums[n % 2] += n
-        rows = [{"n": n, "batch": b, "running": sum(sums)} for n in numbers]
-        try:
-            self.fn(_Frame(rows), b)
-            if b == self.script.fail_at and not self.script.failed:
-                self.script.failed = True
-                raise RuntimeError(f"injected query failure in batch {b}")
-        except Crash:
-            raise
-        except Exception as exc:
-            self.error = exc
-            return True
+            self._sums[n % 2] += n
+        return [{"n": n, "batch": b, "running": sum(self._sums)} for n in numbers]
+
+    def _after_batch(self, b: int) -> None:
+        if b == self.script.fail_at and not self.script.failed:
+            self.script.failed = True
+            raise RuntimeError(f"injected query failure in batch {b}")
+
+    def _finish(self, b: int) -> None:
         for p in (0, 1):
-            _write(self.workdir / "state" / "0" / str(p) / f"{b + 1}.delta",
-                   json.dumps({"sum": sums[p]}))
-        _write(self.workdir / "commits" / str(b), "v1\n{}")
+            write_file(self.workdir / "state" / "0" / str(p) / f"{b + 1}.delta",
+                       json.dumps({"sum": self._sums[p]}))
+        write_file(self.workdir / "commits" / str(b), "v1\n{}")
         for log_dir in ("offsets", "commits"):
             for old in (self.workdir / log_dir).glob("*"):
                 if old.name.isdigit() and int(old.name) < b - 3:
@@ -233,20 +205,6 @@ class _Query:
             for old in (self.workdir / "state" / "0" / str(p)).glob("*.delta"):
                 if int(old.name.split(".")[0]) < b - 3:
                     old.unlink()
-        return not self.isActive
-
-    def exception(self) -> BaseException | None:
-        return self.error
-
-    def stop(self) -> None:
-        self.stopped = True
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.rename(path)
 
 
 def _read_state(workdir: Path, partition: int, version: int) -> int:
@@ -258,31 +216,15 @@ def _read_state(workdir: Path, partition: int, version: int) -> int:
     return int(json.loads(path.read_text())["sum"])
 
 
-class _Writer:
-    def __init__(self, spark: SimulatedSpark, fn: Callable[[Any, int], None]) -> None:
-        self.spark, self.fn, self.location = spark, fn, ""
-
-    def option(self, key: str, value: str) -> _Writer:
-        if key == "checkpointLocation":
-            self.location = value
-        return self
-
-    def start(self) -> _Query:
-        return _Query(Path(self.location), self.fn, self.spark.script, self.spark.on_batch)
-
-
-class SimulatedSpark:
-    """The part of ``SparkSession`` the runtime uses, plus a deterministic query."""
-
-    version = "4.2.0-simulated"
+class SimulatedSpark(simquery.SimulatedSpark):
+    """The part of ``SparkSession`` the runtime uses, plus the scripted query."""
 
     def __init__(self, script: Script, on_batch: Callable[[int], None]) -> None:
-        self.conf = _Conf({})
+        super().__init__(on_batch)
         self.script = script
-        self.on_batch = on_batch
 
-    def writer(self, fn: Callable[[Any, int], None]) -> _Writer:
-        return _Writer(self, fn)
+    def query(self, workdir: Path, fn: Callable[[Any, int], None]) -> _Query:
+        return _Query(workdir, fn, self.script, self.on_batch)
 
 
 # ---------------------------------------------------------------------- one driver life
@@ -330,19 +272,11 @@ def run_life(storage: CheckpointStorage, workdir: Path, script: Script, *,
     )
     job.lease.heartbeat_s = 3600.0  # no heartbeat thread writes during a life
     job.lease.ttl_s = 7200.0
-    # Each look at the clock is an hour later: a checkpoint is due at every tick after a
-    # new batch, however fast the machine (real time made the mutation order vary).
-    job.clock = itertools.count(step=3600.0).__next__
-    sink = JsonLinesSink(job.storage, SINK_PREFIX)
-    previous = job_module.CONTROL_POLL_S
-    job_module.CONTROL_POLL_S = 0.0  # poll the control channel at every step
     try:
-        result = job.run(lambda: spark.writer(job.exactly_once(sink)))  # type: ignore[arg-type,return-value]
+        # one order of events (real time made the mutation order vary)
+        return run_to_end(job, spark, JsonLinesSink(job.storage, SINK_PREFIX))
     except Crash:
         return "crashed"  # a dead process releases nothing
-    finally:
-        job_module.CONTROL_POLL_S = previous
-    return result.outcome
 
 
 # ---------------------------------------------------------------------- the enumeration

@@ -8,7 +8,10 @@ second run restores the checkpoint of batch 1. Spark plans batches 2 and 3 again
 * reading every available file, batch 2 lists six files under the same ``logOffset``: the
   sink refuses with ``SinkReplayMismatchError`` and the output is what the first run
   committed, every number once (on main the replay was dropped silently and the numbers
-  of the new files never published).
+  of the new files never published);
+* the same under ``AT_LEAST_ONCE``: the replay is published as extra output, so every
+  number reaches the table (those of files 2 and 3 twice) and the job finishes (before,
+  it was refused as under ``EXACTLY_ONCE``).
 """
 
 from __future__ import annotations
@@ -37,11 +40,12 @@ PER_FILE = 25
 
 
 def run(spark: Any, storage: CheckpointStorage, table: str, input_dir: Path, workdir: Path,
-        *, restore: str, files_per_batch: int) -> None:
+        *, restore: str, files_per_batch: int, mode: str = "EXACTLY_ONCE") -> None:
     job = CheckpointedJob(
         spark, job=JOB, storage=storage, restore=restore, workdir=workdir,
         checkpoint_config={"execution.checkpointing.interval": "100 ms",
-                           "execution.checkpointing.num-retained": 10},
+                           "execution.checkpointing.num-retained": 10,
+                           "execution.checkpointing.mode": mode},
         restart_strategy={"type": "none"},
     )
     write = job.exactly_once(ParquetSink(table))
@@ -106,3 +110,25 @@ def test_restoring_an_older_checkpoint_is_exactly_once_or_refused(
     (ahead,) = JobHistory(file_storage, JOB).events([ev.SINK_AHEAD])
     assert (ahead.data["restored_batch"], ahead.data["first_batch"],
             ahead.data["last_batch"]) == (1, 2, 3)
+
+
+def test_at_least_once_publishes_a_replay_that_read_other_files_as_extra_output(
+        spark: Any, file_storage: CheckpointStorage, tmp_path: Path) -> None:
+    mode = "AT_LEAST_ONCE"
+    input_dir, table = tmp_path / "in", tmp_path / "table"
+    add_files(input_dir, 4, 0)
+    run(spark, file_storage, table.as_uri(), input_dir, tmp_path / "w1", restore="latest",
+        files_per_batch=1, mode=mode)
+    older = next(m for m in CheckpointCatalog(file_storage, JOB).completed_checkpoints()
+                 if m.batch_id == 1)
+    add_files(input_dir, 4, 4)
+    run(spark, file_storage, table.as_uri(), input_dir, tmp_path / "w2",
+        restore=f"chk-{older.checkpoint_id}", files_per_batch=10, mode=mode)
+    # batch 2 replayed over files 2..7: every number there, files 2 and 3 twice
+    assert published(table) == sorted([*range(1, 8 * PER_FILE + 1),
+                                       *range(2 * PER_FILE + 1, 4 * PER_FILE + 1)])
+    (extra,) = JobHistory(file_storage, JOB).events([ev.SINK_REPLAY_PUBLISHED])
+    assert extra.data["batch"] == 2 and "(1 files)" in extra.data["committed_offsets"]
+    assert "(6 files)" in extra.data["replay_offsets"]
+    assert not JobHistory(file_storage, JOB).events([ev.JOB_FAILED])
+    assert not list((table / "_staging").glob("*/*"))

@@ -5,8 +5,10 @@ taken over, aborted, re-staged and (for some cases) committed the same batch."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +18,10 @@ from airflow_ckpt.errors import ConcurrentDriverError, StorageError
 from airflow_ckpt.runtime.interleave import Pause
 from airflow_ckpt.runtime.lease import JobLease
 from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
+from airflow_ckpt.runtime.sinks.offsets import BatchOffsets, ReplayPolicy
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
+from airflow_ckpt.testing.published import published_numbers
 from tests.unit.test_lease import FakeClock
 
 JOB = "job"
@@ -55,19 +59,6 @@ def rows(n: int, start: int) -> list[dict[str, Any]]:
     return [{"n": i} for i in range(start, start + n)]
 
 
-def committed_numbers(sink: TwoPhaseCommitSink) -> list[int]:
-    if isinstance(sink, JsonLinesSink):
-        return sorted(r["n"] for r in sink.committed_rows())
-    assert isinstance(sink, ParquetSink)
-    import pyarrow.parquet as pq
-
-    out: list[int] = []
-    for key in sink.committed_files():
-        with sink.storage.open_stream(key) as fh:
-            out += pq.read_table(fh).column("n").to_pylist()
-    return sorted(out)
-
-
 def make_sink(kind: str, storage: CheckpointStorage, lease_: JobLease,
               hold: str | None = None) -> TwoPhaseCommitSink:
     if kind == "jsonl":
@@ -82,6 +73,38 @@ def make_sink(kind: str, storage: CheckpointStorage, lease_: JobLease,
     return sink
 
 
+@dataclass
+class Late:
+    """A deposed driver's call running in a thread, its held write not landed yet."""
+
+    thread: threading.Thread
+    held: Pause
+    failures: list[BaseException]
+
+    def land(self) -> None:
+        """Let the held write land and the call end."""
+        self.held.resume()
+        self.thread.join(timeout=30)
+
+
+def held_call(sink: TwoPhaseCommitSink, call: Callable[[], None]) -> Late:
+    """Run ``call`` (through ``sink``, made with ``hold``) until its held write."""
+    assert isinstance(sink, (JsonLinesSink, ParquetSink))
+    assert isinstance(sink.storage, HeldStorage)
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except (ConcurrentDriverError, StorageError) as exc:
+            failures.append(exc)
+
+    late = Late(threading.Thread(target=run), sink.storage.held, failures)
+    late.thread.start()
+    late.held.wait_reached()
+    return late
+
+
 @pytest.mark.parametrize("kind", ["parquet", "jsonl"])
 def test_a_deposed_drivers_late_pre_commit_record_never_replaces_the_successors(
     storage: CheckpointStorage, kind: str
@@ -90,20 +113,7 @@ def test_a_deposed_drivers_late_pre_commit_record_never_replaces_the_successors(
     old_lease = lease(storage, clock, "old")
     old_lease.acquire()
     old = make_sink(kind, storage, old_lease, hold="_txn/")
-    failures: list[BaseException] = []
-
-    def stage_late() -> None:
-        try:
-            old.pre_commit(7, rows(10, 0))  # the record's PUT is held
-        except (ConcurrentDriverError, StorageError) as exc:
-            failures.append(exc)
-
-    thread = threading.Thread(target=stage_late)
-    thread.start()
-    assert isinstance(old, (JsonLinesSink, ParquetSink))
-    assert isinstance(old.storage, HeldStorage)
-    held = old.storage.held
-    held.wait_reached()
+    late = held_call(old, lambda: old.pre_commit(7, rows(10, 0)))  # the record's PUT
 
     # The successor takes over (the old holder is silent), aborts batch 7's staging
     # (it has no record yet) and stages its own replay of batch 7: other rows.
@@ -113,11 +123,56 @@ def test_a_deposed_drivers_late_pre_commit_record_never_replaces_the_successors(
     new.recover(commit=[])
     new.pre_commit(7, rows(40, 0))
 
-    held.resume()  # the deposed driver's record lands now
-    thread.join(timeout=30)
+    late.land()  # the deposed driver's record lands now
     new.commit(7)
 
-    assert committed_numbers(new) == list(range(40))
+    assert published_numbers(new) == list(range(40))
     assert new.pending() == []
     # whatever the deposed driver's write met, it changed nothing it was not allowed to
-    assert all(isinstance(f, (ConcurrentDriverError, StorageError)) for f in failures)
+    assert all(isinstance(f, (ConcurrentDriverError, StorageError)) for f in late.failures)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_deposed_drivers_late_extra_publication_record_never_changes_a_decision(
+    storage: CheckpointStorage, kind: str
+) -> None:
+    """AT_LEAST_ONCE: the deposed driver stages a replay of committed batch 7 that read
+    other offsets (an extra publication) and its ``_txn/<7>.<tag>`` PUT is held; the
+    successor publishes the same replay and finishes it; then the old PUT lands. The
+    batch's decision and the extra one keep their bytes, the output holds the batch and
+    the extra publication once each, and nothing stays pending."""
+    offsets = {"end": 10}
+    policy = ReplayPolicy(publish_other=True)
+
+    def reader(batch_id: int) -> BatchOffsets:
+        return BatchOffsets((json.dumps(offsets),))
+
+    tag = BatchOffsets((json.dumps({"end": 40}),)).tag
+    clock = FakeClock()
+    old_lease = lease(storage, clock, "old")
+    old_lease.acquire()
+    old = make_sink(kind, storage, old_lease, hold=tag)
+    old.track_offsets(reader, policy)
+    old.pre_commit(7, rows(10, 0))
+    old.commit(7)
+    offsets["end"] = 40
+    late = held_call(old, lambda: old.pre_commit(7, rows(40, 0)))  # the extra record
+
+    new_lease = lease(storage, clock, "new")
+    new_lease.acquire()
+    new = make_sink(kind, storage, new_lease)
+    new.track_offsets(reader, policy)
+    new.recover(commit=[])
+    new.pre_commit(7, rows(40, 0))
+    new.commit(7)
+    assert isinstance(new, (JsonLinesSink, ParquetSink))
+    decisions = [new.storage.get_bytes(new.transactions.decision_key(7, r)) for r in ("", tag)]
+
+    late.land()
+    assert new.pending() == [7]  # it landed: a stale record of the finished extra one
+    new.recover(commit=[])  # the next life rolls the decision forward and forgets it
+    assert [new.storage.get_bytes(new.transactions.decision_key(7, r))
+            for r in ("", tag)] == decisions
+    assert published_numbers(new) == sorted([*range(10), *range(40)])
+    assert new.pending() == []
+    assert all(isinstance(f, (ConcurrentDriverError, StorageError)) for f in late.failures)

@@ -1,9 +1,10 @@
 """A committed batch id staged again (a replay after a restore older than the sink's
-output, issue 19 item 2): skipped if it read the same source offsets, refused with
-``SinkReplayMismatchError`` if it read others -- never published twice, never dropped
-silently, the committed output never deleted. The sinks are driven directly over
-``file://`` storage; the offsets come from a Spark-shaped offsets log
-(``read_batch_offsets``), as the runtime hands them over."""
+output, issue 19 item 2): skipped if it read the same source offsets; if it read others,
+refused with ``SinkReplayMismatchError`` under EXACTLY_ONCE, published as extra output
+(reported, nothing lost) under AT_LEAST_ONCE -- never dropped silently, the committed
+output never deleted nor changed. The sinks are driven directly over ``file://``
+storage; the offsets come from a Spark-shaped offsets log (``read_batch_offsets``), as
+the runtime hands them over."""
 
 from __future__ import annotations
 
@@ -13,14 +14,19 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 
 from airflow_ckpt.errors import SinkReplayMismatchError
 from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
-from airflow_ckpt.runtime.sinks.offsets import BatchOffsets, check_replay, read_batch_offsets
+from airflow_ckpt.runtime.sinks.offsets import (
+    BatchOffsets,
+    ReplayPolicy,
+    check_replay,
+    read_batch_offsets,
+)
 from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.testing.published import published_numbers
 
 
 class OwnSink(TwoPhaseCommitSink):
@@ -55,6 +61,9 @@ class OwnSink(TwoPhaseCommitSink):
     def committed_batches(self) -> list[int]:
         return sorted(self.table)
 
+    def committed_rows(self) -> list[dict[str, Any]]:
+        return [r for rows in self.table.values() for r in rows]
+
 
 @pytest.fixture
 def storage(tmp_path: Path) -> Iterator[CheckpointStorage]:
@@ -69,19 +78,6 @@ def make_sink(kind: str, storage: CheckpointStorage) -> TwoPhaseCommitSink:
     if kind == "jsonl":
         return JsonLinesSink(storage, "_out")
     return OwnSink()
-
-
-def committed_numbers(sink: TwoPhaseCommitSink) -> list[int]:
-    if isinstance(sink, JsonLinesSink):
-        return sorted(r["n"] for r in sink.committed_rows())
-    if isinstance(sink, OwnSink):
-        return sorted(r["n"] for rows in sink.table.values() for r in rows)
-    assert isinstance(sink, ParquetSink)
-    out: list[int] = []
-    for key in sink.committed_files():
-        with sink.storage.open_stream(key) as fh:
-            out += pq.read_table(fh).column("n").to_pylist()
-    return sorted(out)
 
 
 def staged_leftovers(sink: TwoPhaseCommitSink) -> list[str]:
@@ -123,6 +119,25 @@ def rows(start: int, end: int) -> list[dict[str, Any]]:
     return [{"n": n} for n in range(start, end)]
 
 
+def run_batch(sink: TwoPhaseCommitSink, log: OffsetsLog, batch_id: int, start: int,
+              end: int, *, commit: bool = True) -> None:
+    """Spark runs batch ``batch_id`` over the numbers ``[start, end)``: its offsets-log
+    entry, then the sink stages it and (``commit``) commits it."""
+    log.write(batch_id, json.dumps({"end": end}))
+    sink.pre_commit(batch_id, rows(start, end))
+    if commit:
+        sink.commit(batch_id)
+
+
+def tracked_sink(kind: str, storage: CheckpointStorage, log: OffsetsLog,
+                 replays: ReplayPolicy | None = None) -> TwoPhaseCommitSink:
+    """A sink of ``kind`` given the offsets of ``log`` (and ``replays``), as the
+    runtime registers it."""
+    sink = make_sink(kind, storage)
+    sink.track_offsets(log.reader, replays)
+    return sink
+
+
 KINDS = ["parquet", "jsonl", "own"]
 
 
@@ -130,18 +145,13 @@ KINDS = ["parquet", "jsonl", "own"]
 def test_a_replay_with_the_same_offsets_is_skipped(
         storage: CheckpointStorage, tmp_path: Path, kind: str) -> None:
     log = OffsetsLog(tmp_path / "work")
-    sink = make_sink(kind, storage)
-    sink.track_offsets(log.reader)
-    for b, (start, end) in enumerate([(0, 10), (10, 20)]):
-        log.write(b, json.dumps({"end": end}))
-        sink.pre_commit(b, rows(start, end))
-        sink.commit(b)
+    sink = tracked_sink(kind, storage, log)
+    run_batch(sink, log, 0, 0, 10)
+    run_batch(sink, log, 1, 10, 20)
     # Restore of an older checkpoint: Spark plans batch 1 again, over the same offsets
     # (its metadata line, with the batch timestamp, differs).
-    log.write(1, json.dumps({"end": 20}))
-    sink.pre_commit(1, rows(10, 20))
-    sink.commit(1)
-    assert committed_numbers(sink) == list(range(20))  # once each
+    run_batch(sink, log, 1, 10, 20)
+    assert published_numbers(sink) == list(range(20))  # once each
     assert sink.pending() == [] and staged_leftovers(sink) == []
 
 
@@ -150,15 +160,10 @@ def test_a_replay_with_other_offsets_is_refused_and_the_committed_output_kept(
         storage: CheckpointStorage, tmp_path: Path, kind: str) -> None:
     """The issue's case: batch 5 was [0, 10); after the restore, batch 5 is [0, 40)."""
     log = OffsetsLog(tmp_path / "work")
-    sink = make_sink(kind, storage)
-    sink.track_offsets(log.reader)
-    log.write(5, json.dumps({"end": 10}))
-    sink.pre_commit(5, rows(0, 10))
-    sink.commit(5)
-
-    log.write(5, json.dumps({"end": 40}))
+    sink = tracked_sink(kind, storage, log)
+    run_batch(sink, log, 5, 0, 10)
     with pytest.raises(SinkReplayMismatchError) as raised:
-        sink.pre_commit(5, rows(0, 40))
+        run_batch(sink, log, 5, 0, 40)
     message = str(raised.value)
     assert raised.value.batch_id == 5
     assert '{"end": 10}' in message and '{"end": 40}' in message  # both offset ranges
@@ -166,8 +171,89 @@ def test_a_replay_with_other_offsets_is_refused_and_the_committed_output_kept(
     # nothing of the replay published, the committed batch kept; a commit of batch 5
     # (the checkpoint covering it) changes nothing either
     sink.commit(5)
-    assert committed_numbers(sink) == list(range(10))
+    assert published_numbers(sink) == list(range(10))
     assert sink.pending() == [] and staged_leftovers(sink) == []
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_at_least_once_a_replay_with_other_offsets_is_published_as_extra_output(
+        storage: CheckpointStorage, tmp_path: Path, kind: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """AT_LEAST_ONCE (duplicates allowed): the issue's replay of batch 5, [0, 40) after a
+    committed [0, 10), is published as extra output -- every row of it reaches the sink,
+    rows 0..9 twice -- after a WARNING and a report naming the batch and both offset
+    ranges; the committed decision is unchanged, and a replay of the same offsets again
+    is skipped (that input is published already). Failed on main: refused."""
+    log = OffsetsLog(tmp_path / "work")
+    reports: list[tuple[str, int, str, str]] = []
+    sink = tracked_sink(kind, storage, log,
+                        ReplayPolicy(True, lambda *r: reports.append(r)))
+    assert isinstance(sink, (JsonLinesSink, ParquetSink))
+    run_batch(sink, log, 5, 0, 10)
+    decision = sink.storage.get_bytes(sink.transactions.decision_key(5))
+
+    with caplog.at_level(logging.WARNING, logger="airflow_ckpt.sinks"):
+        run_batch(sink, log, 5, 0, 40)  # AT_LEAST_ONCE commits right after staging
+    assert published_numbers(sink) == sorted([*range(10), *range(40)])
+    ((name, batch, committed, replay),) = reports
+    assert (name, batch) == (repr(sink), 5)
+    assert '{"end": 10}' in committed and '{"end": 40}' in replay
+    assert "batch 5" in caplog.text and '{"end": 10}' in caplog.text \
+        and '{"end": 40}' in caplog.text and "extra output" in caplog.text
+    assert sink.pending() == [] and staged_leftovers(sink) == []
+    assert sink.committed_batches() == [5]
+    assert sink.storage.get_bytes(sink.transactions.decision_key(5)) == decision  # unchanged
+
+    run_batch(sink, log, 5, 0, 40)  # the same replay once more: skipped
+    assert published_numbers(sink) == sorted([*range(10), *range(40)])
+    assert len(reports) == 1 and staged_leftovers(sink) == []
+
+
+@pytest.mark.parametrize("kept", [False, True], ids=["aborted", "kept"])
+@pytest.mark.parametrize("next_mode", ["AT_LEAST_ONCE", "EXACTLY_ONCE"])
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_an_extra_publication_left_staged_is_settled_by_the_next_recovery(
+        storage: CheckpointStorage, tmp_path: Path, kind: str, next_mode: str,
+        kept: bool) -> None:
+    """A crash between staging the extra publication and its commit; the next driver
+    life (in either mode) recovers: not in the restored checkpoint, it is aborted (its
+    staging deleted, the batch's own publication kept) and the next replay with those
+    offsets publishes it after all; in the checkpoint, it is committed."""
+    log = OffsetsLog(tmp_path / "work")
+    sink = tracked_sink(kind, storage, log, ReplayPolicy(True))
+    run_batch(sink, log, 5, 0, 10)
+    run_batch(sink, log, 5, 0, 20, commit=False)
+    assert sink.pending() == [5]
+    later = tracked_sink(kind, storage, log, ReplayPolicy(next_mode == "AT_LEAST_ONCE"))
+    later.recover(commit=[5] if kept else [])
+    assert later.pending() == [] and staged_leftovers(later) == []
+    if kept:
+        assert published_numbers(later) == sorted([*range(10), *range(20)])
+        return
+    assert published_numbers(later) == list(range(10))
+    if next_mode == "AT_LEAST_ONCE":
+        run_batch(later, log, 5, 0, 20)
+        assert published_numbers(later) == sorted([*range(10), *range(20)])
+
+
+@pytest.mark.parametrize("mode", ["EXACTLY_ONCE", "AT_LEAST_ONCE"])
+def test_only_at_least_once_commits_list_the_extra_publications(
+        storage: CheckpointStorage, tmp_path: Path, mode: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Looking for a batch's extra publications costs a LIST per commit: paid only where
+    the job publishes them (recovery and abort always look)."""
+    listed: list[str] = []
+    real_list = storage.list
+    monkeypatch.setattr(storage, "list", lambda prefix="": listed.append(prefix)
+                        or real_list(prefix))
+    log = OffsetsLog(tmp_path / "work")
+    sink = tracked_sink("jsonl", storage, log, ReplayPolicy(mode == "AT_LEAST_ONCE"))
+    for b in range(3):
+        run_batch(sink, log, b, 10 * b, 10 * b + 10)
+    looked = [p for p in listed if p.startswith("_out/_txn/0")]
+    assert looked == ([] if mode == "EXACTLY_ONCE" else
+                      [f"_out/_txn/{b:012d}." for b in range(3)])
+    assert published_numbers(sink) == list(range(30))
 
 
 @pytest.mark.parametrize("kind", ["parquet", "jsonl"])
@@ -186,23 +272,28 @@ def test_a_file_source_replay_listing_other_files_under_the_same_log_offset_is_r
     log.write(2, offset, files=["file:///in/3.txt", "file:///in/4.txt"])
     with pytest.raises(SinkReplayMismatchError, match=r"\(2 files\)"):
         sink.pre_commit(2, rows(0, 20))
-    assert committed_numbers(sink) == list(range(10))
+    assert published_numbers(sink) == list(range(10))
 
 
+@pytest.mark.parametrize("mode", ["EXACTLY_ONCE", "AT_LEAST_ONCE"])
 @pytest.mark.parametrize("kind", ["parquet", "jsonl"])
 def test_a_decision_without_recorded_offsets_cannot_vouch_for_a_replay(
-        storage: CheckpointStorage, tmp_path: Path, kind: str) -> None:
+        storage: CheckpointStorage, tmp_path: Path, kind: str, mode: str) -> None:
     """A decision taken without offsets (the sink ran without the runtime, or an older
-    version wrote it) is no proof that a runtime replay is the same batch: refused."""
+    version wrote it) is no proof that a runtime replay is the same batch: refused, or
+    under AT_LEAST_ONCE published as extra output."""
     log = OffsetsLog(tmp_path / "work")
     sink = make_sink(kind, storage)
     sink.pre_commit(3, rows(0, 10))
     sink.commit(3)
-    sink.track_offsets(log.reader)
-    log.write(3, json.dumps({"end": 10}))
-    with pytest.raises(SinkReplayMismatchError, match="not recorded"):
-        sink.pre_commit(3, rows(0, 10))
-    assert committed_numbers(sink) == list(range(10))
+    sink.track_offsets(log.reader, ReplayPolicy(mode == "AT_LEAST_ONCE"))
+    if mode == "EXACTLY_ONCE":
+        with pytest.raises(SinkReplayMismatchError, match="not recorded"):
+            run_batch(sink, log, 3, 0, 10)
+        assert published_numbers(sink) == list(range(10))
+    else:
+        run_batch(sink, log, 3, 0, 10)
+        assert published_numbers(sink) == sorted([*range(10), *range(10)])
 
 
 @pytest.mark.parametrize("kind", ["parquet", "jsonl"])
@@ -214,7 +305,7 @@ def test_without_the_runtime_a_replay_is_skipped_with_a_warning(
     with caplog.at_level(logging.WARNING, logger="airflow_ckpt.sinks"):
         sink.pre_commit(0, rows(0, 40))
     assert "no source offsets to compare" in caplog.text
-    assert committed_numbers(sink) == list(range(10))
+    assert published_numbers(sink) == list(range(10))
 
 
 def test_the_decision_records_the_offsets_of_the_record_it_was_taken_from(

@@ -9,12 +9,15 @@ available, and the last offsets-log entry without a commit is re-run as it is.
 In every case the outcome is one of the two documented ones: each number committed
 exactly once with the right running sum (the replays read what the committed batches
 read, and are skipped), or ``SinkReplayMismatchError`` with the committed output intact
-(a replay read other offsets). Never a loss, never a duplicate."""
+(a replay read other offsets). Never a loss, never a duplicate. Under AT_LEAST_ONCE a
+replay that read other offsets is published as extra output instead: every number at
+least once, the repeats reported."""
 
 from __future__ import annotations
 
 import itertools
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +27,16 @@ import pytest
 
 from airflow_ckpt.errors import ObjectAlreadyExistsError, SinkReplayMismatchError
 from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime import job as job_module
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.control import ControlChannel
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.sinks import JsonLinesSink, TwoPhaseCommitSink
+from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
 from airflow_ckpt.runtime.sinks.offsets import check_replay
 from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.testing.published import published_rows
+from airflow_ckpt.testing.simquery import SimulatedQuery, SimulatedSpark, run_to_end, write_file
 
 JOB = "replay"
 CONFIG = {
@@ -51,44 +55,20 @@ class Source:
     per_batch: int
 
 
-class _Conf:
-    def get(self, key: str, default: str | None = None) -> str | None:
-        return default
-
-
-class _Row(dict[str, Any]):
-    def asDict(self, recursive: bool = False) -> dict[str, Any]:
-        return dict(self)
-
-
-class _Frame:
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self.rows = rows
-
-    def collect(self) -> list[_Row]:
-        return [_Row(r) for r in self.rows]
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-class _Query:
-    """One batch per ``awaitTermination`` call, planned as Spark's MicroBatchExecution
-    plans: re-run the newest offsets-log entry if it has no commit, else a new batch
-    from the previous entry's end offset; state version ``b + 1`` holds the running
-    sum."""
+class _Query(SimulatedQuery):
+    """Plans as Spark's MicroBatchExecution plans: re-run the newest offsets-log entry if
+    it has no commit, else a new batch from the previous entry's end offset; state
+    version ``b + 1`` holds the running sum."""
 
     def __init__(self, workdir: Path, fn: Callable[[Any, int], None], source: Source,
                  on_batch: Callable[[int], None]) -> None:
-        self.workdir, self.fn, self.source, self.on_batch = workdir, fn, source, on_batch
-        self.error: BaseException | None = None
-        self.stopped = False
+        super().__init__(workdir, fn, on_batch)
+        self.source = source
+        self.total = 0
         self.clock = itertools.count(1_700_000_000_000)
-        _write(workdir / "metadata", json.dumps({"id": "replay-query"}))
-        _write(workdir / "state" / "0" / "_metadata" / "metadata",
-               'v1\n{"stateStoreInfo":[{"storeName":"default","numPartitions":1}]}')
+        write_file(workdir / "metadata", json.dumps({"id": "replay-query"}))
+        write_file(workdir / "state" / "0" / "_metadata" / "metadata",
+                   'v1\n{"stateStoreInfo":[{"storeName":"default","numPartitions":1}]}')
 
     def _logged(self, name: str) -> list[int]:
         return sorted(int(p.name) for p in (self.workdir / name).glob("*") if p.name.isdigit())
@@ -99,7 +79,7 @@ class _Query:
         lines = (self.workdir / "offsets" / str(batch)).read_text().splitlines()
         return int(json.loads(lines[2])["end"])
 
-    def _plan(self) -> tuple[int, int, int] | None:
+    def _span(self) -> tuple[int, int, int] | None:
         """(batch, start, end) of the batch to run next, or None if there is none."""
         offsets, commits = self._logged("offsets"), self._logged("commits")
         if offsets and offsets[-1] not in commits:  # re-run as logged
@@ -110,63 +90,42 @@ class _Query:
         end = min(start + self.source.per_batch, self.source.available)
         return (b, start, end) if end > start else None
 
-    @property
-    def isActive(self) -> bool:
-        return not self.stopped and self.error is None and self._plan() is not None
+    def _plan(self) -> int | None:
+        span = self._span()
+        return span[0] if span is not None else None
 
-    def awaitTermination(self, timeout: float | None = None) -> bool:
-        planned = self._plan()
-        if self.stopped or self.error is not None or planned is None:
-            return True
-        b, start, end = planned
-        self.on_batch(b)
+    def _input(self, b: int) -> list[dict[str, Any]]:
+        span = self._span()
+        assert span is not None and span[0] == b
+        _, start, end = span
         meta = {"batchWatermarkMs": 0, "batchTimestampMs": next(self.clock), "conf": {
             "spark.sql.shuffle.partitions": "1"}}
         if not (self.workdir / "offsets" / str(b)).exists():
-            _write(self.workdir / "offsets" / str(b),
-                   f"v1\n{json.dumps(meta)}\n{json.dumps({'end': end})}")
+            write_file(self.workdir / "offsets" / str(b),
+                       f"v1\n{json.dumps(meta)}\n{json.dumps({'end': end})}")
         state = self.workdir / "state" / "0" / "0"
-        total = json.loads((state / f"{b}.delta").read_text())["sum"] if b else 0
+        self.total = json.loads((state / f"{b}.delta").read_text())["sum"] if b else 0
         rows = []
         for n in range(start + 1, end + 1):
-            total += n
-            rows.append({"n": n, "batch": b, "running": total})
-        try:
-            self.fn(_Frame(rows), b)
-        except Exception as exc:
-            self.error = exc
-            return True
-        _write(state / f"{b + 1}.delta", json.dumps({"sum": total}))
-        _write(self.workdir / "commits" / str(b), "v1\n{}")
-        return not self.isActive
+            self.total += n
+            rows.append({"n": n, "batch": b, "running": self.total})
+        return rows
 
-    def exception(self) -> BaseException | None:
-        return self.error
-
-    def stop(self) -> None:
-        self.stopped = True
+    def _finish(self, b: int) -> None:
+        write_file(self.workdir / "state" / "0" / "0" / f"{b + 1}.delta",
+                   json.dumps({"sum": self.total}))
+        write_file(self.workdir / "commits" / str(b), "v1\n{}")
 
 
-class _Writer:
-    def __init__(self, spark: SimulatedSpark, fn: Callable[[Any, int], None]) -> None:
-        self.spark, self.fn, self.location = spark, fn, ""
-
-    def option(self, key: str, value: str) -> _Writer:
-        if key == "checkpointLocation":
-            self.location = value
-        return self
-
-    def start(self) -> _Query:
-        return _Query(Path(self.location), self.fn, self.spark.source, self.spark.on_batch)
-
-
-class SimulatedSpark:
-    version = "4.2.0-simulated"
+class SourceSpark(SimulatedSpark):
+    """The simulated session whose query reads ``source``."""
 
     def __init__(self, source: Source, on_batch: Callable[[int], None]) -> None:
-        self.conf = _Conf()
+        super().__init__(on_batch)
         self.source = source
-        self.on_batch = on_batch
+
+    def query(self, workdir: Path, fn: Callable[[Any, int], None]) -> _Query:
+        return _Query(workdir, fn, self.source, self.on_batch)
 
 
 class OwnSink(TwoPhaseCommitSink):
@@ -216,20 +175,24 @@ class OwnSink(TwoPhaseCommitSink):
                 for r in json.loads(self.storage.get_bytes(i.key))]
 
 
+class RowsParquetSink(ParquetSink):
+    """``ParquetSink`` staging the simulated query's rows on the driver
+    (``pre_commit``): its decisions, records and publishing as they are, no Spark."""
+
+    stage = TwoPhaseCommitSink.stage
+
+
 def make_sink(kind: str, storage: CheckpointStorage) -> TwoPhaseCommitSink:
+    if kind == "parquet":
+        return RowsParquetSink(storage.uri.rstrip("/") + "/table")
     return JsonLinesSink(storage, "_out") if kind == "jsonl" else OwnSink(storage)
-
-
-def committed(sink: TwoPhaseCommitSink) -> list[dict[str, Any]]:
-    assert isinstance(sink, (JsonLinesSink, OwnSink))
-    return sorted(sink.committed_rows(), key=lambda r: int(r["n"]))
 
 
 def run_life(storage: CheckpointStorage, workdir: Path, source: Source, kind: str, *,
              job: str = JOB, restore: str = "latest",
              on_batch: Callable[[int], None] = lambda b: None,
              mode: str = "EXACTLY_ONCE") -> str:
-    spark = SimulatedSpark(source, on_batch)
+    spark = SourceSpark(source, on_batch)
     driver = CheckpointedJob(
         spark,  # type: ignore[arg-type]
         job=job, storage=storage,
@@ -238,19 +201,11 @@ def run_life(storage: CheckpointStorage, workdir: Path, source: Source, kind: st
                           "fixed-delay.delay": "0 s"},
         restore=restore, workdir=workdir, threaded=False,
     )
-    driver.clock = itertools.count(step=3600.0).__next__  # a checkpoint at every tick
-    sink = make_sink(kind, storage)
-    write = driver.exactly_once(sink)
-    previous = job_module.CONTROL_POLL_S
-    job_module.CONTROL_POLL_S = 0.0
-    try:
-        return driver.run(lambda: _Writer(spark, write)).outcome  # type: ignore[arg-type,return-value]
-    finally:
-        job_module.CONTROL_POLL_S = previous
+    return run_to_end(driver, spark, make_sink(kind, storage))
 
 
 def expect_exactly_once(sink: TwoPhaseCommitSink, available: int) -> None:
-    rows = committed(sink)
+    rows = published_rows(sink)
     assert [r["n"] for r in rows] == list(range(1, available + 1))  # each number once
     assert all(r["running"] == r["n"] * (r["n"] + 1) // 2 for r in rows)  # state right
 
@@ -263,10 +218,12 @@ def storage(tmp_path: Path) -> Iterator[CheckpointStorage]:
 
 
 def first_life(storage: CheckpointStorage, tmp_path: Path, kind: str,
-               on_batch: Callable[[int], None] = lambda b: None) -> TwoPhaseCommitSink:
-    """Batches 0..5 of three numbers each, each committed by a checkpoint."""
-    assert run_life(storage, tmp_path / "w1", Source(18, 3), kind, on_batch=on_batch) \
-        == "finished"
+               on_batch: Callable[[int], None] = lambda b: None,
+               mode: str = "EXACTLY_ONCE") -> TwoPhaseCommitSink:
+    """Batches 0..5 of three numbers each, each committed (by a checkpoint, or at once
+    under AT_LEAST_ONCE)."""
+    assert run_life(storage, tmp_path / "w1", Source(18, 3), kind, on_batch=on_batch,
+                    mode=mode) == "finished"
     sink = make_sink(kind, storage)
     assert sink.committed_batches() == list(range(6))
     return sink
@@ -313,16 +270,19 @@ def savepoint_at_batch_2(storage: CheckpointStorage) -> Callable[[int], None]:
     return on_batch
 
 
-@pytest.mark.parametrize("kind", ["jsonl", "own"])
+@pytest.mark.parametrize(("mode", "kind"), [
+    ("EXACTLY_ONCE", "jsonl"), ("EXACTLY_ONCE", "own"),
+    ("AT_LEAST_ONCE", "jsonl"), ("AT_LEAST_ONCE", "parquet")])
 @pytest.mark.parametrize("case", CASES)
 def test_replays_that_read_what_was_committed_are_skipped_exactly_once(
-        storage: CheckpointStorage, tmp_path: Path, case: str, kind: str) -> None:
-    first_life(storage, tmp_path, kind, savepoint_at_batch_2(storage))
+        storage: CheckpointStorage, tmp_path: Path, case: str, kind: str,
+        mode: str) -> None:
+    first_life(storage, tmp_path, kind, savepoint_at_batch_2(storage), mode)
     job, target = restore_target(case, storage)
     # More input arrived; batches still take three numbers: the replays of the committed
     # batches read the same offsets, the batches after them are new.
     assert run_life(storage, tmp_path / "w2", Source(30, 3), kind, job=job,
-                    restore=target) == "finished"
+                    restore=target, mode=mode) == "finished"
     expect_exactly_once(make_sink(kind, storage), 30)
     (ahead,) = JobHistory(storage, job).events([ev.SINK_AHEAD])
     assert ahead.data["last_batch"] == 5 and ahead.data["batches"] > 1
@@ -351,24 +311,35 @@ def test_a_replay_that_reads_other_offsets_is_refused_before_anything_is_lost(
     assert not JobHistory(storage, job).events([ev.RESTART])  # refused at once
 
 
-@pytest.mark.parametrize("per_batch", [3, 100], ids=["same-offsets", "other-offsets"])
-def test_at_least_once_replays_follow_the_same_rule(
-        storage: CheckpointStorage, tmp_path: Path, per_batch: int) -> None:
-    """AT_LEAST_ONCE commits each batch at once, so the sink is ahead of every checkpoint
-    restored after a failure; a replay is committed again right after its staging (a
-    no-op for a skipped one)."""
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+@pytest.mark.parametrize("case", CASES)
+def test_at_least_once_a_replay_that_reads_other_offsets_is_published_as_extra_output(
+        storage: CheckpointStorage, tmp_path: Path, case: str, kind: str) -> None:
+    """AT_LEAST_ONCE (duplicates allowed): the first replayed batch takes every number
+    now available and is published as extra output, not refused: the run finishes,
+    every number reaches the output (the replay's rows with the running sum the
+    restored state gives), the repeats are reported in the history. Failed on main:
+    SinkReplayMismatchError."""
     mode = "AT_LEAST_ONCE"
-    assert run_life(storage, tmp_path / "w1", Source(18, 3), "jsonl", mode=mode) == "finished"
-    target = older_checkpoint(storage, 1)
-    if per_batch == 3:
-        assert run_life(storage, tmp_path / "w2", Source(30, per_batch), "jsonl",
-                        restore=target, mode=mode) == "finished"
-        expect_exactly_once(make_sink("jsonl", storage), 30)
-    else:
-        with pytest.raises(SinkReplayMismatchError):
-            run_life(storage, tmp_path / "w2", Source(30, per_batch), "jsonl",
-                     restore=target, mode=mode)
-        expect_exactly_once(make_sink("jsonl", storage), 18)
+    first = published_rows(first_life(storage, tmp_path, kind,
+                                      savepoint_at_batch_2(storage), mode))
+    job, target = restore_target(case, storage)
+    assert run_life(storage, tmp_path / "w2", Source(40, 100), kind, job=job,
+                    restore=target, mode=mode) == "finished"
+    (published,) = JobHistory(storage, job).events([ev.SINK_REPLAY_PUBLISHED])
+    b = published.data["batch"]
+    assert f'"end": {3 * b + 3}' in published.data["committed_offsets"]
+    assert '"end": 40' in published.data["replay_offsets"]
+    assert (published.data["restored"] is None) == (case == "new job name")
+    # what the second life added: batch b over every number after batch b - 1's end
+    added = Counter(json.dumps(r, sort_keys=True) for r in published_rows(make_sink(
+        kind, storage)))
+    added.subtract(json.dumps(r, sort_keys=True) for r in first)
+    assert sorted(added.elements()) == sorted(json.dumps(
+        {"batch": b, "n": n, "running": n * (n + 1) // 2}, sort_keys=True)
+        for n in range(3 * b + 1, 41))
+    assert make_sink(kind, storage).pending() == []
+    assert not JobHistory(storage, job).events([ev.JOB_FAILED])
 
 
 def test_check_replay_rules() -> None:

@@ -44,6 +44,7 @@ from airflow_ckpt.testing.faults import (
     control_answer,
     savepoint_marker,
 )
+from airflow_ckpt.testing.simquery import write_file
 
 JOB = cp.JOB
 #: a periodic checkpoint is never due: only the initial and final checkpoints are taken
@@ -67,7 +68,7 @@ class _HaltingQuery(cp._Query):
         if self.isActive and b == self.halt_at and self._looks < 2:
             self._looks += 1
             if self._looks == 1:
-                cp._write(self.workdir / "offsets" / str(b), 'v1\n{}\n' + json.dumps({"b": b}))
+                write_file(self.workdir / "offsets" / str(b), 'v1\n{}\n' + json.dumps({"b": b}))
             else:
                 self.on_halt()
             return False
@@ -108,7 +109,7 @@ def live(storage: CheckpointStorage, workdir: Path, script: cp.Script, *,
     sink = JsonLinesSink(job.storage, cp.SINK_PREFIX)
 
     def build() -> Any:
-        writer = cp._Writer(spark, job.exactly_once(sink))
+        writer = spark.writer(job.exactly_once(sink))
 
         def start() -> _HaltingQuery:
             query = _HaltingQuery(Path(writer.location), writer.fn, script, on_batch)

@@ -12,9 +12,11 @@ A batch id is not the batch's data: after a restore older than the sink's output
 plans those batch ids again, possibly over other offsets. The runtime therefore hands
 each sink the batch's source offsets (:meth:`TwoPhaseCommitSink.batch_offsets`); a sink
 records them with the transaction and, when a committed batch id is staged again, skips
-the replay only if it read the same offsets and otherwise raises
-:class:`~airflow_ckpt.errors.SinkReplayMismatchError` (the built-in sinks do so through
-:class:`~airflow_ckpt.runtime.sinks.transactions.SinkTransactions`).
+the replay only if it read the same offsets; otherwise the job's
+:class:`~airflow_ckpt.runtime.sinks.offsets.ReplayPolicy` (:attr:`replay_policy`)
+decides: EXACTLY_ONCE raises :class:`~airflow_ckpt.errors.SinkReplayMismatchError`,
+AT_LEAST_ONCE publishes the replay as extra output, reported first (the built-in sinks
+do so through :class:`~airflow_ckpt.runtime.sinks.transactions.SinkTransactions`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from airflow_ckpt.runtime.sinks.offsets import REFUSE, ReplayPolicy
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -38,18 +42,32 @@ class TwoPhaseCommitSink(ABC):
 
     #: set by the runtime (:meth:`track_offsets`); None when the sink runs on its own
     _offsets_reader: Callable[[int], BatchOffsets | None] | None = None
+    #: set by the runtime (:meth:`track_offsets`); refuse when the sink runs on its own
+    _replays: ReplayPolicy = REFUSE
+    #: True while :meth:`recover` runs
+    _recovering = False
 
-    def track_offsets(self, reader: Callable[[int], BatchOffsets | None]) -> None:
+    def track_offsets(self, reader: Callable[[int], BatchOffsets | None],
+                      replays: ReplayPolicy | None = None) -> None:
         """Called by the runtime when the sink is registered: ``reader(batch_id)`` gives
-        the source offsets of the batch being staged (from the query's offsets log)."""
+        the source offsets of the batch being staged (from the query's offsets log);
+        ``replays`` is the job's mode's policy for a replay that read other offsets."""
         self._offsets_reader = reader
+        if replays is not None:
+            self._replays = replays
+
+    @property
+    def replay_policy(self) -> ReplayPolicy:
+        """What a committed batch staged again with other offsets becomes: refused
+        (EXACTLY_ONCE, and without the runtime) or published as extra output
+        (AT_LEAST_ONCE); pass it to ``SinkTransactions.record`` or call its ``judge``."""
+        return self._replays
 
     def batch_offsets(self, batch_id: int) -> BatchOffsets | None:
         """The source offsets of ``batch_id`` (call it while staging the batch), or None
         if the sink runs without the runtime. Record them with the transaction; a
-        committed batch staged again with other offsets must be refused (see
-        :func:`~airflow_ckpt.runtime.sinks.offsets.check_replay`), never published nor
-        dropped."""
+        committed batch staged again with other offsets must be judged by
+        :attr:`replay_policy` (refused or published as extra output), never dropped."""
         reader = self._offsets_reader
         return reader(batch_id) if reader is not None else None
 
@@ -99,10 +117,22 @@ class TwoPhaseCommitSink(ABC):
     def recover(self, commit: Iterable[int]) -> None:
         """After restore: commit the checkpoint's transactions, abort all others."""
         keep = set(commit)
-        for batch_id in self.pending():
-            if batch_id in keep:
-                log.info("recover-and-commit transaction of batch %d", batch_id)
-                self.commit(batch_id)
-            else:
-                log.info("aborting transaction of batch %d (it will be replayed)", batch_id)
-                self.abort(batch_id)
+        self._recovering = True
+        try:
+            for batch_id in self.pending():
+                if batch_id in keep:
+                    log.info("recover-and-commit transaction of batch %d", batch_id)
+                    self.commit(batch_id)
+                else:
+                    log.info("aborting transaction of batch %d (it will be replayed)",
+                             batch_id)
+                    self.abort(batch_id)
+        finally:
+            self._recovering = False
+
+    @property
+    def _seeks_extra(self) -> bool:
+        """Whether ``commit`` looks for extra publications of the batch (replays that
+        read other offsets, AT_LEAST_ONCE; a LIST per commit): where this job publishes
+        them, and in :meth:`recover` (an earlier life may have). ``abort`` always looks."""
+        return self._replays.publish_other or self._recovering

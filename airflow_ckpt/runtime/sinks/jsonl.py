@@ -32,8 +32,9 @@ class JsonLinesSink(TwoPhaseCommitSink):
     ``_committed/`` under the prefix), so a deposed driver's late write never changes
     it. Commit is copy-then-delete: a crash between the two leaves the decision, and the
     next commit or abort of that batch finishes it. A committed batch staged again is
-    skipped if it read the source offsets its decision recorded and refused
-    (``SinkReplayMismatchError``) otherwise; see ``docs/sinks.md``.
+    skipped if it read the source offsets its decision recorded; otherwise it is refused
+    (``SinkReplayMismatchError``, EXACTLY_ONCE) or published as extra output
+    ``part-<batch>.<tag>.jsonl`` (AT_LEAST_ONCE); see ``docs/sinks.md``.
     """
 
     def __init__(self, storage: CheckpointStorage, prefix: str) -> None:
@@ -53,8 +54,10 @@ class JsonLinesSink(TwoPhaseCommitSink):
     def _pending_prefix(self, batch_id: int) -> str:
         return f"{self.prefix}_pending/{batch_id:012d}/"
 
-    def part_key(self, batch_id: int) -> str:
-        return f"{self.prefix}part-{batch_id:012d}.jsonl"
+    def part_key(self, batch_id: int, replay: str = "") -> str:
+        """The published object of the batch (``replay``: of its extra publication)."""
+        tag = f".{replay}" if replay else ""
+        return f"{self.prefix}part-{batch_id:012d}{tag}.jsonl"
 
     def pre_commit(self, batch_id: int, rows: Sequence[dict[str, Any]]) -> None:
         body = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
@@ -63,7 +66,8 @@ class JsonLinesSink(TwoPhaseCommitSink):
         self.storage.put_bytes(staged, body.encode(), create_only=True)
         try:
             superseded = self.transactions.record(Transaction(
-                batch_id, attempt, "staged", offsets=self.batch_offsets(batch_id)))
+                batch_id, attempt, "staged", offsets=self.batch_offsets(batch_id)),
+                self.replay_policy)
         except (ObjectAlreadyExistsError, SinkReplayMismatchError) as exc:
             # committed already: the replay is never published; its own staging goes
             self.storage.delete_many([staged])
@@ -75,32 +79,48 @@ class JsonLinesSink(TwoPhaseCommitSink):
             self.storage.delete_many(
                 [f"{self._pending_prefix(batch_id)}{superseded.attempt}.jsonl"])
 
+    def _slots(self, batch_id: int, extra: bool = True) -> list[str]:
+        """The batch's extra publications with a record (if ``extra``), then the batch
+        itself (""): an extra one is finished first, as the batch's own clean-up deletes
+        every attempt staged under ``_pending/<batch>/``."""
+        return [*(self.transactions.replays(batch_id) if extra else ()), ""]
+
     def commit(self, batch_id: int) -> None:
         with self._lock:
-            decision = self.transactions.decide(
-                batch_id, lambda txn: {"batch": txn.batch, "attempt": txn.attempt})
-            if decision is None:
-                return  # never staged (aborted, or a crash before its record)
-            staged = f"{self._pending_prefix(batch_id)}{decision['attempt']}.jsonl"
-            try:
-                self.storage.copy(staged, self.part_key(batch_id))
-            except ObjectNotFoundError:
-                # Published by an earlier commit whose clean-up removed the staging.
-                if not self.storage.exists(self.part_key(batch_id)):
-                    raise CorruptCheckpointError(
-                        f"{self.storage.uri}: batch {batch_id} was committed but neither "
-                        f"its staged object {staged} nor {self.part_key(batch_id)} exists; "
-                        "the sink's directory was modified outside the sink") from None
-            self.transactions.discard(self._pending_prefix(batch_id))
-            self.transactions.finish(batch_id)
+            for replay in self._slots(batch_id, self._seeks_extra):
+                self._commit(batch_id, replay)
+
+    def _commit(self, batch_id: int, replay: str) -> None:
+        decision = self.transactions.decide(
+            batch_id, lambda txn: {"batch": txn.batch, "attempt": txn.attempt}, replay)
+        if decision is None:
+            return  # never staged (aborted, or a crash before its record)
+        staged = f"{self._pending_prefix(batch_id)}{decision['attempt']}.jsonl"
+        part = self.part_key(batch_id, replay)
+        try:
+            self.storage.copy(staged, part)
+        except ObjectNotFoundError:
+            # Published by an earlier commit whose clean-up removed the staging.
+            if not self.storage.exists(part):
+                raise CorruptCheckpointError(
+                    f"{self.storage.uri}: batch {batch_id} was committed but neither "
+                    f"its staged object {staged} nor {part} exists; "
+                    "the sink's directory was modified outside the sink") from None
+        self.transactions.discard(staged if replay else self._pending_prefix(batch_id))
+        self.transactions.finish(batch_id, replay)
 
     def abort(self, batch_id: int) -> None:
-        if self.transactions.decision(batch_id) is not None:
-            self.commit(batch_id)  # decided: roll the commit forward
-            return
         with self._lock:
-            self.transactions.abort(batch_id)
-            self.transactions.discard(self._pending_prefix(batch_id))
+            for replay in self._slots(batch_id):
+                if self.transactions.decision(batch_id, replay) is not None:
+                    self._commit(batch_id, replay)  # decided: roll the commit forward
+                    continue
+                aborted = self.transactions.abort(batch_id, replay)
+                if not replay:
+                    self.transactions.discard(self._pending_prefix(batch_id))
+                elif aborted is not None:
+                    self.transactions.discard(
+                        f"{self._pending_prefix(batch_id)}{aborted.attempt}.jsonl")
 
     def pending(self) -> list[int]:
         return self.transactions.staged()
@@ -123,7 +143,7 @@ class JsonLinesSink(TwoPhaseCommitSink):
         return rows
 
     def committed_batches(self) -> list[int]:
-        return [
+        return sorted({
             int(i.key.rsplit("part-", 1)[1].split(".")[0])
             for i in self.storage.list(self.prefix + "part-")
-        ]
+        })

@@ -5,8 +5,10 @@ the sink's output, Spark plans every batch after the restored one again from the
 (it re-runs only the last batch its offsets log holds without a commit), so batch ``b`` may
 now cover other offsets than the batch the sink committed as ``b``. Each transaction
 therefore records :class:`BatchOffsets`, and a replay of a committed batch is skipped only
-if it read exactly the same (``check_replay``); otherwise the sink refuses it with
-:class:`~airflow_ckpt.errors.SinkReplayMismatchError`.
+if it read exactly the same; otherwise :class:`ReplayPolicy` decides: under EXACTLY_ONCE the
+sink refuses it with :class:`~airflow_ckpt.errors.SinkReplayMismatchError`, under
+AT_LEAST_ONCE it publishes the replay as extra output (duplicates allowed, nothing lost),
+logged at WARNING and reported to the runtime first.
 
 The offsets come from Spark's offsets log entry ``offsets/<batch>`` of the query's
 checkpoint directory (``v1``, the batch's metadata, then one line per source: its end
@@ -20,16 +22,23 @@ batch reads), since a replay may list other files under the same ``logOffset``.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from airflow_ckpt.errors import SinkReplayMismatchError
 
+log = logging.getLogger("airflow_ckpt.sinks")
+
 #: characters of each source's offset shown in an error message
 _SHOWN = 300
+#: hex characters of the replay's offsets digest that name an extra publication
+_TAG_CHARS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +64,12 @@ class BatchOffsets:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> BatchOffsets:
         return cls(tuple(raw["sources"]), tuple(raw.get("files", ())))
+
+    @property
+    def tag(self) -> str:
+        """Names an extra publication of a batch that read these offsets (a replay
+        published under AT_LEAST_ONCE): the same input always gets the same tag."""
+        return self.digest[:_TAG_CHARS]
 
     def describe(self) -> str:
         """The offsets for a person: each source's offset (and file count), shortened."""
@@ -103,18 +118,79 @@ def read_batch_offsets(checkpoint_dir: Path, batch_id: int) -> BatchOffsets | No
     return BatchOffsets(sources, tuple(files) if any(files) else ())
 
 
+class Verdict(enum.Enum):
+    """What becomes of a replay of a batch a sink committed already."""
+
+    #: it read exactly what the committed batch read: skip it (exactly once)
+    SAME = "same"
+    #: no offsets are known (the sink runs without the runtime): skip it, unverified
+    UNVERIFIED = "unverified"
+    #: it read other offsets (or the committed batch recorded none) and the mode allows
+    #: duplicates: publish it as extra output
+    PUBLISH = "publish"
+
+
+#: ``report(sink, batch_id, committed, replay)``: the offsets described for a person
+ReplayReport = Callable[[str, int, str, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPolicy:
+    """What a sink does with a replay of a committed batch that read other source
+    offsets. ``publish_other`` False (EXACTLY_ONCE, the default): refuse it with
+    :class:`~airflow_ckpt.errors.SinkReplayMismatchError`, nothing published; True
+    (AT_LEAST_ONCE, duplicates allowed by contract): publish it as extra output, so that
+    no row is lost, after :meth:`announce` (a WARNING log, then ``report``: the runtime
+    appends a ``sink_replay_published`` history event). The runtime hands each
+    registered sink the policy of the job's mode (``TwoPhaseCommitSink.track_offsets``)."""
+
+    publish_other: bool = False
+    report: ReplayReport | None = None
+
+    def judge(self, sink: str, batch_id: int, committed: dict[str, Any] | None,
+              replay: BatchOffsets | None) -> Verdict:
+        """Decide a replay of a batch ``sink`` committed already, from the offsets the
+        commit decision recorded (``committed``, ``BatchOffsets.to_dict``) and the
+        replay's. Raises ``SinkReplayMismatchError`` for other offsets unless
+        ``publish_other``; a sink that then publishes the replay calls
+        :meth:`announce` first, so an extra publication is never silent."""
+        if replay is None:
+            return Verdict.UNVERIFIED
+        if committed is not None and committed.get("digest") == replay.digest:
+            return Verdict.SAME
+        if not self.publish_other:
+            raise SinkReplayMismatchError(batch_id, sink, _shown(committed), replay.describe())
+        return Verdict.PUBLISH
+
+    def announce(self, sink: str, batch_id: int, committed: dict[str, Any] | None,
+                 replay: BatchOffsets) -> None:
+        """Say that ``sink`` publishes a replay of ``batch_id`` that read other offsets
+        than the committed batch: a WARNING log with both, then ``report``."""
+        log.warning("%s: batch %d is committed already, from source offsets %s; its replay "
+                    "read other source offsets %s and is published as extra output "
+                    "(AT_LEAST_ONCE: rows of both may appear twice, none is lost)",
+                    sink, batch_id, _shown(committed), replay.describe())
+        if self.report is not None:
+            self.report(sink, batch_id, _shown(committed), replay.describe())
+
+
+def _shown(committed: dict[str, Any] | None) -> str:
+    """The offsets a commit decision recorded, for a person."""
+    return BatchOffsets.from_dict(committed).describe() if committed else "(not recorded)"
+
+
+#: EXACTLY_ONCE's policy, and a sink's without the runtime: other offsets are refused
+REFUSE = ReplayPolicy()
+
+
 def check_replay(sink: str, batch_id: int, committed: dict[str, Any] | None,
                  replay: BatchOffsets | None) -> bool:
-    """Decide a replay of a batch ``sink`` committed already: True to skip it (it read
-    exactly what the committed batch read: exactly once), False to skip it unverified
-    (``replay`` is None: the sink is driven without the runtime, which knows no
-    offsets). Raises :class:`~airflow_ckpt.errors.SinkReplayMismatchError` if the
-    replay read other offsets, or the committed transaction recorded none to compare.
-    ``committed`` is the offsets the commit decision recorded (``BatchOffsets.to_dict``).
-    """
-    if replay is None:
-        return False
-    if committed is not None and committed.get("digest") == replay.digest:
-        return True
-    shown = BatchOffsets.from_dict(committed).describe() if committed else "(not recorded)"
-    raise SinkReplayMismatchError(batch_id, sink, shown, replay.describe())
+    """Decide a replay of a batch ``sink`` committed already under :data:`REFUSE`:
+    True to skip it (it read exactly what the committed batch read: exactly once),
+    False to skip it unverified (``replay`` is None: the sink is driven without the
+    runtime, which knows no offsets). Raises
+    :class:`~airflow_ckpt.errors.SinkReplayMismatchError` if the replay read other
+    offsets, or the committed transaction recorded none to compare. ``committed`` is
+    the offsets the commit decision recorded (``BatchOffsets.to_dict``). A sink that
+    honours AT_LEAST_ONCE calls :meth:`ReplayPolicy.judge` with its policy instead."""
+    return REFUSE.judge(sink, batch_id, committed, replay) is Verdict.SAME

@@ -28,9 +28,11 @@ changes a decision, see there).
   ``part-<batch>-<n>.parquet`` (names fixed by the record, so re-running a commit
   rewrites the same objects with the same bytes), then deletes the staging and the
   ``_txn`` record. A replayed batch whose decision exists is never published again: it is
-  skipped if it read the source offsets the decision recorded (exactly once), and refused
-  with ``SinkReplayMismatchError`` if it read others (its staging is deleted, the
-  published files are kept).
+  skipped if it read the source offsets the decision recorded (exactly once). One that
+  read others is refused with ``SinkReplayMismatchError`` under EXACTLY_ONCE (its staging
+  is deleted, the published files are kept); under AT_LEAST_ONCE it is published as extra
+  output, a transaction of its own (``_txn/<batch>.<tag>.json``,
+  ``_committed/<batch>.<tag>.json``, files ``part-<batch>.<tag>-<n>.parquet``).
 * ``abort``: marks the record aborted and deletes ``_staging/<batch>/``. If a decision
   exists the batch is already (partly) visible, so abort rolls the commit forward.
 
@@ -282,8 +284,10 @@ class ParquetSink(TwoPhaseCommitSink):
         return base + f"{attempt}/" if attempt else base
 
     @staticmethod
-    def part_key(batch_id: int, n: int) -> str:
-        return f"part-{batch_id:012d}-{n:05d}.parquet"
+    def part_key(batch_id: int, n: int, replay: str = "") -> str:
+        """File ``n`` published for the batch (``replay``: for its extra publication)."""
+        tag = f".{replay}" if replay else ""
+        return f"part-{batch_id:012d}{tag}-{n:05d}.parquet"
 
     # ------------------------------------------------------------------ protocol
 
@@ -331,7 +335,8 @@ class ParquetSink(TwoPhaseCommitSink):
         files.sort(key=lambda f: f["name"])
         try:
             superseded = self.transactions.record(Transaction(
-                batch_id, attempt, "staged", {"files": files}, self.batch_offsets(batch_id)))
+                batch_id, attempt, "staged", {"files": files}, self.batch_offsets(batch_id)),
+                self.replay_policy)
         except (ObjectAlreadyExistsError, SinkReplayMismatchError) as exc:
             # committed already: the replay is never published; its own staging goes
             self.transactions.discard(self._staging_prefix(batch_id, attempt))
@@ -351,19 +356,29 @@ class ParquetSink(TwoPhaseCommitSink):
             "batch": txn.batch,
             "attempt": txn.attempt,
             "files": [
-                {"staged": staging + f["name"], "final": self.part_key(txn.batch, n),
+                {"staged": staging + f["name"], "final": self.part_key(txn.batch, n, txn.replay),
                  "size": f["size"], "rows": f["rows"]}
                 for n, f in enumerate(txn.payload["files"])
             ],
         }
 
+    def _slots(self, batch_id: int, extra: bool = True) -> list[str]:
+        """The batch's extra publications with a record (if ``extra``), then the batch
+        itself (""): an extra one is finished first, as the batch's own clean-up deletes
+        every attempt staged under ``_staging/<batch>/``."""
+        return [*(self.transactions.replays(batch_id) if extra else ()), ""]
+
     def commit(self, batch_id: int) -> None:
         with self._lock:
-            decision = self.transactions.decide(batch_id, self._describe)
-            if decision is None:
-                return  # never staged (aborted, or a crash before its record)
-            self._publish(decision)
-            self._cleanup(batch_id)
+            for replay in self._slots(batch_id, self._seeks_extra):
+                self._commit(batch_id, replay)
+
+    def _commit(self, batch_id: int, replay: str) -> None:
+        decision = self.transactions.decide(batch_id, self._describe, replay)
+        if decision is None:
+            return  # never staged (aborted, or a crash before its record)
+        self._publish(decision)
+        self._cleanup(batch_id, replay, decision["attempt"])
 
     def _publish(self, decision: dict[str, Any]) -> None:
         def one(entry: dict[str, Any]) -> None:
@@ -401,21 +416,26 @@ class ParquetSink(TwoPhaseCommitSink):
         if published is not None:  # make the renames durable
             fsync_dir(published.parent)
 
-    def _cleanup(self, batch_id: int) -> None:
+    def _cleanup(self, batch_id: int, replay: str, attempt: str) -> None:
         # Staging first, record last: a crash in between leaves the record, so the
-        # batch is still pending and the next commit finishes the clean-up.
-        self.transactions.discard(self._staging_prefix(batch_id))
-        self.transactions.finish(batch_id)
+        # batch is still pending and the next commit finishes the clean-up. An extra
+        # publication deletes only its own attempt's staging.
+        self.transactions.discard(self._staging_prefix(batch_id, attempt if replay else None))
+        self.transactions.finish(batch_id, replay)
 
     def abort(self, batch_id: int) -> None:
-        if self.transactions.decision(batch_id) is not None:
-            log.warning("batch %d: abort after its commit decision; finishing the commit "
-                        "(its files are already visible to readers)", batch_id)
-            self.commit(batch_id)
-            return
         with self._lock:
-            self.transactions.abort(batch_id)
-            self.transactions.discard(self._staging_prefix(batch_id))
+            for replay in self._slots(batch_id):
+                if self.transactions.decision(batch_id, replay) is not None:
+                    log.warning("batch %d: abort after its commit decision; finishing the "
+                                "commit (its files are already visible to readers)", batch_id)
+                    self._commit(batch_id, replay)
+                    continue
+                aborted = self.transactions.abort(batch_id, replay)
+                if not replay:
+                    self.transactions.discard(self._staging_prefix(batch_id))
+                elif aborted is not None:
+                    self.transactions.discard(self._staging_prefix(batch_id, aborted.attempt))
 
     def pending(self) -> list[int]:
         return self.transactions.staged()
@@ -435,11 +455,12 @@ class ParquetSink(TwoPhaseCommitSink):
         return self.transactions.committed_batches()
 
     def committed_files(self) -> list[str]:
-        """Keys (relative to :attr:`uri`) of every published file, batch by batch: what a
-        reader that wants whole batches only reads."""
+        """Keys (relative to :attr:`uri`) of every published file, batch by batch (a
+        batch's extra publications after it): what a reader that wants whole batches
+        only reads."""
         keys: list[str] = []
-        for batch_id in self.committed_batches():
-            decision = self.transactions.decision(batch_id)
+        for batch_id, replay in self.transactions.decisions():
+            decision = self.transactions.decision(batch_id, replay)
             if decision is not None:
                 keys.extend(f["final"] for f in decision["files"])
         return keys

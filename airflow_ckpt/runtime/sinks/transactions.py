@@ -2,8 +2,11 @@
 
 Layout under a sink's root (keys relative to it)::
 
-    _txn/<batch>.json        the batch's transaction: its current attempt and state
-    _committed/<batch>.json  the commit decision (create-only): the attempt published
+    _txn/<batch>.json              the batch's transaction: its current attempt and state
+    _committed/<batch>.json        the commit decision (create-only): the attempt published
+    _txn/<batch>.<tag>.json        the same for an extra publication of the batch: a replay
+    _committed/<batch>.<tag>.json  that read other offsets, under AT_LEAST_ONCE (``tag``:
+                                   :attr:`BatchOffsets.tag` of the replay's offsets)
 
 Why each write is safe however late it lands (a deposed driver's request may be held
 by the network for minutes and land after a successor took over):
@@ -24,11 +27,15 @@ by the network for minutes and land after a successor took over):
 * **Staged data lives under attempt-scoped keys** (``attempt`` is fresh per staging),
   so deleting an aborted attempt never touches another attempt's files.
 
-Why a replay of a committed batch is skipped or refused, never dropped blindly: the
-record and the decision carry the batch's source offsets
+Why a replay of a committed batch is skipped, refused or published as extra output, never
+dropped blindly: the record and the decision carry the batch's source offsets
 (:class:`~airflow_ckpt.runtime.sinks.offsets.BatchOffsets`); a batch id whose decision
-exists is staged again only after a restore older than the sink's output, and then it is
-the same batch only if it read the same offsets (``check_replay``).
+exists is staged again only after a restore older than the sink's output (or, under
+AT_LEAST_ONCE, after any failure), and then it is the same batch only if it read the same
+offsets. One that read others is refused, or, where the
+:class:`~airflow_ckpt.runtime.sinks.offsets.ReplayPolicy` publishes it, recorded as a
+transaction of its own (``<batch>.<tag>``) with the same rules: its decision is
+create-only and never changes, and a later replay with the same offsets is skipped.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from airflow_ckpt.errors import (
@@ -44,7 +51,7 @@ from airflow_ckpt.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
 )
-from airflow_ckpt.runtime.sinks.offsets import BatchOffsets, check_replay
+from airflow_ckpt.runtime.sinks.offsets import REFUSE, BatchOffsets, ReplayPolicy, Verdict
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 log = logging.getLogger("airflow_ckpt.sinks")
@@ -57,20 +64,25 @@ _SWAP_ROUNDS = 8
 @dataclass(frozen=True, slots=True)
 class Transaction:
     """A batch's transaction record: the attempt staged last, its state, the sink's
-    own description of the staged data (``payload``: e.g. the file list) and the
-    source offsets the batch read (None when the sink runs without the runtime)."""
+    own description of the staged data (``payload``: e.g. the file list), the
+    source offsets the batch read (None when the sink runs without the runtime), and
+    ``replay``: "" for the batch's publication, the tag of an extra publication (a
+    replay that read other offsets, published under AT_LEAST_ONCE) otherwise."""
 
     batch: int
     attempt: str
     state: TxnState
     payload: dict[str, Any] = field(default_factory=dict)
     offsets: BatchOffsets | None = None
+    replay: str = ""
 
     def to_json(self) -> bytes:
-        return json.dumps({"batch": self.batch, "attempt": self.attempt, "state": self.state,
-                           "payload": self.payload,
-                           "offsets": self.offsets.to_dict() if self.offsets else None},
-                          sort_keys=True).encode()
+        body = {"batch": self.batch, "attempt": self.attempt, "state": self.state,
+                "payload": self.payload,
+                "offsets": self.offsets.to_dict() if self.offsets else None}
+        if self.replay:
+            body["replay"] = self.replay
+        return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, raw: bytes) -> Transaction:
@@ -80,7 +92,8 @@ class Transaction:
             return cls(int(obj["batch"]), str(obj["attempt"]), "staged", payload)
         offsets = obj.get("offsets")
         return cls(int(obj["batch"]), str(obj["attempt"]), obj["state"], obj["payload"],
-                   BatchOffsets.from_dict(offsets) if offsets else None)
+                   BatchOffsets.from_dict(offsets) if offsets else None,
+                   str(obj.get("replay", "")))
 
 
 class SinkTransactions:
@@ -95,67 +108,97 @@ class SinkTransactions:
         self.name = name  # the sink, as error messages name it
 
     # ------------------------------------------------------------------ keys
-    def txn_key(self, batch_id: int) -> str:
-        return f"{self.prefix}_txn/{batch_id:012d}.json"
+    @staticmethod
+    def _name(batch_id: int, replay: str) -> str:
+        return f"{batch_id:012d}.{replay}.json" if replay else f"{batch_id:012d}.json"
 
-    def decision_key(self, batch_id: int) -> str:
-        return f"{self.prefix}_committed/{batch_id:012d}.json"
+    def txn_key(self, batch_id: int, replay: str = "") -> str:
+        return f"{self.prefix}_txn/{self._name(batch_id, replay)}"
+
+    def decision_key(self, batch_id: int, replay: str = "") -> str:
+        return f"{self.prefix}_committed/{self._name(batch_id, replay)}"
 
     # ------------------------------------------------------------------ reads
-    def current(self, batch_id: int) -> Transaction | None:
-        """The batch's transaction record, or None."""
+    def current(self, batch_id: int, replay: str = "") -> Transaction | None:
+        """The transaction record of the batch (or of its extra publication
+        ``replay``), or None."""
         try:
-            return Transaction.from_json(self.storage.get_bytes(self.txn_key(batch_id)))
+            return Transaction.from_json(self.storage.get_bytes(self.txn_key(batch_id, replay)))
         except ObjectNotFoundError:
             return None
 
-    def decision(self, batch_id: int) -> dict[str, Any] | None:
-        """The batch's commit decision, or None if it was never committed."""
+    def decision(self, batch_id: int, replay: str = "") -> dict[str, Any] | None:
+        """The commit decision of the batch (or of its extra publication ``replay``),
+        or None if it was never committed."""
         try:
-            data: dict[str, Any] = json.loads(self.storage.get_bytes(self.decision_key(batch_id)))
+            data: dict[str, Any] = json.loads(
+                self.storage.get_bytes(self.decision_key(batch_id, replay)))
         except ObjectNotFoundError:
             return None
         return data
 
-    def _batches(self, directory: str) -> list[int]:
+    def _records(self, directory: str) -> list[tuple[int, str]]:
+        """(batch, replay tag) of every record in ``directory``, ascending."""
         out = []
         for info in self.storage.list(self.prefix + directory):
             name = info.key.rsplit("/", 1)[-1]
-            if name.endswith(".json") and name[:-5].isdigit():
-                out.append(int(name[:-5]))
+            batch, _, replay = name.removesuffix(".json").partition(".")
+            if name.endswith(".json") and batch.isdigit():
+                out.append((int(batch), replay))
         return sorted(out)
 
     def recorded(self) -> list[int]:
         """Batches with a transaction record (staged or aborted), ascending."""
-        return self._batches("_txn/")
+        return sorted({b for b, _ in self._records("_txn/")})
 
     def staged(self) -> list[int]:
-        """Batches whose record is staged and not decided: the pending transactions."""
-        return [b for b in self.recorded()
-                if (t := self.current(b)) is not None and t.state == "staged"]
+        """Batches with a staged record not decided (of the batch or of an extra
+        publication of it): the pending transactions, ascending."""
+        return sorted({b for b, replay in self._records("_txn/")
+                       if (t := self.current(b, replay)) is not None and t.state == "staged"})
+
+    def replays(self, batch_id: int) -> list[str]:
+        """Tags of the batch's extra publications that have a transaction record."""
+        return [replay for b, replay in self._records(f"_txn/{batch_id:012d}.")
+                if b == batch_id and replay]
 
     def committed_batches(self) -> list[int]:
         """Batches with a commit decision, ascending."""
-        return self._batches("_committed/")
+        return sorted({b for b, _ in self.decisions()})
+
+    def decisions(self) -> list[tuple[int, str]]:
+        """(batch, replay tag) of every commit decision, ascending ("" first)."""
+        return self._records("_committed/")
 
     # ------------------------------------------------------------------ writes
-    def record(self, txn: Transaction) -> Transaction | None:
+    def record(self, txn: Transaction, replays: ReplayPolicy = REFUSE) -> Transaction | None:
         """Make ``txn`` (state ``staged``) the batch's transaction; durable on return.
 
         Returns the attempt it superseded (its staged data is now garbage), or None.
-        If the batch is committed already, records nothing and raises (the caller
-        discards its staging either way): ``ObjectAlreadyExistsError`` if ``txn`` read
-        the offsets the decision recorded (or carries none), so skipping it is exactly
-        once; :class:`~airflow_ckpt.errors.SinkReplayMismatchError` if it read others."""
-        key = self.txn_key(txn.batch)
+        If the batch is committed already: a replay that read the offsets the decision
+        recorded (or carries none) records nothing and raises
+        ``ObjectAlreadyExistsError`` (the caller discards its staging: skipping it is
+        exactly once); one that read other offsets is judged by ``replays``
+        (:meth:`ReplayPolicy.judge`): refused with
+        :class:`~airflow_ckpt.errors.SinkReplayMismatchError` (nothing recorded), or
+        recorded as the extra publication ``txn.offsets.tag`` of the batch, with the
+        same rules (a replay with those offsets again is skipped)."""
+        key = self.txn_key(txn.batch, txn.replay)
         for _ in range(_SWAP_ROUNDS):
-            decided = self.decision(txn.batch)
+            decided = self.decision(txn.batch, txn.replay)
             if decided is not None:
-                verified = check_replay(self.name, txn.batch, decided.get("offsets"),
-                                        txn.offsets)
+                verdict = (replays if not txn.replay else REFUSE).judge(
+                    self.name, txn.batch, decided.get("offsets"), txn.offsets)
+                if verdict is Verdict.PUBLISH:
+                    assert txn.offsets is not None  # only known offsets can differ
+                    extra = replace(txn, replay=txn.offsets.tag)
+                    if self.decision(txn.batch, extra.replay) is None:  # else: skipped
+                        replays.announce(self.name, txn.batch, decided.get("offsets"),
+                                         txn.offsets)
+                    return self.record(extra, replays)
                 raise ObjectAlreadyExistsError(
                     f"batch {txn.batch} is committed already; its replay "
-                    + ("read the same source offsets" if verified else
+                    + ("read the same source offsets" if verdict is Verdict.SAME else
                        "carries no source offsets to compare (the sink runs without the "
                        "runtime)"))
             try:
@@ -176,15 +219,16 @@ class SinkTransactions:
         raise PreconditionFailedError(f"{key} kept changing while batch {txn.batch} was "
                                       "recorded: another driver writes this sink")
 
-    def decide(self, batch_id: int, describe: Callable[[Transaction], dict[str, Any]]
-               ) -> dict[str, Any] | None:
-        """The batch's commit decision: the existing one, or one taken now (create-only)
-        from its staged record, described by ``describe`` plus the record's ``offsets``.
-        None if nothing is staged."""
-        existing = self.decision(batch_id)
+    def decide(self, batch_id: int, describe: Callable[[Transaction], dict[str, Any]],
+               replay: str = "") -> dict[str, Any] | None:
+        """The commit decision of the batch (or of its extra publication ``replay``):
+        the existing one, or one taken now (create-only) from its staged record,
+        described by ``describe`` plus the record's ``offsets``. None if nothing is
+        staged."""
+        existing = self.decision(batch_id, replay)
         if existing is not None:
             return existing
-        txn = self.current(batch_id)
+        txn = self.current(batch_id, replay)
         if txn is None or txn.state != "staged":
             return None
         self.confirm()  # the record read above is not a successor's
@@ -192,18 +236,19 @@ class SinkTransactions:
         if txn.offsets is not None:
             decision["offsets"] = txn.offsets.to_dict()
         try:
-            self.storage.put_bytes(self.decision_key(batch_id), json.dumps(
+            self.storage.put_bytes(self.decision_key(batch_id, replay), json.dumps(
                 decision, sort_keys=True).encode(), create_only=True)
         except ObjectAlreadyExistsError:
-            decided = self.decision(batch_id)
+            decided = self.decision(batch_id, replay)
             assert decided is not None
             return decided
         return decision
 
-    def abort(self, batch_id: int) -> Transaction | None:
-        """Mark the batch's staged attempt aborted (compare-and-swap); returns the
-        aborted transaction (its data is garbage now), or None if none was staged."""
-        key = self.txn_key(batch_id)
+    def abort(self, batch_id: int, replay: str = "") -> Transaction | None:
+        """Mark the staged attempt of the batch (or of its extra publication ``replay``)
+        aborted (compare-and-swap); returns the aborted transaction (its data is
+        garbage now), or None if none was staged."""
+        key = self.txn_key(batch_id, replay)
         for _ in range(_SWAP_ROUNDS):
             try:
                 stored = self.storage.get_versioned(key)
@@ -213,7 +258,7 @@ class SinkTransactions:
             if txn.state == "aborted":
                 return txn
             self.confirm()  # the record read above is not a successor's
-            aborted = Transaction(txn.batch, txn.attempt, "aborted", txn.payload)
+            aborted = replace(txn, state="aborted", offsets=None)
             try:
                 self.storage.put_bytes(key, aborted.to_json(), if_match=stored.etag)
             except PreconditionFailedError:
@@ -231,7 +276,8 @@ class SinkTransactions:
             self.confirm()
             self.storage.delete_many(keys)
 
-    def finish(self, batch_id: int) -> None:
-        """Forget the record of a committed batch (its decision exists: nothing records
-        the batch again, so this delete may land late without harm)."""
-        self.storage.delete_many([self.txn_key(batch_id)])
+    def finish(self, batch_id: int, replay: str = "") -> None:
+        """Forget the record of a committed batch (or extra publication): its decision
+        exists, so nothing records it again and this delete may land late without
+        harm."""
+        self.storage.delete_many([self.txn_key(batch_id, replay)])
