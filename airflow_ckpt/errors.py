@@ -135,8 +135,10 @@ class SinkReplayMismatchError(RestoreError):
     a new start over an existing output), Spark plans the batches after the restored one
     again from the sources, and a batch id may then cover other offsets than the batch
     the sink committed under that id. Dropping the replay would lose the rows the
-    committed batch did not read; publishing it would repeat the rows it did. The sink
-    does neither: nothing of the replay is published and nothing committed is deleted.
+    committed batch did not read; publishing it would repeat the rows it did. Under
+    ``EXACTLY_ONCE`` the sink does neither: nothing of the replay is published and nothing
+    committed is deleted. (Under ``AT_LEAST_ONCE`` the replay is published as extra
+    output instead, with a ``sink_replay_published`` event: docs/sinks.md.)
     """
 
     def __init__(self, batch_id: int, sink: str, committed: str, replay: str,
