@@ -85,6 +85,7 @@ class Deferred:
 
     label: str
     apply: Callable[[], str]
+    not_before: float = 0.0  # true time before which the network still holds it
 
 
 class ProcessGlobals:
@@ -212,9 +213,10 @@ class Scheduler:
         self.log(f"spawn {name} on {host.name}")
         return actor
 
-    def defer(self, label: str, apply: Callable[[], str]) -> None:
-        """Hold ``apply`` (a write in flight); it runs when the scheduler delivers it."""
-        self.deferred.append(Deferred(label, apply))
+    def defer(self, label: str, apply: Callable[[], str], not_before: float = 0.0) -> None:
+        """Hold ``apply`` (a write in flight); it runs when the scheduler delivers it, at
+        a turn it picks at or after true time ``not_before``."""
+        self.deferred.append(Deferred(label, apply, not_before))
 
     # ------------------------------------------------------------------ the loop
 
@@ -230,14 +232,17 @@ class Scheduler:
                 self.log("step limit reached: the run is cut off")
                 self.shutdown()
                 return
-            if self.deferred and (not live or self.rng.random() < self.deliver_p):
-                held = self.deferred.pop(self.rng.randrange(len(self.deferred)))
+            due = [d for d in self.deferred if d.not_before <= self.now]
+            if due and (not live or self.rng.random() < self.deliver_p):
+                held = due[self.rng.randrange(len(due))]
+                self.deferred.remove(held)
                 self.log(f"deliver {held.label}: {held.apply()}")
                 self._observe()
                 continue
             ready = [a for a in live if a.wake_at <= self.now]
             if not ready:
-                self.now = min(a.wake_at for a in live)
+                self.now = min([a.wake_at for a in live]
+                               + [d.not_before for d in self.deferred if d not in due])
                 continue
             self.now += self.rng.choice(TICKS)
             actor = self.rng.choice(ready)

@@ -15,7 +15,9 @@ may meet:
   (``EndpointUnreachableError``); nothing was applied;
 * ``late``: the write's answer never came (``OutcomeUnknownError``) and the request is
   still in the network: it is applied at a later turn the scheduler picks (its
-  conditions judged then), after its caller gave up;
+  conditions judged then), after its caller gave up; with ``hold_s`` the network holds
+  it for up to that many seconds of true time first (a request that lands after a
+  successor took over);
 * ``unknown``: the write was applied, but its answer was lost and the read-back failed
   (``OutcomeUnknownError``).
 
@@ -51,6 +53,7 @@ class Faults:
     unavailable: float = 0.0
     late: float = 0.0
     unknown: float = 0.0
+    hold_s: float = 0.0  # a late write is held up to this long (uniform) before it lands
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,13 +135,16 @@ class SimStorage(CheckpointStorage):
         listings (a reader that does not know where some events live)
     :param dropped: planted defect: writes to keys containing this are acknowledged and
         never stored (a writer that believes a write it did not make)
+    :param unconditional: planted defect: writes to keys containing this drop their
+        conditions (create-only, ``if_match``) and overwrite whatever is there
     :param oracle: the harness's own view: no yield point, no fault, no trace line (the
         invariants read the ground truth through it)
     """
 
     def __init__(self, objects: SimObjects, scheduler: Scheduler, *,
                  faults: Faults = Faults(), tag: str = "", hidden: Hidden | None = None,
-                 dropped: str | None = None, oracle: bool = False) -> None:
+                 dropped: str | None = None, unconditional: str | None = None,
+                 oracle: bool = False) -> None:
         self.store = objects
         self.oracle = oracle
         self.scheduler = scheduler
@@ -146,13 +152,14 @@ class SimStorage(CheckpointStorage):
         self.tag = tag
         self.hidden = hidden
         self.dropped = dropped
+        self.unconditional = unconditional
         self.uri = "sim://bucket/root"
 
     def view(self, faults: Faults, tag: str, *, hidden: Hidden | None = None,
-             dropped: str | None = None) -> SimStorage:
+             dropped: str | None = None, unconditional: str | None = None) -> SimStorage:
         """Another view of the same objects with other faults (and planted defects)."""
         return SimStorage(self.store, self.scheduler, faults=faults, tag=tag, hidden=hidden,
-                          dropped=dropped)
+                          dropped=dropped, unconditional=unconditional)
 
     def _listed(self, prefix: str, start_after: str = "") -> builtins.list[ObjectInfo]:
         return [ObjectInfo(k, len(v.data), v.written) for k, v in
@@ -181,7 +188,10 @@ class SimStorage(CheckpointStorage):
         if self.scheduler.current() is not None and not self.oracle:
             draw = self.scheduler.rng.random()
             if draw < self.faults.late:
-                self.scheduler.defer(f"late {op} {key}", lambda: _outcome(apply))
+                hold = self.scheduler.rng.uniform(0.0, self.faults.hold_s) \
+                    if self.faults.hold_s else 0.0
+                self.scheduler.defer(f"late {op} {key}", lambda: _outcome(apply),
+                                     self.scheduler.now + hold)
                 self._log(op, key, "timeout (still in flight)")
                 raise OutcomeUnknownError(f"sim: {op} {key}: no answer (it may land later)")
             if draw < self.faults.late + self.faults.unknown:
@@ -212,6 +222,9 @@ class SimStorage(CheckpointStorage):
         def apply() -> str:
             if self.dropped and self.dropped in key:
                 return etag_of(data)
+            if self.unconditional and self.unconditional in key:
+                return self.store.put(key, data, self.scheduler.now, create_only=False,
+                                      if_match=None, writer=self.tag)
             return self.store.put(key, data, self.scheduler.now, create_only=create_only,
                                   if_match=if_match, writer=self.tag)
 
