@@ -90,7 +90,7 @@ from airflow_ckpt.supervision import (
     Verdict,
     resubmit_restore,
 )
-from airflow_ckpt.testing.sim import sinks
+from airflow_ckpt.testing.sim import savepoints, sinks
 from airflow_ckpt.testing.sim.flink import (
     ExponentialDelay,
     FailureRate,
@@ -562,6 +562,7 @@ WORLDS: dict[str, tuple[tuple[str, ...], tuple[str, ...],
                         Callable[[int, Iterable[str]], Outcome]]] = {
     "history": (HISTORY_PLANTS, HISTORY_INVARIANTS, run_seed),
     "sinks": (sinks.PLANTS, sinks.INVARIANTS, sinks.run_sink_seed),
+    "savepoints": (savepoints.PLANTS, savepoints.INVARIANTS, savepoints.run_savepoint_seed),
 }
 PLANTS = tuple(p for plants, _, _ in WORLDS.values() for p in plants)
 INVARIANTS = tuple(i for _, invariants, _ in WORLDS.values() for i in invariants)

@@ -13,9 +13,11 @@ Airflow declared dead that still runs, a second driver started by hand). Each dr
   offsets of each batch (``track_offsets``), so its decisions go through the real
   :class:`~airflow_ckpt.runtime.sinks.transactions.SinkTransactions` and
   :func:`~airflow_ckpt.runtime.sinks.offsets.check_replay`;
-* restore: the latest completed checkpoint, or (a fallback past a damaged one, an
-  explicit older checkpoint or savepoint) an older one, then ``sink.recover`` with the
-  restored checkpoint's pending transaction, then the replay of the batches after it,
+* restore: the latest completed checkpoint (falling back past one found damaged, for
+  good), or for a submission's first query an explicit older one (then, as the runtime,
+  an initial checkpoint at the restored batch right after the sink's recovery), then
+  ``sink.recover`` with the restored checkpoint's pending transaction, then the replay
+  of the batches after it,
   planned again from the source: the same end offsets as a batch planned before, or
   others (more input arrived, other batch sizing);
 * per batch: ``pre_commit`` (the rows are the source's numbers ``start..end-1``), a
@@ -171,6 +173,7 @@ class SinkWorld:
         self.truth = JsonLinesSink(self.base, SINK)  # the harness's faultless reader
         self.checkpoints: list[Checkpoint] = []
         self.last_id = 0
+        self.damaged: set[int] = set()  # checkpoints a restore found damaged
         self.plans: dict[int, list[tuple[int, int]]] = {}  # batch -> every (start, end)
         self.staging: dict[int, tuple[int, int]] = {}  # driver -> batch it stages now
         self.frozen: dict[str, str] = {}  # decision / part key -> its first ETag
@@ -279,14 +282,33 @@ class SinkWorld:
             return BatchOffsets((json.dumps({"end": staging[1]}),))
         return read
 
-    def restore_target(self) -> Checkpoint | None:
-        """The latest completed checkpoint, or (a fallback, an explicit older restore)
-        an older one."""
-        if not self.checkpoints:
-            return None
-        if len(self.checkpoints) > 1 and self.rng.random() < self.setup.older_restore_p:
-            return self.rng.choice(self.checkpoints[:-1])
-        return self.checkpoints[-1]
+    def restore_target(self, explicit: bool) -> tuple[Checkpoint | None, bool]:
+        """What a query restores, as :func:`~airflow_ckpt.runtime.restore.restore` picks
+        it, and whether it is an explicit (older) target. ``explicit``: this query may
+        have been given one (a submission's first query: the operator's ``restore``;
+        a restart in-process restores ``latest``). ``latest`` falls back past a newest
+        checkpoint found damaged (for good: no later restore uses it)."""
+        usable = [c for c in self.checkpoints if c.checkpoint_id not in self.damaged]
+        if explicit and len(usable) > 1 and self.rng.random() < self.setup.older_restore_p:
+            return self.rng.choice(usable[:-1]), True
+        while len(usable) > 1 and self.rng.random() < self.setup.older_restore_p / 4:
+            self.damaged.add(usable[-1].checkpoint_id)
+            self.scheduler.log(f"checkpoint {usable[-1].checkpoint_id} is damaged: fallback")
+            usable.pop()
+        return (usable[-1] if usable else None), False
+
+    def complete_checkpoint(self, number: int, lease: JobLease, storage: FencedStorage,
+                            batch: int, start: int, end: int) -> Checkpoint:
+        """The coordinator's completion: the marker (create-only, a fresh id), then
+        ``lease.confirm()``; only then does the checkpoint count."""
+        self.last_id += 1  # ids are never reused (the lease reserves them)
+        checkpoint = Checkpoint(self.last_id, batch, start, end, number)
+        storage.put_bytes(JobLayout(JOB).checkpoint_metadata(checkpoint.checkpoint_id),
+                          json.dumps({"batch": batch}).encode(), create_only=True)
+        lease.confirm()
+        self.checkpoints.append(checkpoint)
+        self.scheduler.log(f"completed {checkpoint}")
+        return checkpoint
 
     def driver(self, number: int) -> Callable[[], None]:
         def program() -> None:
@@ -310,10 +332,9 @@ class SinkWorld:
         sink.fence(lease.gate, lease.confirm)
         if PLANT_NO_OFFSETS not in setup.plants:
             sink.track_offsets(self.offsets_of(number))
-        layout = JobLayout(JOB)
         for life in range(1, QUERY_LIVES + 1):
             try:
-                if not self._query(number, lease, storage, sink, layout):
+                if not self._query(number, lease, storage, sink, life == 1):
                     return  # refused: final for the run
                 break
             except EndpointUnreachableError as exc:
@@ -324,16 +345,22 @@ class SinkWorld:
             lease.release()
 
     def _query(self, number: int, lease: JobLease, storage: FencedStorage,
-               sink: JsonLinesSink, layout: JobLayout) -> bool:
-        """One life of the driver's query: restore, recover the sink, run batches.
-        Returns False if the sink refused a replay (final for the run)."""
+               sink: JsonLinesSink, first: bool) -> bool:
+        """One life of the driver's query (``first``: of its submission): restore,
+        recover the sink, run batches. Returns False if the sink refused a replay (final
+        for the run)."""
         sched, rng, setup = self.scheduler, self.rng, self.setup
-        restored = self.restore_target()
-        sched.log(f"restores {restored}")
+        restored, explicit = self.restore_target(first)
+        sched.log(f"restores {restored}" + (" (explicit)" if explicit else ""))
         sink.recover(() if restored is None else (restored.batch,))
         if restored is not None:
             self.check_published(restored.batch, restored.start, restored.end,
                                  f"recover of checkpoint {restored.checkpoint_id}")
+        if explicit and restored is not None:
+            # the runtime's initial checkpoint: a restart with restore=latest resumes
+            # this run, never the newer checkpoints it went back past
+            self.complete_checkpoint(number, lease, storage, restored.batch, restored.start,
+                                     restored.end)
         batch, start = (0, 0) if restored is None else (restored.batch + 1, restored.end)
         for _ in range(rng.randint(2, 8)):
             sched.sleep(rng.uniform(0.5, 4.0))
@@ -352,13 +379,7 @@ class SinkWorld:
             self.check_replay(batch, start, end, refused=False)
             sched.sleep(rng.uniform(0.5, 8.0))  # until the checkpoint that covers it
             lease.beat()
-            self.last_id += 1  # ids are never reused (the lease reserves them)
-            checkpoint = Checkpoint(self.last_id, batch, start, end, number)
-            storage.put_bytes(layout.checkpoint_metadata(checkpoint.checkpoint_id),
-                              json.dumps({"batch": batch}).encode(), create_only=True)
-            lease.confirm()  # as the coordinator: the marker counts if no successor yet
-            self.checkpoints.append(checkpoint)
-            sched.log(f"completed {checkpoint}")
+            self.complete_checkpoint(number, lease, storage, batch, start, end)
             sink.commit(batch)
             self.check_published(batch, start, end, f"driver-{number}'s commit of batch {batch}")
             batch, start = batch + 1, end
