@@ -41,12 +41,19 @@ Invariants, checked after every step (:class:`World`):
   restarted);
 * ``supervisor-error``: the supervisor never dies of an error.
 
-Planted defects (:data:`PLANTS`, ``--plant``) are faults of a storage *view* the
+Planted defects (:data:`HISTORY_PLANTS`, ``--plant``) are faults of a storage *view* the
 simulation must find whatever the history layer looks like.
 
-``python -m airflow_ckpt.testing.simulation --seeds N`` explores N seeds and prints
-``N simulated schedules explored, K violations`` and, for the first failing seed of
-each invariant, the seed and its trace (``--seed S --trace`` replays one).
+That is the **history** world (:class:`World`). Every seed also runs in the **sinks**
+world (:mod:`airflow_ckpt.testing.sim.sinks`: exactly-once output under deposed drivers
+and older restores, issue 19 items 1 and 2) and the **savepoints** world
+(:mod:`airflow_ckpt.testing.sim.savepoints`: a savepoint request answered by drivers
+deposed mid-way, item 6); :data:`WORLDS` lists them with their plants and invariants.
+
+``python -m airflow_ckpt.testing.simulation --seeds N`` explores N seeds in every world
+and prints ``M simulated schedules explored, K violations`` and, for the first failing
+seed of each invariant, the seed and its trace (``--seed S [--world W] --trace`` replays
+one).
 """
 
 from __future__ import annotations

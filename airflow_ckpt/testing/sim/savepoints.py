@@ -28,9 +28,8 @@ Invariants, checked when a driver's attempt settles and at the end:
   restores: :func:`~airflow_ckpt.runtime.materialize.materialize` verifies every file
   it names (hashes match) and the files are one driver's snapshot, not a mix;
 * ``savepoint-answer``: a driver answers the request completed only with the savepoint
-  storage counts, and does not fail the request while a savepoint that answers it is
-  counted (unless it stops without answering: its marker's fate is a successor's to
-  judge);
+  storage counts, and does not fail an attempt whose own savepoint storage counts
+  (unless it stops without answering: its marker's fate is a successor's to judge);
 * ``savepoint-error``: a driver dies of nothing but a lost lease or an unreachable
   storage.
 
@@ -240,9 +239,10 @@ class SavepointWorld:
             if counted != checkpoint_id:
                 self.violate(SAVEPOINT_ANSWER, f"driver-{number} answered with checkpoint "
                              f"{checkpoint_id}; storage counts {counted}")
-        elif counted is not None and not final:
+        elif counted == checkpoint_id and not final:
             self.violate(SAVEPOINT_ANSWER, f"driver-{number} failed the request ({why}) "
-                         f"although savepoint {SAVEPOINT_ID} (checkpoint {counted}) answers it")
+                         f"although its own savepoint {SAVEPOINT_ID} (checkpoint {counted}) "
+                         "counts and answers it")
 
     # ------------------------------------------------------------------ actors
 
