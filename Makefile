@@ -59,10 +59,10 @@ crash-points: venv
 	$(PY) -m airflow_ckpt.testing.crashpoints
 
 # The deterministic whole-system simulation (docs/architecture.md, "Deterministic
-# simulation"): SIM_SEEDS seeded schedules of a supervised job (make test runs 200 in
-# tests/unit/test_simulation.py); prints "N simulated schedules explored, K violations",
-# the first failing seed of each invariant and its trace. Replay one:
-# $(PY) -m airflow_ckpt.testing.simulation --seed S --trace
+# simulation"): SIM_SEEDS seeds, each a schedule in every world (history, sinks,
+# savepoints; make test runs 200 in tests/unit/test_simulation.py); prints "N simulated
+# schedules explored, K violations", the first failing seed of each invariant and its
+# trace. Replay one: $(PY) -m airflow_ckpt.testing.simulation --seed S --world W --trace
 SIM_SEEDS ?= 2000
 SIM_START ?= 0
 simulate: venv

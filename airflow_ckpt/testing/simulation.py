@@ -41,12 +41,19 @@ Invariants, checked after every step (:class:`World`):
   restarted);
 * ``supervisor-error``: the supervisor never dies of an error.
 
-Planted defects (:data:`PLANTS`, ``--plant``) are faults of a storage *view* the
+Planted defects (:data:`HISTORY_PLANTS`, ``--plant``) are faults of a storage *view* the
 simulation must find whatever the history layer looks like.
 
-``python -m airflow_ckpt.testing.simulation --seeds N`` explores N seeds and prints
-``N simulated schedules explored, K violations`` and, for the first failing seed of
-each invariant, the seed and its trace (``--seed S --trace`` replays one).
+That is the **history** world (:class:`World`). Every seed also runs in the **sinks**
+world (:mod:`airflow_ckpt.testing.sim.sinks`: exactly-once output under deposed drivers
+and older restores, issue 19 items 1 and 2) and the **savepoints** world
+(:mod:`airflow_ckpt.testing.sim.savepoints`: a savepoint request answered by drivers
+deposed mid-way, item 6); :data:`WORLDS` lists them with their plants and invariants.
+
+``python -m airflow_ckpt.testing.simulation --seeds N`` explores N seeds in every world
+and prints ``M simulated schedules explored, K violations`` and, for the first failing
+seed of each invariant, the seed and its trace (``--seed S [--world W] --trace`` replays
+one).
 """
 
 from __future__ import annotations
@@ -90,6 +97,7 @@ from airflow_ckpt.supervision import (
     Verdict,
     resubmit_restore,
 )
+from airflow_ckpt.testing.sim import savepoints, sinks
 from airflow_ckpt.testing.sim.flink import (
     ExponentialDelay,
     FailureRate,
@@ -97,6 +105,7 @@ from airflow_ckpt.testing.sim.flink import (
     Strategy,
     expected_decisions,
 )
+from airflow_ckpt.testing.sim.outcome import Outcome, Violation
 from airflow_ckpt.testing.sim.scheduler import (
     Crash,
     Host,
@@ -121,8 +130,8 @@ FOREIGN_STATE = "foreign-state"
 TERMINAL_RESTARTED = "terminal-restarted"
 HISTORY_REWRITTEN = "history-rewritten"
 SUPERVISOR_ERROR = "supervisor-error"
-INVARIANTS = (EVENT_LOST, HISTORY_REWRITTEN, RESTART_DECISION, OWN_CHECKPOINT, FOREIGN_STATE,
-              TERMINAL_RESTARTED, SUPERVISOR_ERROR)
+HISTORY_INVARIANTS = (EVENT_LOST, HISTORY_REWRITTEN, RESTART_DECISION, OWN_CHECKPOINT,
+                      FOREIGN_STATE, TERMINAL_RESTARTED, SUPERVISOR_ERROR)
 
 #: Planted defects: faults of a *reader's or writer's view of storage*, so they keep
 #: working whatever the history layer looks like; the simulation must find each.
@@ -132,7 +141,7 @@ PLANT_HIDE_OWN = "hide-own-writes"
 PLANT_HIDE_SEGMENTS = "hide-segments"
 #: a compactor's segment writes are acknowledged and lost (item 5)
 PLANT_LOSE_SEGMENTS = "lose-segments"
-PLANTS = (PLANT_HIDE_OWN, PLANT_HIDE_SEGMENTS, PLANT_LOSE_SEGMENTS)
+HISTORY_PLANTS = (PLANT_HIDE_OWN, PLANT_HIDE_SEGMENTS, PLANT_LOSE_SEGMENTS)
 
 #: the modules whose ``time`` / ``uuid`` the simulation replaces (see the scheduler)
 SIMULATED_MODULES = [history_module, restart_log_module, lease_module, supervision_module]
@@ -148,18 +157,6 @@ STRATEGIES: tuple[Strategy, ...] = (
                      attempts=4),
 )
 SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
-
-
-@dataclass(frozen=True, slots=True)
-class Violation:
-    """An invariant broken at a step."""
-
-    invariant: str
-    step: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"[{self.invariant}] step {self.step}: {self.message}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,18 +206,6 @@ class Setup:
                 f"{self.segment_events}, {self.compactors} compactor(s) besides the driver, "
                 f"driver faults {self.driver_faults}, crash p {self.driver_crash_p}"
                 + (f", planted {sorted(self.plants)}" if self.plants else ""))
-
-
-@dataclass
-class Outcome:
-    """One seed's run: its setup, violations (first of each invariant) and trace."""
-
-    seed: int
-    setup: Setup
-    violations: list[Violation]
-    trace: list[str]
-    steps: int
-    cut_off: bool
 
 
 class _ManualLease(JobLease):
@@ -574,15 +559,37 @@ def _hidden(plants: frozenset[str]) -> Hidden | None:
 
 
 def run_seed(seed: int, plants: Iterable[str] = ()) -> Outcome:
-    """Simulate one seed (with ``plants``: planted defects, see :data:`PLANTS`)."""
+    """Simulate one seed of the history world (with ``plants``: planted defects, see
+    :data:`HISTORY_PLANTS`)."""
     return World(seed, plants).run()
+
+
+#: the worlds of the simulation: name -> (its planted defects, its invariants, one run)
+WORLDS: dict[str, tuple[tuple[str, ...], tuple[str, ...],
+                        Callable[[int, Iterable[str]], Outcome]]] = {
+    "history": (HISTORY_PLANTS, HISTORY_INVARIANTS, run_seed),
+    "sinks": (sinks.PLANTS, sinks.INVARIANTS, sinks.run_sink_seed),
+    "savepoints": (savepoints.PLANTS, savepoints.INVARIANTS, savepoints.run_savepoint_seed),
+}
+PLANTS = tuple(p for plants, _, _ in WORLDS.values() for p in plants)
+INVARIANTS = tuple(i for _, invariants, _ in WORLDS.values() for i in invariants)
+
+
+def worlds_for(plants: Iterable[str]) -> list[str]:
+    """The worlds a run explores: all of them, or with ``plants`` those they belong to."""
+    wanted = set(plants)
+    if not wanted:
+        return list(WORLDS)
+    return [name for name, (own, _, _) in WORLDS.items() if wanted & set(own)]
 
 
 @dataclass
 class Exploration:
-    """What :func:`explore` found: seeds run, violations, the first seed of each."""
+    """What :func:`explore` found: seeds and schedules run (one per seed and world),
+    failing schedules, the first failing schedule of each invariant."""
 
     seeds: int = 0
+    schedules: int = 0
     violations: int = 0
     first: dict[str, Outcome] = field(default_factory=dict)
     first_unskewed: dict[str, Outcome] = field(default_factory=dict)  # all clocks agree
@@ -590,23 +597,32 @@ class Exploration:
 
 
 def explore(seeds: Iterable[int], plants: Iterable[str] = (),
-            stop_when_found: Iterable[str] = (), stop_on_violation: bool = False
+            stop_when_found: Iterable[str] = (), stop_on_violation: bool = False,
+            worlds: Iterable[str] | None = None, stop_when_any: Iterable[str] = ()
             ) -> Exploration:
-    """Run ``seeds``; stop early once every invariant of ``stop_when_found`` broke (or,
-    with ``stop_on_violation``, at the first violation)."""
-    wanted = set(stop_when_found)
+    """Run ``seeds`` in each of ``worlds`` (default: :func:`worlds_for` the plants);
+    stop early once every invariant of ``stop_when_found`` broke, or one of
+    ``stop_when_any`` (or, with ``stop_on_violation``, at the first violation)."""
+    wanted, some = set(stop_when_found), set(stop_when_any)
+    plants = list(plants)
+    chosen = list(worlds) if worlds is not None else worlds_for(plants)
     result = Exploration()
     for seed in seeds:
-        outcome = run_seed(seed, plants)
         result.seeds += 1
-        if outcome.violations:
-            result.violations += 1
-            result.failing_seeds.append(seed)
-        for violation in outcome.violations:
-            result.first.setdefault(violation.invariant, outcome)
-            if not outcome.setup.skewed:
-                result.first_unskewed.setdefault(violation.invariant, outcome)
-        if (wanted and wanted <= set(result.first)) or (stop_on_violation and result.first):
+        for name in chosen:
+            own, _, run = WORLDS[name]
+            outcome = run(seed, [p for p in plants if p in own])
+            result.schedules += 1
+            if outcome.violations:
+                result.violations += 1
+                if seed not in result.failing_seeds:
+                    result.failing_seeds.append(seed)
+            for violation in outcome.violations:
+                result.first.setdefault(violation.invariant, outcome)
+                if not outcome.setup.skewed:
+                    result.first_unskewed.setdefault(violation.invariant, outcome)
+        if (wanted and wanted <= set(result.first)) or (some & set(result.first)) \
+                or (stop_on_violation and result.first):
             break
     return result
 
@@ -622,7 +638,8 @@ def format_outcome(outcome: Outcome, tail: int = 120) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m airflow_ckpt.testing.simulation [--seeds N] [--start S] [--seed S
-    --trace] [--plant NAME]``: explore seeds, report, exit 1 on any violation."""
+    --trace] [--plant NAME] [--world NAME]``: explore seeds, report, exit 1 on any
+    violation."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=200, help="how many seeds to explore")
     parser.add_argument("--start", type=int, default=0, help="the first seed")
@@ -630,26 +647,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace", action="store_true", help="print the whole trace")
     parser.add_argument("--plant", action="append", choices=PLANTS, default=[],
                         help="plant a defect (the simulation must find it)")
+    parser.add_argument("--world", action="append", choices=list(WORLDS),
+                        help="explore only this world (default: every world, or with "
+                             "--plant the worlds of the planted defects)")
     args = parser.parse_args(argv)
-    if args.seed is not None:
-        logging.disable(logging.CRITICAL)
-        outcome = run_seed(args.seed, args.plant)
-        print(format_outcome(outcome, len(outcome.trace) if args.trace else 120))
-        return 1 if outcome.violations else 0
+    worlds = args.world or worlds_for(args.plant)
     logging.disable(logging.CRITICAL)  # the runtime's warnings about injected faults
+    if args.seed is not None:
+        failed = False
+        for name in worlds:
+            own, _, run = WORLDS[name]
+            outcome = run(args.seed, [p for p in args.plant if p in own])
+            print(f"[{name}] " + format_outcome(
+                outcome, len(outcome.trace) if args.trace else 120))
+            failed = failed or bool(outcome.violations)
+        return 1 if failed else 0
     started = real_time.monotonic()
-    result = explore(range(args.start, args.start + args.seeds), args.plant)
+    result = explore(range(args.start, args.start + args.seeds), args.plant, worlds=worlds)
     for invariant in INVARIANTS:
         first = result.first.get(invariant)
         if first is not None:
             print(f"FIRST {invariant}: seed {first.seed} "
-                  f"({first.seed - args.start + 1} seeds)\n" + format_outcome(first, 60))
+                  f"({first.seed - args.start + 1} seeds, world {first.world})\n"
+                  + format_outcome(first, 60))
     for invariant in INVARIANTS:
         unskewed = result.first_unskewed.get(invariant)
         if unskewed is not None:
             print(f"first {invariant} with every clock right: seed {unskewed.seed} "
                   f"({unskewed.seed - args.start + 1} seeds)")
-    print(f"{result.seeds} simulated schedules explored, {result.violations} violations "
+    print(f"{result.schedules} simulated schedules explored ({result.seeds} seeds x "
+          f"{len(worlds)} worlds: {', '.join(worlds)}), {result.violations} violations "
           f"({real_time.monotonic() - started:.0f} s)")
     if result.failing_seeds:
         print(f"failing seeds: {result.failing_seeds[:50]}")

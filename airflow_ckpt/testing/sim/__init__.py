@@ -5,5 +5,6 @@
 * :mod:`.storage`: an in-memory :class:`~airflow_ckpt.runtime.storage.base.CheckpointStorage`
   that enforces every condition and injects seeded faults;
 * :mod:`.flink`: an independent reference model of Flink's restart strategies;
-* :mod:`.truth`: what storage really holds (the ground truth the invariants judge by).
+* :mod:`.outcome`: what one seed of one world produced (violations, trace);
+* :mod:`.sinks`, :mod:`.savepoints`: the sink and savepoint worlds;
 """

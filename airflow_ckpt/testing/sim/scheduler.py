@@ -16,6 +16,9 @@ with the calling actor's host clock, and ``uuid`` by seeded ids. Hosts are separ
 processes: module globals a process keeps to itself (e.g. a "last key" counter) are
 saved and restored per host at every baton switch (:class:`ProcessGlobals`).
 
+**Pauses.** An actor may pause at any yield point (``pause_p``): it keeps its place in
+what it was doing (e.g. a write that passed its lease gate) and goes on when it wakes.
+
 **Crashes.** The scheduler may kill an actor at any yield point: :class:`Crash` (a
 ``BaseException``, which no runtime handler swallows) is raised there, and raised again
 at every later yield point of that actor, so its leftover ``finally`` code touches
@@ -64,6 +67,10 @@ class Actor:
     host: Host
     program: Callable[[], None]
     crash_p: float = 0.0  # chance of dying at each of its turns
+    #: chance, at each yield point, that the process pauses (a stop-the-world GC, a
+    #: suspended VM) for a time drawn from ``pause_s``, in the middle of what it does
+    pause_p: float = 0.0
+    pause_s: tuple[float, float] = (0.0, 0.0)
     go: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
     wake_at: float = 0.0
     killed: bool = False
@@ -85,6 +92,7 @@ class Deferred:
 
     label: str
     apply: Callable[[], str]
+    not_before: float = 0.0  # true time before which the network still holds it
 
 
 class ProcessGlobals:
@@ -168,6 +176,9 @@ class Scheduler:
             return
         if actor.killed:
             raise Crash(what)
+        if actor.pause_p and self.rng.random() < actor.pause_p:
+            actor.wake_at = self.now + self.rng.uniform(*actor.pause_s)
+            self.log(f"pauses until t+{actor.wake_at - 1_800_000_000.0:.3f} before {what}")
         self.globals.leave(actor.host)
         self._back.release()
         actor.go.acquire()
@@ -184,10 +195,13 @@ class Scheduler:
         self.yield_point(f"sleep {seconds:g}")
 
     def spawn(self, name: str, host: Host, program: Callable[[], None], *,
-              crash_p: float = 0.0, parent: Actor | None = None) -> Actor:
+              crash_p: float = 0.0, parent: Actor | None = None, pause_p: float = 0.0,
+              pause_s: tuple[float, float] = (0.0, 0.0)) -> Actor:
         """Start an actor; it first runs when the scheduler picks it. With ``parent``
-        it is a thread of that actor's process and ends when the parent does."""
-        actor = Actor(name, host, program, crash_p, wake_at=self.now, parent=parent)
+        it is a thread of that actor's process and ends when the parent does; with
+        ``pause_p`` it may pause at any yield point (see :class:`Actor`)."""
+        actor = Actor(name, host, program, crash_p, pause_p=pause_p, pause_s=pause_s,
+                      wake_at=self.now, parent=parent)
 
         def body() -> None:
             self._local.actor = actor
@@ -212,9 +226,10 @@ class Scheduler:
         self.log(f"spawn {name} on {host.name}")
         return actor
 
-    def defer(self, label: str, apply: Callable[[], str]) -> None:
-        """Hold ``apply`` (a write in flight); it runs when the scheduler delivers it."""
-        self.deferred.append(Deferred(label, apply))
+    def defer(self, label: str, apply: Callable[[], str], not_before: float = 0.0) -> None:
+        """Hold ``apply`` (a write in flight); it runs when the scheduler delivers it, at
+        a turn it picks at or after true time ``not_before``."""
+        self.deferred.append(Deferred(label, apply, not_before))
 
     # ------------------------------------------------------------------ the loop
 
@@ -230,14 +245,17 @@ class Scheduler:
                 self.log("step limit reached: the run is cut off")
                 self.shutdown()
                 return
-            if self.deferred and (not live or self.rng.random() < self.deliver_p):
-                held = self.deferred.pop(self.rng.randrange(len(self.deferred)))
+            due = [d for d in self.deferred if d.not_before <= self.now]
+            if due and (not live or self.rng.random() < self.deliver_p):
+                held = due[self.rng.randrange(len(due))]
+                self.deferred.remove(held)
                 self.log(f"deliver {held.label}: {held.apply()}")
                 self._observe()
                 continue
             ready = [a for a in live if a.wake_at <= self.now]
             if not ready:
-                self.now = min(a.wake_at for a in live)
+                self.now = min([a.wake_at for a in live]
+                               + [d.not_before for d in self.deferred if d not in due])
                 continue
             self.now += self.rng.choice(TICKS)
             actor = self.rng.choice(ready)

@@ -15,7 +15,9 @@ may meet:
   (``EndpointUnreachableError``); nothing was applied;
 * ``late``: the write's answer never came (``OutcomeUnknownError``) and the request is
   still in the network: it is applied at a later turn the scheduler picks (its
-  conditions judged then), after its caller gave up;
+  conditions judged then), after its caller gave up; with ``hold_s`` the network holds
+  it for up to that many seconds of true time first (a request that lands after a
+  successor took over);
 * ``unknown``: the write was applied, but its answer was lost and the read-back failed
   (``OutcomeUnknownError``).
 
@@ -51,6 +53,7 @@ class Faults:
     unavailable: float = 0.0
     late: float = 0.0
     unknown: float = 0.0
+    hold_s: float = 0.0  # a late write is held up to this long (uniform) before it lands
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,13 +135,18 @@ class SimStorage(CheckpointStorage):
         listings (a reader that does not know where some events live)
     :param dropped: planted defect: writes to keys containing this are acknowledged and
         never stored (a writer that believes a write it did not make)
+    :param unconditional: planted defect: writes to keys containing this drop their
+        conditions (create-only, ``if_match``) and overwrite whatever is there
+    :param alias: planted defect: the key every call really addresses (a layout that
+        puts two writers' objects under one name)
     :param oracle: the harness's own view: no yield point, no fault, no trace line (the
         invariants read the ground truth through it)
     """
 
     def __init__(self, objects: SimObjects, scheduler: Scheduler, *,
                  faults: Faults = Faults(), tag: str = "", hidden: Hidden | None = None,
-                 dropped: str | None = None, oracle: bool = False) -> None:
+                 dropped: str | None = None, unconditional: str | None = None,
+                 alias: Callable[[str], str] | None = None, oracle: bool = False) -> None:
         self.store = objects
         self.oracle = oracle
         self.scheduler = scheduler
@@ -146,13 +154,16 @@ class SimStorage(CheckpointStorage):
         self.tag = tag
         self.hidden = hidden
         self.dropped = dropped
+        self.unconditional = unconditional
+        self.alias = alias
         self.uri = "sim://bucket/root"
 
     def view(self, faults: Faults, tag: str, *, hidden: Hidden | None = None,
-             dropped: str | None = None) -> SimStorage:
-        """Another view of the same objects with other faults (and planted defects)."""
+             dropped: str | None = None, unconditional: str | None = None) -> SimStorage:
+        """Another view of the same objects with other faults (and planted defects; an
+        ``alias`` applies to every view)."""
         return SimStorage(self.store, self.scheduler, faults=faults, tag=tag, hidden=hidden,
-                          dropped=dropped)
+                          dropped=dropped, unconditional=unconditional, alias=self.alias)
 
     def _listed(self, prefix: str, start_after: str = "") -> builtins.list[ObjectInfo]:
         return [ObjectInfo(k, len(v.data), v.written) for k, v in
@@ -161,6 +172,10 @@ class SimStorage(CheckpointStorage):
                 and not (self.hidden and self.hidden(k, v))]
 
     # ------------------------------------------------------------------ plumbing
+
+    def _real(self, key: str) -> str:
+        """The key a call really addresses (``alias``: a planted defect)."""
+        return self.alias(key) if self.alias is not None else key
 
     def _enter(self, op: str, key: str) -> None:
         if self.oracle:
@@ -181,7 +196,10 @@ class SimStorage(CheckpointStorage):
         if self.scheduler.current() is not None and not self.oracle:
             draw = self.scheduler.rng.random()
             if draw < self.faults.late:
-                self.scheduler.defer(f"late {op} {key}", lambda: _outcome(apply))
+                hold = self.scheduler.rng.uniform(0.0, self.faults.hold_s) \
+                    if self.faults.hold_s else 0.0
+                self.scheduler.defer(f"late {op} {key}", lambda: _outcome(apply),
+                                     self.scheduler.now + hold)
                 self._log(op, key, "timeout (still in flight)")
                 raise OutcomeUnknownError(f"sim: {op} {key}: no answer (it may land later)")
             if draw < self.faults.late + self.faults.unknown:
@@ -207,26 +225,33 @@ class SimStorage(CheckpointStorage):
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:
+        key = self._real(key)
         op = "put" + (" create-only" if create_only else "") + (" if-match" if if_match else "")
 
         def apply() -> str:
             if self.dropped and self.dropped in key:
                 return etag_of(data)
+            if self.unconditional and self.unconditional in key:
+                return self.store.put(key, data, self.scheduler.now, create_only=False,
+                                      if_match=None, writer=self.tag)
             return self.store.put(key, data, self.scheduler.now, create_only=create_only,
                                   if_match=if_match, writer=self.tag)
 
         return self._write(op, key, apply)
 
     def get_bytes(self, key: str) -> bytes:
+        key = self._real(key)
         self._enter("get", key)
         return self._get(key).data
 
     def get_versioned(self, key: str) -> Versioned:
+        key = self._real(key)
         self._enter("get", key)
         found = self._get(key)
         return Versioned(found.data, found.etag)
 
     def exists(self, key: str) -> bool:
+        key = self._real(key)
         self._enter("head", key)
         return key in self.store.objects
 
@@ -250,23 +275,26 @@ class SimStorage(CheckpointStorage):
         return sorted(names)
 
     def upload_file(self, path: Path, key: str) -> None:
+        key = self._real(key)
         data = path.read_bytes()
         self._write("upload", key, lambda: self.store.put(
             key, data, self.scheduler.now, create_only=False, if_match=None))
 
     def download_file(self, key: str, path: Path) -> None:
+        key = self._real(key)
         self._enter("download", key)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(self._get(key).data)
 
     def copy(self, src_key: str, dst_key: str) -> None:
+        src_key, dst_key = self._real(src_key), self._real(dst_key)
         self._enter("get", src_key)
         data = self._get(src_key).data
         self._write("copy", dst_key, lambda: self.store.put(
             dst_key, data, self.scheduler.now, create_only=False, if_match=None))
 
     def delete_many(self, keys: Iterable[str]) -> None:
-        keys = builtins.list(keys)
+        keys = [self._real(k) for k in keys]
         if not keys:
             return
 

@@ -1,0 +1,44 @@
+"""What one simulated seed produced: its violations, trace and setup (shared by the worlds
+of :mod:`airflow_ckpt.testing.simulation`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class Described(Protocol):
+    """A seed's drawn setup, as the report shows it."""
+
+    @property
+    def skewed(self) -> bool:
+        """Whether any two hosts' clocks disagree."""
+
+    def describe(self) -> str:
+        """One line for a person."""
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """An invariant broken at a step."""
+
+    invariant: str
+    step: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.invariant}] step {self.step}: {self.message}"
+
+
+@dataclass
+class Outcome:
+    """One seed's run of one world: its setup, violations (first of each invariant) and
+    trace."""
+
+    seed: int
+    setup: Described
+    violations: list[Violation]
+    trace: list[str]
+    steps: int
+    cut_off: bool
+    world: str = "history"  # which world of the simulation ran

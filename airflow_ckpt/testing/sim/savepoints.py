@@ -1,0 +1,346 @@
+"""The savepoint world of the simulation: one savepoint request answered by drivers that
+are deposed mid-way (issue 19 item 6).
+
+A savepoint request (id ``v``, request ``r``) stays open until a driver answers it. A
+supervisor starts 2-3 drivers one after the other or overlapping; each (host
+``driver-<n>``) runs the real classes over the simulated storage:
+
+* a :class:`~airflow_ckpt.runtime.lease.JobLease` taken with the runtime's adoption
+  (:meth:`CheckpointedJob._adopt <airflow_ckpt.runtime.job.CheckpointedJob._adopt>`:
+  completed ids and the first id past every reserved one), heartbeats driven explicitly;
+* the real :class:`~airflow_ckpt.runtime.coordinator.CheckpointCoordinator` in its
+  ``threaded=False`` mode (driven by ``tick()``: capture, upload, completion marker,
+  confirm, answer) with its :class:`~airflow_ckpt.runtime.store.CompletedCheckpointStore`
+  and :class:`~airflow_ckpt.runtime.history.JobHistory`, over a
+  :class:`~airflow_ckpt.runtime.storage.fenced.FencedStorage` gated by the lease, on a
+  Spark-shaped working directory of its own whose files carry the driver's name (so two
+  drivers' snapshots differ);
+* the request: ``trigger("manual", savepoint_id="v", request_id="r")``, again (the
+  requester's retry) while the request is open and the attempt failed.
+
+Besides the storage faults (late writes held up to 80 s, 503s, lost answers) a driver
+may pause at any yield point for 40-90 s (a stop-the-world pause: a write that passed
+its lease gate lands after a successor took over) or crash.
+
+Invariants, checked when a driver's attempt settles and at the end:
+
+* ``savepoint-verifies``: a savepoint the catalog counts (``savepoints/sp-v/_metadata``)
+  restores: :func:`~airflow_ckpt.runtime.materialize.materialize` verifies every file
+  it names (hashes match) and the files are one driver's snapshot, not a mix;
+* ``savepoint-answer``: a driver answers the request completed only with the savepoint
+  storage counts, and does not fail an attempt whose own savepoint storage counts
+  (unless it stops without answering: its marker's fate is a successor's to judge);
+* ``savepoint-error``: a driver dies of nothing but a lost lease or an unreachable
+  storage.
+
+Planted defect (``--plant shared-savepoint-dir``): every attempt of a savepoint uploads
+under ``savepoints/sp-<id>/`` itself, not under its own checkpoint id (the layout before
+item 6 was fixed): a deposed driver's late marker then names files a successor
+overwrote.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from types import SimpleNamespace
+
+from airflow_ckpt.errors import (
+    ConcurrentDriverError,
+    EndpointUnreachableError,
+    LeaseExpiredError,
+    RestoreError,
+)
+from airflow_ckpt.runtime import coordinator as coordinator_module
+from airflow_ckpt.runtime import history as history_module
+from airflow_ckpt.runtime import lease as lease_module
+from airflow_ckpt.runtime import upload as upload_module
+from airflow_ckpt.runtime.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.config import CheckpointConfig
+from airflow_ckpt.runtime.coordinator import CheckpointCoordinator
+from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.job import CheckpointedJob
+from airflow_ckpt.runtime.layout import JobLayout
+from airflow_ckpt.runtime.lease import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S, JobLease
+from airflow_ckpt.runtime.materialize import materialize
+from airflow_ckpt.runtime.storage.fenced import FencedStorage
+from airflow_ckpt.runtime.store import CompletedCheckpointStore
+from airflow_ckpt.testing.sim.outcome import Outcome, Violation
+from airflow_ckpt.testing.sim.scheduler import Host, Scheduler, patched_modules
+from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
+
+JOB = "simjob"
+SAVEPOINT_ID = "v"
+REQUEST_ID = "r"
+
+SAVEPOINT_VERIFIES = "savepoint-verifies"
+SAVEPOINT_ANSWER = "savepoint-answer"
+SAVEPOINT_ERROR = "savepoint-error"
+INVARIANTS = (SAVEPOINT_VERIFIES, SAVEPOINT_ANSWER, SAVEPOINT_ERROR)
+
+#: every attempt of a savepoint uploads under ``savepoints/sp-<id>/`` (item 6's old layout)
+PLANT_SHARED_DIR = "shared-savepoint-dir"
+PLANTS = (PLANT_SHARED_DIR,)
+
+HOLD_S = 2 * (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S)
+PAUSE_S = (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S, HOLD_S + 10.0)
+EXPECTED = (ConcurrentDriverError, LeaseExpiredError, EndpointUnreachableError)
+#: the modules whose ``time`` / ``uuid`` the simulation replaces
+SIMULATED_MODULES = [lease_module, coordinator_module, upload_module, history_module]
+BATCHES = 3
+#: savepoint attempts per driver while the request is open (the requester's retries)
+ATTEMPTS = 4
+#: working directories live in memory where the machine offers it (many small files)
+SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
+_ATTEMPT_DIR = re.compile(r"(/savepoints/sp-[^/]+/)\d+/")
+
+
+class _ManualLease(JobLease):
+    """The real lease without its heartbeat thread: the driver actor beats explicitly."""
+
+    def _start_heartbeat(self) -> None:
+        return None
+
+
+def _shared_dir(key: str) -> str:
+    """The planted layout: ``savepoints/sp-v/<checkpoint id>/x`` is ``savepoints/sp-v/x``."""
+    return _ATTEMPT_DIR.sub(r"\1", key)
+
+
+def write_workdir(root: Path, writer: str) -> Path:
+    """A Spark-shaped working directory after :data:`BATCHES` committed batches, its state
+    files naming ``writer``."""
+    files = {"metadata": json.dumps({"id": "sim-query"}),
+             "state/0/_metadata/metadata":
+                 'v1\n{"stateStoreInfo":[{"storeName":"default","numPartitions":2}]}'}
+    for b in range(BATCHES):
+        files[f"offsets/{b}"] = f'v1\n{{"batchWatermarkMs":0,"conf":{{}}}}\n{{"logOffset":{b}}}\n'
+        files[f"commits/{b}"] = "v1\n{}"
+        files[f"sources/0/{b}"] = f'v1\n{{"batchId":{b}}}'
+        for p in (0, 1):
+            files[f"state/0/{p}/{b + 1}.delta"] = f"{writer} state {p} {b + 1}"
+    for rel, body in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(body)
+    return root
+
+
+@dataclass(frozen=True, slots=True)
+class SavepointSetup:
+    """One seed's savepoint system (drawn from the seed)."""
+
+    drivers: int
+    faults: Faults
+    pause_p: float
+    crash_p: float
+    plants: frozenset[str] = frozenset()
+
+    @classmethod
+    def draw(cls, rng: random.Random, plants: Iterable[str] = ()) -> SavepointSetup:
+        return cls(
+            drivers=rng.randint(2, 4),
+            faults=rng.choice((Faults(0.005, 0.01, 0.005, HOLD_S),
+                               Faults(0.01, 0.03, 0.01, HOLD_S))),
+            pause_p=rng.choice((0.0, 0.01, 0.03)),
+            crash_p=rng.choice((0.0, 0.003)),
+            plants=frozenset(plants),
+        )
+
+    @property
+    def skewed(self) -> bool:
+        return False
+
+    def describe(self) -> str:
+        return (f"savepoints: {self.drivers} drivers, faults {self.faults}, pause p "
+                f"{self.pause_p}, crash p {self.crash_p}"
+                + (f", planted {sorted(self.plants)}" if self.plants else ""))
+
+
+class SavepointWorld:
+    """The simulated savepoint system of one seed (see the module doc)."""
+
+    def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 6000) -> None:
+        self.scheduler = Scheduler(seed, max_steps=max_steps)
+        self.rng = self.scheduler.rng
+        self.setup = SavepointSetup.draw(self.rng, plants)
+        self.objects = SimObjects()
+        self.base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True,
+                               alias=_shared_dir if PLANT_SHARED_DIR in self.setup.plants
+                               else None)
+        self.catalog = CheckpointCatalog(self.base, JOB)
+        self.scratch = Path(tempfile.mkdtemp(prefix="airflow-ckpt-sim-", dir=SCRATCH))
+        self.answered: list[int] = []  # drivers that answered the request completed
+        self.noted = False  # a late marker that counts was traced
+        self.violations: list[Violation] = []
+
+    def violate(self, invariant: str, message: str) -> None:
+        if any(v.invariant == invariant for v in self.violations):
+            return
+        violation = Violation(invariant, self.scheduler.step, message)
+        self.violations.append(violation)
+        self.scheduler.log(f"VIOLATION {violation}")
+
+    # ------------------------------------------------------------------ ground truth
+
+    def counted(self) -> int | None:
+        """The checkpoint id of the savepoint storage counts for the request (None: no
+        completed savepoint ``v``), after checking that it restores."""
+        if SAVEPOINT_ID not in self.catalog.savepoint_ids():
+            return None
+        manifest = self.catalog.savepoint(SAVEPOINT_ID)
+        dest = self.scratch / f"restore-{self.scheduler.step}"
+        try:
+            materialize(self.base, manifest, JOB + "/", dest, max_workers=1)
+        except RestoreError as exc:
+            self.violate(SAVEPOINT_VERIFIES, f"savepoint {SAVEPOINT_ID} (checkpoint "
+                         f"{manifest.checkpoint_id}, lease epoch {manifest.lease_epoch}) "
+                         f"does not restore: {exc}")
+            return manifest.checkpoint_id
+        self.note_late_marker(manifest.lease_epoch)
+        writers = {p.read_text().split(" ")[0] for p in dest.glob("state/0/*/*.delta")}
+        shutil.rmtree(dest, ignore_errors=True)
+        if len(writers) != 1:
+            self.violate(SAVEPOINT_VERIFIES, f"savepoint {SAVEPOINT_ID} restores a mix of "
+                         f"snapshots: {sorted(writers)}")
+        return manifest.checkpoint_id
+
+    def note_late_marker(self, writer_epoch: int | None) -> None:
+        """Trace (once) a counted marker that landed after a successor of its writer
+        claimed the job: by design it counts (its files are its own and verify; the
+        successor answers the request with it), so this is reported, not a violation."""
+        layout = JobLayout(JOB)
+        born = self.objects.born
+        marker = born.get(layout.savepoint_metadata(SAVEPOINT_ID), 0)
+        claims = [int(k[len(layout.lease_prefix):-5]) for k, n in born.items()
+                  if k.startswith(layout.lease_prefix) and k[len(layout.lease_prefix):-5].isdigit()
+                  and n < marker]
+        if writer_epoch is not None and claims and max(claims) > writer_epoch \
+                and not self.noted:
+            self.noted = True
+            self.scheduler.log(f"NOTE: the savepoint counted was written by epoch "
+                               f"{writer_epoch}; its marker landed after epoch {max(claims)} "
+                               "claimed the job")
+
+    def settled(self, number: int, lease: JobLease, checkpoint_id: int, completed: bool,
+                why: str, final: bool) -> None:
+        """The invariants when driver ``number``'s attempt settled (``final``: the
+        driver stops without answering, e.g. its marker's outcome is unknown: a
+        successor decides)."""
+        counted = self.counted()
+        if completed:
+            self.answered.append(number)
+            if counted != checkpoint_id:
+                self.violate(SAVEPOINT_ANSWER, f"driver-{number} answered with checkpoint "
+                             f"{checkpoint_id}; storage counts {counted}")
+        elif counted == checkpoint_id and not final:
+            self.violate(SAVEPOINT_ANSWER, f"driver-{number} failed the request ({why}) "
+                         f"although its own savepoint {SAVEPOINT_ID} (checkpoint {counted}) "
+                         "counts and answers it")
+
+    # ------------------------------------------------------------------ actors
+
+    def driver(self, number: int) -> Callable[[], None]:
+        def program() -> None:
+            try:
+                self._drive(number)
+            except EXPECTED as exc:
+                self.scheduler.log(f"stops: {type(exc).__name__}: {exc}")
+            except Exception as exc:
+                self.violate(SAVEPOINT_ERROR, f"driver-{number} died of "
+                             f"{type(exc).__name__}: {exc}")
+        return program
+
+    def _drive(self, number: int) -> None:
+        sched, rng = self.scheduler, self.rng
+        view = self.base.view(self.setup.faults, f"driver-{number}")
+        lease = _ManualLease(view, JOB, owner=f"driver-{number}", clock=sched.monotonic,
+                             sleep=sched.sleep)
+        # the runtime's own adoption, on the two attributes it reads
+        adopt = partial(CheckpointedJob._adopt,
+                        SimpleNamespace(lease=lease, job=JOB))  # type: ignore[arg-type]
+        record = lease.acquire(adopt=adopt)
+        storage = FencedStorage(view, lease.gate)
+        config = CheckpointConfig.from_dict({
+            "execution.checkpointing.interval": "1 h",  # nothing periodic: requests only
+            "execution.checkpointing.timeout": "10 min",
+            "execution.checkpointing.num-retained": 2,
+        })
+        store = CompletedCheckpointStore(storage, JOB, config.num_retained, epoch=record.epoch,
+                                         confirm=lease.confirm)
+        workdir = write_workdir(self.scratch / f"driver-{number}" / "work", f"driver-{number}")
+        coordinator = CheckpointCoordinator(
+            storage=storage, job=JOB, workdir=workdir, config=config, store=store,
+            history=JobHistory(storage, JOB), next_checkpoint_id=max(
+                store.recover(), record.first_id or 1),
+            spark_version="4.2.0", fence=lease.gate, confirm=lease.confirm,
+            lease_epoch=record.epoch, threaded=False)
+        coordinator.id_guard = lease.reserve_ids
+        try:
+            for _ in range(ATTEMPTS):
+                if self.answered:
+                    return  # the request is answered: nothing to do
+                pending = coordinator.trigger("manual", savepoint_id=SAVEPOINT_ID,
+                                              request_id=REQUEST_ID)
+                while not pending.done.is_set():
+                    sched.sleep(rng.uniform(0.2, 2.0))
+                    try:
+                        lease.beat()
+                    except EndpointUnreachableError as exc:  # the next beat retries
+                        sched.log(f"heartbeat failed: {type(exc).__name__}")
+                    coordinator.tick()
+                sched.log(f"savepoint attempt {pending.checkpoint_id}: "
+                          + ("completed" if pending.manifest else f"failed: {pending.failure}"))
+                manifest = pending.manifest
+                self.settled(number, lease, manifest.checkpoint_id if manifest
+                             else pending.checkpoint_id, manifest is not None,
+                             str(pending.failure),
+                             coordinator.fatal is not None or lease.failure is not None)
+                if manifest is not None or coordinator.fatal is not None:
+                    break
+        finally:
+            coordinator.shutdown()
+        if coordinator.fatal is not None:
+            raise coordinator.fatal
+        lease.release()
+
+    def supervisor(self) -> None:
+        """Starts the drivers: the next one when the last ended, or earlier."""
+        sched = self.scheduler
+        for number in range(1, self.setup.drivers + 1):
+            actor = sched.spawn(f"driver-{number}", Host(f"driver-{number}"),
+                                self.driver(number), crash_p=self.setup.crash_p,
+                                pause_p=self.setup.pause_p, pause_s=PAUSE_S)
+            patience = self.rng.uniform(5.0, 150.0)
+            while actor.alive and patience > 0:
+                sched.sleep(2.0)
+                patience -= 2.0
+
+    def run(self) -> Outcome:
+        sched = self.scheduler
+        try:
+            with patched_modules(sched, SIMULATED_MODULES):
+                sched.log(f"setup: {self.setup.describe()}")
+                supervisor = sched.spawn("supervisor", Host("airflow"), self.supervisor)
+                try:
+                    sched.run()
+                finally:
+                    sched.shutdown()
+                if supervisor.error is not None:
+                    self.violate(SAVEPOINT_ERROR, f"the supervisor died of {supervisor.error!r}")
+                self.counted()
+        finally:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+        return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
+                       sched.cut_off, "savepoints")
+
+
+def run_savepoint_seed(seed: int, plants: Iterable[str] = ()) -> Outcome:
+    """Simulate the savepoint world of one seed."""
+    return SavepointWorld(seed, plants).run()

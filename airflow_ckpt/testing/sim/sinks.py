@@ -1,0 +1,426 @@
+"""The sink world of the simulation: exactly-once output under deposed drivers and older
+restores (issue 19 items 1 and 2).
+
+A supervisor starts 2-4 drivers of one job, one after the other or overlapping (a driver
+Airflow declared dead that still runs, a second driver started by hand). Each driver
+(host ``driver-<n>``, clocks skewed) runs the real classes over the simulated storage:
+
+* a :class:`~airflow_ckpt.runtime.lease.JobLease` (acquire waits for the holder's
+  expiry on the simulated clock; heartbeats driven explicitly);
+* a :class:`~airflow_ckpt.runtime.sinks.jsonl.JsonLinesSink` over a
+  :class:`~airflow_ckpt.runtime.storage.fenced.FencedStorage` gated by the lease, fenced
+  as the runtime fences it (``fence(lease.gate, lease.confirm)``) and handed the source
+  offsets of each batch (``track_offsets``), so its decisions go through the real
+  :class:`~airflow_ckpt.runtime.sinks.transactions.SinkTransactions` and
+  :func:`~airflow_ckpt.runtime.sinks.offsets.check_replay`;
+* restore: the latest completed checkpoint (falling back past one found damaged, for
+  good), or for a submission's first query an explicit older one (then, as the runtime,
+  an initial checkpoint at the restored batch right after the sink's recovery), then
+  ``sink.recover`` with the restored checkpoint's pending transaction, then the replay
+  of the batches after it,
+  planned again from the source: the same end offsets as a batch planned before, or
+  others (more input arrived, other batch sizing);
+* per batch: ``pre_commit`` (the rows are the source's numbers ``start..end-1``), a
+  while later (the checkpoint interval) the checkpoint's completion marker (create-only,
+  then ``lease.confirm()``, as the coordinator completes a checkpoint), then ``commit``;
+  a storage error fails the query, which restarts in-process under the same lease.
+
+A driver's writes may be delayed, get 503s, lose their answers or time out and land up
+to :data:`HOLD_S` later (after a successor took over), and a driver may crash at any
+step or stall past its lease. Only checkpoints whose marker was confirmed count (the
+ground truth of what a successor may restore).
+
+Invariants, checked after every step against the source plan (the ground truth:
+batch ``b`` planned from ``start`` to ``end`` holds exactly those numbers):
+
+* ``sink-lost``: once a driver's ``commit(b)`` (or ``recover`` of the restored
+  checkpoint) returned, ``part-b`` holds exactly the rows of the batch that driver
+  staged (or restored): nothing lost, nothing else published;
+* ``sink-duplicate``: no source number is published twice;
+* ``decision-changed``: a commit decision (``_committed/``) or a published part never
+  changes nor disappears once written;
+* ``sink-replay``: a replay of a committed batch is skipped only if it read the
+  committed batch's offsets, and refused (``SinkReplayMismatchError``) only if it read
+  others, never silently dropped;
+* ``sink-error``: a driver dies of nothing but a lost lease, an unreachable storage or
+  a refused replay (not, e.g., ``CorruptCheckpointError``: a wedged sink).
+
+Planted defects (``--plant``) restore the old behaviour of items 1 and 2:
+``plain-txn-writes`` (the ``_txn/`` record written by plain overwrite, not create-only /
+compare-and-swap) and ``no-offsets`` (transactions keyed by batch id alone).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from airflow_ckpt.errors import (
+    ConcurrentDriverError,
+    EndpointUnreachableError,
+    LeaseExpiredError,
+    SinkReplayMismatchError,
+)
+from airflow_ckpt.runtime import lease as lease_module
+from airflow_ckpt.runtime.layout import JobLayout
+from airflow_ckpt.runtime.lease import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S, JobLease
+from airflow_ckpt.runtime.sinks import jsonl as jsonl_module
+from airflow_ckpt.runtime.sinks.jsonl import JsonLinesSink
+from airflow_ckpt.runtime.sinks.offsets import BatchOffsets
+from airflow_ckpt.runtime.storage.fenced import FencedStorage
+from airflow_ckpt.testing.sim.outcome import Outcome, Violation
+from airflow_ckpt.testing.sim.scheduler import Host, Scheduler, patched_modules
+from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
+
+JOB = "simjob"
+SINK = "out"
+
+SINK_LOST = "sink-lost"
+SINK_DUPLICATE = "sink-duplicate"
+DECISION_CHANGED = "decision-changed"
+SINK_REPLAY = "sink-replay"
+SINK_ERROR = "sink-error"
+INVARIANTS = (SINK_LOST, SINK_DUPLICATE, DECISION_CHANGED, SINK_REPLAY, SINK_ERROR)
+
+#: the drivers' ``_txn/`` records are written by plain overwrite (item 1's old code)
+PLANT_PLAIN_TXN = "plain-txn-writes"
+#: the sink is handed no source offsets: transactions keyed by batch id alone (item 2)
+PLANT_NO_OFFSETS = "no-offsets"
+PLANTS = (PLANT_PLAIN_TXN, PLANT_NO_OFFSETS)
+
+#: how long a driver's write that timed out may stay in the network (longer than a
+#: lease's expiry: it lands after a successor took over)
+HOLD_S = 2 * (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S)
+#: the errors a driver may stop with (anything else is ``sink-error``)
+#: lives of a driver's query: a storage error fails the query, which restarts in-process
+#: (restore, recover, replay) under the same lease, as the runtime's restart strategy does
+QUERY_LIVES = 3
+EXPECTED = (ConcurrentDriverError, LeaseExpiredError, EndpointUnreachableError)
+SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
+
+
+class _ManualLease(JobLease):
+    """The real lease without its heartbeat thread: the driver actor beats explicitly."""
+
+    def _start_heartbeat(self) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A completed checkpoint (marker written and confirmed): the batch it covers, that
+    batch's planned offsets and the transaction it leaves pending (the batch itself:
+    committed once the checkpoint completed)."""
+
+    checkpoint_id: int
+    batch: int
+    start: int
+    end: int
+    driver: int
+
+
+@dataclass(frozen=True, slots=True)
+class SinkSetup:
+    """One seed's sink system (drawn from the seed)."""
+
+    drivers: int
+    skews: tuple[float, ...]
+    faults: Faults
+    crash_p: float
+    stall_p: float
+    older_restore_p: float
+    same_offsets_p: float
+    plants: frozenset[str] = frozenset()
+
+    @classmethod
+    def draw(cls, rng: random.Random, plants: Iterable[str] = ()) -> SinkSetup:
+        drivers = rng.randint(2, 4)
+        return cls(
+            drivers=drivers,
+            skews=tuple(rng.choice(SKEWS) for _ in range(drivers)),
+            faults=rng.choice((Faults(0.01, 0.03, 0.01, HOLD_S), Faults(0.02, 0.06, 0.02, HOLD_S),
+                               Faults(0.02, 0.12, 0.02, HOLD_S))),
+            crash_p=rng.choice((0.0, 0.01, 0.03)),
+            stall_p=rng.choice((0.0, 0.05, 0.15)),
+            older_restore_p=rng.choice((0.0, 0.3, 0.6)),
+            same_offsets_p=rng.choice((0.3, 0.7, 1.0)),
+            plants=frozenset(plants),
+        )
+
+    @property
+    def skewed(self) -> bool:
+        return any(self.skews)
+
+    def describe(self) -> str:
+        return (f"sinks: {self.drivers} drivers (clocks {', '.join(f'{s:+g}' for s in self.skews)}"
+                f" s), faults {self.faults}, crash p {self.crash_p}, stall p {self.stall_p}, "
+                f"older restore p {self.older_restore_p}, same offsets p "
+                f"{self.same_offsets_p}"
+                + (f", planted {sorted(self.plants)}" if self.plants else ""))
+
+
+class SinkWorld:
+    """The simulated sink system of one seed (see the module doc)."""
+
+    def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 6000) -> None:
+        self.scheduler = Scheduler(seed, max_steps=max_steps)
+        self.rng = self.scheduler.rng
+        self.setup = SinkSetup.draw(self.rng, plants)
+        self.objects = SimObjects()
+        self.base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True)
+        self.truth = JsonLinesSink(self.base, SINK)  # the harness's faultless reader
+        self.checkpoints: list[Checkpoint] = []
+        self.last_id = 0
+        self.damaged: set[int] = set()  # checkpoints a restore found damaged
+        self.plans: dict[int, list[tuple[int, int]]] = {}  # batch -> every (start, end)
+        self.staging: dict[int, tuple[int, int]] = {}  # driver -> batch it stages now
+        self.frozen: dict[str, str] = {}  # decision / part key -> its first ETag
+        self.violations: list[Violation] = []
+        self._seen_version = -1
+        self.scheduler.observers.append(self.check_storage)
+
+    def violate(self, invariant: str, message: str) -> None:
+        if any(v.invariant == invariant for v in self.violations):
+            return
+        violation = Violation(invariant, self.scheduler.step, message)
+        self.violations.append(violation)
+        self.scheduler.log(f"VIOLATION {violation}")
+
+    # ------------------------------------------------------------------ ground truth
+
+    def _rows(self, key: str) -> list[int] | None:
+        stored = self.objects.objects.get(key)
+        if stored is None:
+            return None
+        return [json.loads(line)["n"] for line in stored.data.decode().splitlines() if line]
+
+    def published(self, batch: int) -> list[int] | None:
+        """The numbers ``part-<batch>`` holds (None: not published)."""
+        return self._rows(self.truth.part_key(batch))
+
+    def decided(self, batch: int) -> list[int] | None:
+        """The numbers of the attempt the batch's commit decision names (published, or
+        still staged), None if there is no decision or its data is gone."""
+        decision = self.truth.transactions.decision(batch)
+        if decision is None:
+            return None
+        rows = self.published(batch)
+        if rows is not None:
+            return rows
+        return self._rows(f"{self.truth._pending_prefix(batch)}{decision['attempt']}.jsonl")
+
+    def check_storage(self) -> None:
+        """``decision-changed`` and ``sink-duplicate`` over what storage holds."""
+        if self.objects.version == self._seen_version:
+            return
+        self._seen_version = self.objects.version
+        objects = self.objects.objects
+        for key, stored in objects.items():
+            if key.startswith((f"{SINK}/_committed/", f"{SINK}/part-")):
+                first = self.frozen.setdefault(key, stored.etag)
+                if first != stored.etag:
+                    self.violate(DECISION_CHANGED, f"{key} was written again with other bytes")
+        gone = sorted(k for k in self.frozen if k not in objects)
+        if gone:
+            self.violate(DECISION_CHANGED, f"deleted after it was written: {', '.join(gone)}")
+        seen: dict[int, str] = {}
+        for key in sorted(objects):
+            if key.startswith(f"{SINK}/part-"):
+                for n in self._rows(key) or []:
+                    if n in seen:
+                        self.violate(SINK_DUPLICATE, f"number {n} published in {seen[n]} "
+                                     f"and in {key}")
+                    seen[n] = key
+
+    def check_published(self, batch: int, start: int, end: int, what: str) -> None:
+        """``sink-lost``: after ``what`` returned, ``part-<batch>`` is exactly the plan."""
+        rows = self.published(batch)
+        if rows != list(range(start, end)):
+            self.violate(SINK_LOST, f"{what}, which read numbers {start}..{end - 1}, returned; "
+                         + ("nothing is published" if rows is None else
+                            f"part-{batch} holds {_span(rows)}"))
+
+    def check_replay(self, batch: int, start: int, end: int, refused: bool) -> None:
+        """``sink-replay``: a skip only over the same numbers, a refusal only over
+        others."""
+        decided = self.decided(batch)
+        planned = list(range(start, end))
+        if refused and (decided is None or decided == planned):
+            self.violate(SINK_REPLAY, f"batch {batch} ({start}..{end - 1}) was refused as a "
+                         "replay of other offsets, but " + (
+                             "it has no commit decision" if decided is None else
+                             "its committed batch read the same"))
+        if not refused and decided == planned:
+            self.scheduler.log(f"the replay of committed batch {batch} read the same "
+                               "offsets: skipped")
+        if not refused and decided is not None and decided != planned:
+            self.violate(SINK_REPLAY, f"the replay of committed batch {batch} read numbers "
+                         f"{start}..{end - 1}, the committed batch {_span(decided)}; it was "
+                         "dropped silently (neither published nor refused)")
+
+    # ------------------------------------------------------------------ actors
+
+    def plan(self, batch: int, start: int) -> int:
+        """The end offset of ``batch`` planned from ``start``: an earlier plan's (same
+        offsets) or a new one."""
+        earlier = [e for s, e in self.plans.get(batch, []) if s == start]
+        if earlier and self.rng.random() < self.setup.same_offsets_p:
+            return self.rng.choice(earlier)
+        end = start + self.rng.randint(1, 3)
+        self.plans.setdefault(batch, []).append((start, end))
+        return end
+
+    def offsets_of(self, driver: int) -> Callable[[int], BatchOffsets | None]:
+        """The runtime's offsets reader for ``driver``: Spark's offsets log holds each
+        source's end offset."""
+        def read(batch: int) -> BatchOffsets | None:
+            staging = self.staging.get(driver)
+            if staging is None or staging[0] != batch:
+                return None
+            return BatchOffsets((json.dumps({"end": staging[1]}),))
+        return read
+
+    def restore_target(self, explicit: bool) -> tuple[Checkpoint | None, bool]:
+        """What a query restores, as :func:`~airflow_ckpt.runtime.restore.restore` picks
+        it, and whether it is an explicit (older) target. ``explicit``: this query may
+        have been given one (a submission's first query: the operator's ``restore``;
+        a restart in-process restores ``latest``). ``latest`` falls back past a newest
+        checkpoint found damaged (for good: no later restore uses it)."""
+        usable = [c for c in self.checkpoints if c.checkpoint_id not in self.damaged]
+        if explicit and len(usable) > 1 and self.rng.random() < self.setup.older_restore_p:
+            return self.rng.choice(usable[:-1]), True
+        while len(usable) > 1 and self.rng.random() < self.setup.older_restore_p / 4:
+            self.damaged.add(usable[-1].checkpoint_id)
+            self.scheduler.log(f"checkpoint {usable[-1].checkpoint_id} is damaged: fallback")
+            usable.pop()
+        return (usable[-1] if usable else None), False
+
+    def complete_checkpoint(self, number: int, lease: JobLease, storage: FencedStorage,
+                            batch: int, start: int, end: int) -> Checkpoint:
+        """The coordinator's completion: the marker (create-only, a fresh id), then
+        ``lease.confirm()``; only then does the checkpoint count."""
+        self.last_id += 1  # ids are never reused (the lease reserves them)
+        checkpoint = Checkpoint(self.last_id, batch, start, end, number)
+        storage.put_bytes(JobLayout(JOB).checkpoint_metadata(checkpoint.checkpoint_id),
+                          json.dumps({"batch": batch}).encode(), create_only=True)
+        lease.confirm()
+        self.checkpoints.append(checkpoint)
+        self.scheduler.log(f"completed {checkpoint}")
+        return checkpoint
+
+    def driver(self, number: int) -> Callable[[], None]:
+        def program() -> None:
+            try:
+                self._drive(number)
+            except EXPECTED as exc:
+                self.scheduler.log(f"stops: {type(exc).__name__}: {exc}")
+            except Exception as exc:
+                self.violate(SINK_ERROR, f"driver-{number} died of {type(exc).__name__}: {exc}")
+        return program
+
+    def _drive(self, number: int) -> None:
+        sched, rng, setup = self.scheduler, self.rng, self.setup
+        view = self.base.view(setup.faults, f"driver-{number}", unconditional=(
+            "/_txn/" if PLANT_PLAIN_TXN in setup.plants else None))
+        lease = _ManualLease(view, JOB, owner=f"driver-{number}", clock=sched.monotonic,
+                             sleep=sched.sleep)
+        lease.acquire()
+        storage = FencedStorage(view, lease.gate)
+        sink = JsonLinesSink(storage, SINK)
+        sink.fence(lease.gate, lease.confirm)
+        if PLANT_NO_OFFSETS not in setup.plants:
+            sink.track_offsets(self.offsets_of(number))
+        for life in range(1, QUERY_LIVES + 1):
+            try:
+                if not self._query(number, lease, storage, sink, life == 1):
+                    return  # refused: final for the run
+                break
+            except EndpointUnreachableError as exc:
+                if life == QUERY_LIVES:
+                    raise
+                sched.log(f"the query failed ({type(exc).__name__}); it restarts in-process")
+        if rng.random() < 0.7:
+            lease.release()
+
+    def _query(self, number: int, lease: JobLease, storage: FencedStorage,
+               sink: JsonLinesSink, first: bool) -> bool:
+        """One life of the driver's query (``first``: of its submission): restore,
+        recover the sink, run batches. Returns False if the sink refused a replay (final
+        for the run)."""
+        sched, rng, setup = self.scheduler, self.rng, self.setup
+        restored, explicit = self.restore_target(first)
+        sched.log(f"restores {restored}" + (" (explicit)" if explicit else ""))
+        sink.recover(() if restored is None else (restored.batch,))
+        if restored is not None:
+            self.check_published(restored.batch, restored.start, restored.end,
+                                 f"recover of checkpoint {restored.checkpoint_id}")
+        if explicit and restored is not None:
+            # the runtime's initial checkpoint: a restart with restore=latest resumes
+            # this run, never the newer checkpoints it went back past
+            self.complete_checkpoint(number, lease, storage, restored.batch, restored.start,
+                                     restored.end)
+        batch, start = (0, 0) if restored is None else (restored.batch + 1, restored.end)
+        for _ in range(rng.randint(2, 8)):
+            sched.sleep(rng.uniform(0.5, 4.0))
+            if rng.random() < setup.stall_p:
+                sched.log("stalls past its lease")
+                sched.sleep(rng.uniform(DEFAULT_TTL_S, HOLD_S))
+            lease.beat()
+            end = self.plan(batch, start)
+            self.staging[number] = (batch, end)
+            try:
+                sink.pre_commit(batch, [{"n": n} for n in range(start, end)])
+            except SinkReplayMismatchError as exc:
+                sched.log(f"refused: {exc}")
+                self.check_replay(batch, start, end, refused=True)
+                return False  # final for the run
+            self.check_replay(batch, start, end, refused=False)
+            sched.sleep(rng.uniform(0.5, 8.0))  # until the checkpoint that covers it
+            lease.beat()
+            self.complete_checkpoint(number, lease, storage, batch, start, end)
+            sink.commit(batch)
+            self.check_published(batch, start, end, f"driver-{number}'s commit of batch {batch}")
+            batch, start = batch + 1, end
+        return True
+
+    def supervisor(self) -> None:
+        """Starts the drivers: the next one when the last ended, or earlier (it then
+        waits for the lease, or gives up if the holder is alive)."""
+        sched = self.scheduler
+        for number in range(1, self.setup.drivers + 1):
+            actor = sched.spawn(f"driver-{number}",
+                                Host(f"driver-{number}", self.setup.skews[number - 1]),
+                                self.driver(number), crash_p=self.setup.crash_p)
+            patience = self.rng.uniform(5.0, 150.0)
+            while actor.alive and patience > 0:
+                sched.sleep(2.0)
+                patience -= 2.0
+
+    def run(self) -> Outcome:
+        sched = self.scheduler
+        with patched_modules(sched, [lease_module, jsonl_module]):
+            sched.log(f"setup: {self.setup.describe()}")
+            supervisor = sched.spawn("supervisor", Host("airflow"), self.supervisor)
+            try:
+                sched.run()
+            finally:
+                sched.shutdown()
+            if supervisor.error is not None:
+                self.violate(SINK_ERROR, f"the supervisor died of {supervisor.error!r}")
+            self.check_storage()
+        return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
+                       sched.cut_off, "sinks")
+
+
+def _span(rows: list[int]) -> str:
+    """Numbers as ``a..b`` when contiguous."""
+    if rows and rows == list(range(rows[0], rows[-1] + 1)):
+        return f"{rows[0]}..{rows[-1]}"
+    return str(rows)
+
+
+def run_sink_seed(seed: int, plants: Iterable[str] = ()) -> Outcome:
+    """Simulate the sink world of one seed."""
+    return SinkWorld(seed, plants).run()
