@@ -546,6 +546,16 @@ class CheckpointCoordinator:
                 self._abandon(p, exc, f"{exc}; whether its marker counts is the successor's "
                                       "decision")
                 return
+            except Exception as exc:
+                # The marker is durable but the confirmation could not be made (the
+                # listing of lease/ failed): not failed (the catalog counts the marker
+                # unless a successor claimed first), not completed (a successor may have).
+                # As for a marker of unknown outcome, only a new epoch settles it.
+                unknown = OutcomeUnknownError(
+                    f"{metadata_key} is written, but the lease could not be confirmed "
+                    f"after it ({type(exc).__name__}: {exc})")
+                self._abandon(p, unknown, str(unknown))
+                return
         except CheckpointDeclinedError as exc:
             self._fail(p, str(exc), allowed=("pending", "completing"))
             return
