@@ -305,6 +305,7 @@ class CheckpointedJob:
 
     def _register(self, sink: TwoPhaseCommitSink) -> None:
         if not any(sink is s for s in self.sinks):
+            self._wrap_sink_storage(sink)
             if "confirm" in inspect.signature(sink.fence).parameters:
                 sink.fence(self.lease.gate, confirm=self.lease.confirm)
             else:  # a sink written for the one-argument hook
@@ -317,6 +318,16 @@ class CheckpointedJob:
             sink.recover(self._restored_txns)
             self._recovered.append(sink)
             self._report_committed_ahead(sink)
+
+    def _wrap_sink_storage(self, sink: TwoPhaseCommitSink) -> None:
+        """A sink with storage of its own (its ``storage`` attribute, e.g. an output
+        bucket) writes through the views the job's storage has: gated by the lease, and
+        waiting through outages within the budget. Done before ``fence``, which builds
+        the sink's transactions on that storage."""
+        own = getattr(sink, "storage", None)
+        if isinstance(own, CheckpointStorage) and not isinstance(own, OutageRidingStorage):
+            sink.storage = OutageRidingStorage(  # type: ignore[attr-defined]
+                FencedStorage(own, self.lease.gate), self.outage)
 
     def _report_committed_ahead(self, sink: TwoPhaseCommitSink) -> None:
         """Say (log and history) before any batch runs that the sink committed batches

@@ -230,14 +230,22 @@ def test_the_option_is_validated_with_the_others() -> None:
 # ---------------------------------------------------------------------- a driver
 
 
-def run_through_outage(tmp_path: Path, outage_s: float,
-                       budget: str = "1 min") -> tuple[CheckpointedJob, Outage, str]:
+def run_through_outage(tmp_path: Path, outage_s: float, budget: str = "1 min", *,
+                       sink_storage: bool = False) -> tuple[CheckpointedJob, Outage, str]:
     """One driver life of 8 batches (the simulated query of crashpoints); the storage
-    goes down when batch 3 starts, for ``outage_s`` of fake time."""
+    goes down when batch 3 starts, for ``outage_s`` of fake time. ``sink_storage``: the
+    sink writes to storage of its own (an output bucket, down as well) instead of the
+    job's; its output is then at ``<tmp_path>/out``."""
     t = FakeTime()
     storage = Outage(open_storage((tmp_path / "s").as_uri()), t)
-    spark = cp.SimulatedSpark(cp.Script(batches=8), lambda b: storage.begin(outage_s)
-                              if b == 3 else None)
+    output = Outage(open_storage((tmp_path / "out").as_uri()), t)
+
+    def down(batch: int) -> None:
+        if batch == 3:
+            storage.begin(outage_s)
+            output.begin(outage_s)
+
+    spark = cp.SimulatedSpark(cp.Script(batches=8), down)
     job = CheckpointedJob(
         spark,  # type: ignore[arg-type]
         job=cp.JOB, storage=storage, restart_strategy=cp.RESTART,
@@ -249,7 +257,7 @@ def run_through_outage(tmp_path: Path, outage_s: float,
     job.lease.ttl_s = 7200.0
     job.clock = itertools.count(step=3600.0).__next__  # a checkpoint due at every step
     job.outage.clock, job.outage.sleep = t.clock, t.sleep
-    sink = JsonLinesSink(job.storage, cp.SINK_PREFIX)
+    sink = JsonLinesSink(output if sink_storage else job.storage, cp.SINK_PREFIX)
     result = job.run(lambda: spark.writer(job.exactly_once(sink)))  # type: ignore[arg-type,return-value]
     return job, storage, result.outcome
 
@@ -258,6 +266,18 @@ def exact(storage: CheckpointStorage) -> list[str]:
     """Every number committed once with its right running sum, nothing pending (the
     crash-point checks, less the one about a recovery run, which there is none of)."""
     return [p for p in cp.check_final(storage, 8) if "recovery run" not in p]
+
+
+def test_a_sink_with_storage_of_its_own_waits_as_well(tmp_path: Path) -> None:
+    """The example job's sink writes to an output bucket of its own: its PUTs wait for
+    the storage like the job's (before, they failed the query at once)."""
+    job, _, outcome = run_through_outage(tmp_path, outage_s=30.0, sink_storage=True)
+
+    assert outcome == "finished"
+    assert job.history.events([ev.FAILURE, ev.RESTART, ev.JOB_FAILED]) == []
+    rows = JsonLinesSink(open_storage((tmp_path / "out").as_uri()),
+                         cp.SINK_PREFIX).committed_rows()
+    assert sorted(r["n"] for r in rows) == list(range(1, 8 * cp.PER_BATCH + 1))
 
 
 @pytest.fixture(autouse=True)
