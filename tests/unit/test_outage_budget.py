@@ -26,6 +26,7 @@ from airflow_ckpt.errors import (
 from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime import job as job_module
 from airflow_ckpt.runtime.config import CheckpointConfig
+from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.outage import OutageBudget, OutageRidingStorage
 from airflow_ckpt.runtime.sinks import JsonLinesSink
@@ -316,3 +317,23 @@ def test_an_outage_longer_than_the_budget_fails_once_with_its_first_error(
     assert len(job.history.events([ev.RESTART])) == 1
     assert job.history.events([ev.JOB_FAILED]) == []
     assert exact(storage.inner) == []
+
+
+def test_an_event_that_outlasts_the_budget_is_appended_when_the_storage_is_back(
+        tmp_path: Path) -> None:
+    """A ``checkpoint_completed`` the storage refused past the budget is not dropped:
+    it is kept in memory and appended, in order, before the history's next event."""
+    t = FakeTime()
+    outage = Outage(open_storage(tmp_path.as_uri()), t)
+    history = JobHistory(OutageRidingStorage(outage, OutageBudget(10, clock=t.clock,
+                                                                  sleep=t.sleep)), "j")
+    history.append(ev.JOB_STARTED, run_id="r")
+    outage.begin(30.0)
+    assert history.append_when_reachable(ev.CHECKPOINT_COMPLETED, id=7) is None
+    t.sleep(30.0)  # the storage is back
+    history.append(ev.JOB_FINISHED, run_id="r")
+
+    stored = JobHistory(open_storage(tmp_path.as_uri()), "j").events()
+    assert [e.type for e in stored] == [ev.JOB_STARTED, ev.CHECKPOINT_COMPLETED,
+                                        ev.JOB_FINISHED]
+    assert stored[1].data["id"] == 7
