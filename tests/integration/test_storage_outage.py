@@ -52,13 +52,13 @@ def _story(s3_endpoint: S3Endpoint, s3_uri: str, proxy: FaultProxy, tmp_path: Pa
     """One driver: one checkpoint, an outage of ``outage_s``, then to the end of its
     input. Returns its exit code, its history, the output's problems and its log."""
     job = "outage"
-    truth = write_numbers(tmp_path / "input", files=8, per_file=100)
+    truth = write_numbers(tmp_path / "input", files=4, per_file=100)
     spec = JobSpec(job=job, storage_uri=s3_uri, input_dir=tmp_path / "input",
                    output_uri=s3_uri + "-output", workdir=tmp_path / "driver",
                    checkpoint_config={
                        "execution.checkpointing.interval": "1 s",
                        "execution.checkpointing.tolerable-storage-outage": budget},
-                   confs={"spark.airflow_ckpt.demo.batch_delay_s": "1",
+                   confs={"spark.airflow_ckpt.demo.batch_delay_s": "0.5",
                           "spark.airflow_ckpt.restart_strategy":
                               '{"type": "fixed-delay", "fixed-delay.delay": "1 s"}'})
     env = {**s3_endpoint.env(), "AWS_ENDPOINT_URL": proxy.url}
@@ -66,10 +66,10 @@ def _story(s3_endpoint: S3Endpoint, s3_uri: str, proxy: FaultProxy, tmp_path: Pa
     direct = s3_endpoint.storage(s3_uri)
     proc = start_job(spec, env, log)
     try:
-        assert wait_for_checkpoints(direct, job, 1, proc, 120) >= 1, log.read_text()[-3000:]
+        assert wait_for_checkpoints(direct, job, 1, proc, 300) >= 1, log.read_text()[-3000:]
         with proxy.outage():
             time.sleep(outage_s)  # the outage itself: how long the endpoint is down
-        code = proc.wait(timeout=180)
+        code = proc.wait(timeout=300)
     finally:
         kill_hard(proc)
     out = s3_endpoint.storage(s3_uri + "-output")
