@@ -385,6 +385,12 @@ class CheckpointedJob:
         :class:`~airflow_ckpt.runtime.driver_unit.DriverExit` (exit code 143, no history
         event: the supervisor counts the driver's death) on SIGTERM or when the JVM is
         gone (:mod:`airflow_ckpt.runtime.driver_unit`).
+
+        A storage outage shorter than ``tolerable-storage-outage`` fails nothing: every
+        request waits for the storage, and a lease that lapsed meanwhile is taken again
+        (:mod:`airflow_ckpt.runtime.outage`). A longer one fails the attempt once, with
+        the outage's first error as the cause; ``StorageOutageError`` is raised when even
+        recording that failure outlasts a second budget (the supervisor counts it).
         """
         self.unit = DriverUnit.install(self.spark, self.job)
         try:
