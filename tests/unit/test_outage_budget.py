@@ -28,6 +28,7 @@ from airflow_ckpt.runtime import job as job_module
 from airflow_ckpt.runtime.config import CheckpointConfig
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
+from airflow_ckpt.runtime.lease import read_lease
 from airflow_ckpt.runtime.outage import OutageBudget, OutageRidingStorage
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import open_storage
@@ -232,11 +233,13 @@ def test_the_option_is_validated_with_the_others() -> None:
 
 
 def run_through_outage(tmp_path: Path, outage_s: float, budget: str = "1 min", *,
-                       sink_storage: bool = False) -> tuple[CheckpointedJob, Outage, str]:
+                       sink_storage: bool = False,
+                       lease_ttl_s: float | None = None) -> tuple[CheckpointedJob, Outage, str]:
     """One driver life of 8 batches (the simulated query of crashpoints); the storage
     goes down when batch 3 starts, for ``outage_s`` of fake time. ``sink_storage``: the
     sink writes to storage of its own (an output bucket, down as well) instead of the
-    job's; its output is then at ``<tmp_path>/out``."""
+    job's; its output is then at ``<tmp_path>/out``. ``lease_ttl_s``: the lease runs on
+    the fake clock with this ttl (and no heartbeat), so an outage can lapse it."""
     t = FakeTime()
     storage = Outage(open_storage((tmp_path / "s").as_uri()), t)
     output = Outage(open_storage((tmp_path / "out").as_uri()), t)
@@ -258,6 +261,9 @@ def run_through_outage(tmp_path: Path, outage_s: float, budget: str = "1 min", *
     job.lease.ttl_s = 7200.0
     job.clock = itertools.count(step=3600.0).__next__  # a checkpoint due at every step
     job.outage.clock, job.outage.sleep = t.clock, t.sleep
+    if lease_ttl_s is not None:  # validity ttl - max_write after the claim, never renewed
+        job.lease.ttl_s, job.lease.max_write_s = lease_ttl_s, 10.0
+        job.lease.clock, job.lease.sleep = t.clock, t.sleep
     sink = JsonLinesSink(output if sink_storage else job.storage, cp.SINK_PREFIX)
     result = job.run(lambda: spark.writer(job.exactly_once(sink)))  # type: ignore[arg-type,return-value]
     return job, storage, result.outcome
@@ -337,3 +343,21 @@ def test_an_event_that_outlasts_the_budget_is_appended_when_the_storage_is_back(
     assert [e.type for e in stored] == [ev.JOB_STARTED, ev.CHECKPOINT_COMPLETED,
                                         ev.JOB_FINISHED]
     assert stored[1].data["id"] == 7
+
+
+def test_a_lease_that_lapses_in_an_outage_is_taken_again_and_nothing_fails(
+        tmp_path: Path) -> None:
+    """The storage is down for 60 s, the lease (validity 30 s, no heartbeat) lapses
+    meanwhile: the driver stops writing, and when the storage is back it claims the
+    next epoch (waiting out its own old record), restores the latest checkpoint and
+    runs on. No failure is counted and the output is exact."""
+    job, storage, outcome = run_through_outage(tmp_path, outage_s=60.0, budget="5 min",
+                                               lease_ttl_s=40.0)
+
+    assert outcome == "finished"
+    lease = read_lease(storage.inner, cp.JOB)
+    assert lease is not None and lease.epoch == 2  # the lapsed epoch 1, then a new claim
+    assert job.history.events([ev.FAILURE, ev.RESTART, ev.JOB_FAILED]) == []
+    restored = job.history.events([ev.RESTORED])
+    assert len(restored) == 1 and restored[0].data["checkpoint_id"] >= 1
+    assert exact(storage.inner) == []
