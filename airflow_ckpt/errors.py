@@ -59,6 +59,17 @@ class OutcomeUnknownError(EndpointUnreachableError):
     same write (every write of this package is idempotent at its key) or read later."""
 
 
+class StorageOutageError(EndpointUnreachableError):
+    """The storage stayed unreachable for longer than the outage budget
+    (``execution.checkpointing.tolerable-storage-outage``). The message names the first
+    error of the outage: its real cause."""
+
+
+class OutageOutcomeUnknownError(StorageOutageError, OutcomeUnknownError):
+    """The outage budget ran out while a write's outcome was still unknown: it may land
+    or have landed (handled as ``OutcomeUnknownError``, never as a failed write)."""
+
+
 class PreconditionFailedError(StorageError):
     """A conditional write found another version of the object than it was conditioned
     on: someone else wrote it (or deleted it) since the caller read it. The stored object

@@ -7,6 +7,12 @@ off, which would make this library pointless), ``externalized-checkpoint-retenti
 defaults to RETAIN_ON_CANCELLATION (checkpoints here are always externalized), and
 ``file-merging.enabled`` defaults to true (small checkpoint files are merged into one
 object per checkpoint; see :mod:`airflow_ckpt.runtime.upload`).
+
+One option is this library's own, named Flink's way beside
+``tolerable-failed-checkpoints``: ``tolerable-storage-outage`` (default 5 min), how long
+the storage may stay unreachable before the job fails (see
+:mod:`airflow_ckpt.runtime.outage`). Flink has no equivalent: its file systems block on
+an unreachable store until the checkpoint times out, which this budget makes explicit.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ _OPTIONS: dict[str, tuple[str, Any]] = {
     "externalized-checkpoint-retention": ("retention", partial(parse_choice, allowed=RETENTIONS)),
     "file-merging.enabled": ("file_merging", parse_bool),
     "file-merging.max-file-size": ("file_merging_max_file_size", _file_size),
+    "tolerable-storage-outage": ("tolerable_outage_s", parse_duration),
 }
 
 
@@ -85,6 +92,10 @@ class CheckpointConfig:
     #: small files of a checkpoint travel merged into one object (see upload.py)
     file_merging: bool = True
     file_merging_max_file_size: int = 32 << 20
+    #: how long storage requests wait (capped backoff) for an unreachable storage before
+    #: the job fails with the outage's first error; 0: no waiting (liveness only: no
+    #: guarantee rests on it, see runtime/outage.py)
+    tolerable_outage_s: float = 300.0
 
     @property
     def exactly_once(self) -> bool:

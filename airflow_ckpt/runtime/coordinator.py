@@ -621,19 +621,21 @@ class CheckpointCoordinator:
             t.sync_duration_ms, t.async_duration_ms, t.end_to_end_duration_ms,
         )
         # Each step on its own: a failure of one (e.g. the history append) must not skip
-        # the others, above all the listeners that commit the sinks' transactions. A
+        # the others, above all the listeners that commit the sinks' transactions. The
+        # history step waits through a storage outage, and past the outage budget keeps
+        # the event for the history's next append (JobHistory.append_when_reachable). A
         # commit that fails here stays pending: the next completion commits it, and
         # every later manifest lists it for recover-and-commit.
         interleave.point(interleave.COMPLETE_BEFORE_ADD)
         steps: list[tuple[str, Callable[[], object]]] = []
         if p.is_savepoint:
             steps.append(("release", lambda: self.store.shared.release(p.checkpoint_id)))
-            steps.append(("history", lambda: self.history.append(
+            steps.append(("history", lambda: self.history.append_when_reachable(
                 ev.SAVEPOINT_COMPLETED, path=path, request_id=p.request_id,
                 **manifest.history_entry())))
         else:
             steps.append(("store", lambda: self.store.add(manifest)))
-            steps.append(("history", lambda: self.history.append(
+            steps.append(("history", lambda: self.history.append_when_reachable(
                 ev.CHECKPOINT_COMPLETED, path=path, **manifest.history_entry())))
         steps.extend((f"listener {i}", partial(listener, manifest))
                      for i, listener in enumerate(self.listeners))
@@ -682,7 +684,7 @@ class CheckpointCoordinator:
         kind = "savepoint" if p.is_savepoint else "checkpoint"
         log.warning("%s %d failed: %s", kind, p.checkpoint_id, reason)
         try:
-            self.history.append(
+            self.history.append_when_reachable(
                 ev.SAVEPOINT_FAILED if p.is_savepoint else ev.CHECKPOINT_FAILED,
                 id=p.checkpoint_id, status="FAILED", is_savepoint=p.is_savepoint,
                 trigger=p.trigger, trigger_timestamp=int(p.trigger_ts * 1000),

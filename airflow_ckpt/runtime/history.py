@@ -74,6 +74,7 @@ from airflow_ckpt.errors import (
     MetadataError,
     ObjectAlreadyExistsError,
     ObjectNotFoundError,
+    StorageOutageError,
 )
 from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.masking import mask_value
@@ -314,6 +315,8 @@ class JobHistory:
         self._appends = 0
         self._compacting = threading.Lock()
         self._append_lock = threading.Lock()
+        #: event bodies kept in memory until the storage is back, oldest first
+        self._deferred: list[dict[str, Any]] = []
         self._head: int | None = None  # the newest number this instance knows is taken
         # what this instance wrote itself (its events, its segments): compaction then
         # reads from storage only what other writers appended
@@ -346,40 +349,72 @@ class JobHistory:
         self._after_append(event_type)
         return event
 
-    def _append(self, event_type: str, data: dict[str, Any], at: int | None) -> HistoryEvent:
+    def append_when_reachable(self, event_type: str, **data: Any) -> HistoryEvent | None:
+        """:meth:`append`; but when the storage stays unreachable past the outage budget
+        (``StorageOutageError``), keep the event in memory and return None: it is
+        appended, in order, before the next event this instance appends. For events
+        nobody waits on (a checkpoint completed or failed); a late append is safe, as
+        numbers are taken create-only at the append (see the module doc)."""
+        body = self._body(event_type, data)
+        try:
+            event = self._append_body(body, at=None)
+        except StorageOutageError as exc:
+            with self._append_lock:
+                self._deferred.append(body)
+            log.warning("%s event kept in memory until the storage is back: %s",
+                        event_type, exc)
+            return None
+        self._after_append(event_type)
+        return event
+
+    def _body(self, event_type: str, data: dict[str, Any]) -> dict[str, Any]:
         if event_type not in EVENT_TYPES:
             raise ValueError(f"unknown history event type {event_type!r}")
-        now = self.clock()
         # the uid makes the bytes unique: a retried create that finds them is ours
-        body = {"type": event_type, "ts": now, "job": self.layout.job,
+        return {"type": event_type, "ts": self.clock(), "job": self.layout.job,
                 "uid": uuid.uuid4().hex[:16], **mask_value(data)}
-        raw = json.dumps(body, default=str).encode()
+
+    def _append(self, event_type: str, data: dict[str, Any], at: int | None) -> HistoryEvent:
+        return self._append_body(self._body(event_type, data), at)
+
+    def _append_body(self, body: dict[str, Any], at: int | None) -> HistoryEvent:
+        """Create ``body`` at the next free number (``at``: exactly there), after the
+        events kept for later (:meth:`append_when_reachable`), which go first in order."""
         with self._append_lock:
-            for _ in range(_APPEND_ATTEMPTS):
-                seq = at if at is not None else self._known_head() + 1
-                key = self.layout.history_event(seq)
-                try:
-                    self.storage.put_bytes(key, raw, create_only=True)
-                except ObjectAlreadyExistsError:
-                    if at is not None:
-                        raise HistoryMovedError(
-                            f"history of {self.layout.job} moved past {at - 1}") from None
-                    self._head = self._head_after(seq)
-                    continue
-                event = HistoryEvent(event_type, now, key, body)
-                sealed = self._sealed()
-                if seq <= sealed and not self._in_segment(event):
-                    # the number had been compacted and its raw object deleted before
-                    # our create landed: void, never read; take it back (ours alone)
-                    self.storage.delete_many([key])
-                    self._head = max(self._head or 0, sealed)
-                    if at is not None:
-                        raise HistoryMovedError(
-                            f"history of {self.layout.job} moved past {at - 1}")
-                    continue
-                self._head = max(self._head or 0, seq)
-                self._written.put(key, (event,))
-                return event
+            while self._deferred:
+                self._create(self._deferred[0], at=None)
+                self._deferred.pop(0)
+            return self._create(body, at)
+
+    def _create(self, body: dict[str, Any], at: int | None) -> HistoryEvent:
+        """One event at the next free number; the caller holds the append lock."""
+        event_type, now = str(body["type"]), float(body["ts"])
+        raw = json.dumps(body, default=str).encode()
+        for _ in range(_APPEND_ATTEMPTS):
+            seq = at if at is not None else self._known_head() + 1
+            key = self.layout.history_event(seq)
+            try:
+                self.storage.put_bytes(key, raw, create_only=True)
+            except ObjectAlreadyExistsError:
+                if at is not None:
+                    raise HistoryMovedError(
+                        f"history of {self.layout.job} moved past {at - 1}") from None
+                self._head = self._head_after(seq)
+                continue
+            event = HistoryEvent(event_type, now, key, body)
+            sealed = self._sealed()
+            if seq <= sealed and not self._in_segment(event):
+                # the number had been compacted and its raw object deleted before
+                # our create landed: void, never read; take it back (ours alone)
+                self.storage.delete_many([key])
+                self._head = max(self._head or 0, sealed)
+                if at is not None:
+                    raise HistoryMovedError(
+                        f"history of {self.layout.job} moved past {at - 1}")
+                continue
+            self._head = max(self._head or 0, seq)
+            self._written.put(key, (event,))
+            return event
         raise MetadataError(f"could not append to the history of {self.layout.job}: "
                             f"{_APPEND_ATTEMPTS} numbers in a row were taken")
 

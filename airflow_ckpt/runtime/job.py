@@ -39,6 +39,7 @@ from airflow_ckpt.errors import (
     RestoreError,
     SinkReplayMismatchError,
     StorageError,
+    StorageOutageError,
 )
 from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime import sparkconf as keys
@@ -56,6 +57,7 @@ from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.layout import validate_job_name
 from airflow_ckpt.runtime.lease import JobLease, LeaseRecord
 from airflow_ckpt.runtime.metadata import Manifest
+from airflow_ckpt.runtime.outage import OutageBudget, OutageRidingStorage
 from airflow_ckpt.runtime.restart_log import RestartLog
 from airflow_ckpt.runtime.restore import RestoreResult, restore
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
@@ -176,25 +178,6 @@ class CheckpointedJob:
             raw_storage = open_storage(
                 uri, endpoint_url=get(keys.ENDPOINT_URL), region_name=get(keys.REGION_NAME)
             )
-        #: hears the requesters' doorbells in the listings of ``lease/`` the lease makes
-        self.doorbell = Doorbell(self.job)
-        self.lease = JobLease(self.doorbell.listen(raw_storage), self.job, owner=self.run_id)
-        #: every write that changes checkpoints, shared files, sink output or control
-        #: answers goes through this view: gated by the lease (self-fencing)
-        self.storage: CheckpointStorage = FencedStorage(raw_storage, self.lease.gate)
-        # History events are create-only and unique: a deposed driver may still record
-        # why it stopped.
-        self.history = JobHistory(raw_storage, self.job)
-        #: digests of the working directory's files, shared by restore and every
-        #: coordinator of this driver (restored files are never hashed again)
-        self._digests = DigestCache()
-        self.control = ControlChannel(self.storage, self.job, doorbell=self.doorbell)
-        self._storage_offset_s = 0.0  # the storage's clock minus ours (see _run_supervised)
-        base = workdir or get(keys.WORKDIR)
-        self.workdir = (
-            Path(base) if base else Path(tempfile.gettempdir()) / "airflow_ckpt" / self.job
-        ) / "work"
-        self.restore_target = restore or get(keys.RESTORE) or "latest"
         # Every other setting is validated together: one ConfigError names every bad key,
         # and it is recorded as final so the supervisor does not resubmit.
         problems: dict[str, str] = {}
@@ -213,6 +196,33 @@ class CheckpointedJob:
                 keys.CHECKPOINT_CONFIG)
             self.config = validated("checkpoint_config", lambda: CheckpointConfig.from_dict(
                 _json_option(raw, "checkpoint config")), CheckpointConfig())
+        #: how long storage requests wait through an outage (runtime/outage.py)
+        self.outage = OutageBudget(self.config.tolerable_outage_s)
+        #: hears the requesters' doorbells in the listings of ``lease/`` the lease makes
+        self.doorbell = Doorbell(self.job)
+        # The lease's writes do not wait through outages: its heartbeat fails, and the
+        # lease lapses, on time (see _retake_lease); its listings wait like every read.
+        self.lease = JobLease(
+            self.doorbell.listen(OutageRidingStorage(raw_storage, self.outage, writes=False)),
+            self.job, owner=self.run_id)
+        #: every write that changes checkpoints, shared files, sink output or control
+        #: answers goes through this view: gated by the lease (self-fencing), and
+        #: waiting through storage outages within the budget (each retry gated again)
+        self.storage: CheckpointStorage = OutageRidingStorage(
+            FencedStorage(raw_storage, self.lease.gate), self.outage)
+        # History events are create-only and unique: a deposed driver may still record
+        # why it stopped.
+        self.history = JobHistory(OutageRidingStorage(raw_storage, self.outage), self.job)
+        #: digests of the working directory's files, shared by restore and every
+        #: coordinator of this driver (restored files are never hashed again)
+        self._digests = DigestCache()
+        self.control = ControlChannel(self.storage, self.job, doorbell=self.doorbell)
+        self._storage_offset_s = 0.0  # the storage's clock minus ours (see _run_supervised)
+        base = workdir or get(keys.WORKDIR)
+        self.workdir = (
+            Path(base) if base else Path(tempfile.gettempdir()) / "airflow_ckpt" / self.job
+        ) / "work"
+        self.restore_target = restore or get(keys.RESTORE) or "latest"
         raw_restart = restart_strategy if restart_strategy is not None else get(
             keys.RESTART_STRATEGY)
         no_params: dict[str, Any] = {}
@@ -297,6 +307,7 @@ class CheckpointedJob:
 
     def _register(self, sink: TwoPhaseCommitSink) -> None:
         if not any(sink is s for s in self.sinks):
+            self._wrap_sink_storage(sink)
             if "confirm" in inspect.signature(sink.fence).parameters:
                 sink.fence(self.lease.gate, confirm=self.lease.confirm)
             else:  # a sink written for the one-argument hook
@@ -311,6 +322,16 @@ class CheckpointedJob:
             sink.recover(self._restored_txns)
             self._recovered.append(sink)
             self._report_committed_ahead(sink)
+
+    def _wrap_sink_storage(self, sink: TwoPhaseCommitSink) -> None:
+        """A sink with storage of its own (its ``storage`` attribute, e.g. an output
+        bucket) writes through the views the job's storage has: gated by the lease, and
+        waiting through outages within the budget. Done before ``fence``, which builds
+        the sink's transactions on that storage."""
+        own = getattr(sink, "storage", None)
+        if isinstance(own, CheckpointStorage) and not isinstance(own, OutageRidingStorage):
+            sink.storage = OutageRidingStorage(  # type: ignore[attr-defined]
+                FencedStorage(own, self.lease.gate), self.outage)
 
     def _report_committed_ahead(self, sink: TwoPhaseCommitSink) -> None:
         """Say (log and history) before any batch runs that the sink committed batches
@@ -377,10 +398,18 @@ class CheckpointedJob:
         :class:`~airflow_ckpt.runtime.driver_unit.DriverExit` (exit code 143, no history
         event: the supervisor counts the driver's death) on SIGTERM or when the JVM is
         gone (:mod:`airflow_ckpt.runtime.driver_unit`).
+
+        A storage outage shorter than ``tolerable-storage-outage`` fails nothing: every
+        request waits for the storage, and a lease that lapsed meanwhile is taken again
+        (:mod:`airflow_ckpt.runtime.outage`). A longer one fails the attempt once, with
+        the outage's first error as the cause; ``StorageOutageError`` is raised when even
+        recording that failure outlasts a second budget (the supervisor counts it).
         """
         self.unit = DriverUnit.install(self.spark, self.job)
         try:
-            self.lease.acquire(adopt=self._adopt)
+            # A driver started during an outage waits for the storage within the budget
+            # (instead of exiting at its first request and crash-looping).
+            self.outage.call("acquire the lease", lambda: self.lease.acquire(adopt=self._adopt))
             try:
                 return self._run_supervised(build)
             finally:
@@ -414,15 +443,20 @@ class CheckpointedJob:
         self._storage_offset_s = self.history.stored_ts(started) - started.ts
         target = self.restore_target
         while True:
+            outages = self.outage.outages
             restored = restore(self.storage, self.job, target, self.workdir, self.history,
                                self._digests, by={"run_id": self.run_id, "attempt": self.attempt})
             rescaled = target == self.restore_target and self._rescale(restored)
             coordinator = self._start_coordinator(restored, initial=rescaled)
             try:
                 result = self._run_once(build, coordinator)
-            except (ConfigError, RestoreError, ConcurrentDriverError, LeaseExpiredError,
-                    SparkSetupError, WorkdirNotSharedError):
-                raise  # final, or (lease lost) only a new driver may continue
+            except (ConfigError, RestoreError, ConcurrentDriverError, SparkSetupError,
+                    WorkdirNotSharedError):
+                raise  # final
+            except LeaseExpiredError as exc:
+                if self.outage.outages == outages:
+                    raise  # not in an outage: only a new driver may continue
+                failure: BaseException | None = None if not self.outage.spent else exc
             except OutcomeUnknownError:
                 if coordinator.fatal is None:
                     raise  # a storage fault in the query itself: no marker involved
@@ -440,21 +474,63 @@ class CheckpointedJob:
                         f"the state restored from {restored.path} does not fit this query "
                         f"(was it written by a different query?): {root_cause(exc)}"
                     ) from exc
-                failure: BaseException = exc
+                failure = exc
             else:
                 return result
             finally:
                 coordinator.shutdown()
-            cause = root_cause(failure)
+            lapsed = isinstance(self.lease.failure, LeaseExpiredError) \
+                and self.outage.outages != outages
+            if failure is not None and (not lapsed or self.outage.spent):
+                self._record_failure(failure)  # counted once; returns to restart
+            if lapsed:
+                # The storage was unreachable long enough for the lease to lapse. Within
+                # the budget that is no failure of the job: take the lease again (a new
+                # epoch, adopting what completed) and resume from the latest checkpoint.
+                self._retake_lease()
+            target = "latest"
+
+    def _retake_lease(self) -> None:
+        """Take the lease again after it lapsed in a storage outage.
+
+        The old epoch stopped writing when it lapsed (its gate), so a new claim is a
+        takeover like any other: create-only, then adopt what completed (a successor
+        may have claimed meanwhile: then that driver runs the job and this one stops
+        with the lapse). Waiting for the storage counts against the outage budget."""
+        lapse = self.lease.failure
+        log.warning("the lease lapsed during a storage outage (%s); taking it again and "
+                    "resuming from the latest checkpoint", lapse)
+        self.lease.release()
+        try:
+            self.outage.call("take the lease again",
+                             lambda: self.lease.acquire(adopt=self._adopt))
+        except ConcurrentDriverError as exc:
+            raise (lapse or exc) from exc
+
+    def _record_failure(self, failure: BaseException) -> None:
+        """Count a failed attempt once with the restart strategy; return to restart
+        (after the strategy's delay) or raise ``RestartsExhaustedError``.
+
+        An outage that outlasted the budget is the failure's cause (its first error),
+        whatever error the query met last. Recording it gets a budget of its own: the
+        storage may only now be coming back; if it does not, the outage is raised."""
+        spent = self.outage.take_spent()
+        cause = spent or root_cause(failure)
+        try:
             decision = self.restart_log.record_failure("query", cause, attempt=self.attempt)
             if not decision.restart:
                 self.history.append(ev.JOB_FAILED, run_id=self.run_id, cause=cause)
-                raise RestartsExhaustedError(
-                    f"job {self.job}: the restart strategy declined to restart after: {cause}"
-                ) from failure
-            log.warning("restarting the query in %.3f s after: %s", decision.delay_s, cause)
-            time.sleep(decision.delay_s)
-            target = "latest"
+        except StorageError as exc:
+            if spent is None:
+                raise
+            raise StorageOutageError(f"{spent}; the failure could not be recorded either "
+                                     f"({exc})") from failure
+        if not decision.restart:
+            raise RestartsExhaustedError(
+                f"job {self.job}: the restart strategy declined to restart after: {cause}"
+            ) from failure
+        log.warning("restarting the query in %.3f s after: %s", decision.delay_s, cause)
+        time.sleep(decision.delay_s)
 
     def _adopt(self, previous: LeaseRecord | None) -> tuple[tuple[int, ...], int]:
         """What this driver takes over from ``previous`` holder: the completed

@@ -235,6 +235,8 @@ CONFIG = {
     "execution.checkpointing.num-retained": 2,
     "execution.checkpointing.incremental": True,
     "execution.checkpointing.tolerable-failed-checkpoints": 1000,
+    # an injected storage error is one that outlasts any outage: raised at once
+    "execution.checkpointing.tolerable-storage-outage": "0 s",
 }
 RESTART = {"type": "fixed-delay", "fixed-delay.attempts": 1000, "fixed-delay.delay": "0 s"}
 

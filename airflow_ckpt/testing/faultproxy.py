@@ -172,6 +172,8 @@ class FaultProxy:
         self._state = _State()
         self.injected: list[Injected] = []
         self.requests = 0
+        #: connections refused because of an outage (not in ``requests``: nothing was read)
+        self.refused = 0
         self.set_schedule(schedule)
         self._server = _Server(("127.0.0.1", port), _Handler, self)
         self.url = f"http://127.0.0.1:{self._server.server_port}"
@@ -242,7 +244,10 @@ class FaultProxy:
     # ------------------------------------------------------------ decisions
 
     def _in_outage(self) -> bool:
+        """Whether the endpoint is down now; a request refused for it is counted in
+        :attr:`refused`."""
         with self._lock:
+            self.refused += self._state.outage
             return self._state.outage
 
     def _decide(self, method: str, target: str) -> _Decision | None:

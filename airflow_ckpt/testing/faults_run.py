@@ -21,7 +21,9 @@ Checked against the moto server directly (no faults) and the ground truth of the
   and every retained checkpoint is whole
   (:func:`~airflow_ckpt.testing.numbers.finished_job_problems`).
 
-Prints one line per rate; exits 1 if any false failure or inexact run was seen.
+Prints one line per rate (false failures, output and restore exact, checkpoints
+completed/failed, requests, faults in all and by kind); exits 1 if any false failure or
+inexact run was seen.
 ``python -m airflow_ckpt.testing.faults_run --help`` for the knobs.
 """
 
@@ -69,6 +71,9 @@ class RunResult:
     """What one story (two lives) showed."""
 
     false_failures: list[str] = field(default_factory=list)
+    #: checkpoints completed and failed over both lives (their history events)
+    completed: int = 0
+    failed: int = 0
     output_exact: bool = False
     restore_exact: bool = False
     problems: list[str] = field(default_factory=list)
@@ -137,7 +142,10 @@ def run_story(endpoint: S3Endpoint, proxy: FaultProxy, work: Path, name: str,
     verdict = verify_output(JsonLinesSink(out_direct, ""), truth, finished=True)
     result.output_exact = verdict.ok
     result.problems += verdict.problems
-    restored = [e for e in JobHistory(direct, job).events() if e.type == ev.RESTORED]
+    events = JobHistory(direct, job).events()
+    result.completed = sum(e.type == ev.CHECKPOINT_COMPLETED for e in events)
+    result.failed = sum(e.type == ev.CHECKPOINT_FAILED for e in events)
+    restored = [e for e in events if e.type == ev.RESTORED]
     restore_problems = finished_job_problems(direct, job, num_retained=NUM_RETAINED)
     if latest is not None and not any(
             e.data.get("checkpoint_id") == latest.checkpoint_id for e in restored):
@@ -179,10 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     with s3_server_process() as server, FaultProxy(server.endpoint.url) as proxy:
         server.endpoint.create_bucket(BUCKET)
         print(f"{'':16} {'runs':>4} {'false failures':>14} {'output exact':>12} "
-              f"{'restore exact':>13} {'requests':>8} {'faults':>6}", flush=True)
+              f"{'restore exact':>13} {'checkpoints ok/failed':>21} {'requests':>8} "
+              f"{'faults':>6}  faults by kind", flush=True)
         for label, rate, outage_s in plan:
             results: list[RunResult] = []
             start_requests, start_faults = proxy.requests, len(proxy.injected)
+            start_kinds, start_refused = proxy.counts(), proxy.refused
             for i in range(args.runs):
                 proxy.set_schedule(FaultSchedule.uniform(rate, args.seed + i))
                 name = re.sub(r"[^a-z0-9]+", "-", f"{label}-{i}-{uuid.uuid4().hex[:4]}")
@@ -192,10 +202,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             false = sum(len(r.false_failures) for r in results)
             exact_out = sum(r.output_exact for r in results)
             exact_restore = sum(r.restore_exact for r in results)
+            kinds = {k: n - start_kinds[k] for k, n in proxy.counts().items()}
+            by_kind = ", ".join([f"{k.value} {n}" for k, n in kinds.items() if n] + (
+                [f"outage refused {proxy.refused - start_refused}"]
+                if proxy.refused > start_refused else []))
+            checkpoints = (f"{sum(r.completed for r in results)}/"
+                           f"{sum(r.failed for r in results)}")
             print(f"{label:16} {len(results):>4} {false:>14} {exact_out:>9}/{len(results):<2} "
-                  f"{exact_restore:>10}/{len(results):<2} "
+                  f"{exact_restore:>10}/{len(results):<2} {checkpoints:>21} "
                   f"{proxy.requests - start_requests:>8} "
-                  f"{len(proxy.injected) - start_faults:>6}", flush=True)
+                  f"{len(proxy.injected) - start_faults:>6}  {by_kind or '-'}", flush=True)
             for r in results:
                 for line in r.false_failures + r.problems:
                     print(f"    {line}", flush=True)

@@ -80,8 +80,10 @@ class TwoPhaseCommitSink(ABC):
     def fence(self, gate: Callable[[], None],  # noqa: B027 - optional hook
               confirm: Callable[[], None] = lambda: None) -> None:
         """Gate the driver-side writes of this sink with the job's lease (called when the
-        sink is registered). A sink writing through ``job.storage`` is gated already; a
-        sink with storage of its own wraps it in a
+        sink is registered). A sink writing through ``job.storage`` is gated already,
+        and so is one that keeps storage of its own in its ``storage`` attribute: the
+        runtime wraps it before this call, gated and waiting through storage outages
+        (runtime/outage.py). Any other storage the sink wraps in a
         :class:`~airflow_ckpt.runtime.storage.fenced.FencedStorage`. ``confirm`` raises
         if another driver claimed the job: call it after reading what a commit decision
         or a delete rests on and before making it (the built-in sinks do so through

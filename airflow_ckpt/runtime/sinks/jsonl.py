@@ -45,7 +45,8 @@ class JsonLinesSink(TwoPhaseCommitSink):
 
     def fence(self, gate: Callable[[], None],
               confirm: Callable[[], None] = lambda: None) -> None:
-        """The storage is the job's (gated already); decisions confirm the lease."""
+        """The storage is gated already (the job's, or wrapped by the runtime);
+        decisions confirm the lease."""
         self.transactions = SinkTransactions(self.storage, self.prefix, confirm, repr(self))
 
     def __repr__(self) -> str:
