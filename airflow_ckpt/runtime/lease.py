@@ -338,6 +338,7 @@ class JobLease:
         self._beating = threading.Condition()
         self._in_flight = False  # a heartbeat write is under way
         self._swapping = threading.Lock()  # one rewrite of our record at a time (_swap)
+        self._unanswered: bytes | None = None  # our last record write of unknown outcome
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -439,16 +440,41 @@ class JobLease:
         with self._swapping:
             assert self.record is not None
             record = change(self.record)
+            key = _lease_key(self.prefix, record.epoch)
             try:
-                self._etag = self.storage.put_bytes(_lease_key(self.prefix, record.epoch),
-                                                    record.to_json(), if_match=self._etag)
+                try:
+                    etag = self.storage.put_bytes(key, record.to_json(), if_match=self._etag)
+                except PreconditionFailedError:
+                    if not self._landed_unanswered(key):
+                        raise
+                    record = change(self.record)
+                    etag = self.storage.put_bytes(key, record.to_json(), if_match=self._etag)
             except PreconditionFailedError as exc:
                 self._lose(ConcurrentDriverError(
                     f"job {self.job!r}: the lease record of epoch {record.epoch} was changed "
                     f"or deleted by someone else ({exc}); this driver must stop"))
                 assert self.failure is not None
                 raise self.failure from exc
+            except Exception:
+                self._unanswered = record.to_json()  # it may land, or have landed
+                raise
+            self._unanswered = None
+            self._etag = etag
             self.record = record
+
+    def _landed_unanswered(self, key: str) -> bool:
+        """Whether our record now holds our own earlier write whose answer was lost (an
+        outcome-unknown heartbeat that did land): then that is the version we wrote
+        last, and the swap goes on from it. Judged by the exact bytes, never by time."""
+        if self._unanswered is None:
+            return False
+        current = self.storage.get_versioned(key)
+        landed = LeaseRecord.from_json(current.data)
+        if current.data != self._unanswered or landed is None:
+            return False
+        log.info("job %s: an earlier lease write whose answer was lost had landed", self.job)
+        self._etag, self.record, self._unanswered = current.etag, landed, None
+        return True
 
     # ------------------------------------------------------------------ holding it
     def gate(self) -> None:

@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt.errors import ConcurrentDriverError, LeaseExpiredError, StorageError
+from airflow_ckpt.errors import (
+    ConcurrentDriverError,
+    LeaseExpiredError,
+    OutcomeUnknownError,
+    StorageError,
+)
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.lease import (
     ID_BLOCK,
@@ -220,6 +225,41 @@ def test_a_heartbeat_in_flight_and_an_id_reservation_both_land(
     assert stored is not None
     assert (stored.seq, stored.id_limit) == (record.seq + 1, 1 + ID_BLOCK)
     holder.gate()
+
+
+class LostAnswerOnce(DelegatingStorage):
+    """Applies the first conditional PUT, then answers it as of unknown outcome."""
+
+    def __init__(self, inner: CheckpointStorage) -> None:
+        super().__init__(inner)
+        self.armed = True
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
+        etag = super().put_bytes(key, data, create_only=create_only, if_match=if_match)
+        if if_match is not None and self.armed:
+            self.armed = False
+            raise OutcomeUnknownError(f"answer of PUT {key} lost")
+        return etag
+
+
+def test_a_heartbeat_that_landed_with_its_answer_lost_is_our_own_version(
+    store: CheckpointStorage, clock: FakeClock
+) -> None:
+    """A heartbeat's PUT lands but its answer is lost: the next rewrite is conditioned on
+    the version before it and meets 412. That is our own write (same bytes), not
+    another driver's: the lease goes on from it (before, a final ConcurrentDriverError)."""
+    lossy = LostAnswerOnce(store)
+    holder = JobLease(lossy, "job", "run-a", ttl_s=TTL, heartbeat_s=BEAT,
+                      max_write_s=MAX_WRITE, clock=clock, sleep=clock.sleep)
+    record = holder.acquire()
+    with pytest.raises(OutcomeUnknownError):
+        holder.beat()
+    holder.beat()
+    holder.reserve_ids(1)
+    assert holder.failure is None
+    stored = read_lease(store, "job")
+    assert stored is not None and (stored.seq, stored.id_limit) == (record.seq + 2, 1 + ID_BLOCK)
 
 
 def test_a_deposed_holder_notices_the_newer_epoch(
