@@ -28,6 +28,21 @@ class ConfigError(AirflowCkptError, ValueError):
         super().__init__(f"invalid {what}:\n{lines}")
 
 
+class JobSettingsError(ConfigError):
+    """A driver's ``spark.airflow_ckpt.*`` settings are invalid (every bad key named).
+
+    ``job`` and ``storage_uri`` are set when those two are valid: the driver then
+    records the error in the job's history (as final, for the supervisor's ``run_id``)
+    before it exits."""
+
+    def __init__(self, problems: Mapping[str, str], *, job: str | None = None,
+                 storage_uri: str | None = None, run_id: str | None = None) -> None:
+        super().__init__("job settings", problems)
+        self.job = job
+        self.storage_uri = storage_uri
+        self.run_id = run_id
+
+
 # --------------------------------------------------------------------------- storage
 
 

@@ -19,10 +19,10 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_ckpt.errors import AirflowCkptError, ConfigError, InvalidStorageUriError
 from airflow_ckpt.restart import RestartStrategy, restart_strategy_from_params
-from airflow_ckpt.runtime import sparkconf
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.config import CheckpointConfig
 from airflow_ckpt.runtime.layout import validate_job_name
+from airflow_ckpt.runtime.sparkconf import JobSettings
 from airflow_ckpt.runtime.storage.factory import parse_storage_uri
 from airflow_ckpt.supervision import RESTORE_LATEST, RESTORE_NONE
 
@@ -48,19 +48,11 @@ class ValidatedArgs:
                    storage_conf: Mapping[str, str], workdir: str | None) -> dict[str, str]:
         """The ``spark.airflow_ckpt.*`` confs of one submission (``storage_conf``: the
         storage connection's endpoint and region, never its credentials)."""
-        conf = {
-            sparkconf.JOB: self.job,
-            sparkconf.STORAGE: self.storage_uri,
-            sparkconf.CHECKPOINT_CONFIG: json.dumps(self.checkpoint_config.to_dict()),
-            sparkconf.RESTART_STRATEGY: json.dumps(self.restart_params),
-            sparkconf.RESTORE: restore,
-            sparkconf.ATTEMPT: str(attempt),
-            sparkconf.RUN_ID: run_id,
-            **storage_conf,
-        }
-        if workdir:
-            conf[sparkconf.WORKDIR] = str(workdir)
-        return conf
+        settings = JobSettings(
+            job=self.job, storage_uri=self.storage_uri, checkpoint_config=self.checkpoint_config,
+            restart_strategy=self.restart_params, restore=restore,
+            workdir=str(workdir) if workdir else None, attempt=attempt, run_id=run_id)
+        return {**settings.to_conf(), **storage_conf}
 
 
 def validate_arguments(

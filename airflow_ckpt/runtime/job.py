@@ -13,7 +13,6 @@ takes a final checkpoint when the query finishes, and returns or raises.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import re
 import tempfile
@@ -23,7 +22,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt.driver_output import root_cause
 from airflow_ckpt.errors import (
@@ -32,6 +31,7 @@ from airflow_ckpt.errors import (
     ConcurrentDriverError,
     ConfigError,
     IncompatibleStateError,
+    JobSettingsError,
     LeaseExpiredError,
     ObjectAlreadyExistsError,
     OutcomeUnknownError,
@@ -42,7 +42,6 @@ from airflow_ckpt.errors import (
     StorageOutageError,
 )
 from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime import sparkconf as keys
 from airflow_ckpt.runtime.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.config import CheckpointConfig
 from airflow_ckpt.runtime.control import (
@@ -54,7 +53,6 @@ from airflow_ckpt.runtime.control import (
 from airflow_ckpt.runtime.coordinator import CheckpointCoordinator, PendingCheckpoint
 from airflow_ckpt.runtime.driver_unit import DriverUnit
 from airflow_ckpt.runtime.history import JobHistory
-from airflow_ckpt.runtime.layout import validate_job_name
 from airflow_ckpt.runtime.lease import JobLease, LeaseRecord
 from airflow_ckpt.runtime.metadata import Manifest
 from airflow_ckpt.runtime.outage import OutageBudget, OutageRidingStorage
@@ -64,6 +62,7 @@ from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
 from airflow_ckpt.runtime.sinks.offsets import ReplayPolicy, read_batch_offsets
 from airflow_ckpt.runtime.snapshot import latest_batch
 from airflow_ckpt.runtime.spark_features import SparkSetupError, require_offline_repartition
+from airflow_ckpt.runtime.sparkconf import JobSettings
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.store import CompletedCheckpointStore
@@ -101,20 +100,6 @@ class JobResult:
     savepoint_path: str | None = None
 
 
-def _json_option(raw: object, what: str) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    if isinstance(raw, Mapping):
-        return dict(raw)
-    try:
-        value = json.loads(str(raw)) if str(raw).strip() else {}
-    except ValueError as exc:
-        raise ConfigError(what, {"<json>": f"not valid JSON: {exc}"}) from exc
-    if not isinstance(value, dict):
-        raise ConfigError(what, {"<json>": "must be a JSON object"})
-    return value
-
-
 # Spark error classes that mean "the checkpoint's state does not fit this query".
 _INCOMPATIBLE = re.compile(
     r"STATE_STORE_[A-Z_]*(?:SCHEMA|INCOMPATIBLE|MISMATCH)[A-Z_]*|STATE_SCHEMA|"
@@ -123,27 +108,20 @@ _INCOMPATIBLE = re.compile(
 )
 
 
-T = TypeVar("T")
-
-
-def _partitions(value: object) -> int | None:
-    if value in (None, ""):
-        return None
-    try:
-        number = int(str(value))
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise ConfigError("job settings", {keys.RESCALE_PARTITIONS: f"{value!r} is not >= 1"})
-    return number
+def _open(settings: JobSettings) -> CheckpointStorage:
+    assert settings.storage_uri is not None  # JobSettings.from_conf refuses none
+    return open_storage(settings.storage_uri, endpoint_url=settings.endpoint_url,
+                        region_name=settings.region_name)
 
 
 class CheckpointedJob:
     """Runs one streaming query under Flink-style checkpointing.
 
     Every argument left as None is read from the Spark conf key in
-    :mod:`airflow_ckpt.runtime.sparkconf`; settings are validated here, before any
-    query starts (a bad value raises ``ConfigError`` naming every bad key).
+    :mod:`airflow_ckpt.runtime.sparkconf` (:class:`~airflow_ckpt.runtime.sparkconf.JobSettings`);
+    settings are validated there, before any query starts (a bad value raises
+    ``JobSettingsError`` naming every bad key, recorded in the job's history as final
+    when the job name and storage are valid).
     """
 
     def __init__(
@@ -161,41 +139,28 @@ class CheckpointedJob:
         threaded: bool = True,
     ) -> None:
         conf = spark.conf
-
-        def get(key: str) -> str | None:
-            return conf.get(key, None)
-
+        given_uri = storage.uri if isinstance(storage, CheckpointStorage) else storage
+        try:
+            settings = JobSettings.from_conf(
+                lambda key: conf.get(key, None), job=job, storage_uri=given_uri,
+                checkpoint_config=checkpoint_config, restart_strategy=restart_strategy,
+                restore=restore, workdir=str(workdir) if workdir else None, run_id=run_id,
+                state_partitions=state_partitions)
+        except JobSettingsError as error:
+            self._record_invalid(error, storage)
+            raise
+        #: what the operator (or the job itself) set: validated, frozen
+        self.settings = settings
         self.spark = spark
-        self.job = validate_job_name(job or get(keys.JOB) or "")
-        self.run_id = run_id or get(keys.RUN_ID) or f"local-{uuid.uuid4().hex[:12]}"
-        self.attempt = int(get(keys.ATTEMPT) or 1)
-        if isinstance(storage, CheckpointStorage):
-            raw_storage = storage
-        else:
-            uri = storage or get(keys.STORAGE)
-            if not uri:
-                raise ConfigError("job settings", {keys.STORAGE: "no checkpoint storage URI"})
-            raw_storage = open_storage(
-                uri, endpoint_url=get(keys.ENDPOINT_URL), region_name=get(keys.REGION_NAME)
-            )
-        # Every other setting is validated together: one ConfigError names every bad key,
-        # and it is recorded as final so the supervisor does not resubmit.
-        problems: dict[str, str] = {}
-
-        def validated(what: str, parse: Callable[[], T], fallback: T) -> T:
-            try:
-                return parse()
-            except ConfigError as exc:
-                problems.update({f"{what}.{k}": v for k, v in exc.problems.items()})
-                return fallback
-
-        if isinstance(checkpoint_config, CheckpointConfig):
-            self.config = checkpoint_config
-        else:
-            raw = checkpoint_config if checkpoint_config is not None else get(
-                keys.CHECKPOINT_CONFIG)
-            self.config = validated("checkpoint_config", lambda: CheckpointConfig.from_dict(
-                _json_option(raw, "checkpoint config")), CheckpointConfig())
+        self.job = settings.job
+        self.run_id = settings.run_id or f"local-{uuid.uuid4().hex[:12]}"
+        self.attempt = settings.attempt
+        self.config = settings.checkpoint_config
+        # Flink's default strategy when checkpointing is on
+        self.restart_params = dict(settings.restart_strategy) or {"type": "exponential-delay"}
+        self.restore_target = settings.restore
+        self.state_partitions = settings.state_partitions
+        raw_storage = storage if isinstance(storage, CheckpointStorage) else _open(settings)
         #: how long storage requests wait through an outage (runtime/outage.py)
         self.outage = OutageBudget(self.config.tolerable_outage_s)
         #: hears the requesters' doorbells in the listings of ``lease/`` the lease makes
@@ -218,31 +183,11 @@ class CheckpointedJob:
         self._digests = DigestCache()
         self.control = ControlChannel(self.storage, self.job, doorbell=self.doorbell)
         self._storage_offset_s = 0.0  # the storage's clock minus ours (see _run_supervised)
-        base = workdir or get(keys.WORKDIR)
+        base = settings.workdir
         self.workdir = (
             Path(base) if base else Path(tempfile.gettempdir()) / "airflow_ckpt" / self.job
         ) / "work"
-        self.restore_target = restore or get(keys.RESTORE) or "latest"
-        raw_restart = restart_strategy if restart_strategy is not None else get(
-            keys.RESTART_STRATEGY)
-        no_params: dict[str, Any] = {}
-        self.restart_params = validated(
-            "restart_strategy", lambda: _json_option(raw_restart, "restart strategy"), no_params
-        ) or {"type": "exponential-delay"}  # Flink's default when checkpointing is on
-        self.state_partitions = validated(
-            "restore", lambda: _partitions(state_partitions or get(keys.RESCALE_PARTITIONS)), None
-        )
-        # RestartLog validates the strategy params (ConfigError names bad keys).
-        restart_log = validated(
-            "restart_strategy",
-            lambda: RestartLog(self.history, self.restart_params, self.run_id), None,
-        )
-        if problems or restart_log is None:
-            error = ConfigError("job settings", problems)
-            self.history.append(ev.JOB_FAILED, run_id=self.run_id, cause=str(error),
-                                error="ConfigError")
-            raise error
-        self.restart_log = restart_log
+        self.restart_log = RestartLog(self.history, self.restart_params, self.run_id)
         self.sinks: list[TwoPhaseCommitSink] = []
         # Sinks registered inside ``build`` belong to one attempt: they are dropped when
         # the next attempt calls ``build`` again (which registers them anew).
@@ -304,6 +249,22 @@ class CheckpointedJob:
                 sink.commit(batch_id)
 
         return write
+
+    @staticmethod
+    def _record_invalid(error: JobSettingsError, storage: object) -> None:
+        """Record invalid settings as the job's final failure (the supervisor then does
+        not resubmit), when the job name and storage are valid; best effort."""
+        if error.job is None:
+            return
+        try:
+            target = storage if isinstance(storage, CheckpointStorage) else (
+                open_storage(error.storage_uri) if error.storage_uri else None)
+            if target is not None:
+                JobHistory(target, error.job).append(
+                    ev.JOB_FAILED, run_id=error.run_id, cause=str(error), error="ConfigError")
+        except Exception:  # the error itself is what the caller needs
+            log.warning("could not record the invalid settings of job %s", error.job,
+                        exc_info=True)
 
     def _register(self, sink: TwoPhaseCommitSink) -> None:
         if not any(sink is s for s in self.sinks):

@@ -1,0 +1,54 @@
+"""JobSettings: the spark.airflow_ckpt.* contract, written by the operator, read by the driver."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_ckpt.errors import JobSettingsError
+from airflow_ckpt.runtime import sparkconf as keys
+from airflow_ckpt.runtime.config import CheckpointConfig
+from airflow_ckpt.runtime.sparkconf import JobSettings
+
+
+def test_what_the_operator_writes_the_driver_reads_back() -> None:
+    written = JobSettings(
+        job="orders", storage_uri="s3://b/p", endpoint_url="http://127.0.0.1:9",
+        region_name="eu-west-1",
+        checkpoint_config=CheckpointConfig.from_dict({"interval": "5 s", "num-retained": 3}),
+        restart_strategy={"type": "fixed-delay", "fixed-delay.attempts": 2},
+        restore="chk-7", workdir="/w", state_partitions=4, attempt=3, run_id="run-1")
+    conf = written.to_conf()
+    assert all(key.startswith(keys.CONF_PREFIX) for key in conf)
+    assert JobSettings.from_conf(conf.get) == written
+
+
+def test_arguments_win_over_the_confs_and_unset_values_take_defaults() -> None:
+    conf = {keys.JOB: "from-conf", keys.STORAGE: "file:///s", keys.RESTORE: "none"}
+    settings = JobSettings.from_conf(conf.get, job="given", restore=None)
+    assert (settings.job, settings.restore, settings.attempt) == ("given", "none", 1)
+    assert settings.checkpoint_config == CheckpointConfig()
+    assert settings.restart_strategy == {}
+
+
+def test_every_bad_key_is_named_with_where_to_record_it() -> None:
+    conf = {
+        keys.JOB: "orders", keys.STORAGE: "file:///s", keys.RUN_ID: "run-1",
+        keys.CHECKPOINT_CONFIG: '{"interval": "soon"}',
+        keys.RESTART_STRATEGY: "[1]",
+        keys.RESCALE_PARTITIONS: "0",
+        keys.ATTEMPT: "two",
+    }
+    with pytest.raises(JobSettingsError) as err:
+        JobSettings.from_conf(conf.get)
+    assert set(err.value.problems) == {
+        "checkpoint_config.interval", "restart_strategy.<json>",
+        keys.RESCALE_PARTITIONS, keys.ATTEMPT}
+    assert (err.value.job, err.value.storage_uri, err.value.run_id) == (
+        "orders", "file:///s", "run-1")
+
+
+def test_without_a_valid_job_or_storage_there_is_nowhere_to_record() -> None:
+    with pytest.raises(JobSettingsError) as err:
+        JobSettings.from_conf({keys.JOB: "bad name!"}.get)
+    assert keys.STORAGE in err.value.problems
+    assert (err.value.job, err.value.storage_uri) == (None, None)
