@@ -25,8 +25,13 @@ lint: venv
 	$(VENV)/bin/ruff check airflow_ckpt dags spark_jobs tests bench
 	$(VENV)/bin/mypy
 
+# Two pytest-xdist workers, each test module whole on one worker (module-scoped
+# SparkSessions, servers and DAG runs stay shared within a module), in collection order
+# (the long e2e and integration modules first, the many short unit modules fill the end).
+# PYTEST_WORKERS=0 runs it in this process, serially.
+PYTEST_WORKERS ?= 2
 test: venv lint chromium
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Headless Chromium for the browser tests (tests/e2e/test_history_ui.py), installed only
 # when missing and apt-get exists; without it those tests skip and say why.

@@ -7,6 +7,7 @@ import logging
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
 pytest_plugins = [
+    "tests.fixtures.isolation",
     "tests.fixtures.s3",
     "tests.fixtures.spark",
     "tests.fixtures.airflow_env",

@@ -2,9 +2,11 @@
 
 Each file is parsed in its own fresh interpreter (with its own ``AIRFLOW_HOME``) that
 has imported Airflow but none of the DAG's own modules - the situation of Airflow's DAG
-processor, which parses each file in a new process - and only the parse is timed. The
-bound of 1 s is generous: a correctness guard against heavy top-level work, not a
-benchmark.
+processor, which parses each file in a new process - and only the parse is timed, in CPU
+seconds of that interpreter. The bound of 1 s is generous: a correctness guard against
+heavy top-level work, not a benchmark. CPU time and not wall time, because the suite runs
+in two workers on a machine that may be busy with other work (at load average 20 one
+file's parse took 1.7 s of wall time, its neighbours' 0.5 s: no defect of the DAG file).
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from airflow.dag_processing.dagbag import DagBag
 
 out = {}
 for path in sys.argv[1:]:
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     bag = DagBag(dag_folder=path, safe_mode=False)
     out[path] = {
-        "seconds": time.perf_counter() - started,
+        "cpu_seconds": time.process_time() - started_cpu,
+        "wall_seconds": time.perf_counter() - started,
         "dag_ids": sorted(bag.dag_ids),
         "errors": {k: str(v) for k, v in bag.import_errors.items()},
     }
@@ -62,6 +65,6 @@ def test_no_import_errors(parsed: dict[str, dict]) -> None:
 
 
 def test_every_dag_file_parses_in_well_under_a_second(parsed: dict[str, dict]) -> None:
-    slow = {path: round(info["seconds"], 3) for path, info in parsed.items()
-            if info["seconds"] >= MAX_PARSE_S}
-    assert not slow, f"DAG files parsing in >= {MAX_PARSE_S} s: {slow}"
+    slow = {path: (round(info["cpu_seconds"], 3), round(info["wall_seconds"], 3))
+            for path, info in parsed.items() if info["cpu_seconds"] >= MAX_PARSE_S}
+    assert not slow, f"DAG files parsing in >= {MAX_PARSE_S} s of CPU (CPU s, wall s): {slow}"

@@ -43,7 +43,12 @@ ONE_SHOT = list(FaultKind)
 
 
 @pytest.fixture
-def proxy(s3_endpoint: S3Endpoint) -> Iterator[FaultProxy]:
+def proxy(s3_endpoint: S3Endpoint, s3_bucket: str) -> Iterator[FaultProxy]:
+    """The proxy in front of the moto server. It asks for the test's bucket only so that
+    it is stopped before the bucket is emptied and deleted: a request it is still
+    forwarding must not land in a bucket being deleted (under load that left the
+    bucket not empty at teardown once, with two workers at load average ~10)."""
+    del s3_bucket  # ordering only
     with FaultProxy(s3_endpoint.url) as p:
         yield p
 
