@@ -170,6 +170,9 @@ class CheckpointedJob:
         self.lease = JobLease(
             self.doorbell.listen(OutageRidingStorage(raw_storage, self.outage, writes=False)),
             self.job, owner=self.run_id)
+        #: outages begun before the lease's last successful renewal (see _lapsed_in_outage)
+        self._outages_at_renewal = 0
+        self.lease.on_renewed = self._note_renewal
         #: every write that changes checkpoints, shared files, sink output or control
         #: answers goes through this view: gated by the lease (self-fencing), and
         #: waiting through storage outages within the budget (each retry gated again)
@@ -404,7 +407,6 @@ class CheckpointedJob:
         self._storage_offset_s = self.history.stored_ts(started) - started.ts
         target = self.restore_target
         while True:
-            outages = self.outage.outages
             restored = restore(self.storage, self.job, target, self.workdir, self.history,
                                self._digests, by={"run_id": self.run_id, "attempt": self.attempt})
             rescaled = target == self.restore_target and self._rescale(restored)
@@ -415,7 +417,7 @@ class CheckpointedJob:
                     WorkdirNotSharedError):
                 raise  # final
             except LeaseExpiredError as exc:
-                if self.outage.outages == outages:
+                if not self._lapsed_in_outage():
                     raise  # not in an outage: only a new driver may continue
                 failure: BaseException | None = None if not self.outage.spent else exc
             except OutcomeUnknownError:
@@ -440,8 +442,7 @@ class CheckpointedJob:
                 return result
             finally:
                 coordinator.shutdown()
-            lapsed = isinstance(self.lease.failure, LeaseExpiredError) \
-                and self.outage.outages != outages
+            lapsed = self._lapsed_in_outage()
             if failure is not None and (not lapsed or self.outage.spent):
                 self._record_failure(failure)  # counted once; returns to restart
             if lapsed:
@@ -450,6 +451,16 @@ class CheckpointedJob:
                 # epoch, adopting what completed) and resume from the latest checkpoint.
                 self._retake_lease()
             target = "latest"
+
+    def _note_renewal(self) -> None:
+        self._outages_at_renewal = self.outage.outages
+
+    def _lapsed_in_outage(self) -> bool:
+        """Whether the lease lapsed because the storage was unreachable: an outage began
+        after its last successful renewal (an order of events, counted, not timed; the
+        lapse may come after the outage ended and after an in-process restart)."""
+        return isinstance(self.lease.failure, LeaseExpiredError) and (
+            self.outage.in_outage or self.outage.outages != self._outages_at_renewal)
 
     def _retake_lease(self) -> None:
         """Take the lease again after it lapsed in a storage outage.

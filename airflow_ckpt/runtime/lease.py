@@ -333,6 +333,8 @@ class JobLease:
         #: set when this driver must stop writing; ``failure`` says why
         self.lost = threading.Event()
         self.failure: ConcurrentDriverError | LeaseExpiredError | None = None
+        #: called (in the renewing thread) after each successful claim or heartbeat
+        self.on_renewed: Callable[[], None] | None = None
         self._valid_until = float("-inf")
         self._etag = ""  # of the record as we wrote it last (compare-and-swap)
         self._beating = threading.Condition()
@@ -386,6 +388,7 @@ class JobLease:
                 self.failure = None
                 self.lost.clear()
                 self._valid_until = started + self.ttl_s - self.max_write_s
+                self._renewed()
                 if adopt is not None:
                     self._adopt_late_markers(adopt, previous)
                 self.storage.delete_many(
@@ -541,6 +544,10 @@ class JobLease:
         self.gate()
         self._swap(lambda r: replace(r, id_limit=max(r.id_limit or 0, checkpoint_id + ID_BLOCK)))
 
+    def _renewed(self) -> None:
+        if self.on_renewed is not None:
+            self.on_renewed()
+
     def _lose(self, failure: ConcurrentDriverError | LeaseExpiredError) -> None:
         if self.failure is None:
             self.failure = failure
@@ -564,6 +571,7 @@ class JobLease:
             self._swap(lambda r: replace(r, seq=r.seq + 1, heartbeat_ts=time.time()))
             self.confirm()  # a newer epoch means we were deposed: do not extend
             self._valid_until = started + self.ttl_s - self.max_write_s
+            self._renewed()
         finally:
             with self._beating:
                 self._in_flight = False

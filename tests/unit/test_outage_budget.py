@@ -9,9 +9,11 @@ Time is a fake clock that only the budget's waits advance: an outage of 30 s end
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, BinaryIO
 
 import pytest
@@ -19,6 +21,7 @@ import pytest
 from airflow_ckpt.errors import (
     ConfigError,
     EndpointUnreachableError,
+    LeaseExpiredError,
     OutageOutcomeUnknownError,
     OutcomeUnknownError,
     StorageOutageError,
@@ -28,7 +31,7 @@ from airflow_ckpt.runtime import job as job_module
 from airflow_ckpt.runtime.config import CheckpointConfig
 from airflow_ckpt.runtime.history import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.lease import read_lease
+from airflow_ckpt.runtime.lease import JobLease, read_lease
 from airflow_ckpt.runtime.outage import OutageBudget, OutageRidingStorage
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import open_storage
@@ -361,3 +364,31 @@ def test_a_lease_that_lapses_in_an_outage_is_taken_again_and_nothing_fails(
     restored = job.history.events([ev.RESTORED])
     assert len(restored) == 1 and restored[0].data["checkpoint_id"] >= 1
     assert exact(storage.inner) == []
+
+
+def test_a_lapse_is_the_outages_if_one_began_after_the_last_renewal(tmp_path: Path) -> None:
+    """Found by CI under load: the lease may lapse only after the outage ended and the
+    attempt that failed in it was restarted in-process; that lapse is still the outage's
+    (taken again, nothing counted). Judged by the order of renewals and outages, not by
+    when the attempt began. A lapse with no outage since the last renewal is not."""
+    t = FakeTime()
+    budget = OutageBudget(60.0, clock=t.clock, sleep=t.sleep)
+    lease = JobLease(open_storage(tmp_path.as_uri()), "j", "r", ttl_s=30.0, heartbeat_s=5.0,
+                     max_write_s=10.0, clock=t.clock, sleep=t.sleep)
+    job = SimpleNamespace(lease=lease, outage=budget, _outages_at_renewal=0)
+    lease.on_renewed = functools.partial(CheckpointedJob._note_renewal, job)
+
+    def lapsed_in_outage() -> bool:
+        with contextlib.suppress(LeaseExpiredError):
+            lease.gate()
+        return CheckpointedJob._lapsed_in_outage(job)  # type: ignore[arg-type]
+
+    lease.acquire()
+    assert budget.call("GET a", failing(3)) == "ok"  # an outage, ridden out
+    t.now += 30.0  # no heartbeat since: the lease lapses after the outage ended
+    assert lapsed_in_outage()
+
+    lease.release()
+    lease.acquire()  # renewed after that outage
+    t.now += 30.0
+    assert not lapsed_in_outage()
