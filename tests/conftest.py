@@ -9,6 +9,7 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 pytest_plugins = [
     "tests.fixtures.isolation",
     "tests.fixtures.s3",
+    "tests.fixtures.faults",
     "tests.fixtures.spark",
     "tests.fixtures.airflow_env",
     "tests.fixtures.spark_standalone",

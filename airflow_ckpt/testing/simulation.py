@@ -105,7 +105,7 @@ from airflow_ckpt.testing.sim.flink import (
     Strategy,
     expected_decisions,
 )
-from airflow_ckpt.testing.sim.outcome import Outcome, Violation
+from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
 from airflow_ckpt.testing.sim.scheduler import (
     Crash,
     Host,
@@ -229,7 +229,7 @@ class TrackedHistory(JobHistory):
         return event
 
 
-class World:
+class World(Judged):
     """The simulated system of one seed: actors, storage, ground truth and invariants."""
 
     def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 6000) -> None:
@@ -285,13 +285,6 @@ class World:
 
     def born(self, event: HistoryEvent) -> int:
         return self.objects.born.get(event.key, 0)
-
-    def violate(self, invariant: str, message: str) -> None:
-        if any(v.invariant == invariant for v in self.violations):
-            return
-        violation = Violation(invariant, self.scheduler.step, message)
-        self.violations.append(violation)
-        self.scheduler.log(f"VIOLATION {violation}")
 
     # ------------------------------------------------------------------ invariants
 

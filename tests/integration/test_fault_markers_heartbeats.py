@@ -24,7 +24,7 @@ import io
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,18 +58,6 @@ OUT = "_out"
 FILES = 4  # one batch per file
 
 
-@pytest.fixture
-def proxy(s3_endpoint: S3Endpoint) -> Iterator[FaultProxy]:
-    with FaultProxy(s3_endpoint.url) as p:
-        yield p
-
-
-@pytest.fixture
-def direct(s3_endpoint: S3Endpoint, s3_uri: str) -> Iterator[CheckpointStorage]:
-    """The same root straight on the moto server: what is really stored."""
-    storage = s3_endpoint.storage(s3_uri)
-    yield storage
-    storage.close()
 
 
 @pytest.fixture

@@ -42,23 +42,6 @@ K = FaultKind
 ONE_SHOT = list(FaultKind)
 
 
-@pytest.fixture
-def proxy(s3_endpoint: S3Endpoint, s3_bucket: str) -> Iterator[FaultProxy]:
-    """The proxy in front of the moto server. It asks for the test's bucket only so that
-    it is stopped before the bucket is emptied and deleted: a request it is still
-    forwarding must not land in a bucket being deleted (under load that left the
-    bucket not empty at teardown once, with two workers at load average ~10)."""
-    del s3_bucket  # ordering only
-    with FaultProxy(s3_endpoint.url) as p:
-        yield p
-
-
-@pytest.fixture
-def direct(s3_endpoint: S3Endpoint, s3_uri: str) -> Iterator[CheckpointStorage]:
-    """The same root straight on the moto server: what is really stored."""
-    storage = s3_endpoint.storage(s3_uri)
-    yield storage
-    storage.close()
 
 
 def _through(proxy: FaultProxy, uri: str, **options: Any) -> CheckpointStorage:

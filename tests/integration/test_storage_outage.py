@@ -16,7 +16,6 @@ an outage lasts. What the tests check is read from the moto server directly.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,11 +39,6 @@ pytestmark = pytest.mark.integration
 #: the history events the job page shows as failures
 FAILURES = [ev.FAILURE, ev.RESTART, ev.JOB_FAILED]
 
-
-@pytest.fixture
-def proxy(s3_endpoint: S3Endpoint) -> Iterator[FaultProxy]:
-    with FaultProxy(s3_endpoint.url) as p:
-        yield p
 
 
 def _story(s3_endpoint: S3Endpoint, s3_uri: str, proxy: FaultProxy, tmp_path: Path,

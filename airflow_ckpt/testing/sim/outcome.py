@@ -4,7 +4,10 @@ of :mod:`airflow_ckpt.testing.simulation`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from airflow_ckpt.testing.sim.scheduler import Scheduler
 
 
 class Described(Protocol):
@@ -28,6 +31,20 @@ class Violation:
 
     def __str__(self) -> str:
         return f"[{self.invariant}] step {self.step}: {self.message}"
+
+
+class Judged:
+    """A world's record of broken invariants: the first violation of each, traced."""
+
+    scheduler: Scheduler
+    violations: list[Violation]
+
+    def violate(self, invariant: str, message: str) -> None:
+        if any(v.invariant == invariant for v in self.violations):
+            return
+        violation = Violation(invariant, self.scheduler.step, message)
+        self.violations.append(violation)
+        self.scheduler.log(f"VIOLATION {violation}")
 
 
 @dataclass

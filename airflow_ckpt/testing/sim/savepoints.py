@@ -72,7 +72,7 @@ from airflow_ckpt.runtime.lease import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S, JobLe
 from airflow_ckpt.runtime.materialize import materialize
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.store import CompletedCheckpointStore
-from airflow_ckpt.testing.sim.outcome import Outcome, Violation
+from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
 from airflow_ckpt.testing.sim.scheduler import Host, Scheduler, patched_modules
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
 
@@ -163,7 +163,7 @@ class SavepointSetup:
                 + (f", planted {sorted(self.plants)}" if self.plants else ""))
 
 
-class SavepointWorld:
+class SavepointWorld(Judged):
     """The simulated savepoint system of one seed (see the module doc)."""
 
     def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 6000) -> None:
@@ -179,13 +179,6 @@ class SavepointWorld:
         self.answered: list[int] = []  # drivers that answered the request completed
         self.noted = False  # a late marker that counts was traced
         self.violations: list[Violation] = []
-
-    def violate(self, invariant: str, message: str) -> None:
-        if any(v.invariant == invariant for v in self.violations):
-            return
-        violation = Violation(invariant, self.scheduler.step, message)
-        self.violations.append(violation)
-        self.scheduler.log(f"VIOLATION {violation}")
 
     # ------------------------------------------------------------------ ground truth
 

@@ -70,7 +70,7 @@ from airflow_ckpt.runtime.sinks import jsonl as jsonl_module
 from airflow_ckpt.runtime.sinks.jsonl import JsonLinesSink
 from airflow_ckpt.runtime.sinks.offsets import BatchOffsets
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
-from airflow_ckpt.testing.sim.outcome import Outcome, Violation
+from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
 from airflow_ckpt.testing.sim.scheduler import Host, Scheduler, patched_modules
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
 
@@ -161,7 +161,7 @@ class SinkSetup:
                 + (f", planted {sorted(self.plants)}" if self.plants else ""))
 
 
-class SinkWorld:
+class SinkWorld(Judged):
     """The simulated sink system of one seed (see the module doc)."""
 
     def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 6000) -> None:
@@ -180,13 +180,6 @@ class SinkWorld:
         self.violations: list[Violation] = []
         self._seen_version = -1
         self.scheduler.observers.append(self.check_storage)
-
-    def violate(self, invariant: str, message: str) -> None:
-        if any(v.invariant == invariant for v in self.violations):
-            return
-        violation = Violation(invariant, self.scheduler.step, message)
-        self.violations.append(violation)
-        self.scheduler.log(f"VIOLATION {violation}")
 
     # ------------------------------------------------------------------ ground truth
 
