@@ -8,6 +8,7 @@ them: they say what was wrong and what to do.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 
 class AirflowCkptError(Exception):
@@ -31,16 +32,14 @@ class ConfigError(AirflowCkptError, ValueError):
 class JobSettingsError(ConfigError):
     """A driver's ``spark.airflow_ckpt.*`` settings are invalid (every bad key named).
 
-    ``job`` and ``storage_uri`` are set when those two are valid: the driver then
-    records the error in the job's history (as final, for the supervisor's ``run_id``)
-    before it exits."""
+    ``settings`` (a :class:`~airflow_ckpt.runtime.sparkconf.JobSettings`, the bad values
+    replaced by defaults) is set when the job name and the storage are valid: the driver
+    then records the error in that job's history (as final, for the supervisor's
+    ``run_id``) before it exits."""
 
-    def __init__(self, problems: Mapping[str, str], *, job: str | None = None,
-                 storage_uri: str | None = None, run_id: str | None = None) -> None:
+    def __init__(self, problems: Mapping[str, str], *, settings: Any = None) -> None:
         super().__init__("job settings", problems)
-        self.job = job
-        self.storage_uri = storage_uri
-        self.run_id = run_id
+        self.settings = settings
 
 
 # --------------------------------------------------------------------------- storage

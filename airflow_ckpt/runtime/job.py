@@ -257,16 +257,15 @@ class CheckpointedJob:
     def _record_invalid(error: JobSettingsError, storage: object) -> None:
         """Record invalid settings as the job's final failure (the supervisor then does
         not resubmit), when the job name and storage are valid; best effort."""
-        if error.job is None:
+        settings = error.settings
+        if not isinstance(settings, JobSettings):
             return
         try:
-            target = storage if isinstance(storage, CheckpointStorage) else (
-                open_storage(error.storage_uri) if error.storage_uri else None)
-            if target is not None:
-                JobHistory(target, error.job).append(
-                    ev.JOB_FAILED, run_id=error.run_id, cause=str(error), error="ConfigError")
+            target = storage if isinstance(storage, CheckpointStorage) else _open(settings)
+            JobHistory(target, settings.job).append(
+                ev.JOB_FAILED, run_id=settings.run_id, cause=str(error), error="ConfigError")
         except Exception:  # the error itself is what the caller needs
-            log.warning("could not record the invalid settings of job %s", error.job,
+            log.warning("could not record the invalid settings of job %s", settings.job,
                         exc_info=True)
 
     def _register(self, sink: TwoPhaseCommitSink) -> None:

@@ -42,8 +42,9 @@ class JobSettings:
     The operator builds one and passes :meth:`to_conf` with ``--conf``; the driver reads
     it back with :meth:`from_conf` (``CheckpointedJob`` arguments, when given, win over
     the confs). Every value is validated there: a bad one raises
-    :class:`~airflow_ckpt.errors.JobSettingsError` naming every bad key, with the job and
-    storage it belongs to when those two are valid (so the driver can record it).
+    :class:`~airflow_ckpt.errors.JobSettingsError` naming every bad key, carrying the
+    settings (bad values defaulted) when the job and storage are valid, so the driver
+    can record it in that job's history.
     """
 
     job: str
@@ -123,8 +124,8 @@ class JobSettings:
             run_id=raw["run_id"] or None,
         )
         if problems:
-            raise JobSettingsError(problems, job=job or None, run_id=raw["run_id"] or None,
-                                   storage_uri=None if STORAGE in problems else storage_uri)
+            recordable = bool(job) and STORAGE not in problems
+            raise JobSettingsError(problems, settings=settings if recordable else None)
         return settings
 
 

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 
 from airflow_ckpt.errors import JobSettingsError
+from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime import sparkconf as keys
 from airflow_ckpt.runtime.config import CheckpointConfig
+from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.sparkconf import JobSettings
+from airflow_ckpt.runtime.storage import open_storage
 
 
 def test_what_the_operator_writes_the_driver_reads_back() -> None:
@@ -43,12 +50,26 @@ def test_every_bad_key_is_named_with_where_to_record_it() -> None:
     assert set(err.value.problems) == {
         "checkpoint_config.interval", "restart_strategy.<json>",
         keys.RESCALE_PARTITIONS, keys.ATTEMPT}
-    assert (err.value.job, err.value.storage_uri, err.value.run_id) == (
-        "orders", "file:///s", "run-1")
+    where = err.value.settings
+    assert where is not None
+    assert (where.job, where.storage_uri, where.run_id) == ("orders", "file:///s", "run-1")
 
 
 def test_without_a_valid_job_or_storage_there_is_nowhere_to_record() -> None:
     with pytest.raises(JobSettingsError) as err:
         JobSettings.from_conf({keys.JOB: "bad name!"}.get)
     assert keys.STORAGE in err.value.problems
-    assert (err.value.job, err.value.storage_uri) == (None, None)
+    assert err.value.settings is None
+
+
+def test_the_driver_records_invalid_settings_as_its_final_failure(tmp_path: Path) -> None:
+    """The supervisor reads a job_failed of its run and does not resubmit a driver whose
+    settings can never work; the record goes to the storage the settings name."""
+    conf = {keys.JOB: "orders", keys.STORAGE: tmp_path.as_uri(), keys.RUN_ID: "run-1",
+            keys.CHECKPOINT_CONFIG: '{"interval": "soon"}'}
+    spark = SimpleNamespace(conf=SimpleNamespace(get=lambda key, default=None: conf.get(key)))
+    with pytest.raises(JobSettingsError):
+        CheckpointedJob(spark)  # type: ignore[arg-type]
+    [failed] = JobHistory(open_storage(tmp_path.as_uri()), "orders").events()
+    assert (failed.type, failed.data["run_id"]) == (ev.JOB_FAILED, "run-1")
+    assert "checkpoint_config.interval" in failed.data["cause"]
