@@ -176,8 +176,7 @@ class CheckpointedJob:
         #: every write that changes checkpoints, shared files, sink output or control
         #: answers goes through this view: gated by the lease (self-fencing), and
         #: waiting through storage outages within the budget (each retry gated again)
-        self.storage: CheckpointStorage = OutageRidingStorage(
-            FencedStorage(raw_storage, self.lease.gate), self.outage)
+        self.storage: CheckpointStorage = self._driver_view(raw_storage)
         # History events are create-only and unique: a deposed driver may still record
         # why it stopped.
         self.history = JobHistory(OutageRidingStorage(raw_storage, self.outage), self.job)
@@ -286,6 +285,11 @@ class CheckpointedJob:
             self._recovered.append(sink)
             self._report_committed_ahead(sink)
 
+    def _driver_view(self, storage: CheckpointStorage) -> CheckpointStorage:
+        """``storage`` as this driver writes to it: gated by the lease, and waiting
+        through outages within the budget (outside the gate: each retry is gated)."""
+        return OutageRidingStorage(FencedStorage(storage, self.lease.gate), self.outage)
+
     def _wrap_sink_storage(self, sink: TwoPhaseCommitSink) -> None:
         """A sink with storage of its own (its ``storage`` attribute, e.g. an output
         bucket) writes through the views the job's storage has: gated by the lease, and
@@ -293,8 +297,7 @@ class CheckpointedJob:
         the sink's transactions on that storage."""
         own = getattr(sink, "storage", None)
         if isinstance(own, CheckpointStorage) and not isinstance(own, OutageRidingStorage):
-            sink.storage = OutageRidingStorage(  # type: ignore[attr-defined]
-                FencedStorage(own, self.lease.gate), self.outage)
+            sink.storage = self._driver_view(own)  # type: ignore[attr-defined]
 
     def _report_committed_ahead(self, sink: TwoPhaseCommitSink) -> None:
         """Say (log and history) before any batch runs that the sink committed batches
