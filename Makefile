@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@# no reinstall step: the `spark` extra pins pyspark and pyspark-client to the same
 	@# version, whose shared files are identical; this checks the tree is whole.
-	$(PY) -c 'from airflow_ckpt.runtime.spark_features import check_pyspark_install as c; c()'
+	$(PY) -c 'from airflow_ckpt.runtime.job.spark_features import check_pyspark_install as c; c()'
 	touch $(STAMP)
 
 lint: venv

@@ -45,19 +45,19 @@ from airflow_ckpt import __version__, examples
 from airflow_ckpt.driver_output import root_cause
 from airflow_ckpt.errors import AirflowCkptError, StorageAccessDeniedError
 from airflow_ckpt.formatting import human_bytes, human_ms
-from airflow_ckpt.runtime.catalog import CheckpointCatalog, CompletedRef
-from airflow_ckpt.runtime.history import JobHistory
-from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.materialize import materialize
-from airflow_ckpt.runtime.metadata import Manifest
-from airflow_ckpt.runtime.savepoints import (
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog, CompletedRef
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.control.savepoints import (
     dispose_savepoint,
     last_lifecycle_event,
     resolve_savepoint,
     resolve_snapshot,
 )
+from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.factory import parse_storage_uri
+from airflow_ckpt.runtime.storage.layout import JobLayout
 
 STORAGE_ENV = "AIRFLOW_CKPT_STORAGE"
 

@@ -19,8 +19,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.testing.numbers import (

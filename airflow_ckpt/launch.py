@@ -5,7 +5,7 @@ in its own session (so restarting the Airflow worker does not kill the driver). 
 command, then writes its exit code to ``<exit-file>`` (atomically), so a supervisor on
 the same host learns how the submission ended. SIGTERM is forwarded to the command.
 
-A driver is one unit (:mod:`airflow_ckpt.runtime.driver_unit`): the exit file is written
+A driver is one unit (:mod:`airflow_ckpt.runtime.driver.unit`): the exit file is written
 only once every process the command started has ended too. On Linux the launcher is a
 child subreaper (``PR_SET_CHILD_SUBREAPER``), so a Python driver whose JVM died is
 re-parented to it; the launcher waits :data:`FOLLOW_S` for such processes, then kills

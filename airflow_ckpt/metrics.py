@@ -52,7 +52,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import Stats
 from airflow.sdk import conf
 
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.history.journal import (
     CHECKPOINT_COMPLETED,
     CHECKPOINT_FAILED,
     RESTART,

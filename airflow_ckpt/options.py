@@ -1,6 +1,6 @@
 """One option toolkit: Flink's value forms, parsed the same way everywhere.
 
-The checkpoint config (:mod:`airflow_ckpt.runtime.config`), the restart strategies
+The checkpoint config (:mod:`airflow_ckpt.runtime.checkpoint.config`), the restart strategies
 (:mod:`airflow_ckpt.restart.params`) and the operators' and sensors' arguments read
 durations (``"500 ms"``, ``"10 s"``, ``"1 min"``), memory sizes (``"32 mb"``), integers,
 numbers, booleans and choices with these functions. Each returns the value or raises

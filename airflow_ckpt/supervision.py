@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_ckpt.driver_output import exit_cause, summarize_driver_output
 from airflow_ckpt.health import DEFAULT_MULTIPLE
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.history.journal import (
     CHECKPOINT_COMPLETED,
     JOB_FAILED,
     JOB_FINISHED,
@@ -34,7 +34,7 @@ from airflow_ckpt.runtime.history import (
     HistoryEvent,
     JobHistory,
 )
-from airflow_ckpt.runtime.lease import LeaseObserver
+from airflow_ckpt.runtime.lease.holder import LeaseObserver
 
 if TYPE_CHECKING:
     from airflow_ckpt.metrics import EventMetrics

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.metadata import Manifest
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing.numbers import GroundTruth, verify_output

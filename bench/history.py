@@ -44,16 +44,16 @@ from pathlib import Path
 from typing import Any
 
 from airflow_ckpt.plugins import overview
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import (
     CompactionPolicy,
     EventCache,
     HistoryEvent,
     JobHistory,
     stream_of,
 )
-from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing.s3_server import s3_server_process
 from bench.suites import Row, table
 
@@ -297,7 +297,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], dict[str, Any]]:
                             "new/cached", warm[key]))
 
         # restart log: positioned at the newest event; one failure later, refresh
-        from airflow_ckpt.runtime.restart_log import RestartLog
+        from airflow_ckpt.runtime.history.restart_log import RestartLog
 
         legacy_cursor = legacy_events[-1].key
         JobHistory(legacy, "legacy-job", compaction=None).append(

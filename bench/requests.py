@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_ckpt.runtime import job as job_module
-from airflow_ckpt.runtime.control import ControlChannel
-from airflow_ckpt.runtime.job import CheckpointedJob, JobResult
-from airflow_ckpt.runtime.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.control.channel import ControlChannel
+from airflow_ckpt.runtime.job import checkpointed_job as job_module
+from airflow_ckpt.runtime.job.checkpointed_job import CheckpointedJob, JobResult
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.testing.request_count import AREAS, KINDS, RequestCounter
 from airflow_ckpt.testing.s3_server import s3_server_process

@@ -62,8 +62,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "scale.json"
 def restore_download(server: Any, work: Path, files: int, file_mib: int,
                      repeats: int) -> dict[str, Any]:
     """(d) on synthetic files: many mid-sized files, where per-request costs show."""
-    from airflow_ckpt.runtime.layout import JobLayout
-    from airflow_ckpt.runtime.metadata import FileEntry
+    from airflow_ckpt.runtime.checkpoint.metadata import FileEntry
+    from airflow_ckpt.runtime.storage.layout import JobLayout
     from tests.fixtures.snapshots import make_manifest
 
     endpoint = server.endpoint

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
-    from airflow_ckpt.runtime.metadata import Manifest
+    from airflow_ckpt.runtime.checkpoint.metadata import Manifest
     from airflow_ckpt.runtime.storage import CheckpointStorage
     from airflow_ckpt.testing.s3_server import S3Endpoint, S3ServerProcess
 
@@ -481,7 +481,7 @@ class Steady:
 
     def seed(self) -> tuple[Run, Manifest]:
         """Batch 0 (every key) into ``seed/``; its latest checkpoint."""
-        from airflow_ckpt.runtime.catalog import CheckpointCatalog
+        from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 
         base = time.time() - 10_000
         self.workload.write(self.input, 0, base)
@@ -562,9 +562,9 @@ def compare_download(endpoint: S3Endpoint, storage: CheckpointStorage, manifest:
     ``key_prefix``: the storage's own prefix in the bucket (``<prefix>/``), for the raw
     client. With ``keep``, one materialised copy is moved there.
     """
-    from airflow_ckpt.runtime.materialize import materialize
-    from airflow_ckpt.runtime.metadata import FileEntry
-    from airflow_ckpt.runtime.state_files import needed_state_files
+    from airflow_ckpt.runtime.checkpoint.metadata import FileEntry
+    from airflow_ckpt.runtime.restore.materialize import materialize
+    from airflow_ckpt.runtime.restore.state_files import needed_state_files
 
     client = endpoint.client()
     entries = needed_state_files(manifest.files, manifest.batch_id + 1)
@@ -638,10 +638,10 @@ def compare_download(endpoint: S3Endpoint, storage: CheckpointStorage, manifest:
 def compare_upload(endpoint: S3Endpoint, source: Path, repeats: int) -> dict[str, Any]:
     """The runtime's upload path (``upload_snapshot``: sha256 + ``upload_file``, fresh
     digests, every file new) vs a raw pool of ``put_object``, same files, same threads."""
-    from airflow_ckpt.runtime.layout import JobLayout
-    from airflow_ckpt.runtime.snapshot import CapturedFile, CapturedSnapshot
-    from airflow_ckpt.runtime.store import SharedFileRegistry
-    from airflow_ckpt.runtime.upload import DigestCache, UploadTarget, upload_snapshot
+    from airflow_ckpt.runtime.checkpoint.snapshot import CapturedFile, CapturedSnapshot
+    from airflow_ckpt.runtime.checkpoint.store import SharedFileRegistry
+    from airflow_ckpt.runtime.checkpoint.upload import DigestCache, UploadTarget, upload_snapshot
+    from airflow_ckpt.runtime.storage.layout import JobLayout
 
     files = sorted(p for p in source.rglob("*") if p.is_file())
     rels = [p.relative_to(source).as_posix() for p in files]

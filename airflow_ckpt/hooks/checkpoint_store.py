@@ -31,11 +31,11 @@ from airflow.sdk import BaseHook
 
 from airflow_ckpt.errors import ConfigError
 from airflow_ckpt.hooks import DEFAULT_CONN_ID
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.control import ControlChannel
-from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.control.channel import ControlChannel
+from airflow_ckpt.runtime.control.savepoints import DisposedSavepoint, dispose_savepoint
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.masking import register_secrets
-from airflow_ckpt.runtime.savepoints import DisposedSavepoint, dispose_savepoint
 from airflow_ckpt.runtime.sparkconf import ENDPOINT_URL, REGION_NAME
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 
@@ -248,7 +248,7 @@ class CheckpointStoreHook(BaseHook):
         """Delete one savepoint of ``job`` on purpose (retention never deletes savepoints).
 
         Accepts the savepoint id, ``sp-<id>`` or its path/URI; refuses checkpoints. See
-        :func:`airflow_ckpt.runtime.savepoints.dispose_savepoint`.
+        :func:`airflow_ckpt.runtime.control.savepoints.dispose_savepoint`.
         """
         return dispose_savepoint(self.storage, savepoint_id_or_path, job=job, force=force)
 

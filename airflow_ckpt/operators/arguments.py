@@ -19,11 +19,11 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_ckpt.errors import AirflowCkptError, ConfigError, InvalidStorageUriError
 from airflow_ckpt.restart import RestartStrategy, restart_strategy_from_params
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.config import CheckpointConfig
-from airflow_ckpt.runtime.layout import validate_job_name
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 from airflow_ckpt.runtime.sparkconf import JobSettings
 from airflow_ckpt.runtime.storage.factory import parse_storage_uri
+from airflow_ckpt.runtime.storage.layout import validate_job_name
 from airflow_ckpt.supervision import RESTORE_LATEST, RESTORE_NONE
 
 ARGUMENTS = "CheckpointedSparkSubmitOperator arguments"

@@ -17,7 +17,7 @@ arguments and a supervision loop:
    event is written per submit.
 3. **Supervise.** When the driver exits non-zero, a ``FAILURE`` (level ``driver``,
    exit code, last error lines) and a ``RESTART`` decision are appended to the job's
-   history through :class:`~airflow_ckpt.runtime.restart_log.RestartLog`, the
+   history through :class:`~airflow_ckpt.runtime.history.restart_log.RestartLog`, the
    operator waits the strategy's delay and resubmits with ``restore=latest``. The
    strategy state lives in the history, shared with the runtime's in-process (query
    level) restarts and with later tries of this task, so Flink's window and backoff
@@ -75,8 +75,8 @@ from airflow_ckpt.operators.arguments import (
     validate_arguments,
 )
 from airflow_ckpt.operators.supervisor import CheckpointedJobFailedError, Supervisor
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.lease import lease_epochs
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.lease.holder import lease_epochs
 from airflow_ckpt.shipping import runtime_py_files
 from airflow_ckpt.supervision import RESTORE_LATEST, DriverFailure, Verdict
 

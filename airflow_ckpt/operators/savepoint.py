@@ -19,8 +19,8 @@ from airflow.sdk import BaseOperator, Context, conf
 from airflow_ckpt.errors import SavepointError
 from airflow_ckpt.hooks.checkpoint_store import DEFAULT_CONN_ID, CheckpointStoreHook
 from airflow_ckpt.options import parse_duration
-from airflow_ckpt.runtime.layout import validate_savepoint_id
-from airflow_ckpt.runtime.savepoints import ensure_job_running, expire_request
+from airflow_ckpt.runtime.control.savepoints import ensure_job_running, expire_request
+from airflow_ckpt.runtime.storage.layout import validate_savepoint_id
 from airflow_ckpt.triggers.checkpoint import CheckpointTrigger
 from airflow_ckpt.triggers.matching import (
     CheckpointCondition,

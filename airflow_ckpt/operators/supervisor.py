@@ -35,8 +35,8 @@ from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.hooks.spark_submit import CheckpointedSparkSubmitHook
 from airflow_ckpt.metrics import count_restart, watching
 from airflow_ckpt.operators.arguments import ValidatedArgs
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.history.journal import (
     JOB_FAILED,
     JOB_FINISHED,
     JOB_STOPPED,
@@ -44,8 +44,8 @@ from airflow_ckpt.runtime.history import (
     HistoryEvent,
     JobHistory,
 )
-from airflow_ckpt.runtime.lease import read_lease
-from airflow_ckpt.runtime.restart_log import RestartLog, format_restart_history
+from airflow_ckpt.runtime.history.restart_log import RestartLog, format_restart_history
+from airflow_ckpt.runtime.lease.holder import read_lease
 from airflow_ckpt.supervision import (
     RESTORE_LATEST,
     DriverFailure,

@@ -31,7 +31,7 @@ from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseOperatorLink
 
 from airflow_ckpt.restart.schema import register_format_checker
-from airflow_ckpt.runtime.layout import is_job_name
+from airflow_ckpt.runtime.storage.layout import is_job_name
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator

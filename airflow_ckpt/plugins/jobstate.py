@@ -25,10 +25,10 @@ from typing import Any
 from airflow_ckpt.errors import AirflowCkptError
 from airflow_ckpt.health import DEFAULT_MULTIPLE, checkpoint_age_s, checkpoints_stale
 from airflow_ckpt.plugins.redact import driver_text
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime import lease
-from airflow_ckpt.runtime.config import CheckpointConfig
-from airflow_ckpt.runtime.history import EventCache, HistoryEvent, JobHistory
+from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import EventCache, HistoryEvent, JobHistory
+from airflow_ckpt.runtime.lease import holder as lease
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 #: The driver lease's default TTL when its record has none.
@@ -55,7 +55,7 @@ class LeaseView:
 def read_lease(storage: CheckpointStorage, job: str) -> LeaseView | None:
     """The newest lease record of ``job``, as the page shows it, or None.
 
-    Read through :func:`airflow_ckpt.runtime.lease.read_lease`, the one reader of the
+    Read through :func:`airflow_ckpt.runtime.lease.holder.read_lease`, the one reader of the
     lease layout.
     """
     record = lease.read_lease(storage, job)

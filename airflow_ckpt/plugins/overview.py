@@ -21,7 +21,7 @@ History entries come from two sources:
 
 Only the newest ``limit`` history events are read (one listing of ``history/``, then the
 raw tail and the compacted segments that hold the window, see
-:mod:`airflow_ckpt.runtime.history`), so a job with a long history stays cheap to show;
+:mod:`airflow_ckpt.runtime.history.journal`), so a job with a long history stays cheap to show;
 ``history_window`` says whether older events were left out, and the counts then cover
 the window (plus retained manifests).
 An unreadable event or manifest is reported in ``errors``, never silently skipped.
@@ -39,12 +39,12 @@ from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.plugins import jobstate, trends
 from airflow_ckpt.plugins.access import EVERY_DAG, DagAccess
 from airflow_ckpt.plugins.redact import driver_text
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history import EventCache, HistoryEvent, JobHistory
-from airflow_ckpt.runtime.layout import validate_job_name
-from airflow_ckpt.runtime.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import EventCache, HistoryEvent, JobHistory
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.layout import validate_job_name
 
 #: Events shown in the "restarts, failures and lifecycle" table of a job page.
 TIMELINE_EVENTS = frozenset(

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 from airflow_ckpt.errors import ConfigError, JobSettingsError
 from airflow_ckpt.options import parse_int
 from airflow_ckpt.restart.params import parse_restart_params
-from airflow_ckpt.runtime.config import CheckpointConfig
-from airflow_ckpt.runtime.layout import validate_job_name
+from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
+from airflow_ckpt.runtime.storage.layout import validate_job_name
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """Crash-point enumeration: crash a driver right before or right after every storage
 mutation it makes, restart it with ``restore=latest``, and check the guarantees.
 
-The real :class:`~airflow_ckpt.runtime.job.CheckpointedJob` (coordinator, store,
+The real :class:`~airflow_ckpt.runtime.job.checkpointed_job.CheckpointedJob` (coordinator, store,
 lease, restore, materialisation, sinks, control channel) runs against
 :class:`SimulatedSpark`: a deterministic stand-in for a streaming query that writes a
 Spark-shaped working directory (``metadata``, ``offsets/<b>``, ``commits/<b>``,
@@ -38,13 +38,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.control import ControlChannel
-from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.control.channel import ControlChannel
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.lease import HolderIdentity
-from airflow_ckpt.runtime.materialize import materialize
+from airflow_ckpt.runtime.lease.holder import HolderIdentity
+from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned

@@ -24,7 +24,7 @@ from typing import Any
 
 from airflow_ckpt.examples import JOBS_DIR
 from airflow_ckpt.runtime import sparkconf
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
@@ -322,8 +322,8 @@ def finished_job_problems(storage: CheckpointStorage, job: str, *,
     """After the last driver finished: a ``job_finished`` event, every restore from a
     completed checkpoint, only ``num_retained`` checkpoints left and all of them
     complete, none missing a file or a state partition's data."""
-    from airflow_ckpt.runtime import history as ev
-    from airflow_ckpt.runtime.history import JobHistory
+    from airflow_ckpt.runtime.history import journal as ev
+    from airflow_ckpt.runtime.history.journal import JobHistory
 
     problems: list[str] = []
     events = JobHistory(storage, job).events()
@@ -345,8 +345,11 @@ def checkpoint_state_problems(storage: CheckpointStorage, job: str) -> list[str]
     """Every completed checkpoint's files exist in storage, and every state partition of
     every stateful operator has a versioned state file in it (a checkpoint of executors'
     state the driver could not see would have none)."""
-    from airflow_ckpt.runtime.layout import JobLayout
-    from airflow_ckpt.runtime.workdir_check import WorkdirNotSharedError, check_state_visible
+    from airflow_ckpt.runtime.checkpoint.workdir_check import (
+        WorkdirNotSharedError,
+        check_state_visible,
+    )
+    from airflow_ckpt.runtime.storage.layout import JobLayout
 
     problems: list[str] = []
     root = JobLayout(job).root

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_ckpt.runtime import job as job_module
 from airflow_ckpt.runtime.job import CheckpointedJob
+from airflow_ckpt.runtime.job import checkpointed_job as job_module
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
 
 #: the ``foreachBatch`` function: (the batch's frame, batch id)

@@ -5,9 +5,9 @@ The real classes run as actors (:mod:`airflow_ckpt.testing.sim.scheduler`) over 
 simulated storage that enforces the storage contract and injects faults
 (:mod:`airflow_ckpt.testing.sim.storage`), on hosts whose clocks disagree:
 
-* **the driver** (host ``driver``): takes the :class:`~airflow_ckpt.runtime.lease.JobLease`
+* **the driver** (host ``driver``): takes the :class:`~airflow_ckpt.runtime.lease.holder.JobLease`
   (heartbeats driven explicitly), appends ``job_started``, ``checkpoint_completed``,
-  query-level failures through its :class:`~airflow_ckpt.runtime.restart_log.RestartLog`
+  query-level failures through its :class:`~airflow_ckpt.runtime.history.restart_log.RestartLog`
   (``job_failed`` when its strategy declines) and ends with ``job_finished`` /
   ``job_stopped``, an exit without terminal event, or a crash at any step. Its writes
   may time out and land later, get 503s or lose their answers. Its process compacts
@@ -70,10 +70,9 @@ from typing import Any
 from airflow_ckpt import supervision as supervision_module
 from airflow_ckpt.errors import AirflowCkptError
 from airflow_ckpt.restart import RestartDecision
-from airflow_ckpt.runtime import history as history_module
-from airflow_ckpt.runtime import lease as lease_module
-from airflow_ckpt.runtime import restart_log as restart_log_module
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.history import journal as history_module
+from airflow_ckpt.runtime.history import restart_log as restart_log_module
+from airflow_ckpt.runtime.history.journal import (
     CHECKPOINT_COMPLETED,
     JOB_FAILED,
     JOB_FINISHED,
@@ -87,8 +86,9 @@ from airflow_ckpt.runtime.history import (
     HistoryEvent,
     JobHistory,
 )
-from airflow_ckpt.runtime.lease import JobLease, lease_epochs
-from airflow_ckpt.runtime.restart_log import RestartLog
+from airflow_ckpt.runtime.history.restart_log import RestartLog
+from airflow_ckpt.runtime.lease import holder as lease_module
+from airflow_ckpt.runtime.lease.holder import JobLease, lease_epochs
 from airflow_ckpt.supervision import (
     RESTORE_LATEST,
     RESTORE_NONE,

@@ -26,8 +26,8 @@ from airflow_ckpt.errors import EndpointUnreachableError
 from airflow_ckpt.hooks import DEFAULT_CONN_ID
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.metrics import report_snapshot
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest
 from airflow_ckpt.triggers.matching import (
     CheckpointCondition,
     Kind,

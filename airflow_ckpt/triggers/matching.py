@@ -34,9 +34,9 @@ from airflow_ckpt.errors import (
     RestoreError,
 )
 from airflow_ckpt.health import checkpoint_progress
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.control import ControlChannel
-from airflow_ckpt.runtime.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.control.channel import ControlChannel
 
 log = logging.getLogger(__name__)
 

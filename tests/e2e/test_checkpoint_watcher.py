@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.runtime.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing import S3Endpoint
 from tests.fixtures.airflow_env import VENV_BIN, AirflowEnv

@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.runtime import job as job_module
+from airflow_ckpt.runtime.job import checkpointed_job as job_module
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.testing import crashpoints as cp
 from tests.fixtures.airflow_env import VENV_BIN, AirflowEnv

@@ -43,9 +43,9 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.control import ControlChannel
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.control.channel import ControlChannel
+from airflow_ckpt.runtime.history.journal import (
     FAILURE,
     JOB_STOPPED,
     JOB_SUBMITTED,
@@ -54,7 +54,7 @@ from airflow_ckpt.runtime.history import (
     HistoryEvent,
     JobHistory,
 )
-from airflow_ckpt.runtime.lease import read_lease
+from airflow_ckpt.runtime.lease.holder import read_lease
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing import S3Endpoint

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.history.journal import (
     CHECKPOINT_COMPLETED,
     FAILURE,
     JOB_FAILED,

@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.runtime import job as job_module
-from airflow_ckpt.runtime.control import ControlChannel, ControlRequest, Doorbell
-from airflow_ckpt.runtime.job import CheckpointedJob, JobResult
-from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.lease import DEFAULT_HEARTBEAT_S, JobLease
+from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest, Doorbell
+from airflow_ckpt.runtime.job import checkpointed_job as job_module
+from airflow_ckpt.runtime.job.checkpointed_job import CheckpointedJob, JobResult
+from airflow_ckpt.runtime.lease.holder import DEFAULT_HEARTBEAT_S, JobLease
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage
+from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing import S3Endpoint
 from airflow_ckpt.testing.request_count import RequestCounter
 

@@ -31,16 +31,16 @@ from typing import Any
 import pytest
 
 from airflow_ckpt.cli import main as cli_main
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime import job as job_module
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.control import ControlChannel
-from airflow_ckpt.runtime.history import JobHistory
-from airflow_ckpt.runtime.job import CheckpointedJob, JobResult
-from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.lease import JobLease, read_lease
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.control.channel import ControlChannel
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.job import checkpointed_job as job_module
+from airflow_ckpt.runtime.job.checkpointed_job import CheckpointedJob, JobResult
+from airflow_ckpt.runtime.lease.holder import JobLease, read_lease
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing import S3Endpoint
 from airflow_ckpt.testing.faultproxy import Fault, FaultKind, FaultProxy, FaultSchedule
 from airflow_ckpt.testing.numbers import (

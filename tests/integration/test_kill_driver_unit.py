@@ -29,8 +29,8 @@ import psutil
 import pytest
 
 from airflow_ckpt.operators import CheckpointedSparkSubmitOperator
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.history.journal import (
     FAILURE,
     JOB_FAILED,
     JOB_FINISHED,

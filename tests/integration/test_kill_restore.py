@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_ckpt.runtime import interleave
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing.numbers import (

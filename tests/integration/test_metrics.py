@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.history.journal import (
     CHECKPOINT_COMPLETED,
     CHECKPOINT_FAILED,
     JOB_FINISHED,
@@ -28,8 +29,7 @@ from airflow_ckpt.runtime.history import (
     HistoryEvent,
     JobHistory,
 )
-from airflow_ckpt.runtime.metadata import Manifest
-from airflow_ckpt.runtime.restart_log import RestartLog
+from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.supervision import Verdict
 from airflow_ckpt.testing import S3Endpoint

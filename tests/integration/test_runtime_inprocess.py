@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 
 from airflow_ckpt.errors import RestoreError
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.metadata import Manifest
-from airflow_ckpt.runtime.restore import restore
+from airflow_ckpt.runtime.restore.choose import restore
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage
-from airflow_ckpt.runtime.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing.numbers import GroundTruth, verify_output, write_numbers
 
 pytestmark = pytest.mark.integration

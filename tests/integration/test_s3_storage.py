@@ -303,7 +303,7 @@ def test_a_409_then_a_412_on_our_own_create_only_write_is_ours(
 def test_incomplete_multipart_uploads_of_a_dead_driver_are_aborted_on_recover(
     s3_storage: Any,
 ) -> None:
-    from airflow_ckpt.runtime.store import CompletedCheckpointStore
+    from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 
     storage = _s3(s3_storage)
     client = storage._client
@@ -328,7 +328,7 @@ def test_restore_reads_skip_the_crc_but_still_detect_damage(s3_storage: Any,
     download_file do; a same-size damaged object is still caught by materialize's
     SHA-256."""
     from airflow_ckpt.errors import CorruptCheckpointError
-    from airflow_ckpt.runtime.materialize import materialize
+    from airflow_ckpt.runtime.restore.materialize import materialize
     from tests.fixtures.snapshots import write_snapshot
 
     storage = _s3(s3_storage)
@@ -380,12 +380,12 @@ def test_merged_checkpoint_files_restore_through_s3(s3_storage: Any, tmp_path: P
     segments back with one ranged GET and verifies each file."""
     import threading
 
-    from airflow_ckpt.runtime.coordinator import InlineExecutor
-    from airflow_ckpt.runtime.layout import JobLayout
-    from airflow_ckpt.runtime.materialize import materialize
-    from airflow_ckpt.runtime.snapshot import CapturedFile, CapturedSnapshot
-    from airflow_ckpt.runtime.store import CompletedCheckpointStore
-    from airflow_ckpt.runtime.upload import DigestCache, UploadTarget, upload_snapshot
+    from airflow_ckpt.runtime.checkpoint.coordinator import InlineExecutor
+    from airflow_ckpt.runtime.checkpoint.snapshot import CapturedFile, CapturedSnapshot
+    from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
+    from airflow_ckpt.runtime.checkpoint.upload import DigestCache, UploadTarget, upload_snapshot
+    from airflow_ckpt.runtime.restore.materialize import materialize
+    from airflow_ckpt.runtime.storage.layout import JobLayout
     from tests.fixtures.snapshots import make_manifest
 
     storage = _s3(s3_storage)

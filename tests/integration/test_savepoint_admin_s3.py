@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt.cli import main as cli_main
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.materialize import materialize
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.testing import S3Endpoint
 from airflow_ckpt.triggers.checkpoint import CheckpointTrigger

@@ -25,9 +25,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_ckpt.errors import SinkReplayMismatchError
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.sinks import ParquetSink
 from airflow_ckpt.runtime.storage import CheckpointStorage

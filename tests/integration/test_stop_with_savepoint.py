@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.control import ControlChannel, ControlRequest
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.snapshot import latest_batch
+from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest
+from airflow_ckpt.runtime.history import journal as ev
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.sinks import JsonLinesSink
-from airflow_ckpt.runtime.snapshot import latest_batch
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing.faults import FailingPuts, checkpoint_marker
 from airflow_ckpt.testing.numbers import verify_output, write_numbers

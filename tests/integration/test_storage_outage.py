@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.testing import S3Endpoint
 from airflow_ckpt.testing.faultproxy import FaultProxy

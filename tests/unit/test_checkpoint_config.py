@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_ckpt.errors import ConfigError
-from airflow_ckpt.runtime.config import CheckpointConfig
+from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 
 
 def test_defaults_are_flinks_with_the_documented_exceptions() -> None:

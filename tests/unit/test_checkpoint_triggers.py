@@ -15,7 +15,7 @@ from airflow.serialization.decoders import smart_decode_trigger_kwargs
 from airflow.serialization.encoders import encode_trigger
 from airflow.triggers.base import BaseEventTrigger, BaseTrigger, TriggerEvent
 
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.triggers.checkpoint import CheckpointEventTrigger, CheckpointTrigger
 from airflow_ckpt.triggers.matching import CheckpointCondition, take_baseline

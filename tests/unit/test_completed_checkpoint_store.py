@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.metadata import FileEntry, Manifest, Timings
+from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, Timings
+from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore, SharedFileRegistry
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
-from airflow_ckpt.runtime.store import CompletedCheckpointStore, SharedFileRegistry
+from airflow_ckpt.runtime.storage.layout import JobLayout
 
 L = JobLayout("j")
 

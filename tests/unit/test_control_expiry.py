@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from airflow_ckpt.runtime.control import ControlChannel
+from airflow_ckpt.runtime.control.channel import ControlChannel
 from airflow_ckpt.runtime.storage import open_storage
 
 

@@ -14,17 +14,17 @@ import pytest
 
 from airflow_ckpt.errors import ConcurrentDriverError, LeaseExpiredError
 from airflow_ckpt.runtime import interleave
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.config import CheckpointConfig
-from airflow_ckpt.runtime.coordinator import BACKGROUND_NICENESS, CheckpointCoordinator
-from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
+from airflow_ckpt.runtime.checkpoint.coordinator import BACKGROUND_NICENESS, CheckpointCoordinator
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.interleave import Pause
-from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.lease import JobLease, LeaseRecord
-from airflow_ckpt.runtime.metadata import Manifest
+from airflow_ckpt.runtime.lease.holder import JobLease, LeaseRecord
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
-from airflow_ckpt.runtime.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.storage.layout import JobLayout
 from tests.unit.test_lease import FakeClock
 from tests.unit.test_snapshot_capture import make_workdir
 
@@ -360,7 +360,7 @@ def test_a_deposed_drivers_late_savepoint_marker_names_only_its_own_files(
     checkpoint id, the old driver does not act on its marker (it cannot confirm its
     epoch), and the successor answers the request with the savepoint that landed, which
     verifies."""
-    from airflow_ckpt.runtime.materialize import materialize
+    from airflow_ckpt.runtime.restore.materialize import materialize
 
     clock = FakeClock()
     old_lease = lease_for(storage, clock, "old")

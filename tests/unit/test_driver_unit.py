@@ -1,4 +1,4 @@
-"""The driver's Python process and its JVM are one unit (runtime/driver_unit.py), fast.
+"""The driver's Python process and its JVM are one unit (runtime/driver/unit.py), fast.
 
 A plain child process (``sleep``) stands in for the JVM; the real spark-submit kills are
 in tests/integration/test_kill_driver_unit.py. The simulated Spark of the crash-point
@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from airflow_ckpt import launch
-from airflow_ckpt.runtime import driver_unit
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.driver_unit import EXIT_CODE, DriverExit, DriverUnit
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.driver import unit as driver_unit
+from airflow_ckpt.runtime.driver.unit import EXIT_CODE, DriverExit, DriverUnit
+from airflow_ckpt.runtime.history.journal import (
     CHECKPOINT_COMPLETED,
     FAILURE,
     JOB_FAILED,
@@ -33,7 +33,7 @@ from airflow_ckpt.runtime.history import (
     JobHistory,
 )
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.lease import pid_alive
+from airflow_ckpt.runtime.lease.holder import pid_alive
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.testing.crashpoints import CONFIG, Script, SimulatedSpark

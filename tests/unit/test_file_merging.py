@@ -17,15 +17,11 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt.errors import CorruptCheckpointError
-from airflow_ckpt.runtime.coordinator import InlineExecutor
-from airflow_ckpt.runtime.layout import MERGED_DIR, JobLayout
-from airflow_ckpt.runtime.materialize import materialize
-from airflow_ckpt.runtime.metadata import FileEntry, Manifest, parse_manifest
-from airflow_ckpt.runtime.snapshot import CapturedFile, CapturedSnapshot
-from airflow_ckpt.runtime.storage.base import CheckpointStorage
-from airflow_ckpt.runtime.storage.fenced import FencedStorage
-from airflow_ckpt.runtime.store import CompletedCheckpointStore
-from airflow_ckpt.runtime.upload import (
+from airflow_ckpt.runtime.checkpoint.coordinator import InlineExecutor
+from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, parse_manifest
+from airflow_ckpt.runtime.checkpoint.snapshot import CapturedFile, CapturedSnapshot
+from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.checkpoint.upload import (
     MERGE_FILES_BELOW,
     DigestCache,
     UploadResult,
@@ -33,6 +29,10 @@ from airflow_ckpt.runtime.upload import (
     merge_groups,
     upload_snapshot,
 )
+from airflow_ckpt.runtime.restore.materialize import materialize
+from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.fenced import FencedStorage
+from airflow_ckpt.runtime.storage.layout import MERGED_DIR, JobLayout
 from tests.fixtures.snapshots import make_manifest
 
 JOB = "merging"

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.metadata import FileEntry, Manifest, Timings
+from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, Timings
+from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
-from airflow_ckpt.runtime.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.storage.layout import JobLayout
 
 L = JobLayout("j")
 

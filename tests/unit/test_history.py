@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt.errors import MetadataError
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage import open_storage
 
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.history import CompactionPolicy, EventCache, JobHistory
-from airflow_ckpt.runtime.restart_log import RestartLog
-from airflow_ckpt.runtime.savepoints import last_lifecycle_event
+from airflow_ckpt.runtime.control.savepoints import last_lifecycle_event
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import CompactionPolicy, EventCache, JobHistory
+from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 

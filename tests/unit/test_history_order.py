@@ -1,6 +1,6 @@
 """History order without clocks (issue 19 items 3-5 and 7).
 
-History keys are sequence numbers taken create-only (airflow_ckpt.runtime.history), so:
+History keys are sequence numbers taken create-only (airflow_ckpt.runtime.history.journal), so:
 restart counting and terminal-event detection stay exact when the driver's host runs an
 hour ahead of the Airflow worker's; readers see compacted events; a write that lands
 after its number was compacted never counts; a restart decision is appended only on top
@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.history import CompactionPolicy, JobHistory
-from airflow_ckpt.runtime.restart_log import RestartLog
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import CompactionPolicy, JobHistory
+from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.supervision import RunCheckpoints, RunProgress, SupervisionProbe
 

@@ -21,9 +21,9 @@ from airflow_ckpt.plugins import overview
 from airflow_ckpt.plugins.app import create_app
 from airflow_ckpt.plugins.history import URL_PREFIX, AirflowCkptPlugin, CheckpointHistoryLink
 from airflow_ckpt.plugins.settings import PluginSettings, load_settings
-from airflow_ckpt.runtime.history import JobHistory
-from airflow_ckpt.runtime.layout import JobLayout
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.runtime.storage.layout import JobLayout
 from tests.fixtures.checkpoint_history import (
     DAG_ID,
     EVIL_CAUSE,
@@ -403,7 +403,7 @@ def test_an_orphaned_drivers_in_process_restores_are_labelled_as_such(
     """One driver start, then 13 in-process restarts, each restoring: the page says so
     (not "Restored 14"), and the one retained checkpoint is named as an id, apart from
     the counts (not "Retained 411" among them)."""
-    from airflow_ckpt.runtime import history as ev
+    from airflow_ckpt.runtime.history import journal as ev
     from tests.fixtures.snapshots import write_snapshot
 
     job = "orphan"

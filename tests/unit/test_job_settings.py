@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from airflow_ckpt.errors import JobSettingsError
-from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime import sparkconf as keys
-from airflow_ckpt.runtime.config import CheckpointConfig
-from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.sparkconf import JobSettings
 from airflow_ckpt.runtime.storage import open_storage

@@ -24,7 +24,7 @@ from airflow_ckpt.errors import (
     StorageError,
 )
 from airflow_ckpt.runtime import interleave
-from airflow_ckpt.runtime.lease import (
+from airflow_ckpt.runtime.lease.holder import (
     ID_BLOCK,
     HolderIdentity,
     JobLease,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt.errors import MetadataError, UnsupportedSchemaVersionError
-from airflow_ckpt.runtime.metadata import (
+from airflow_ckpt.runtime.checkpoint.metadata import (
     FileEntry,
     Manifest,
     OperatorInfo,

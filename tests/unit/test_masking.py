@@ -15,9 +15,9 @@ import pytest
 
 from airflow_ckpt import cli
 from airflow_ckpt.runtime import masking
-from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.masking import MASK, mask_secrets, mask_value, register_secrets
-from airflow_ckpt.runtime.restart_log import RestartLog
 from airflow_ckpt.runtime.storage import open_storage
 
 SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt.errors import CorruptCheckpointError, RestoreError
-from airflow_ckpt.runtime import upload
-from airflow_ckpt.runtime.history import JobHistory
-from airflow_ckpt.runtime.materialize import materialize
-from airflow_ckpt.runtime.restore import restore
+from airflow_ckpt.runtime.checkpoint import upload
+from airflow_ckpt.runtime.checkpoint.upload import DigestCache
+from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.restore.choose import restore
+from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
-from airflow_ckpt.runtime.upload import DigestCache
 from tests.fixtures.snapshots import write_snapshot
 
 FILES = {

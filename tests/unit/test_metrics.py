@@ -29,8 +29,8 @@ from airflow_ckpt.metrics import (
     metrics_enabled,
     watching,
 )
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.history.journal import (
     CHECKPOINT_COMPLETED,
     CHECKPOINT_FAILED,
     RESTART,

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt.operators import CheckpointedJobFailedError, CheckpointedSparkSubmitOperator
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.history.journal import (
     CHECKPOINT_COMPLETED,
     FAILURE,
     JOB_FAILED,
@@ -46,8 +46,8 @@ FAKE = textwrap.dedent(
         print("RuntimeError: token", os.environ.get(confs["spark.fake.print_env"]), flush=True)
     time.sleep(float(confs.get("spark.fake.sleep_s", "0")))
     if confs.get("spark.fake.runtime_gives_up"):
-        from airflow_ckpt.runtime.history import JobHistory
-        from airflow_ckpt.runtime.restart_log import RestartLog
+        from airflow_ckpt.runtime.history.journal import JobHistory
+        from airflow_ckpt.runtime.history.restart_log import RestartLog
         from airflow_ckpt.runtime.storage import open_storage
         history = JobHistory(open_storage(confs["spark.airflow_ckpt.storage"]),
                              confs["spark.airflow_ckpt.job"])
@@ -56,7 +56,7 @@ FAKE = textwrap.dedent(
         sys.exit(1)
     if attempt <= int(confs.get("spark.fake.crash_attempts", "0")):
         if confs.get("spark.fake.checkpoint_before_crash"):
-            from airflow_ckpt.runtime.history import CHECKPOINT_COMPLETED, JobHistory
+            from airflow_ckpt.runtime.history.journal import CHECKPOINT_COMPLETED, JobHistory
             from airflow_ckpt.runtime.storage import open_storage
             storage = open_storage(confs["spark.airflow_ckpt.storage"])
             n = 10 + attempt
@@ -119,7 +119,7 @@ def test_blocking_supervision_sends_the_jobs_metrics_to_statsd(
 ) -> None:
     """The blocking path: the driver's checkpoints counted by the watch around each
     submission, the restarts by the supervisor that decides them (a real UDP listener)."""
-    from airflow_ckpt.runtime.catalog import CheckpointCatalog
+    from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 
     # the fake driver's markers are empty: the final XCom must not read them
     monkeypatch.setattr(CheckpointCatalog, "latest_checkpoint", lambda self: None)
@@ -148,7 +148,7 @@ def _older_runs_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
     Only its marker exists (the catalog lists it); the final XCom does not read it.
     """
-    from airflow_ckpt.runtime.catalog import CheckpointCatalog
+    from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 
     monkeypatch.setattr(CheckpointCatalog, "latest_checkpoint", lambda self: None)
     storage = open_storage((tmp_path / "ckpt").as_uri())
@@ -227,7 +227,7 @@ def test_task_retry_continues_the_supervision(tmp_path: Path) -> None:
     # what the first try managed to record before its worker died
     history.append(JOB_SUBMITTED, run_id="d/manual__1/t", attempt=1)
     history.append(FAILURE, run_id="d/manual__1/t", level="driver", cause="x")
-    from airflow_ckpt.runtime.restart_log import RestartLog
+    from airflow_ckpt.runtime.history.restart_log import RestartLog
 
     RestartLog(history, FIXED, "d/manual__1/t").record_failure("driver", "x", now=time.time())
     history.append(JOB_SUBMITTED, run_id="d/manual__1/t", attempt=2)
@@ -419,7 +419,7 @@ def test_deferrable_retry_reattaches_to_a_driver_that_still_holds_the_lease(
     """A retried deferred task must not start a second driver next to a live one."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from airflow_ckpt.runtime.lease import LeaseRecord
+    from airflow_ckpt.runtime.lease.holder import LeaseRecord
 
     storage_uri = (tmp_path / "ckpt").as_uri()
     storage = open_storage(storage_uri)

@@ -217,6 +217,6 @@ def test_runtime_zip_is_cached_and_complete(tmp_path: Path) -> None:
     assert runtime_py_files(tmp_path) == first
     names = zipfile.ZipFile(first).namelist()
     assert "airflow_ckpt/__init__.py" in names
-    assert "airflow_ckpt/runtime/restart_log.py" in names
+    assert "airflow_ckpt/runtime/history/restart_log.py" in names
     assert "airflow_ckpt/restart/__init__.py" in names
     assert not any("__pycache__" in n for n in names)

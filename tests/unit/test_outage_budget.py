@@ -1,4 +1,4 @@
-"""The outage budget (runtime/outage.py): requests wait through a storage outage shorter
+"""The outage budget (runtime/storage/outage.py): requests wait through a storage outage shorter
 than ``execution.checkpointing.tolerable-storage-outage``; a longer one fails the job
 once, with the outage's first error as the cause, recorded when the storage is back.
 
@@ -26,17 +26,17 @@ from airflow_ckpt.errors import (
     OutcomeUnknownError,
     StorageOutageError,
 )
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime import job as job_module
-from airflow_ckpt.runtime.config import CheckpointConfig
-from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.lease import JobLease, read_lease
-from airflow_ckpt.runtime.outage import OutageBudget, OutageRidingStorage
+from airflow_ckpt.runtime.job import checkpointed_job as job_module
+from airflow_ckpt.runtime.lease.holder import JobLease, read_lease
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo
 from airflow_ckpt.runtime.storage.delegating import DelegatingStorage
+from airflow_ckpt.runtime.storage.outage import OutageBudget, OutageRidingStorage
 from airflow_ckpt.testing import crashpoints as cp
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt.errors import ConfigError
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.history.journal import (
     CHECKPOINT_COMPLETED,
     FAILURE,
     JOB_FAILED,
@@ -18,7 +18,7 @@ from airflow_ckpt.runtime.history import (
     RESTORED,
     JobHistory,
 )
-from airflow_ckpt.runtime.restart_log import RestartLog, format_restart_history
+from airflow_ckpt.runtime.history.restart_log import RestartLog, format_restart_history
 from airflow_ckpt.runtime.storage import open_storage
 
 FIXED = {"type": "fixed-delay", "fixed-delay.attempts": 2, "fixed-delay.delay": "100 ms"}

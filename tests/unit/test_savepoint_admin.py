@@ -7,23 +7,23 @@ import time
 import pytest
 
 from airflow_ckpt.errors import MetadataError, RestoreError, SavepointError
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.control import ControlChannel, ControlResult
-from airflow_ckpt.runtime.history import (
-    CHECKPOINT_COMPLETED,
-    JOB_FAILED,
-    JOB_STARTED,
-    JOB_STOPPED,
-    JOB_SUBMITTED,
-    JobHistory,
-)
-from airflow_ckpt.runtime.savepoints import (
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.control.channel import ControlChannel, ControlResult
+from airflow_ckpt.runtime.control.savepoints import (
     dispose_savepoint,
     ensure_job_running,
     expire_request,
     last_lifecycle_event,
     resolve_savepoint,
     resolve_snapshot,
+)
+from airflow_ckpt.runtime.history.journal import (
+    CHECKPOINT_COMPLETED,
+    JOB_FAILED,
+    JOB_STARTED,
+    JOB_STOPPED,
+    JOB_SUBMITTED,
+    JobHistory,
 )
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from tests.fixtures.snapshots import write_snapshot

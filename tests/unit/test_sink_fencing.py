@@ -16,7 +16,7 @@ import pytest
 
 from airflow_ckpt.errors import ConcurrentDriverError, StorageError
 from airflow_ckpt.runtime.interleave import Pause
-from airflow_ckpt.runtime.lease import JobLease
+from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
 from airflow_ckpt.runtime.sinks.offsets import BatchOffsets, ReplayPolicy
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage

@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 
 from airflow_ckpt.errors import ObjectAlreadyExistsError, SinkReplayMismatchError
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.control import ControlChannel
-from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.control.channel import ControlChannel
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
 from airflow_ckpt.runtime.sinks.offsets import check_replay

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt.errors import CheckpointDeclinedError
-from airflow_ckpt.runtime.snapshot import capture, latest_batch
+from airflow_ckpt.runtime.checkpoint.snapshot import capture, latest_batch
 
 OFFSET = (
     'v1\n{"batchWatermarkMs":0,"conf":{"spark.sql.shuffle.partitions":"2"}}\n{"logOffset":%d}\n'

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.runtime import spark_features
-from airflow_ckpt.runtime.spark_features import (
+from airflow_ckpt.runtime.job import spark_features
+from airflow_ckpt.runtime.job.spark_features import (
     SparkSetupError,
     check_supported,
     pyspark_install_problems,
@@ -99,4 +99,4 @@ def test_only_the_client_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(spark_features, "_version_or_none", lambda name: "4.2.0")
     problems = pyspark_install_problems()
     assert "airflow-ckpt[spark]" in problems[0] and "pyspark-client 4.2.0" in problems[0]
-    assert sys.modules["airflow_ckpt.runtime.spark_features"] is spark_features
+    assert sys.modules["airflow_ckpt.runtime.job.spark_features"] is spark_features

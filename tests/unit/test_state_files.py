@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from airflow_ckpt.runtime.metadata import FileEntry
-from airflow_ckpt.runtime.state_files import needed_state_files
+from airflow_ckpt.runtime.checkpoint.metadata import FileEntry
+from airflow_ckpt.runtime.restore.state_files import needed_state_files
 
 
 def _entries(*paths: str) -> list[FileEntry]:

@@ -27,16 +27,16 @@ from typing import Any
 import pytest
 
 from airflow_ckpt.errors import OutcomeUnknownError
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime import job as job_module
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.control import ControlChannel, ControlRequest, ControlResult
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.snapshot import latest_batch
+from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest, ControlResult
+from airflow_ckpt.runtime.history import journal as ev
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.layout import JobLayout
+from airflow_ckpt.runtime.job import checkpointed_job as job_module
 from airflow_ckpt.runtime.sinks import JsonLinesSink
-from airflow_ckpt.runtime.snapshot import latest_batch
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing import crashpoints as cp
 from airflow_ckpt.testing.faults import (
     FailingPuts,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.history.journal import (
     CHECKPOINT_COMPLETED,
     JOB_FAILED,
     JOB_FINISHED,
@@ -23,7 +23,7 @@ from airflow_ckpt.runtime.history import (
     JOB_SUBMITTED,
     JobHistory,
 )
-from airflow_ckpt.runtime.lease import LeaseRecord
+from airflow_ckpt.runtime.lease.holder import LeaseRecord
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.supervision import HealthRule, RunCheckpoints, SupervisionProbe, Verdict
 from airflow_ckpt.triggers.supervision import DriverSupervisionTrigger
@@ -252,7 +252,7 @@ def test_trigger_on_kill_asks_for_a_graceful_stop_then_kills(
     import subprocess
     import sys
 
-    from airflow_ckpt.runtime.control import ControlChannel
+    from airflow_ckpt.runtime.control.channel import ControlChannel
 
     driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                               start_new_session=True)

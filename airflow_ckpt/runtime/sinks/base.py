@@ -83,7 +83,7 @@ class TwoPhaseCommitSink(ABC):
         sink is registered). A sink writing through ``job.storage`` is gated already,
         and so is one that keeps storage of its own in its ``storage`` attribute: the
         runtime wraps it before this call, gated and waiting through storage outages
-        (runtime/outage.py). Any other storage the sink wraps in a
+        (runtime/storage/outage.py). Any other storage the sink wraps in a
         :class:`~airflow_ckpt.runtime.storage.fenced.FencedStorage`. ``confirm`` raises
         if another driver claimed the job: call it after reading what a commit decision
         or a delete rests on and before making it (the built-in sinks do so through

@@ -22,7 +22,7 @@ by the network for minutes and land after a successor took over):
   (the storage's equal-bytes rule makes that a success for both), and a decision never
   changes once made.
 * **Decisions are taken only after confirming** (``confirm``: the job lease's
-  :meth:`~airflow_ckpt.runtime.lease.JobLease.confirm`) that no successor claimed the
+  :meth:`~airflow_ckpt.runtime.lease.holder.JobLease.confirm`) that no successor claimed the
   job since the record was read: a successor's records all come after its claim.
 * **Staged data lives under attempt-scoped keys** (``attempt`` is fresh per staging),
   so deleting an aborted attempt never touches another attempt's files.

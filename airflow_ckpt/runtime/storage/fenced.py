@@ -1,7 +1,7 @@
 """FencedStorage: a view of a storage whose every mutation first passes a gate.
 
 The driver writes checkpoints, shared files, sink output and control answers through
-one of these, gated by :meth:`airflow_ckpt.runtime.lease.JobLease.gate`: once the
+one of these, gated by :meth:`airflow_ckpt.runtime.lease.holder.JobLease.gate`: once the
 driver's lease could have expired, no new write starts (self-fencing). Reads pass
 straight through (:class:`~airflow_ckpt.runtime.storage.delegating.DelegatingStorage`);
 so does anything a wrapped backend offers beyond the interface.

@@ -2,7 +2,7 @@
 
 The driver's lease lists ``<job>/lease/`` at every heartbeat; handing the lease this
 view lets the control channel read the doorbells in that listing without a request of
-its own (see :class:`airflow_ckpt.runtime.control.Doorbell`). Everything else passes
+its own (see :class:`airflow_ckpt.runtime.control.channel.Doorbell`). Everything else passes
 straight through, unchanged.
 """
 

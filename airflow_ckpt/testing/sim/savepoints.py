@@ -5,13 +5,14 @@ A savepoint request (id ``v``, request ``r``) stays open until a driver answers 
 supervisor starts 2-3 drivers one after the other or overlapping; each (host
 ``driver-<n>``) runs the real classes over the simulated storage:
 
-* a :class:`~airflow_ckpt.runtime.lease.JobLease` taken with the runtime's adoption
-  (:meth:`CheckpointedJob._adopt <airflow_ckpt.runtime.job.CheckpointedJob._adopt>`:
+* a :class:`~airflow_ckpt.runtime.lease.holder.JobLease` taken with the runtime's adoption
+  (:meth:`CheckpointedJob._adopt
+  <airflow_ckpt.runtime.job.checkpointed_job.CheckpointedJob._adopt>`:
   completed ids and the first id past every reserved one), heartbeats driven explicitly;
-* the real :class:`~airflow_ckpt.runtime.coordinator.CheckpointCoordinator` in its
+* the real :class:`~airflow_ckpt.runtime.checkpoint.coordinator.CheckpointCoordinator` in its
   ``threaded=False`` mode (driven by ``tick()``: capture, upload, completion marker,
-  confirm, answer) with its :class:`~airflow_ckpt.runtime.store.CompletedCheckpointStore`
-  and :class:`~airflow_ckpt.runtime.history.JobHistory`, over a
+  confirm, answer) with its :class:`~airflow_ckpt.runtime.checkpoint.store.CompletedCheckpointStore`
+  and :class:`~airflow_ckpt.runtime.history.journal.JobHistory`, over a
   :class:`~airflow_ckpt.runtime.storage.fenced.FencedStorage` gated by the lease, on a
   Spark-shaped working directory of its own whose files carry the driver's name (so two
   drivers' snapshots differ);
@@ -25,7 +26,7 @@ its lease gate lands after a successor took over) or crash.
 Invariants, checked when a driver's attempt settles and at the end:
 
 * ``savepoint-verifies``: a savepoint the catalog counts (``savepoints/sp-v/_metadata``)
-  restores: :func:`~airflow_ckpt.runtime.materialize.materialize` verifies every file
+  restores: :func:`~airflow_ckpt.runtime.restore.materialize.materialize` verifies every file
   it names (hashes match) and the files are one driver's snapshot, not a mix;
 * ``savepoint-answer``: a driver answers the request completed only with the savepoint
   storage counts, and does not fail an attempt whose own savepoint storage counts
@@ -58,20 +59,20 @@ from airflow_ckpt.errors import (
     LeaseExpiredError,
     RestoreError,
 )
-from airflow_ckpt.runtime import coordinator as coordinator_module
-from airflow_ckpt.runtime import history as history_module
-from airflow_ckpt.runtime import lease as lease_module
-from airflow_ckpt.runtime import upload as upload_module
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.config import CheckpointConfig
-from airflow_ckpt.runtime.coordinator import CheckpointCoordinator
-from airflow_ckpt.runtime.history import JobHistory
+from airflow_ckpt.runtime.checkpoint import coordinator as coordinator_module
+from airflow_ckpt.runtime.checkpoint import upload as upload_module
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
+from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
+from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.history import journal as history_module
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.lease import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S, JobLease
-from airflow_ckpt.runtime.materialize import materialize
+from airflow_ckpt.runtime.lease import holder as lease_module
+from airflow_ckpt.runtime.lease.holder import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S, JobLease
+from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
-from airflow_ckpt.runtime.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
 from airflow_ckpt.testing.sim.scheduler import Host, Scheduler, patched_modules
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage

@@ -5,7 +5,7 @@ A supervisor starts 2-4 drivers of one job, one after the other or overlapping (
 Airflow declared dead that still runs, a second driver started by hand). Each driver
 (host ``driver-<n>``, clocks skewed) runs the real classes over the simulated storage:
 
-* a :class:`~airflow_ckpt.runtime.lease.JobLease` (acquire waits for the holder's
+* a :class:`~airflow_ckpt.runtime.lease.holder.JobLease` (acquire waits for the holder's
   expiry on the simulated clock; heartbeats driven explicitly);
 * a :class:`~airflow_ckpt.runtime.sinks.jsonl.JsonLinesSink` over a
   :class:`~airflow_ckpt.runtime.storage.fenced.FencedStorage` gated by the lease, fenced
@@ -63,13 +63,13 @@ from airflow_ckpt.errors import (
     LeaseExpiredError,
     SinkReplayMismatchError,
 )
-from airflow_ckpt.runtime import lease as lease_module
-from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.lease import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S, JobLease
+from airflow_ckpt.runtime.lease import holder as lease_module
+from airflow_ckpt.runtime.lease.holder import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S, JobLease
 from airflow_ckpt.runtime.sinks import jsonl as jsonl_module
 from airflow_ckpt.runtime.sinks.jsonl import JsonLinesSink
 from airflow_ckpt.runtime.sinks.offsets import BatchOffsets
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
+from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
 from airflow_ckpt.testing.sim.scheduler import Host, Scheduler, patched_modules
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
@@ -276,7 +276,7 @@ class SinkWorld(Judged):
         return read
 
     def restore_target(self, explicit: bool) -> tuple[Checkpoint | None, bool]:
-        """What a query restores, as :func:`~airflow_ckpt.runtime.restore.restore` picks
+        """What a query restores, as :func:`~airflow_ckpt.runtime.restore.choose.restore` picks
         it, and whether it is an explicit (older) target. ``explicit``: this query may
         have been given one (a submission's first query: the operator's ``restore``;
         a restart in-process restores ``latest``). ``latest`` falls back past a newest

@@ -69,7 +69,7 @@ class Stored:
 
 
 def _void(objects: dict[str, Stored], key: str) -> bool:
-    """A raw history key at or below the sealed mark (see runtime/history.py): no reader
+    """A raw history key at or below the sealed mark (see runtime/history/journal.py): no reader
     ever reads it, so creating it again with other bytes is a void write (its writer takes
     it back), not a rewrite a cache could be fooled by."""
     head, sep, name = key.rpartition("/history/")

@@ -29,12 +29,12 @@ from pathlib import Path
 
 from airflow_ckpt.errors import CheckpointDeclinedError
 from airflow_ckpt.runtime import interleave
-from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.materialize import copy_hashed, sha256_of
-from airflow_ckpt.runtime.metadata import FileEntry
-from airflow_ckpt.runtime.snapshot import CapturedFile, CapturedSnapshot
+from airflow_ckpt.runtime.checkpoint.metadata import FileEntry
+from airflow_ckpt.runtime.checkpoint.snapshot import CapturedFile, CapturedSnapshot
+from airflow_ckpt.runtime.checkpoint.store import SharedFileRegistry
+from airflow_ckpt.runtime.restore.materialize import copy_hashed, sha256_of
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
-from airflow_ckpt.runtime.store import SharedFileRegistry
+from airflow_ckpt.runtime.storage.layout import JobLayout
 
 
 class DigestCache:

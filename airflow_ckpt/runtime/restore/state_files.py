@@ -26,7 +26,7 @@ import re
 from collections import defaultdict
 from collections.abc import Sequence
 
-from airflow_ckpt.runtime.metadata import FileEntry
+from airflow_ckpt.runtime.checkpoint.metadata import FileEntry
 
 _VERSIONED = re.compile(r"^(\d+)(_[0-9A-Za-z-]+)?\.(zip|changelog|delta|snapshot)$")
 _SNAPSHOT_KINDS = frozenset({"zip", "snapshot"})

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from airflow_ckpt.errors import CorruptCheckpointError, MetadataError, RestoreError
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history import JobHistory
-from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.materialize import materialize
-from airflow_ckpt.runtime.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.upload import DigestCache
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
-from airflow_ckpt.runtime.upload import DigestCache
+from airflow_ckpt.runtime.storage.layout import JobLayout
 
 log = logging.getLogger("airflow_ckpt.restore")
 

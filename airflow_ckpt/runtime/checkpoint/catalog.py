@@ -12,16 +12,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 from airflow_ckpt.errors import ObjectNotFoundError, RestoreError
-from airflow_ckpt.runtime.layout import (
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest, parse_manifest
+from airflow_ckpt.runtime.lease.holder import LeaseRecord, read_lease, valid_checkpoint_ids
+from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.layout import (
     METADATA_NAME,
     JobLayout,
     is_job_name,
     parse_checkpoint_dir,
     parse_savepoint_dir,
 )
-from airflow_ckpt.runtime.lease import LeaseRecord, read_lease, valid_checkpoint_ids
-from airflow_ckpt.runtime.metadata import Manifest, parse_manifest
-from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,7 @@ class CheckpointCatalog:
 
         Completed: with a ``_metadata`` that counts under the current lease (a marker a
         deposed driver wrote after another driver took over never counts, see
-        :func:`~airflow_ckpt.runtime.lease.valid_checkpoint_ids`), or under the given
+        :func:`~airflow_ckpt.runtime.lease.holder.valid_checkpoint_ids`), or under the given
         ``lease`` record (a driver taking over judges by its predecessor's).
         """
         if completed_only:

@@ -65,8 +65,8 @@ from airflow_ckpt.errors import (
     PreconditionFailedError,
 )
 from airflow_ckpt.runtime import interleave
-from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.layout import JobLayout
 
 log = logging.getLogger("airflow_ckpt.lease")
 

@@ -10,7 +10,7 @@ Python process would live on - re-parented, heartbeating the job's lease, restar
 its query in-process with no JVM to run it - while the supervisor resubmits the driver.
 
 :meth:`DriverUnit.install` (called by :meth:`CheckpointedJob.run
-<airflow_ckpt.runtime.job.CheckpointedJob.run>`) makes the two one unit:
+<airflow_ckpt.runtime.job.checkpointed_job.CheckpointedJob.run>`) makes the two one unit:
 
 * **SIGTERM ends the driver.** It is a process signal (a node drain, a preemption, an
   operator's kill, the JVM's death below), not a job cancellation: the handler raises
@@ -47,7 +47,7 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from airflow_ckpt.runtime.lease import pid_alive
+from airflow_ckpt.runtime.lease.holder import pid_alive
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -7,7 +7,7 @@ batch and checkpoint writes to it. Every storage request of a driver goes throug
 answer lost: ``OutcomeUnknownError``) is repeated with capped exponential backoff. The
 first such failure opens an *outage*; any request that succeeds closes it. Once an
 outage has lasted ``tolerable-storage-outage`` (Flink-style option of
-:class:`~airflow_ckpt.runtime.config.CheckpointConfig`, default 5 min), every request
+:class:`~airflow_ckpt.runtime.checkpoint.config.CheckpointConfig`, default 5 min), every request
 of the outage fails with :class:`~airflow_ckpt.errors.StorageOutageError`, whose
 message names the outage's *first* error (its real cause, e.g. ``SlowDown`` on a sink's
 PUT), not the last one met by whichever request gave up.

@@ -3,7 +3,7 @@
 Restore (the working directory a query restarts on) and the CLI's ``state`` command
 (Spark's state data source reads a local checkpoint directory) both need the files of a
 manifest laid out as Spark wrote them. :func:`materialize` downloads every
-:class:`~airflow_ckpt.runtime.metadata.FileEntry` that loading the restored state
+:class:`~airflow_ckpt.runtime.checkpoint.metadata.FileEntry` that loading the restored state
 version reads to ``dest_dir / entry.path`` (one streamed GET per file, or per merged
 object, in a bounded pool, hashed while written) and verifies its size and SHA-256; a
 missing or damaged file raises :class:`~airflow_ckpt.errors.CorruptCheckpointError`
@@ -20,8 +20,8 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from airflow_ckpt.errors import CorruptCheckpointError, ObjectNotFoundError
-from airflow_ckpt.runtime.metadata import FileEntry, Manifest
-from airflow_ckpt.runtime.state_files import needed_state_files
+from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest
+from airflow_ckpt.runtime.restore.state_files import needed_state_files
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 _CHUNK = 1 << 20
@@ -54,7 +54,7 @@ def _fetch(storage: CheckpointStorage, key: str, targets: list[tuple[Path, FileE
            where: str, on_verified: OnVerified | None) -> None:
     """One GET of ``key`` streamed into every target, hashed as it is written (no HEAD,
     no re-read). A file of its own is the whole object; merged files (segments, see
-    :mod:`airflow_ckpt.runtime.upload`) are read with one ranged GET over the span of
+    :mod:`airflow_ckpt.runtime.checkpoint.upload`) are read with one ranged GET over the span of
     the segments needed, the bytes between them skipped."""
     targets = sorted(targets, key=lambda t: (t[1].offset or 0, t[1].size))
     segments: list[tuple[int, int, list[Path], FileEntry]] = []
@@ -158,7 +158,7 @@ def materialize(
     :param max_workers: parallel downloads (one streamed GET each: no HEAD, since the
         manifest records every size and hash; the hash is computed while writing)
     :param only_needed: skip state files that loading the restored version cannot read
-        (older than the newest snapshot, see :mod:`airflow_ckpt.runtime.state_files`)
+        (older than the newest snapshot, see :mod:`airflow_ckpt.runtime.restore.state_files`)
     :param on_verified: called (from a pool thread) for each file once its size and
         SHA-256 matched the manifest, with its path and that digest
     :returns: ``dest_dir``

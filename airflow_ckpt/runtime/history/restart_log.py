@@ -26,9 +26,9 @@ seen and fetch only what was appended or compacted since, so a long healthy run 
 make each failure re-read the history.
 
 **Exact under any clocks and any interleaving.** History keys are sequence numbers (see
-:mod:`airflow_ckpt.runtime.history`), so the cursor never skips an event, whatever the
+:mod:`airflow_ckpt.runtime.history.journal`), so the cursor never skips an event, whatever the
 clocks of the driver's and the supervisor's hosts. And a decision is appended with
-:meth:`~airflow_ckpt.runtime.history.JobHistory.append_if_head`: only on top of exactly the
+:meth:`~airflow_ckpt.runtime.history.journal.JobHistory.append_if_head`: only on top of exactly the
 history it was computed from. When anything was appended meanwhile (another decider: an
 orphaned driver and the supervisor, say) the decision is computed again on the new
 events, so every recorded failure is counted by exactly one decision, in one order.
@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 from airflow_ckpt.errors import AirflowCkptError, HistoryMovedError, MetadataError
 from airflow_ckpt.restart import RestartDecision, RestartStrategy, restart_strategy_from_params
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.history.journal import (
     FAILURE,
     JOB_FAILED,
     JOB_SUBMITTED,

@@ -24,16 +24,16 @@ from airflow_ckpt.errors import (
     ObjectAlreadyExistsError,
     SavepointError,
 )
-from airflow_ckpt.runtime.catalog import CheckpointCatalog, CompletedRef
-from airflow_ckpt.runtime.control import ControlChannel, ControlResult
-from airflow_ckpt.runtime.history import (
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog, CompletedRef
+from airflow_ckpt.runtime.control.channel import ControlChannel, ControlResult
+from airflow_ckpt.runtime.history.journal import (
     JOB_STARTED,
     LIFECYCLE_EVENTS,
     HistoryEvent,
     JobHistory,
 )
-from airflow_ckpt.runtime.layout import parse_checkpoint_dir, validate_job_name
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.layout import parse_checkpoint_dir, validate_job_name
 
 
 def _iso(ts: float) -> str:

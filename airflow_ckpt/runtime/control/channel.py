@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass
 from typing import Literal
 
 from airflow_ckpt.errors import MetadataError, ObjectNotFoundError, StorageError
-from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo
+from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.runtime.storage.observed import ObservedStorage
 
 log = logging.getLogger("airflow_ckpt.control")

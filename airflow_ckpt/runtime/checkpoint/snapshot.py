@@ -28,7 +28,7 @@ from typing import Any
 
 from airflow_ckpt.errors import CheckpointDeclinedError
 from airflow_ckpt.runtime import interleave
-from airflow_ckpt.runtime.metadata import OperatorInfo
+from airflow_ckpt.runtime.checkpoint.metadata import OperatorInfo
 
 _LOG_DIRS = ("offsets", "commits")
 _BATCH_FILE = re.compile(r"^(\d+)(?:\.compact)?$")

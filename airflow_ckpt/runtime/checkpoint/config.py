@@ -6,12 +6,12 @@ three documented exceptions: ``interval`` defaults to 10 s (Flink leaves checkpo
 off, which would make this library pointless), ``externalized-checkpoint-retention``
 defaults to RETAIN_ON_CANCELLATION (checkpoints here are always externalized), and
 ``file-merging.enabled`` defaults to true (small checkpoint files are merged into one
-object per checkpoint; see :mod:`airflow_ckpt.runtime.upload`).
+object per checkpoint; see :mod:`airflow_ckpt.runtime.checkpoint.upload`).
 
 One option is this library's own, named Flink's way beside
 ``tolerable-failed-checkpoints``: ``tolerable-storage-outage`` (default 5 min), how long
 the storage may stay unreachable before the job fails (see
-:mod:`airflow_ckpt.runtime.outage`). Flink has no equivalent: its file systems block on
+:mod:`airflow_ckpt.runtime.storage.outage`). Flink has no equivalent: its file systems block on
 an unreachable store until the checkpoint times out, which this budget makes explicit.
 """
 
@@ -94,7 +94,7 @@ class CheckpointConfig:
     file_merging_max_file_size: int = 32 << 20
     #: how long storage requests wait (capped backoff) for an unreachable storage before
     #: the job fails with the outage's first error; 0: no waiting (liveness only: no
-    #: guarantee rests on it, see runtime/outage.py)
+    #: guarantee rests on it, see runtime/storage/outage.py)
     tolerable_outage_s: float = 300.0
 
     @property

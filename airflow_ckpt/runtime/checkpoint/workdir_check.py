@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from airflow_ckpt.errors import CheckpointDeclinedError
-from airflow_ckpt.runtime.metadata import OperatorInfo
-from airflow_ckpt.runtime.snapshot import CapturedSnapshot
+from airflow_ckpt.runtime.checkpoint.metadata import OperatorInfo
+from airflow_ckpt.runtime.checkpoint.snapshot import CapturedSnapshot
 
 _VERSIONED = re.compile(r"^\d+(?:_[^.]*)?\.(delta|snapshot|changelog|zip)$")
 

@@ -41,33 +41,33 @@ from airflow_ckpt.errors import (
     StorageError,
     StorageOutageError,
 )
-from airflow_ckpt.runtime import history as ev
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.config import CheckpointConfig
-from airflow_ckpt.runtime.control import (
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
+from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator, PendingCheckpoint
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.snapshot import latest_batch
+from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.checkpoint.upload import DigestCache
+from airflow_ckpt.runtime.checkpoint.workdir_check import WorkdirNotSharedError
+from airflow_ckpt.runtime.control.channel import (
     ControlChannel,
     ControlRequest,
     ControlResult,
     Doorbell,
 )
-from airflow_ckpt.runtime.coordinator import CheckpointCoordinator, PendingCheckpoint
-from airflow_ckpt.runtime.driver_unit import DriverUnit
-from airflow_ckpt.runtime.history import JobHistory
-from airflow_ckpt.runtime.lease import JobLease, LeaseRecord
-from airflow_ckpt.runtime.metadata import Manifest
-from airflow_ckpt.runtime.outage import OutageBudget, OutageRidingStorage
-from airflow_ckpt.runtime.restart_log import RestartLog
-from airflow_ckpt.runtime.restore import RestoreResult, restore
+from airflow_ckpt.runtime.driver.unit import DriverUnit
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.history.restart_log import RestartLog
+from airflow_ckpt.runtime.job.spark_features import SparkSetupError, require_offline_repartition
+from airflow_ckpt.runtime.lease.holder import JobLease, LeaseRecord
+from airflow_ckpt.runtime.restore.choose import RestoreResult, restore
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
 from airflow_ckpt.runtime.sinks.offsets import ReplayPolicy, read_batch_offsets
-from airflow_ckpt.runtime.snapshot import latest_batch
-from airflow_ckpt.runtime.spark_features import SparkSetupError, require_offline_repartition
 from airflow_ckpt.runtime.sparkconf import JobSettings
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
-from airflow_ckpt.runtime.store import CompletedCheckpointStore
-from airflow_ckpt.runtime.upload import DigestCache
-from airflow_ckpt.runtime.workdir_check import WorkdirNotSharedError
+from airflow_ckpt.runtime.storage.outage import OutageBudget, OutageRidingStorage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -84,7 +84,7 @@ ANSWER_ATTEMPTS = 3
 #: how often the driver lists its control requests whatever it heard (one LIST request
 #: each; 1,440 a day): how late a request is found at worst, when its doorbell was not
 #: heard. A rung doorbell is heard in the lease heartbeat's listing of ``lease/`` (every
-#: ``heartbeat_s``, 5 s) at no request of the driver's own; see runtime/control.py
+#: ``heartbeat_s``, 5 s) at no request of the driver's own; see runtime/control/channel.py
 CONTROL_POLL_S = 60.0
 #: how long the driver blocks on the query between looks at failures, its lease,
 #: cancellation and the doorbell (none of which makes a storage request)
@@ -161,7 +161,7 @@ class CheckpointedJob:
         self.restore_target = settings.restore
         self.state_partitions = settings.state_partitions
         raw_storage = storage if isinstance(storage, CheckpointStorage) else _open(settings)
-        #: how long storage requests wait through an outage (runtime/outage.py)
+        #: how long storage requests wait through an outage (runtime/storage/outage.py)
         self.outage = OutageBudget(self.config.tolerable_outage_s)
         #: hears the requesters' doorbells in the listings of ``lease/`` the lease makes
         self.doorbell = Doorbell(self.job)
@@ -361,13 +361,13 @@ class CheckpointedJob:
         in-process restart); the runtime sets its ``checkpointLocation``. Returns a
         :class:`JobResult`; raises ``RestartsExhaustedError`` (chained to the last
         failure) when the restart strategy declines another restart, and
-        :class:`~airflow_ckpt.runtime.driver_unit.DriverExit` (exit code 143, no history
+        :class:`~airflow_ckpt.runtime.driver.unit.DriverExit` (exit code 143, no history
         event: the supervisor counts the driver's death) on SIGTERM or when the JVM is
-        gone (:mod:`airflow_ckpt.runtime.driver_unit`).
+        gone (:mod:`airflow_ckpt.runtime.driver.unit`).
 
         A storage outage shorter than ``tolerable-storage-outage`` fails nothing: every
         request waits for the storage, and a lease that lapsed meanwhile is taken again
-        (:mod:`airflow_ckpt.runtime.outage`). A longer one fails the attempt once, with
+        (:mod:`airflow_ckpt.runtime.storage.outage`). A longer one fails the attempt once, with
         the outage's first error as the cause; ``StorageOutageError`` is raised when even
         recording that failure outlasts a second budget (the supervisor counts it).
         """

@@ -32,17 +32,17 @@ from airflow_ckpt.errors import (
     ObjectAlreadyExistsError,
     OutcomeUnknownError,
 )
-from airflow_ckpt.runtime import history as ev
 from airflow_ckpt.runtime import interleave
-from airflow_ckpt.runtime.config import CheckpointConfig
-from airflow_ckpt.runtime.history import JobHistory
-from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.metadata import Manifest, Timings, Trigger, parse_manifest
-from airflow_ckpt.runtime.snapshot import CapturedSnapshot, capture, latest_batch
+from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest, Timings, Trigger, parse_manifest
+from airflow_ckpt.runtime.checkpoint.snapshot import CapturedSnapshot, capture, latest_batch
+from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.checkpoint.upload import DigestCache, UploadTarget, upload_snapshot
+from airflow_ckpt.runtime.checkpoint.workdir_check import WorkdirNotSharedError, check_captured
+from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
-from airflow_ckpt.runtime.store import CompletedCheckpointStore
-from airflow_ckpt.runtime.upload import DigestCache, UploadTarget, upload_snapshot
-from airflow_ckpt.runtime.workdir_check import WorkdirNotSharedError, check_captured
+from airflow_ckpt.runtime.storage.layout import JobLayout
 
 log = logging.getLogger("airflow_ckpt.checkpoint")
 

@@ -76,9 +76,9 @@ from airflow_ckpt.errors import (
     ObjectNotFoundError,
     StorageOutageError,
 )
-from airflow_ckpt.runtime.layout import JobLayout
 from airflow_ckpt.runtime.masking import mask_value
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.layout import JobLayout
 
 # Event types. Payload fields are documented in docs/storage-layout.md.
 JOB_SUBMITTED = "job_submitted"  # supervisor: spark-submit started (attempt, deploy target)

@@ -30,10 +30,10 @@ import threading
 from collections.abc import Callable, Iterable
 
 from airflow_ckpt.runtime import interleave
-from airflow_ckpt.runtime.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.layout import JobLayout
-from airflow_ckpt.runtime.metadata import FileEntry, Manifest
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.layout import JobLayout
 
 log = logging.getLogger(__name__)
 
