@@ -21,6 +21,16 @@ Who writes what: the requester writes its request and creates its doorbell; the
 driver writes the answer (create-only) and, once a request has an answer, deletes its
 doorbell; a requester that gives up writes the "expired" answer instead (create-only:
 exactly one answer wins). Nobody decides anything from a doorbell but "list now".
+
+**Requests from another version.** A request is written by the Airflow side's
+provider, read by the driver's: during a rolling upgrade the two differ. A request
+carries ``format`` only from format 2 on (format 1 omits it, so every driver that
+predates the field still reads today's requests). A driver that cannot read a request
+— not JSON, a newer ``format``, a field it does not know (its meaning could change
+what is asked), a field missing — answers it "failed" with the reason, create-only like
+any answer: the request is answered once, the requester learns why, and the driver
+goes on (it never fails an attempt for what another process wrote). A result with a
+field the reader does not know is read without it: a result's extra fields only inform.
 """
 
 from __future__ import annotations
@@ -29,10 +39,15 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
-from airflow_ckpt.errors import MetadataError, ObjectNotFoundError, StorageError
+from airflow_ckpt.errors import (
+    MetadataError,
+    ObjectAlreadyExistsError,
+    ObjectNotFoundError,
+    StorageError,
+)
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.runtime.storage.observed import ObservedStorage
@@ -42,6 +57,8 @@ log = logging.getLogger("airflow_ckpt.control")
 RequestType = Literal["savepoint"]
 ResultStatus = Literal["completed", "failed"]
 _RESULT_SUFFIX = ".result.json"
+#: the request format this version writes and reads (1: no ``format`` field written)
+REQUEST_FORMAT = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +74,16 @@ class ControlRequest:
     requested_by: str = ""
     #: when the storage stored the request (its clock; set by :meth:`ControlChannel.pending`)
     stored_ts: float | None = None
+    #: the format of the request's body (:data:`REQUEST_FORMAT`; written from 2 on)
+    format: int = REQUEST_FORMAT
+
+    def to_json(self) -> bytes:
+        """The stored body: the storage's ``stored_ts`` is never written, nor format 1."""
+        body = asdict(self)
+        body.pop("stored_ts")
+        if self.format == 1:
+            body.pop("format")
+        return json.dumps(body).encode()
 
     def expired(self, storage_now: float) -> bool:
         """Whether the request outlived its timeout (``expires_ts - created_ts``, a
@@ -79,6 +106,55 @@ class ControlResult:
     checkpoint_id: int | None = None
     batch_id: int | None = None
     failure_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UnreadableRequest:
+    """A request this version cannot act on, and why (answered "failed" by the driver)."""
+
+    request_id: str
+    reason: str
+
+
+_REQUEST_FIELDS = frozenset(f.name for f in fields(ControlRequest)) - {"stored_ts"}
+_RESULT_FIELDS = frozenset(f.name for f in fields(ControlResult))
+
+
+def parse_request(raw: bytes, key: str, request_id: str,
+                  stored_ts: float) -> ControlRequest | UnreadableRequest:
+    """The request stored at ``key``, or why this version cannot read it. Never raises
+    for what the body holds: a request is another process's (maybe another version's)
+    writing."""
+    try:
+        body = _load(raw, key)
+    except MetadataError as exc:
+        return UnreadableRequest(request_id, str(exc))
+    body.pop("stored_ts", None)  # the storage's word, never the request's
+    version = body.get("format", 1)
+    if not isinstance(version, int) or version > REQUEST_FORMAT:
+        return UnreadableRequest(request_id, (
+            f"{key}: request format {version!r} is newer than this job's airflow-ckpt reads "
+            f"(format {REQUEST_FORMAT}): upgrade the provider on the Spark driver too"))
+    unknown = sorted(set(body) - _REQUEST_FIELDS)
+    if unknown:
+        return UnreadableRequest(request_id, (
+            f"{key}: fields {unknown} are unknown to this job's airflow-ckpt (written by "
+            "another version?): the job does not act on a request it cannot fully read"))
+    try:
+        request = ControlRequest(**body, stored_ts=stored_ts)
+    except TypeError as exc:
+        return UnreadableRequest(request_id, f"{key}: not a control request ({exc})")
+    problems = [name for name, ok in (
+        ("request_id", request.request_id == request_id),
+        ("type", request.type == "savepoint"),
+        ("created_ts", isinstance(request.created_ts, (int, float))),
+        ("expires_ts", isinstance(request.expires_ts, (int, float))),
+        ("stop", isinstance(request.stop, bool)),
+        ("savepoint_id", request.savepoint_id is None or isinstance(request.savepoint_id, str)),
+    ) if not ok]
+    if problems:
+        return UnreadableRequest(request_id, f"{key}: invalid {', '.join(problems)}")
+    return request
 
 
 def _load(raw: bytes, key: str) -> dict:
@@ -135,6 +211,8 @@ class ControlChannel:
         #: requests read so far that are still pending (a request never changes: it is
         #: read once, not at every look while its savepoint is taken)
         self._read: dict[str, ControlRequest] = {}
+        #: pending requests this version cannot read (answered "failed" by :meth:`look`)
+        self._unreadable: dict[str, UnreadableRequest] = {}
 
     def request_savepoint(
         self,
@@ -156,11 +234,8 @@ class ControlChannel:
             savepoint_id=savepoint_id,
             requested_by=requested_by,
         )
-        self.storage.put_bytes(
-            self.layout.control_request(request_id),
-            json.dumps({k: v for k, v in asdict(request).items() if k != "stored_ts"}).encode(),
-            create_only=True,
-        )
+        self.storage.put_bytes(self.layout.control_request(request_id), request.to_json(),
+                               create_only=True)
         try:  # only now: a ring must never lead the driver to a request not yet stored
             self.storage.put_bytes(self.layout.doorbell(request_id), b"", create_only=True)
         except StorageError as exc:  # the request stands; the job finds it a bit later
@@ -187,13 +262,30 @@ class ControlChannel:
 
     def look(self, now: float) -> list[ControlRequest]:
         """The driver's :meth:`pending`: also remembers that a listing began at ``now``
-        (the caller's clock, for :meth:`due`) and deletes the doorbells heard for
-        requests that have an answer (best effort: a doorbell is only a hint)."""
+        (the caller's clock, for :meth:`due`), deletes the doorbells heard for requests
+        that have an answer (best effort: a doorbell is only a hint), and answers
+        "failed" each request it cannot read (see the module doc; a failed answer is
+        tried again at the next look)."""
         heard = self.doorbell.rung if self.doorbell is not None else frozenset()
         keys = self._keys()
         self._listed_at, self._heard_before_listing = now, heard
         self._hang_up(heard, keys)
-        return self._unanswered(keys)
+        requests = self._unanswered(keys)
+        for unreadable in self._unreadable.values():
+            self._refuse(unreadable)
+        return requests
+
+    def _refuse(self, unreadable: UnreadableRequest) -> None:
+        log.error("control request %s cannot be read and is answered failed: %s",
+                  unreadable.request_id, unreadable.reason)
+        try:
+            self.answer(ControlResult(unreadable.request_id, "failed", time.time(),
+                                      failure_message=unreadable.reason))
+        except ObjectAlreadyExistsError:
+            pass  # answered already (its requester expired it): answered once
+        except StorageError as exc:
+            log.warning("could not answer request %s (%s); will retry", unreadable.request_id,
+                        exc)
 
     def _keys(self) -> dict[str, float]:
         """Every key under ``control/`` and when the storage stored it (its clock)."""
@@ -204,17 +296,16 @@ class ControlChannel:
             key for key in keys
             if key.endswith(".json") and not key.endswith(_RESULT_SUFFIX)
             and key[: -len(".json")] + _RESULT_SUFFIX not in keys)
-        self._read = {key: self._read.get(key) or self._read_request(key, keys[key])
-                      for key in pending}
+        read = {key: self._read.get(key) or self._unreadable.get(key)
+                or self._read_request(key, keys[key])
+                for key in pending}
+        self._read = {k: r for k, r in read.items() if isinstance(r, ControlRequest)}
+        self._unreadable = {k: r for k, r in read.items() if isinstance(r, UnreadableRequest)}
         return list(self._read.values())
 
-    def _read_request(self, key: str, stored_ts: float) -> ControlRequest:
-        body = _load(self.storage.get_bytes(key), key)
-        body.pop("stored_ts", None)  # the storage's word, never the request's
-        try:
-            return ControlRequest(**body, stored_ts=stored_ts)
-        except TypeError as exc:
-            raise MetadataError(f"{key}: not a control request ({exc})") from exc
+    def _read_request(self, key: str, stored_ts: float) -> ControlRequest | UnreadableRequest:
+        request_id = key[len(self.layout.control_prefix):-len(".json")]
+        return parse_request(self.storage.get_bytes(key), key, request_id, stored_ts)
 
     def _hang_up(self, heard: frozenset[str], keys: dict[str, float]) -> None:
         answered = [self.layout.doorbell(r) for r in sorted(heard)
@@ -239,7 +330,8 @@ class ControlChannel:
             raw = self.storage.get_bytes(key)
         except ObjectNotFoundError:
             return None
+        body = _load(raw, key)
         try:
-            return ControlResult(**_load(raw, key))
+            return ControlResult(**{k: v for k, v in body.items() if k in _RESULT_FIELDS})
         except TypeError as exc:
             raise MetadataError(f"{key}: not a control result ({exc})") from exc
