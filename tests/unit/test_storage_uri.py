@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import re
 import string
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from airflow_ckpt.errors import InvalidStorageUriError, StorageError
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.control.savepoints import resolve_snapshot
 from airflow_ckpt.runtime.storage import open_storage
-from airflow_ckpt.runtime.storage.factory import ACCEPTED_FORMS, parse_storage_uri
+from airflow_ckpt.runtime.storage.factory import (
+    ACCEPTED_FORMS,
+    key_in_storage,
+    parse_storage_uri,
+)
 from airflow_ckpt.runtime.storage.local import LocalStorage
 from airflow_ckpt.runtime.storage.naming import bucket_name_problem, check_key, check_prefix
 
@@ -179,3 +186,41 @@ def test_valid_prefixes(prefix: str) -> None:
 def test_invalid_prefixes(prefix: str) -> None:
     with pytest.raises(ValueError, match="invalid storage prefix"):
         check_prefix(prefix)
+
+
+@pytest.mark.parametrize(("root", "path", "key"), [
+    ("s3://bkt/pre", "s3a://bkt/pre/job/chk-7", "job/chk-7"),
+    ("s3://bkt/pre", "S3://bkt/pre/job/chk-7/", "job/chk-7"),
+    ("s3://bkt", "s3://bkt/job/savepoints/sp-x", "job/savepoints/sp-x"),
+    ("file:///tmp/my%20st%C3%A9", "file:///tmp/my st\u00e9/job/chk-7", "job/chk-7"),
+    ("file:///tmp/my%20st%C3%A9", "file://localhost/tmp/my%20st%C3%A9/job/chk-7", "job/chk-7"),
+    ("file:///tmp/my%20st%C3%A9", "FILE:///tmp/my st\u00e9/job", "job"),
+    ("s3://bkt/pre", "job/chk-7", None),
+])
+def test_a_path_in_another_spelling_of_the_storage_names_the_same_key(
+    root: str, path: str, key: str | None,
+) -> None:
+    """Issue 25 item 7: compared as text, each of these was "not in this job's storage"
+    and a restore to it a final job_failed."""
+    assert key_in_storage(root, path) == key
+
+
+@pytest.mark.parametrize(("root", "path"), [
+    ("s3://bkt/pre", "s3://bkt/prefix/job/chk-7"),  # a sibling prefix, not below the root
+    ("s3://bkt/pre", "s3://other/pre/job/chk-7"),
+    ("s3://bkt/pre", "file:///bkt/pre/job/chk-7"),
+    ("file:///tmp/a", "file:///tmp/ab/job/chk-7"),
+])
+def test_a_path_outside_the_storage_is_refused(root: str, path: str) -> None:
+    with pytest.raises(InvalidStorageUriError, match="is not in this storage"):
+        key_in_storage(root, path)
+
+
+def test_restore_resolves_a_checkpoint_uri_in_another_spelling(tmp_path: Path) -> None:
+    root = tmp_path / "my stö"
+    storage = open_storage(root.as_uri())
+    catalog = CheckpointCatalog(storage, "job")
+    raw = f"file://localhost{root}/job/chk-7/_metadata"
+    assert catalog.resolve(raw).dir_key == "job/chk-7/"
+    assert resolve_snapshot(storage, f"file://{root}/job/savepoints/sp-a").dir_key == (
+        "job/savepoints/sp-a/")

@@ -11,10 +11,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from airflow_ckpt.errors import ObjectNotFoundError, RestoreError
+from airflow_ckpt.errors import InvalidStorageUriError, ObjectNotFoundError, RestoreError
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest, parse_manifest
 from airflow_ckpt.runtime.lease.holder import LeaseRecord, read_lease, valid_checkpoint_ids
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.factory import key_in_storage
 from airflow_ckpt.runtime.storage.layout import (
     METADATA_NAME,
     JobLayout,
@@ -125,20 +126,19 @@ class CheckpointCatalog:
     def resolve(self, path: str) -> CompletedRef:
         """Resolve ``chk-7``, ``7``, ``sp-x``, ``<job>/chk-7`` or a full URI to a reference.
 
-        A full URI must start with this storage's URI. Raises ``RestoreError`` when the
-        path does not name a checkpoint or savepoint directory of this storage.
+        A full URI must be in this storage, in any spelling of its URI (``s3a://``,
+        ``file://localhost/``, encoded or not). Raises ``RestoreError`` when the path
+        does not name a checkpoint or savepoint directory of this storage.
         """
         text = path.strip().rstrip("/")
         if text.endswith("/" + METADATA_NAME):
             text = text[: -len(METADATA_NAME) - 1]
-        root = self.storage.uri.rstrip("/") + "/"
-        if "://" in text:
-            if not text.startswith(root):
-                raise RestoreError(
-                    f"{path!r} is not in this job's storage ({self.storage.uri}); "
-                    "copy it there or point the job at that storage"
-                )
-            text = text[len(root):]
+        try:
+            key = key_in_storage(self.storage.uri, text)
+        except InvalidStorageUriError as exc:
+            raise RestoreError(str(exc)) from exc
+        if key is not None:
+            text = key
         parts = text.split("/")
         if text.isdigit():
             parts = [self.layout.job, f"chk-{text}"]

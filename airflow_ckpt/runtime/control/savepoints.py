@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from airflow_ckpt.errors import (
+    InvalidStorageUriError,
     MetadataError,
     ObjectAlreadyExistsError,
     SavepointError,
@@ -33,6 +34,7 @@ from airflow_ckpt.runtime.history.journal import (
     JobHistory,
 )
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.factory import key_in_storage
 from airflow_ckpt.runtime.storage.layout import parse_checkpoint_dir, validate_job_name
 
 
@@ -125,11 +127,12 @@ def resolve_snapshot(
     :raises RestoreError: ``path`` is not a checkpoint/savepoint path of ``storage``
     """
     text = path.strip().rstrip("/")
-    root = storage.uri.rstrip("/") + "/"
-    relative = text[len(root):] if text.startswith(root) else text
+    try:
+        key = key_in_storage(storage.uri, text)
+    except InvalidStorageUriError as exc:
+        raise SavepointError(str(exc)) from exc
+    relative = text if key is None else key
     owner = job
-    if "://" in relative:
-        raise SavepointError(f"{path!r} is not in this storage ({storage.uri})")
     if owner is None:
         parts = relative.split("/")
         if len(parts) < 2 or parts[0] == "savepoints":

@@ -144,6 +144,31 @@ def parse_storage_uri(uri: str) -> StorageUri:
     raise _bad(uri, f"unsupported scheme {scheme + '://'!r}")
 
 
+def key_in_storage(storage_uri: str, path: str) -> str | None:
+    """The key that ``path`` names under the storage root ``storage_uri``, or None when
+    ``path`` is not a URI (a relative path such as ``<job>/chk-7``).
+
+    Both are compared in their canonical spelling, so ``s3a://``, ``S3://``,
+    ``file://localhost/``, a percent-encoded or a raw space or non-ASCII letter name
+    the same objects as the storage's own URI. Raises :class:`InvalidStorageUriError`
+    for a URI that is invalid or outside the storage root.
+    """
+    text = path.strip()
+    if "://" not in text:
+        return None
+    canonical = parse_storage_uri(text)
+    root = parse_storage_uri(storage_uri)
+    inner, outer = (
+        (canonical.path or "", root.path or "") if canonical.scheme == "file"
+        else (f"{canonical.bucket}/{canonical.prefix}".rstrip("/"),
+              f"{root.bucket}/{root.prefix}".rstrip("/")))
+    if canonical.scheme != root.scheme or not (inner + "/").startswith(outer + "/"):
+        raise InvalidStorageUriError(
+            f"{path!r} is not in this storage ({storage_uri}); copy it there or point the "
+            "job at that storage")
+    return inner[len(outer):].strip("/")
+
+
 def open_storage(uri: str, **s3_options: Any) -> CheckpointStorage:
     """Open the storage at ``uri`` (see the module docstring for the accepted forms).
 
