@@ -144,12 +144,15 @@ class NoCheckpointError(RestoreError):
 class CorruptCheckpointError(RestoreError):
     """A checkpoint's files are missing or do not match their recorded size/checksum.
 
-    ``key``: the storage key of the damaged file, when one file is to blame.
+    ``key``: the storage key of the damaged file, when one file is to blame;
+    ``keys``: every key found damaged (``key`` among them).
     """
 
-    def __init__(self, message: str, key: str | None = None) -> None:
+    def __init__(self, message: str, key: str | None = None, *,
+                 keys: frozenset[str] = frozenset()) -> None:
         super().__init__(message)
         self.key = key
+        self.keys = keys | ({key} if key else frozenset())
 
 
 class SinkReplayMismatchError(RestoreError):

@@ -118,3 +118,29 @@ def test_the_digest_cache_forgets_files_no_snapshot_uses(tmp_path: Path) -> None
     digests.prune()
     assert len(digests) == 1
     assert digests.digest(kept) == hashlib.sha256(b"still live").hexdigest()
+
+
+def test_every_damaged_object_is_named_not_just_the_first(
+    file_storage: CheckpointStorage, tmp_path: Path,
+) -> None:
+    """Issue 25 item 2: a fallback distrusted only the first damaged object; later
+    checkpoints reused the others by content and completed over damaged bytes."""
+    manifest = write_snapshot(file_storage, "job-a", 4, contents=FILES)
+    file_storage.put_bytes("job-a/chk-4/commits/3", b"v1\n[]\n")
+    file_storage.delete_many(["job-a/chk-4/state/0/0/4.delta"])
+    with pytest.raises(CorruptCheckpointError) as caught:
+        materialize(file_storage, manifest, "job-a/", tmp_path / "wd")
+    assert caught.value.keys == {"job-a/chk-4/commits/3", "job-a/chk-4/state/0/0/4.delta"}
+
+
+def test_a_fallback_distrusts_every_damaged_object_of_the_checkpoint_it_skipped(
+    file_storage: CheckpointStorage, tmp_path: Path,
+) -> None:
+    write_snapshot(file_storage, "job-a", 3, contents=FILES)
+    write_snapshot(file_storage, "job-a", 4, contents=FILES)
+    file_storage.put_bytes("job-a/chk-4/commits/3", b"v1\n[]\n")
+    file_storage.delete_many(["job-a/chk-4/offsets/3"])
+    history = JobHistory(file_storage, "job-a")
+    restored = restore(file_storage, "job-a", "latest", tmp_path / "wd", history)
+    assert restored.manifest is not None and restored.manifest.checkpoint_id == 3
+    assert restored.damaged_keys == {"job-a/chk-4/commits/3", "job-a/chk-4/offsets/3"}

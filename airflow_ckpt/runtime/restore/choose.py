@@ -112,8 +112,8 @@ def restore(
                 log.warning("checkpoint %s is not restorable, trying an older one: %s", path, exc)
                 history.append(ev.RESTORE_FALLBACK, path=path, reason=str(exc))
                 unusable.append(f"  - {path}: {exc}")
-                if isinstance(exc, CorruptCheckpointError) and exc.key:
-                    damaged.add(exc.key)
+                if isinstance(exc, CorruptCheckpointError):
+                    damaged |= exc.keys
                 continue
             return _restored(history, manifest, path, from_latest=True,
                              damaged=frozenset(damaged), by=by)

@@ -163,7 +163,9 @@ def materialize(
         SHA-256 matched the manifest, with its path and that digest
     :returns: ``dest_dir``
     :raises CorruptCheckpointError: a file is missing, has the wrong size or checksum, or
-        its path would escape ``dest_dir``. The message names the file. Files already
+        its path would escape ``dest_dir``. The message names the first such file (in
+        manifest order); every file is still read, and ``keys`` names every damaged
+        object (a fallback distrusts them all, not just the first). Files already
         downloaded are left in place (the caller owns ``dest_dir`` and discards it).
     """
     root = job_root_key if not job_root_key or job_root_key.endswith("/") else job_root_key + "/"
@@ -188,7 +190,13 @@ def materialize(
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(jobs)))) as pool:
         futures = [pool.submit(_fetch, storage, key, targets, where, on_verified)
                    for (key, _), targets in jobs.items()]
-        # .result() re-raises the first failure (in manifest order) after all finish.
-        for future in futures:
-            future.result()
-    return dest_dir
+        failures = [exc for exc in (f.exception() for f in futures) if exc is not None]
+    if not failures:
+        return dest_dir
+    damaged = [exc for exc in failures if isinstance(exc, CorruptCheckpointError)]
+    first = failures[0]  # in manifest order
+    if not isinstance(first, CorruptCheckpointError):
+        raise first
+    keys = frozenset().union(*(exc.keys for exc in damaged))
+    more = f" (damaged objects in all: {len(keys)})" if len(keys) > 1 else ""
+    raise CorruptCheckpointError(f"{first}{more}", first.key, keys=keys) from first
