@@ -144,3 +144,21 @@ def test_a_fallback_distrusts_every_damaged_object_of_the_checkpoint_it_skipped(
     restored = restore(file_storage, "job-a", "latest", tmp_path / "wd", history)
     assert restored.manifest is not None and restored.manifest.checkpoint_id == 3
     assert restored.damaged_keys == {"job-a/chk-4/commits/3", "job-a/chk-4/offsets/3"}
+
+
+def test_an_in_process_fallback_never_resumes_an_older_run(
+    file_storage: CheckpointStorage, tmp_path: Path,
+) -> None:
+    """Found by the simulation's sink world (seed 509 once it modelled restore=none): a
+    run started anew (restore=none, its initial checkpoint 3) restarted in-process,
+    found checkpoint 3 damaged and fell back to checkpoint 2 of the older run, whose
+    pending transaction the new start had aborted: the batch was never published.
+    With the run's floor, the fallback stops at the run's own checkpoints."""
+    for checkpoint_id in (1, 2, 3):
+        write_snapshot(file_storage, "job-a", checkpoint_id, contents=FILES)
+    file_storage.delete_many(["job-a/chk-3/offsets/3"])
+    history = JobHistory(file_storage, "job-a")
+    older = restore(file_storage, "job-a", "latest", tmp_path / "wd", history)
+    assert older.manifest is not None and older.manifest.checkpoint_id == 2  # no floor
+    with pytest.raises(RestoreError, match="would resume an older run's state"):
+        restore(file_storage, "job-a", "latest", tmp_path / "wd", history, floor=3)

@@ -327,3 +327,53 @@ def test_offsets_ignore_the_batch_metadata_and_a_missing_entry_is_none(tmp_path:
     assert first is not None and first == read_batch_offsets(tmp_path, 0)
     assert first.sources == ('{"end": 10}', "-")
     assert read_batch_offsets(tmp_path, 1) is None
+
+
+def _kafka_start(root: Path, offset: int) -> None:
+    """Spark's Kafka source keeps its resolved ``startingOffsets`` in ``sources/0/0``:
+    a 0 byte, ``v1``, the offsets as JSON."""
+    entry = root / "sources" / "0" / "0"
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    entry.write_bytes(b"\x00v1\n" + json.dumps({"t": {"0": offset}}).encode())
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])  # the stored sinks: a new run's too
+def test_a_new_start_reaching_the_same_end_offset_from_earlier_is_refused(
+        storage: CheckpointStorage, tmp_path: Path, kind: str) -> None:
+    """Issue 25 item 5: a Kafka job first ran with ``startingOffsets=latest`` (batch 0
+    read 50..59), then started into the same output with ``restore=none`` and
+    ``earliest``: batch 0 plans 0..59, the same end offset. Compared by end offsets
+    alone it was skipped as "the same source offsets" and 0..49 never reached the
+    output."""
+    first = OffsetsLog(tmp_path / "run-1")
+    _kafka_start(first.root, 50)
+    sink = tracked_sink(kind, storage, first)
+    first.write(0, json.dumps({"t": {"0": 60}}))
+    sink.pre_commit(0, rows(50, 60))
+    sink.commit(0)
+
+    second = OffsetsLog(tmp_path / "run-2")
+    _kafka_start(second.root, 0)
+    sink = tracked_sink(kind, storage, second)
+    second.write(0, json.dumps({"t": {"0": 60}}))
+    with pytest.raises(SinkReplayMismatchError) as raised:
+        sink.pre_commit(0, rows(0, 60))
+    assert '{"t": {"0": 50}}' in str(raised.value) and '{"t": {"0": 0}}' in str(raised.value)
+    assert published_numbers(sink) == list(range(50, 60))
+
+
+def test_a_replay_from_the_same_start_is_the_same_batch_and_old_records_still_match(
+        tmp_path: Path) -> None:
+    log = OffsetsLog(tmp_path / "work")
+    _kafka_start(log.root, 50)
+    log.write(0, json.dumps({"t": {"0": 60}}))
+    log.write(1, json.dumps({"t": {"0": 70}}))
+    committed = read_batch_offsets(log.root, 1)
+    assert committed is not None and committed.starts == ('{"t": {"0": 60}}',)
+    log.write(1, json.dumps({"t": {"0": 70}}))  # replayed after a restore of batch 0
+    replay = read_batch_offsets(log.root, 1)
+    assert replay is not None and check_replay("s", 1, committed.to_dict(), replay)
+    # a record written before starts were recorded is compared by its end offsets
+    legacy = {k: v for k, v in committed.to_dict().items() if k != "starts"}
+    legacy["digest"] = BatchOffsets(committed.sources, committed.files).digest
+    assert check_replay("s", 1, legacy, replay)

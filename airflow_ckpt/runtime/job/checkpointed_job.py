@@ -201,6 +201,9 @@ class CheckpointedJob:
         self._restored_txns: tuple[int, ...] | None = None
         self._recovered: list[TwoPhaseCommitSink] = []
         self._restored_id: int | None = None  # this job's checkpoint the attempt restored
+        #: the id of this run's initial checkpoint (taken when it did not resume the
+        #: job's latest): an in-process restart's fallback never goes below it
+        self._run_floor: int | None = None
         #: what the attempt restored (path, batch; batch -1 for a fresh start)
         self._restored_at: tuple[str | None, int] = (None, -1)
         #: a sink's refusal of a replay: the query fails with it, and it is final
@@ -410,7 +413,8 @@ class CheckpointedJob:
         target = self.restore_target
         while True:
             restored = restore(self.storage, self.job, target, self.workdir, self.history,
-                               self._digests, by={"run_id": self.run_id, "attempt": self.attempt})
+                               self._digests, by={"run_id": self.run_id, "attempt": self.attempt},
+                               floor=self._run_floor if target == "latest" else None)
             rescaled = target == self.restore_target and self._rescale(restored)
             coordinator = self._start_coordinator(restored, initial=rescaled)
             try:
@@ -572,8 +576,9 @@ class CheckpointedJob:
         self.coordinator = coordinator
         if initial or not restored.from_latest:
             # Record the starting point, so a restart with restore=latest resumes this
-            # run and never an older run's checkpoint.
-            self._await(coordinator.trigger("initial"), coordinator)
+            # run and never an older run's checkpoint (nor falls back past it).
+            self._run_floor = self._await(coordinator.trigger("initial"),
+                                          coordinator).checkpoint_id
         return coordinator
 
     def _await(self, pending: PendingCheckpoint, coordinator: CheckpointCoordinator) -> Manifest:

@@ -76,6 +76,7 @@ def restore(
     history: JobHistory,
     digests: DigestCache | None = None,
     by: Mapping[str, Any] | None = None,
+    floor: int | None = None,
 ) -> RestoreResult:
     """Make ``workdir`` the Spark checkpoint location to start ``job`` from.
 
@@ -92,6 +93,10 @@ def restore(
     the verified SHA-256 of every file restored is recorded there (the first checkpoint
     after the restore then hashes only what Spark writes new). ``by`` (the driver's
     ``run_id`` and ``attempt``) goes into the ``restored`` event: who restored.
+    ``floor`` (``latest`` only): the run's own first checkpoint id (its initial
+    checkpoint); a fallback never goes below it, so a run that started from an explicit
+    target or from scratch never resumes an older run's state: if none of its own
+    checkpoints verifies, ``RestoreError``.
     """
     catalog = CheckpointCatalog(storage, job)
     reset_working_dir(workdir)
@@ -102,7 +107,8 @@ def restore(
     if target.lower() == LATEST:
         unusable: list[str] = []
         damaged: set[str] = set()
-        for checkpoint_id in reversed(catalog.checkpoint_ids()):
+        own = [i for i in catalog.checkpoint_ids() if floor is None or i >= floor]
+        for checkpoint_id in reversed(own):
             ref = catalog.resolve(f"chk-{checkpoint_id}")
             path = catalog.uri_of(ref)
             try:
@@ -117,6 +123,12 @@ def restore(
                 continue
             return _restored(history, manifest, path, from_latest=True,
                              damaged=frozenset(damaged), by=by)
+        if unusable and floor is not None:
+            raise RestoreError(
+                f"restore=latest: none of the {len(unusable)} checkpoints this run of job "
+                f"{job!r} completed (ids from {floor} on) can be restored, and falling back "
+                "further would resume an older run's state:\n" + "\n".join(unusable)
+                + "\nRestore one explicitly (restore=<checkpoint or savepoint path>).")
         if unusable:
             raise RestoreError(
                 f"restore=latest: none of the {len(unusable)} completed checkpoints of job "

@@ -18,6 +18,16 @@ source's own log (``sources/<i>/<n>``, or a ``.compact`` file holding it), whose
 ``n`` lists the files the batch read; those paths are part of what is compared (as a
 count and a SHA-256 of the sorted paths, so a record stays small however many files a
 batch reads), since a replay may list other files under the same ``logOffset``.
+
+An entry holds each source's *end* offset only; a range source's batch starts where the
+previous batch ended (``offsets/<b-1>``) or, for batch 0, at the source's initial offset
+(``sources/<i>/0``, e.g. Kafka's ``startingOffsets`` resolved). So two batches ``b`` with
+the same end can have read different ranges: a job first run with
+``startingOffsets=latest``, then started into the same output with ``restore=none`` and
+``earliest``, plans batch 0 over 0..59 where the committed batch 0 read 50..59. Each
+record therefore also holds the batch's start (``starts``), and a replay is the same
+batch only if both ends and both starts agree. A record from a version that did not
+record starts (or a start Spark purged) is compared by its ends, as before.
 """
 
 from __future__ import annotations
@@ -51,19 +61,33 @@ class BatchOffsets:
 
     sources: tuple[str, ...]
     files: tuple[str, ...] = ()
+    #: where the batch started, per source (the previous batch's end offsets, or the
+    #: sources' initial offsets for batch 0); empty when unknown
+    starts: tuple[str, ...] = ()
 
     @property
     def digest(self) -> str:
-        body = json.dumps([list(self.sources), list(self.files)])
+        parts = [list(self.sources), list(self.files)]
+        body = json.dumps([*parts, list(self.starts)] if self.starts else parts)
         return hashlib.sha256(body.encode()).hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sources": list(self.sources), "files": list(self.files),
-                "digest": self.digest}
+        body: dict[str, Any] = {"sources": list(self.sources), "files": list(self.files)}
+        if self.starts:
+            body["starts"] = list(self.starts)
+        return {**body, "digest": self.digest}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> BatchOffsets:
-        return cls(tuple(raw["sources"]), tuple(raw.get("files", ())))
+        return cls(tuple(raw["sources"]), tuple(raw.get("files", ())),
+                   tuple(raw.get("starts", ())))
+
+    def same_input(self, other: BatchOffsets) -> bool:
+        """Whether ``other`` read what this batch read: the same ends (and files), and
+        the same starts where both know them."""
+        if self.starts and other.starts:
+            return self == other
+        return (self.sources, self.files) == (other.sources, other.files)
 
     @property
     def tag(self) -> str:
@@ -75,10 +99,17 @@ class BatchOffsets:
         """The offsets for a person: each source's offset (and file count), shortened."""
         parts = []
         for i, offset in enumerate(self.sources):
-            shown = offset if len(offset) <= _SHOWN else offset[:_SHOWN] + "..."
+            shown = _shorten(offset)
             files = self.files[i] if i < len(self.files) else ""
             parts.append(f"{shown} ({files.split(':')[0]} files)" if files else shown)
-        return "[" + ", ".join(parts) + "]"
+        ends = "[" + ", ".join(parts) + "]"
+        if not self.starts:
+            return ends
+        return "from [" + ", ".join(_shorten(s) for s in self.starts) + "] to " + ends
+
+
+def _shorten(offset: str) -> str:
+    return offset if len(offset) <= _SHOWN else offset[:_SHOWN] + "..."
 
 
 def _file_source_entries(source_log: Path, log_offset: int) -> str:
@@ -97,15 +128,41 @@ def _file_source_entries(source_log: Path, log_offset: int) -> str:
     return ""
 
 
-def read_batch_offsets(checkpoint_dir: Path, batch_id: int) -> BatchOffsets | None:
-    """The offsets of ``batch_id`` from the query's checkpoint directory, or None if its
-    offsets log has no such entry (the batch is not Spark's, e.g. a sink driven
-    directly)."""
+def _end_offsets(checkpoint_dir: Path, batch_id: int) -> tuple[str, ...] | None:
+    """Each source's end offset in ``offsets/<batch_id>`` (None: no such entry)."""
     try:
         lines = (checkpoint_dir / "offsets" / str(batch_id)).read_text().splitlines()
     except FileNotFoundError:
         return None
-    sources = tuple(line.strip() for line in lines[2:])
+    return tuple(line.strip() for line in lines[2:])
+
+
+def _initial_offset(checkpoint_dir: Path, source: int) -> str:
+    """Source ``source``'s initial offset as its metadata log ``sources/<i>/0`` holds it
+    (its text after the version line; ``""`` when the source keeps none there)."""
+    try:
+        raw = (checkpoint_dir / "sources" / str(source) / "0").read_bytes()
+    except (FileNotFoundError, IsADirectoryError):
+        return ""
+    text = raw.lstrip(b"\x00").decode("utf-8", errors="replace")  # Kafka: a 0 byte first
+    return "\n".join(line.strip() for line in text.splitlines()[1:])
+
+
+def _start_offsets(checkpoint_dir: Path, batch_id: int, count: int) -> tuple[str, ...]:
+    """Where ``batch_id`` started: the previous batch's end offsets, or for batch 0 the
+    sources' initial offsets; ``()`` when unknown (the previous entry was purged)."""
+    if batch_id == 0:
+        return tuple(_initial_offset(checkpoint_dir, i) for i in range(count))
+    return _end_offsets(checkpoint_dir, batch_id - 1) or ()
+
+
+def read_batch_offsets(checkpoint_dir: Path, batch_id: int) -> BatchOffsets | None:
+    """The offsets of ``batch_id`` from the query's checkpoint directory (its ends, the
+    files it read and where it started), or None if its offsets log has no such entry
+    (the batch is not Spark's, e.g. a sink driven directly)."""
+    sources = _end_offsets(checkpoint_dir, batch_id)
+    if sources is None:
+        return None
     files: list[str] = []
     for i, offset in enumerate(sources):
         listed = ""
@@ -115,7 +172,8 @@ def read_batch_offsets(checkpoint_dir: Path, batch_id: int) -> BatchOffsets | No
                 listed = _file_source_entries(checkpoint_dir / "sources" / str(i),
                                               int(parsed["logOffset"]))
         files.append(listed)
-    return BatchOffsets(sources, tuple(files) if any(files) else ())
+    return BatchOffsets(sources, tuple(files) if any(files) else (),
+                        _start_offsets(checkpoint_dir, batch_id, len(sources)))
 
 
 class Verdict(enum.Enum):
@@ -156,7 +214,7 @@ class ReplayPolicy:
         :meth:`announce` first, so an extra publication is never silent."""
         if replay is None:
             return Verdict.UNVERIFIED
-        if committed is not None and committed.get("digest") == replay.digest:
+        if committed is not None and BatchOffsets.from_dict(committed).same_input(replay):
             return Verdict.SAME
         if not self.publish_other:
             raise SinkReplayMismatchError(batch_id, sink, _shown(committed), replay.describe())

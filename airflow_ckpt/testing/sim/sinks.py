@@ -88,7 +88,9 @@ INVARIANTS = (SINK_LOST, SINK_DUPLICATE, DECISION_CHANGED, SINK_REPLAY, SINK_ERR
 PLANT_PLAIN_TXN = "plain-txn-writes"
 #: the sink is handed no source offsets: transactions keyed by batch id alone (item 2)
 PLANT_NO_OFFSETS = "no-offsets"
-PLANTS = (PLANT_PLAIN_TXN, PLANT_NO_OFFSETS)
+#: the sink is handed end offsets only, not where a batch started (issue 25 item 5)
+PLANT_NO_STARTS = "no-starts"
+PLANTS = (PLANT_PLAIN_TXN, PLANT_NO_OFFSETS, PLANT_NO_STARTS)
 
 #: how long a driver's write that timed out may stay in the network (longer than a
 #: lease's expiry: it lands after a successor took over)
@@ -132,6 +134,7 @@ class SinkSetup:
     stall_p: float
     older_restore_p: float
     same_offsets_p: float
+    new_start_p: float
     plants: frozenset[str] = frozenset()
 
     @classmethod
@@ -146,6 +149,7 @@ class SinkSetup:
             stall_p=rng.choice((0.0, 0.05, 0.15)),
             older_restore_p=rng.choice((0.0, 0.3, 0.6)),
             same_offsets_p=rng.choice((0.3, 0.7, 1.0)),
+            new_start_p=rng.choice((0.0, 0.5, 1.0)),
             plants=frozenset(plants),
         )
 
@@ -157,7 +161,7 @@ class SinkSetup:
         return (f"sinks: {self.drivers} drivers (clocks {', '.join(f'{s:+g}' for s in self.skews)}"
                 f" s), faults {self.faults}, crash p {self.crash_p}, stall p {self.stall_p}, "
                 f"older restore p {self.older_restore_p}, same offsets p "
-                f"{self.same_offsets_p}"
+                f"{self.same_offsets_p}, new start p {self.new_start_p}"
                 + (f", planted {sorted(self.plants)}" if self.plants else ""))
 
 
@@ -174,8 +178,10 @@ class SinkWorld(Judged):
         self.checkpoints: list[Checkpoint] = []
         self.last_id = 0
         self.damaged: set[int] = set()  # checkpoints a restore found damaged
+        self.floors: dict[int, int] = {}  # driver -> its run's initial checkpoint id
         self.plans: dict[int, list[tuple[int, int]]] = {}  # batch -> every (start, end)
-        self.staging: dict[int, tuple[int, int]] = {}  # driver -> batch it stages now
+        #: driver -> the batch it stages now: (batch, start, end)
+        self.staging: dict[int, tuple[int, int, int]] = {}
         self.frozen: dict[str, str] = {}  # decision / part key -> its first ETag
         self.violations: list[Violation] = []
         self._seen_version = -1
@@ -256,32 +262,42 @@ class SinkWorld(Judged):
     # ------------------------------------------------------------------ actors
 
     def plan(self, batch: int, start: int) -> int:
-        """The end offset of ``batch`` planned from ``start``: an earlier plan's (same
-        offsets) or a new one."""
-        earlier = [e for s, e in self.plans.get(batch, []) if s == start]
+        """The end offset of ``batch`` planned from ``start``: an earlier plan's end
+        (the same offsets, or from another start the same end offset: a range source
+        reaching the end a batch reached before from an earlier start) or a new one."""
+        earlier = [e for s, e in self.plans.get(batch, []) if e > start]
         if earlier and self.rng.random() < self.setup.same_offsets_p:
-            return self.rng.choice(earlier)
-        end = start + self.rng.randint(1, 3)
+            end = self.rng.choice(earlier)
+        else:
+            end = start + self.rng.randint(1, 3)
         self.plans.setdefault(batch, []).append((start, end))
         return end
 
     def offsets_of(self, driver: int) -> Callable[[int], BatchOffsets | None]:
         """The runtime's offsets reader for ``driver``: Spark's offsets log holds each
-        source's end offset."""
+        source's end offset, and where the batch started (the previous entry's end, or
+        the source's initial offset for batch 0)."""
         def read(batch: int) -> BatchOffsets | None:
             staging = self.staging.get(driver)
             if staging is None or staging[0] != batch:
                 return None
-            return BatchOffsets((json.dumps({"end": staging[1]}),))
+            _, start, end = staging
+            starts = () if PLANT_NO_STARTS in self.setup.plants else (
+                json.dumps({"end": start}),)
+            return BatchOffsets((json.dumps({"end": end}),), starts=starts)
         return read
 
-    def restore_target(self, explicit: bool) -> tuple[Checkpoint | None, bool]:
+    def restore_target(self, explicit: bool,
+                       floor: int | None = None) -> tuple[Checkpoint | None, bool]:
         """What a query restores, as :func:`~airflow_ckpt.runtime.restore.choose.restore` picks
         it, and whether it is an explicit (older) target. ``explicit``: this query may
         have been given one (a submission's first query: the operator's ``restore``;
         a restart in-process restores ``latest``). ``latest`` falls back past a newest
-        checkpoint found damaged (for good: no later restore uses it)."""
-        usable = [c for c in self.checkpoints if c.checkpoint_id not in self.damaged]
+        checkpoint found damaged (for good: no later restore uses it), never below
+        ``floor`` (the run's initial checkpoint: an in-process restart never resumes an
+        older run's state)."""
+        usable = [c for c in self.checkpoints if c.checkpoint_id not in self.damaged
+                  and (floor is None or c.checkpoint_id >= floor)]
         if explicit and len(usable) > 1 and self.rng.random() < self.setup.older_restore_p:
             return self.rng.choice(usable[:-1]), True
         while len(usable) > 1 and self.rng.random() < self.setup.older_restore_p / 4:
@@ -343,18 +359,29 @@ class SinkWorld(Judged):
         recover the sink, run batches. Returns False if the sink refused a replay (final
         for the run)."""
         sched, rng, setup = self.scheduler, self.rng, self.setup
-        restored, explicit = self.restore_target(first)
-        sched.log(f"restores {restored}" + (" (explicit)" if explicit else ""))
-        sink.recover(() if restored is None else (restored.batch,))
-        if restored is not None:
+        initial = 0  # where the source starts a query that restores nothing
+        if first and rng.random() < setup.new_start_p:
+            # restore=none into the same output, the source started elsewhere (e.g.
+            # Kafka's startingOffsets earliest after a first run from latest)
+            restored, explicit, initial = None, True, rng.randint(0, 3)
+            sched.log(f"restore=none: starts anew at offset {initial}")
+        else:
+            restored, explicit = self.restore_target(first, self.floors.get(number))
+            sched.log(f"restores {restored}" + (" (explicit)" if explicit else ""))
+        # nothing restored, or a new start's initial checkpoint: no transaction to commit
+        sink.recover(() if restored is None or restored.batch < 0 else (restored.batch,))
+        if restored is not None and restored.batch >= 0:
             self.check_published(restored.batch, restored.start, restored.end,
                                  f"recover of checkpoint {restored.checkpoint_id}")
-        if explicit and restored is not None:
+        if explicit:
             # the runtime's initial checkpoint: a restart with restore=latest resumes
-            # this run, never the newer checkpoints it went back past
-            self.complete_checkpoint(number, lease, storage, restored.batch, restored.start,
-                                     restored.end)
-        batch, start = (0, 0) if restored is None else (restored.batch + 1, restored.end)
+            # this run, never the newer checkpoints it went back past nor (restore=none)
+            # an older run's (batch -1: nothing ran yet, the source starts at `initial`)
+            self.floors[number] = self.complete_checkpoint(
+                number, lease, storage, *((restored.batch, restored.start, restored.end)
+                                          if restored is not None else (-1, initial, initial))
+            ).checkpoint_id
+        batch, start = (0, initial) if restored is None else (restored.batch + 1, restored.end)
         for _ in range(rng.randint(2, 8)):
             sched.sleep(rng.uniform(0.5, 4.0))
             if rng.random() < setup.stall_p:
@@ -362,7 +389,7 @@ class SinkWorld(Judged):
                 sched.sleep(rng.uniform(DEFAULT_TTL_S, HOLD_S))
             lease.beat()
             end = self.plan(batch, start)
-            self.staging[number] = (batch, end)
+            self.staging[number] = (batch, start, end)
             try:
                 sink.pre_commit(batch, [{"n": n} for n in range(start, end)])
             except SinkReplayMismatchError as exc:
