@@ -176,3 +176,60 @@ def test_a_deposed_drivers_late_extra_publication_record_never_changes_a_decisio
     assert published_numbers(new) == sorted([*range(10), *range(40)])
     assert new.pending() == []
     assert all(isinstance(f, (ConcurrentDriverError, StorageError)) for f in late.failures)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_deposed_drivers_late_commit_decision_never_names_an_aborted_attempt(
+    storage: CheckpointStorage, kind: str
+) -> None:
+    """Issue 25 item 4: the deposed driver confirmed its lease and sent the create-only
+    PUT of batch 7's commit decision; held past the takeover, it landed after the
+    successor had aborted the attempt (record aborted, staging deleted) on the absent
+    key, and named deleted data: the successor's commit raised CorruptCheckpointError
+    and every later run failed in recover. Now the attempt's outcome object was
+    ``commit`` before the takeover, so the successor's abort rolls that commit forward
+    instead, and the late decision carries the same bytes."""
+    clock = FakeClock()
+    old_lease = lease(storage, clock, "old")
+    old_lease.acquire()
+    old = make_sink(kind, storage, old_lease, hold="_committed/")
+    old.pre_commit(7, rows(10, 0))
+    late = held_call(old, lambda: old.commit(7))  # the decision's PUT
+
+    new_lease = lease(storage, clock, "new")
+    new_lease.acquire()
+    new = make_sink(kind, storage, new_lease)
+    new.recover(commit=[])  # batch 7 is not in the restored checkpoint: abort it
+    new.pre_commit(7, rows(40, 0))
+    late.land()
+    new.commit(7)
+
+    assert published_numbers(new) == list(range(10))  # the attempt whose commit won
+    assert new.pending() == []
+    new.recover(commit=[])  # and the next life finds nothing wrong
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_deposed_drivers_late_commit_outcome_loses_to_the_successors_abort(
+    storage: CheckpointStorage, kind: str
+) -> None:
+    """The same race one write earlier: the deposed driver's ``commit`` outcome is
+    held; the successor's ``abort`` lands first and wins, so the late one decides
+    nothing and the successor's own attempt is published."""
+    clock = FakeClock()
+    old_lease = lease(storage, clock, "old")
+    old_lease.acquire()
+    old = make_sink(kind, storage, old_lease, hold="_outcome/")
+    old.pre_commit(7, rows(10, 0))
+    late = held_call(old, lambda: old.commit(7))
+
+    new_lease = lease(storage, clock, "new")
+    new_lease.acquire()
+    new = make_sink(kind, storage, new_lease)
+    new.recover(commit=[])
+    new.pre_commit(7, rows(40, 0))
+    late.land()
+    new.commit(7)
+
+    assert published_numbers(new) == list(range(40))
+    assert new.pending() == []

@@ -16,7 +16,7 @@ from airflow_ckpt.errors import (
     SinkReplayMismatchError,
 )
 from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
-from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
+from airflow_ckpt.runtime.sinks.transactions import Outcome, SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 log = logging.getLogger("airflow_ckpt.sinks")
@@ -68,7 +68,7 @@ class JsonLinesSink(TwoPhaseCommitSink):
         try:
             superseded = self.transactions.record(Transaction(
                 batch_id, attempt, "staged", offsets=self.batch_offsets(batch_id)),
-                self.replay_policy)
+                self.replay_policy, describe=self._describe)
         except (ObjectAlreadyExistsError, SinkReplayMismatchError) as exc:
             # committed already: the replay is never published; its own staging goes
             self.storage.delete_many([staged])
@@ -91,9 +91,13 @@ class JsonLinesSink(TwoPhaseCommitSink):
             for replay in self._slots(batch_id, self._seeks_extra):
                 self._commit(batch_id, replay)
 
+    @staticmethod
+    def _describe(txn: Transaction) -> dict[str, Any]:
+        """The commit decision for a staged transaction: the attempt published."""
+        return {"batch": txn.batch, "attempt": txn.attempt}
+
     def _commit(self, batch_id: int, replay: str) -> None:
-        decision = self.transactions.decide(
-            batch_id, lambda txn: {"batch": txn.batch, "attempt": txn.attempt}, replay)
+        decision = self.transactions.decide(batch_id, self._describe, replay)
         if decision is None:
             return  # never staged (aborted, or a crash before its record)
         staged = f"{self._pending_prefix(batch_id)}{decision['attempt']}.jsonl"
@@ -108,7 +112,7 @@ class JsonLinesSink(TwoPhaseCommitSink):
                     f"its staged object {staged} nor {part} exists; "
                     "the sink's directory was modified outside the sink") from None
         self.transactions.discard(staged if replay else self._pending_prefix(batch_id))
-        self.transactions.finish(batch_id, replay)
+        self.transactions.finish(batch_id, replay, attempt=decision["attempt"])
 
     def abort(self, batch_id: int) -> None:
         with self._lock:
@@ -117,9 +121,12 @@ class JsonLinesSink(TwoPhaseCommitSink):
                     self._commit(batch_id, replay)  # decided: roll the commit forward
                     continue
                 aborted = self.transactions.abort(batch_id, replay)
+                if aborted is Outcome.COMMIT:
+                    self._commit(batch_id, replay)  # its commit won: roll it forward
+                    continue
                 if not replay:
                     self.transactions.discard(self._pending_prefix(batch_id))
-                elif aborted is not None:
+                elif isinstance(aborted, Transaction):
                     self.transactions.discard(
                         f"{self._pending_prefix(batch_id)}{aborted.attempt}.jsonl")
 

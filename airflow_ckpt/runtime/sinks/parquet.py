@@ -64,7 +64,7 @@ from airflow_ckpt.errors import (
 )
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
-from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
+from airflow_ckpt.runtime.sinks.transactions import Outcome, SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.factory import open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
@@ -336,7 +336,7 @@ class ParquetSink(TwoPhaseCommitSink):
         try:
             superseded = self.transactions.record(Transaction(
                 batch_id, attempt, "staged", {"files": files}, self.batch_offsets(batch_id)),
-                self.replay_policy)
+                self.replay_policy, describe=self._describe)
         except (ObjectAlreadyExistsError, SinkReplayMismatchError) as exc:
             # committed already: the replay is never published; its own staging goes
             self.transactions.discard(self._staging_prefix(batch_id, attempt))
@@ -421,7 +421,7 @@ class ParquetSink(TwoPhaseCommitSink):
         # batch is still pending and the next commit finishes the clean-up. An extra
         # publication deletes only its own attempt's staging.
         self.transactions.discard(self._staging_prefix(batch_id, attempt if replay else None))
-        self.transactions.finish(batch_id, replay)
+        self.transactions.finish(batch_id, replay, attempt=attempt)
 
     def abort(self, batch_id: int) -> None:
         with self._lock:
@@ -432,9 +432,12 @@ class ParquetSink(TwoPhaseCommitSink):
                     self._commit(batch_id, replay)
                     continue
                 aborted = self.transactions.abort(batch_id, replay)
+                if aborted is Outcome.COMMIT:
+                    self._commit(batch_id, replay)  # its commit won: roll it forward
+                    continue
                 if not replay:
                     self.transactions.discard(self._staging_prefix(batch_id))
-                elif aborted is not None:
+                elif isinstance(aborted, Transaction):
                     self.transactions.discard(self._staging_prefix(batch_id, aborted.attempt))
 
     def pending(self) -> list[int]:

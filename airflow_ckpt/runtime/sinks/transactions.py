@@ -4,6 +4,8 @@ Layout under a sink's root (keys relative to it)::
 
     _txn/<batch>.json              the batch's transaction: its current attempt and state
     _committed/<batch>.json        the commit decision (create-only): the attempt published
+    _outcome/<batch>.<attempt>     the attempt's outcome, ``commit`` or ``abort``
+                                   (create-only: whichever lands first is the outcome)
     _txn/<batch>.<tag>.json        the same for an extra publication of the batch: a replay
     _committed/<batch>.<tag>.json  that read other offsets, under AT_LEAST_ONCE (``tag``:
                                    :attr:`BatchOffsets.tag` of the replay's offsets)
@@ -24,6 +26,19 @@ by the network for minutes and land after a successor took over):
 * **Decisions are taken only after confirming** (``confirm``: the job lease's
   :meth:`~airflow_ckpt.runtime.lease.holder.JobLease.confirm`) that no successor claimed the
   job since the record was read: a successor's records all come after its claim.
+* **An attempt is committed or aborted, never both: its outcome object decides.** The
+  confirmation says no successor had claimed when it was made, not when a write lands:
+  a deposed driver's commit decision, held by the network past a takeover, used to
+  land after the successor had aborted the attempt (record aborted, staging deleted)
+  on the absent decision key, and name deleted data. So a commit first creates
+  ``_outcome/<batch>.<attempt>`` = ``commit`` and an abort ``abort`` (create-only, one
+  object per attempt, both writers' first write): whichever lands first is the
+  attempt's outcome. A commit whose outcome is ``abort`` decides nothing; an abort that
+  finds ``commit`` rolls the commit forward instead (the staging is still there: only
+  an abort that won deletes it); a late decision can only follow a ``commit`` outcome,
+  and then it carries the same bytes as the one the roll-forward wrote. The outcome of
+  a committed attempt is deleted with its record; an aborted attempt's stays (one small
+  object per attempt a recovery aborted), so that no late ``commit`` can land there.
 * **Staged data lives under attempt-scoped keys** (``attempt`` is fresh per staging),
   so deleting an aborted attempt never touches another attempt's files.
 
@@ -40,6 +55,7 @@ create-only and never changes, and a later replay with the same offsets is skipp
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 from collections.abc import Callable
@@ -57,6 +73,15 @@ from airflow_ckpt.runtime.storage.base import CheckpointStorage
 log = logging.getLogger("airflow_ckpt.sinks")
 
 TxnState = Literal["staged", "aborted"]
+#: a sink's commit decision for a staged transaction (a pure function of it)
+Describe = Callable[["Transaction"], dict[str, Any]]
+
+
+class Outcome(enum.Enum):
+    """What became of a staged attempt: the first of the two to be stored wins."""
+
+    COMMIT = "commit"
+    ABORT = "abort"
 #: compare-and-swap rounds before a record that keeps changing is reported
 _SWAP_ROUNDS = 8
 
@@ -118,6 +143,20 @@ class SinkTransactions:
     def decision_key(self, batch_id: int, replay: str = "") -> str:
         return f"{self.prefix}_committed/{self._name(batch_id, replay)}"
 
+    def outcome_key(self, txn: Transaction) -> str:
+        name = self._name(txn.batch, txn.replay).removesuffix(".json")
+        return f"{self.prefix}_outcome/{name}.{txn.attempt}"
+
+    def _settle(self, txn: Transaction, outcome: Outcome) -> Outcome:
+        """Store ``outcome`` as the attempt's (create-only) unless one is stored
+        already; return the attempt's outcome. Durable on return."""
+        key = self.outcome_key(txn)
+        try:
+            self.storage.put_bytes(key, outcome.value.encode(), create_only=True)
+        except ObjectAlreadyExistsError:
+            return Outcome(self.storage.get_bytes(key).decode())
+        return outcome
+
     # ------------------------------------------------------------------ reads
     def current(self, batch_id: int, replay: str = "") -> Transaction | None:
         """The transaction record of the batch (or of its extra publication
@@ -171,10 +210,14 @@ class SinkTransactions:
         return self._records("_committed/")
 
     # ------------------------------------------------------------------ writes
-    def record(self, txn: Transaction, replays: ReplayPolicy = REFUSE) -> Transaction | None:
+    def record(self, txn: Transaction, replays: ReplayPolicy = REFUSE, *,
+               describe: Describe | None = None) -> Transaction | None:
         """Make ``txn`` (state ``staged``) the batch's transaction; durable on return.
 
-        Returns the attempt it superseded (its staged data is now garbage), or None.
+        Returns the attempt it superseded (its outcome is ``abort`` and its staged data
+        garbage now), or None. A staged attempt whose commit won its outcome is not
+        superseded: its decision is written (``describe``, as :meth:`decide`) and the
+        replay judged against it.
         If the batch is committed already: a replay that read the offsets the decision
         recorded (or carries none) records nothing and raises
         ``ObjectAlreadyExistsError`` (the caller discards its staging: skipping it is
@@ -195,7 +238,7 @@ class SinkTransactions:
                     if self.decision(txn.batch, extra.replay) is None:  # else: skipped
                         replays.announce(self.name, txn.batch, decided.get("offsets"),
                                          txn.offsets)
-                    return self.record(extra, replays)
+                    return self.record(extra, replays, describe=describe)
                 raise ObjectAlreadyExistsError(
                     f"batch {txn.batch} is committed already; its replay "
                     + ("read the same source offsets" if verdict is Verdict.SAME else
@@ -211,6 +254,13 @@ class SinkTransactions:
                 return None
             previous = Transaction.from_json(stored.data)
             self.confirm()  # the record read above is not a successor's
+            if (previous.state == "staged" and previous.attempt != txn.attempt
+                    and self._settle(previous, Outcome.ABORT) is Outcome.COMMIT):
+                if describe is None:
+                    raise ObjectAlreadyExistsError(
+                        f"batch {txn.batch}'s attempt {previous.attempt} is being committed")
+                self.decide(previous.batch, describe, previous.replay)
+                continue  # committed: judge the replay against the decision
             try:
                 self.storage.put_bytes(key, txn.to_json(), if_match=stored.etag)
             except PreconditionFailedError:
@@ -219,7 +269,7 @@ class SinkTransactions:
         raise PreconditionFailedError(f"{key} kept changing while batch {txn.batch} was "
                                       "recorded: another driver writes this sink")
 
-    def decide(self, batch_id: int, describe: Callable[[Transaction], dict[str, Any]],
+    def decide(self, batch_id: int, describe: Describe,
                replay: str = "") -> dict[str, Any] | None:
         """The commit decision of the batch (or of its extra publication ``replay``):
         the existing one, or one taken now (create-only) from its staged record,
@@ -232,6 +282,8 @@ class SinkTransactions:
         if txn is None or txn.state != "staged":
             return None
         self.confirm()  # the record read above is not a successor's
+        if self._settle(txn, Outcome.COMMIT) is Outcome.ABORT:
+            return None  # a recovery aborted this attempt first: nothing to commit
         decision = describe(txn)
         if txn.offsets is not None:
             decision["offsets"] = txn.offsets.to_dict()
@@ -244,10 +296,11 @@ class SinkTransactions:
             return decided
         return decision
 
-    def abort(self, batch_id: int, replay: str = "") -> Transaction | None:
+    def abort(self, batch_id: int, replay: str = "") -> Transaction | Outcome | None:
         """Mark the staged attempt of the batch (or of its extra publication ``replay``)
-        aborted (compare-and-swap); returns the aborted transaction (its data is
-        garbage now), or None if none was staged."""
+        aborted (its outcome ``abort``, then the record by compare-and-swap); returns the
+        aborted transaction (its data is garbage now), None if none was staged, or
+        :attr:`Outcome.COMMIT` if the attempt's commit won (the caller commits it)."""
         key = self.txn_key(batch_id, replay)
         for _ in range(_SWAP_ROUNDS):
             try:
@@ -258,6 +311,8 @@ class SinkTransactions:
             if txn.state == "aborted":
                 return txn
             self.confirm()  # the record read above is not a successor's
+            if self._settle(txn, Outcome.ABORT) is Outcome.COMMIT:
+                return Outcome.COMMIT
             aborted = replace(txn, state="aborted", offsets=None)
             try:
                 self.storage.put_bytes(key, aborted.to_json(), if_match=stored.etag)
@@ -276,8 +331,11 @@ class SinkTransactions:
             self.confirm()
             self.storage.delete_many(keys)
 
-    def finish(self, batch_id: int, replay: str = "") -> None:
-        """Forget the record of a committed batch (or extra publication): its decision
-        exists, so nothing records it again and this delete may land late without
-        harm."""
-        self.storage.delete_many([self.txn_key(batch_id, replay)])
+    def finish(self, batch_id: int, replay: str = "", *, attempt: str | None = None) -> None:
+        """Forget the record of a committed batch (or extra publication) and, given
+        its committed ``attempt``, that attempt's outcome: its decision exists, so
+        nothing records it again and this delete may land late without harm."""
+        keys = [self.txn_key(batch_id, replay)]
+        if attempt is not None:
+            keys.append(self.outcome_key(Transaction(batch_id, attempt, "staged", replay=replay)))
+        self.storage.delete_many(keys)

@@ -179,6 +179,8 @@ class SinkWorld(Judged):
         self.last_id = 0
         self.damaged: set[int] = set()  # checkpoints a restore found damaged
         self.floors: dict[int, int] = {}  # driver -> its run's initial checkpoint id
+        #: driver -> where its run started, when not from the latest checkpoint
+        self.origins: dict[int, tuple[Checkpoint | None, int]] = {}
         self.plans: dict[int, list[tuple[int, int]]] = {}  # batch -> every (start, end)
         #: driver -> the batch it stages now: (batch, start, end)
         self.staging: dict[int, tuple[int, int, int]] = {}
@@ -360,7 +362,15 @@ class SinkWorld(Judged):
         for the run)."""
         sched, rng, setup = self.scheduler, self.rng, self.setup
         initial = 0  # where the source starts a query that restores nothing
-        if first and rng.random() < setup.new_start_p:
+        if not first and number in self.origins and number not in self.floors:
+            # the run started elsewhere and its initial checkpoint never completed (in
+            # the runtime that fails the attempt before any in-process restart, and the
+            # supervisor resubmits the run from where it started): it starts over from
+            # there, never from an older run's checkpoint
+            restored, initial = self.origins[number]
+            explicit = True
+            sched.log(f"starts over from its own start {restored} at offset {initial}")
+        elif first and rng.random() < setup.new_start_p:
             # restore=none into the same output, the source started elsewhere (e.g.
             # Kafka's startingOffsets earliest after a first run from latest)
             restored, explicit, initial = None, True, rng.randint(0, 3)
@@ -368,6 +378,8 @@ class SinkWorld(Judged):
         else:
             restored, explicit = self.restore_target(first, self.floors.get(number))
             sched.log(f"restores {restored}" + (" (explicit)" if explicit else ""))
+        if explicit:
+            self.origins[number] = (restored, initial)
         # nothing restored, or a new start's initial checkpoint: no transaction to commit
         sink.recover(() if restored is None or restored.batch < 0 else (restored.batch,))
         if restored is not None and restored.batch >= 0:
