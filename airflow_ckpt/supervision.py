@@ -34,7 +34,7 @@ from airflow_ckpt.runtime.history.journal import (
     HistoryEvent,
     JobHistory,
 )
-from airflow_ckpt.runtime.lease.holder import LeaseObserver
+from airflow_ckpt.runtime.lease.observer import LeaseObserver
 
 if TYPE_CHECKING:
     from airflow_ckpt.metrics import EventMetrics

@@ -45,7 +45,7 @@ from airflow_ckpt.runtime.history.journal import (
     JobHistory,
 )
 from airflow_ckpt.runtime.history.restart_log import RestartLog, format_restart_history
-from airflow_ckpt.runtime.lease.holder import read_lease
+from airflow_ckpt.runtime.lease.record import read_lease
 from airflow_ckpt.supervision import (
     RESTORE_LATEST,
     DriverFailure,

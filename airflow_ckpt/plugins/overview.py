@@ -140,7 +140,7 @@ def job_view(
     latest = stats["latest"]["completed"]
     ack = latest.get("latest_ack_timestamp") if latest else None
     last_ts = ack / 1000 if isinstance(ack, int | float) else None
-    health = jobstate.job_health(state, last_ts, jobstate.read_lease(storage, job),
+    health = jobstate.job_health(state, last_ts, jobstate.read_lease_view(storage, job),
                                  time.time() if now is None else now, stale_multiple)
     return {
         "job": job, "stats": stats, "timeline": timeline(window),
@@ -410,8 +410,8 @@ def jobs_overview(
         if problems and not row["error"]:
             row["error"] = problems[0]
         row["dag_id"] = state.dag_id
-        health = jobstate.job_health(state, last_completed_ts, jobstate.read_lease(storage, job),
-                                     now, stale_multiple)
+        lease = jobstate.read_lease_view(storage, job)
+        health = jobstate.job_health(state, last_completed_ts, lease, now, stale_multiple)
         row["health"] = health.to_json()
         out.append(row)
     return out

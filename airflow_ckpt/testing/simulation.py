@@ -88,7 +88,8 @@ from airflow_ckpt.runtime.history.journal import (
 )
 from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.lease import holder as lease_module
-from airflow_ckpt.runtime.lease.holder import JobLease, lease_epochs
+from airflow_ckpt.runtime.lease.holder import JobLease
+from airflow_ckpt.runtime.lease.record import lease_epochs
 from airflow_ckpt.supervision import (
     RESTORE_LATEST,
     RESTORE_NONE,

@@ -54,7 +54,7 @@ from airflow_ckpt.runtime.history.journal import (
     HistoryEvent,
     JobHistory,
 )
-from airflow_ckpt.runtime.lease.holder import read_lease
+from airflow_ckpt.runtime.lease.record import read_lease
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing import S3Endpoint

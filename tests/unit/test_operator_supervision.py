@@ -419,7 +419,7 @@ def test_deferrable_retry_reattaches_to_a_driver_that_still_holds_the_lease(
     """A retried deferred task must not start a second driver next to a live one."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from airflow_ckpt.runtime.lease.holder import LeaseRecord
+    from airflow_ckpt.runtime.lease.record import LeaseRecord
 
     storage_uri = (tmp_path / "ckpt").as_uri()
     storage = open_storage(storage_uri)

@@ -23,7 +23,7 @@ from airflow_ckpt.runtime.history.journal import (
     JOB_SUBMITTED,
     JobHistory,
 )
-from airflow_ckpt.runtime.lease.holder import LeaseRecord
+from airflow_ckpt.runtime.lease.record import LeaseRecord
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.supervision import HealthRule, RunCheckpoints, SupervisionProbe, Verdict
 from airflow_ckpt.triggers.supervision import DriverSupervisionTrigger

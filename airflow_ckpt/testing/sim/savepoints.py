@@ -69,7 +69,8 @@ from airflow_ckpt.runtime.history import journal as history_module
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.lease import holder as lease_module
-from airflow_ckpt.runtime.lease.holder import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S, JobLease
+from airflow_ckpt.runtime.lease.holder import JobLease
+from airflow_ckpt.runtime.lease.record import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S
 from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout

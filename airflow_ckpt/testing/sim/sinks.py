@@ -64,7 +64,8 @@ from airflow_ckpt.errors import (
     SinkReplayMismatchError,
 )
 from airflow_ckpt.runtime.lease import holder as lease_module
-from airflow_ckpt.runtime.lease.holder import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S, JobLease
+from airflow_ckpt.runtime.lease.holder import JobLease
+from airflow_ckpt.runtime.lease.record import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S
 from airflow_ckpt.runtime.sinks import jsonl as jsonl_module
 from airflow_ckpt.runtime.sinks.jsonl import JsonLinesSink
 from airflow_ckpt.runtime.sinks.offsets import BatchOffsets
