@@ -26,8 +26,9 @@ from airflow_ckpt.errors import AirflowCkptError
 from airflow_ckpt.health import DEFAULT_MULTIPLE, checkpoint_age_s, checkpoints_stale
 from airflow_ckpt.plugins.redact import driver_text
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
-from airflow_ckpt.runtime.history import journal as ev
-from airflow_ckpt.runtime.history.journal import EventCache, HistoryEvent, JobHistory
+from airflow_ckpt.runtime.history import events as ev
+from airflow_ckpt.runtime.history.events import HistoryEvent
+from airflow_ckpt.runtime.history.reader import EventCache, HistoryReader
 from airflow_ckpt.runtime.lease.record import DEFAULT_TTL_S, read_lease
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
@@ -125,7 +126,7 @@ def job_state(
     """Read the newest state events, newest first, back to the newest ``job_submitted``
     (or past a second ``job_started``: that start was not submitted by Airflow).
     Unreadable events go to ``on_error`` (default: ignored; the pages list them)."""
-    history = JobHistory(storage, job, compaction=None, cache=cache)
+    history = HistoryReader(storage, job, cache=cache)
     starts: set[str] = set()
 
     def stop(event: HistoryEvent) -> bool:

@@ -41,8 +41,9 @@ from airflow_ckpt.plugins.access import EVERY_DAG, DagAccess
 from airflow_ckpt.plugins.redact import driver_text
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
-from airflow_ckpt.runtime.history import journal as ev
-from airflow_ckpt.runtime.history.journal import EventCache, HistoryEvent, JobHistory
+from airflow_ckpt.runtime.history import events as ev
+from airflow_ckpt.runtime.history.events import HistoryEvent
+from airflow_ckpt.runtime.history.reader import EventCache, HistoryReader
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import validate_job_name
 
@@ -164,7 +165,7 @@ def read_history(
     listed in ``errors`` with their keys.
     """
     errors: list[str] = []
-    history = JobHistory(storage, job, compaction=None, cache=cache)
+    history = HistoryReader(storage, job, cache=cache)
     events, listing = history.newest(limit, on_error=errors.append)
     wanted = set(types) if types is not None else None
     kept = [e for e in events if wanted is None or e.type in wanted]
@@ -438,7 +439,7 @@ def find_job_for_task(
             validate_job_name(job)
         except AirflowCkptError:
             continue
-        history = JobHistory(storage, job, compaction=None, cache=cache)
+        history = HistoryReader(storage, job, cache=cache)
         events, _ = history.newest_until(ours, [ev.JOB_SUBMITTED])
         if events and ours(events[-1]) and (found is None or events[-1].ts > found[0]):
             found = (events[-1].ts, job)

@@ -322,7 +322,7 @@ def finished_job_problems(storage: CheckpointStorage, job: str, *,
     """After the last driver finished: a ``job_finished`` event, every restore from a
     completed checkpoint, only ``num_retained`` checkpoints left and all of them
     complete, none missing a file or a state partition's data."""
-    from airflow_ckpt.runtime.history import journal as ev
+    from airflow_ckpt.runtime.history import events as ev
     from airflow_ckpt.runtime.history.journal import JobHistory
 
     problems: list[str] = []

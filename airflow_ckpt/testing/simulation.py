@@ -72,7 +72,7 @@ from airflow_ckpt.errors import AirflowCkptError
 from airflow_ckpt.restart import RestartDecision
 from airflow_ckpt.runtime.history import journal as history_module
 from airflow_ckpt.runtime.history import restart_log as restart_log_module
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     JOB_FAILED,
     JOB_FINISHED,
@@ -81,11 +81,10 @@ from airflow_ckpt.runtime.history.journal import (
     JOB_SUBMITTED,
     RESTART,
     RESTORED,
-    CompactionPolicy,
-    EventCache,
     HistoryEvent,
-    JobHistory,
 )
+from airflow_ckpt.runtime.history.journal import CompactionPolicy, JobHistory
+from airflow_ckpt.runtime.history.reader import EventCache
 from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.lease import holder as lease_module
 from airflow_ckpt.runtime.lease.holder import JobLease

@@ -33,7 +33,7 @@ import pytest
 from airflow_ckpt.cli import main as cli_main
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.control.channel import ControlChannel
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import checkpointed_job as job_module
 from airflow_ckpt.runtime.job.checkpointed_job import CheckpointedJob, JobResult

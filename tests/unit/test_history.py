@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt.errors import MetadataError
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage import open_storage
 

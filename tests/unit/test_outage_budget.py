@@ -27,7 +27,7 @@ from airflow_ckpt.errors import (
     StorageOutageError,
 )
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.job import checkpointed_job as job_module

@@ -79,4 +79,3 @@ class HolderIdentity:
         if (self.host, self.boot_id, self.pid_ns) != (me.host, me.boot_id, me.pid_ns):
             return False
         return not pid_alive(self.pid) or _start_ticks(self.pid) != self.start_ticks
-

@@ -56,7 +56,7 @@ from airflow_ckpt.runtime.control.channel import (
     Doorbell,
 )
 from airflow_ckpt.runtime.driver.unit import DriverUnit
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.job.spark_features import SparkSetupError, require_offline_repartition
