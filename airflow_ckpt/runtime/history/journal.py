@@ -133,6 +133,8 @@ class JobHistory(HistoryReader):
         None: never compact automatically (:meth:`compact` still works)
     :param cache: parsed objects shared between reads (the UI passes one per storage)
     :param clock: the writer's clock for the events' display ``ts`` (never for order)
+    :param ids: fresh random ids (each event's ``uid``, which tells our own create from
+        another writer's at the same number)
     """
 
     def __init__(
@@ -142,11 +144,13 @@ class JobHistory(HistoryReader):
         *,
         compaction: CompactionPolicy | None = DEFAULT_COMPACTION,
         cache: EventCache | None = None,
-        clock: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.time,
+        ids: Callable[[], uuid.UUID] = uuid.uuid4,
     ) -> None:
         super().__init__(storage, job, cache=cache)
         self.compaction = compaction
-        self.clock = clock or _wall_clock
+        self.clock = clock
+        self.ids = ids
         self._appends = 0
         self._compacting = threading.Lock()
         self._append_lock = threading.Lock()
@@ -208,7 +212,7 @@ class JobHistory(HistoryReader):
             raise ValueError(f"unknown history event type {event_type!r}")
         # the uid makes the bytes unique: a retried create that finds them is ours
         return {"type": event_type, "ts": self.clock(), "job": self.layout.job,
-                "uid": uuid.uuid4().hex[:16], **mask_value(data)}
+                "uid": self.ids().hex[:16], **mask_value(data)}
 
     def _append(self, event_type: str, data: dict[str, Any], at: int | None) -> HistoryEvent:
         return self._append_body(self._body(event_type, data), at)
@@ -411,7 +415,3 @@ class JobHistory(HistoryReader):
             self.storage.put_bytes(segment.key, data, create_only=True)
         self._written.put(segment.key, tuple(events))
         return segment
-
-
-def _wall_clock() -> float:
-    return time.time()

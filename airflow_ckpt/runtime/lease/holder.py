@@ -90,6 +90,10 @@ class JobLease:
     :param heartbeat_s: how often the holder renews it
     :param max_write_s: the longest one storage write may take; the holder stops
         starting writes ``max_write_s`` before its lease could expire
+    :param clock: the holder's monotonic clock (its validity, its waits)
+    :param wall_clock: the record's display timestamps (``acquired_ts``,
+        ``heartbeat_ts``); never read back to judge liveness
+    :param sleep: how the holder waits while it watches a holder it may take over from
     """
 
     def __init__(
@@ -102,6 +106,7 @@ class JobLease:
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         max_write_s: float = DEFAULT_MAX_WRITE_S,
         clock: Clock = time.monotonic,
+        wall_clock: Clock = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not 0 < heartbeat_s < ttl_s - max_write_s or max_write_s < 0:
@@ -116,6 +121,7 @@ class JobLease:
         self.heartbeat_s = heartbeat_s
         self.max_write_s = max_write_s
         self.clock = clock
+        self.wall_clock = wall_clock
         self.sleep = sleep
         self.record: LeaseRecord | None = None
         #: set when this driver must stop writing; ``failure`` says why
@@ -157,7 +163,7 @@ class JobLease:
                 epoch = (previous.epoch if previous else 0)
                 epoch = max([epoch, *lease_epochs(self.storage, self.job)]) + 1
                 me = HolderIdentity.current()
-                now = time.time()
+                now = self.wall_clock()
                 record = LeaseRecord(
                     epoch, self.owner, me.host, me.pid, now, now, ttl_s=self.ttl_s,
                     max_write_s=self.max_write_s, boot_id=me.boot_id, pid_ns=me.pid_ns,
@@ -356,7 +362,7 @@ class JobLease:
             self._in_flight = True
         try:
             interleave.point(interleave.LEASE_BEFORE_BEAT)
-            self._swap(lambda r: replace(r, seq=r.seq + 1, heartbeat_ts=time.time()))
+            self._swap(lambda r: replace(r, seq=r.seq + 1, heartbeat_ts=self.wall_clock()))
             self.confirm()  # a newer epoch means we were deposed: do not extend
             self._valid_until = started + self.ttl_s - self.max_write_s
             self._renewed()
@@ -388,7 +394,7 @@ class JobLease:
             try:
                 self.check()
                 self._swap(lambda r: replace(r, seq=r.seq + 1, released=True,
-                                   heartbeat_ts=time.time()))
+                                   heartbeat_ts=self.wall_clock()))
             except Exception:  # best effort: expiry frees it anyway
                 log.warning("could not release the lease of job %s", self.job, exc_info=True)
         self.record = None
