@@ -53,7 +53,8 @@ from airflow_ckpt.runtime.control.savepoints import (
     resolve_savepoint,
     resolve_snapshot,
 )
-from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.history import events as ev
+from airflow_ckpt.runtime.history.reader import HistoryReader
 from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.factory import parse_storage_uri
@@ -229,7 +230,7 @@ def cmd_describe(storage: CheckpointStorage, args: argparse.Namespace, out: Text
 
 
 def cmd_history(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:
-    events = JobHistory(storage, args.job).events(args.type or None)
+    events = HistoryReader(storage, args.job).events(args.type or None)
     if args.limit:
         events = events[-args.limit:]
     if _structured(args):
@@ -252,9 +253,9 @@ def cmd_history(storage: CheckpointStorage, args: argparse.Namespace, out: TextI
 HISTORY_DETAILS_WIDTH = 100
 #: payload fields shown first, so what decides (restart, delay, attempt) leads the row
 _HISTORY_LEAD = {
-    "restart": ("restart", "delay_s", "attempt", "level", "strategy", "cause"),
-    "failure": ("level", "cause", "exit_code", "attempt"),
-    "restored": ("kind", "checkpoint_id", "savepoint_id", "batch_id", "from_job", "path"),
+    ev.RESTART: ("restart", "delay_s", "attempt", "level", "strategy", "cause"),
+    ev.FAILURE: ("level", "cause", "exit_code", "attempt"),
+    ev.RESTORED: ("kind", "checkpoint_id", "savepoint_id", "batch_id", "from_job", "path"),
 }
 
 

@@ -20,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.history.events import SNAPSHOT_COMPLETED_EVENTS
+from airflow_ckpt.runtime.history.reader import HistoryReader
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.testing.numbers import (
@@ -56,9 +57,9 @@ def _storage() -> Iterator[tuple[str, dict[str, str]]]:
 def _print_history(storage: CheckpointStorage, job: str) -> None:
     print(f"\n{'event':22} {'id':>4} {'batch':>5} {'state B':>8} {'uploaded B':>10} "
           f"{'delay ms':>8} {'sync ms':>7} {'async ms':>8} {'e2e ms':>7}")
-    for event in JobHistory(storage, job).events():
+    for event in HistoryReader(storage, job).events():
         d = event.data
-        if event.type in ("checkpoint_completed", "savepoint_completed"):
+        if event.type in SNAPSHOT_COMPLETED_EVENTS:
             print(f"{event.type:22} {d['id']:>4} {d['batch_id']:>5} {d['state_size']:>8} "
                   f"{d['checkpointed_size']:>10} {d['start_delay']:>8} {d['sync_duration']:>7} "
                   f"{d['async_duration']:>8} {d['end_to_end_duration']:>7}")

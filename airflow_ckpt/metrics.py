@@ -38,7 +38,7 @@ exactly one counting watcher:
 * sensors and the ``CheckpointEventTrigger`` read manifests, not events: they set
   gauges only (:func:`report_snapshot`).
 
-Nothing here reads storage by itself but through :class:`JobHistory`'s public reads.
+Nothing here reads storage by itself but through :class:`HistoryReader`'s public reads.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from typing import Any
 from airflow.providers.common.compat.sdk import Stats
 from airflow.sdk import conf
 
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     CHECKPOINT_FAILED,
     RESTART,
@@ -60,8 +60,8 @@ from airflow_ckpt.runtime.history.journal import (
     SAVEPOINT_COMPLETED,
     SAVEPOINT_FAILED,
     HistoryEvent,
-    JobHistory,
 )
+from airflow_ckpt.runtime.history.reader import HistoryReader
 
 log = logging.getLogger(__name__)
 
@@ -177,12 +177,12 @@ class EventMetrics:
     docstring says why). Costs one listing, at start.
     """
 
-    def __init__(self, history: JobHistory) -> None:
+    def __init__(self, history: HistoryReader) -> None:
         self.metrics = CheckpointMetrics(history.layout.job)
         self.count_after = history.listing().newest_key
 
     @classmethod
-    def start(cls, history: JobHistory) -> EventMetrics | None:
+    def start(cls, history: HistoryReader) -> EventMetrics | None:
         """None while Airflow's metrics are off: nothing to emit, nothing to read."""
         return cls(history) if metrics_enabled() else None
 
@@ -205,7 +205,7 @@ def count_restart(job: str) -> None:
 
 
 @contextlib.contextmanager
-def watching(history: JobHistory, interval_s: float = WATCH_INTERVAL_S) -> Iterator[None]:
+def watching(history: HistoryReader, interval_s: float = WATCH_INTERVAL_S) -> Iterator[None]:
     """Emit the metrics of the events written while the block runs (blocking supervisor).
 
     A thread reads the events appended since the last look every ``interval_s`` and

@@ -1,6 +1,6 @@
 """Supervision decisions shared by the blocking and the deferrable supervisor (no Airflow).
 
-Typed predicates over the job's history, read through :class:`JobHistory` (the one
+Typed predicates over the job's history, read through :class:`HistoryReader` (the one
 reader of ``history/``): the operator and the supervision trigger ask these objects
 instead of reading raw event dicts.
 
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from airflow_ckpt.driver_output import exit_cause, summarize_driver_output
 from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     JOB_FAILED,
     JOB_FINISHED,
@@ -32,9 +32,9 @@ from airflow_ckpt.runtime.history.journal import (
     JOB_SUBMITTED,
     RUN_EVENTS,
     HistoryEvent,
-    JobHistory,
 )
-from airflow_ckpt.runtime.lease.holder import LeaseObserver
+from airflow_ckpt.runtime.history.reader import HistoryReader
+from airflow_ckpt.runtime.lease.observer import LeaseObserver
 
 if TYPE_CHECKING:
     from airflow_ckpt.metrics import EventMetrics
@@ -66,7 +66,7 @@ class RunCheckpoints:
     sequence numbers: the cursor misses nothing, whatever the hosts' clocks).
     """
 
-    def __init__(self, history: JobHistory, run_id: str) -> None:
+    def __init__(self, history: HistoryReader, run_id: str) -> None:
         self.history = history
         self.run_id = run_id
         self._cursor: str | None = None
@@ -219,7 +219,7 @@ class SupervisionProbe:
 
     def __init__(
         self,
-        history: JobHistory,
+        history: HistoryReader,
         run_id: str,
         *,
         submitted_key: str,

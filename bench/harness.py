@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.sinks import JsonLinesSink

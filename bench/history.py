@@ -44,14 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from airflow_ckpt.plugins import overview
-from airflow_ckpt.runtime.history import journal as ev
-from airflow_ckpt.runtime.history.journal import (
-    CompactionPolicy,
-    EventCache,
-    HistoryEvent,
-    JobHistory,
-    stream_of,
-)
+from airflow_ckpt.runtime.history import events as ev
+from airflow_ckpt.runtime.history.events import HistoryEvent, stream_of
+from airflow_ckpt.runtime.history.journal import CompactionPolicy, JobHistory
+from airflow_ckpt.runtime.history.reader import EventCache
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing.s3_server import s3_server_process

@@ -76,7 +76,7 @@ from airflow_ckpt.operators.arguments import (
 )
 from airflow_ckpt.operators.supervisor import CheckpointedJobFailedError, Supervisor
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.lease.holder import lease_epochs
+from airflow_ckpt.runtime.lease.record import lease_epochs
 from airflow_ckpt.shipping import runtime_py_files
 from airflow_ckpt.supervision import RESTORE_LATEST, DriverFailure, Verdict
 

@@ -36,16 +36,16 @@ from airflow_ckpt.hooks.spark_submit import CheckpointedSparkSubmitHook
 from airflow_ckpt.metrics import count_restart, watching
 from airflow_ckpt.operators.arguments import ValidatedArgs
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     JOB_FAILED,
     JOB_FINISHED,
     JOB_STOPPED,
     JOB_SUBMITTED,
     HistoryEvent,
-    JobHistory,
 )
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.history.restart_log import RestartLog, format_restart_history
-from airflow_ckpt.runtime.lease.holder import read_lease
+from airflow_ckpt.runtime.lease.record import read_lease
 from airflow_ckpt.supervision import (
     RESTORE_LATEST,
     DriverFailure,

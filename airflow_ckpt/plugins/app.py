@@ -47,7 +47,7 @@ from airflow_ckpt.plugins.settings import (
     PluginSettings,
     load_settings,
 )
-from airflow_ckpt.runtime.history.journal import EventCache
+from airflow_ckpt.runtime.history.reader import EventCache
 from airflow_ckpt.runtime.storage import CheckpointStorage
 
 HERE = Path(__file__).parent

@@ -26,13 +26,14 @@ from airflow_ckpt.errors import AirflowCkptError
 from airflow_ckpt.health import DEFAULT_MULTIPLE, checkpoint_age_s, checkpoints_stale
 from airflow_ckpt.plugins.redact import driver_text
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
-from airflow_ckpt.runtime.history import journal as ev
-from airflow_ckpt.runtime.history.journal import EventCache, HistoryEvent, JobHistory
-from airflow_ckpt.runtime.lease import holder as lease
+from airflow_ckpt.runtime.history import events as ev
+from airflow_ckpt.runtime.history.events import HistoryEvent
+from airflow_ckpt.runtime.history.reader import EventCache, HistoryReader
+from airflow_ckpt.runtime.lease.record import DEFAULT_TTL_S, read_lease
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 #: The driver lease's default TTL when its record has none.
-DEFAULT_LEASE_TTL_S = lease.DEFAULT_TTL_S
+DEFAULT_LEASE_TTL_S = DEFAULT_TTL_S
 #: Extra silence tolerated on top of the TTL before a driver is called dead: stands in for
 #: the lease's ``max_write_s`` (a slow heartbeat PUT) and for clock skew between hosts.
 DEAD_SLACK_S = 30.0
@@ -52,13 +53,13 @@ class LeaseView:
     seq: int | None = None
 
 
-def read_lease(storage: CheckpointStorage, job: str) -> LeaseView | None:
+def read_lease_view(storage: CheckpointStorage, job: str) -> LeaseView | None:
     """The newest lease record of ``job``, as the page shows it, or None.
 
-    Read through :func:`airflow_ckpt.runtime.lease.holder.read_lease`, the one reader of the
+    Read through :func:`airflow_ckpt.runtime.lease.record.read_lease`, the one reader of the
     lease layout.
     """
-    record = lease.read_lease(storage, job)
+    record = read_lease(storage, job)
     if record is None:
         return None
     return LeaseView(epoch=record.epoch, heartbeat_ts=record.heartbeat_ts,
@@ -125,7 +126,7 @@ def job_state(
     """Read the newest state events, newest first, back to the newest ``job_submitted``
     (or past a second ``job_started``: that start was not submitted by Airflow).
     Unreadable events go to ``on_error`` (default: ignored; the pages list them)."""
-    history = JobHistory(storage, job, compaction=None, cache=cache)
+    history = HistoryReader(storage, job, cache=cache)
     starts: set[str] = set()
 
     def stop(event: HistoryEvent) -> bool:

@@ -41,8 +41,9 @@ from airflow_ckpt.plugins.access import EVERY_DAG, DagAccess
 from airflow_ckpt.plugins.redact import driver_text
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
-from airflow_ckpt.runtime.history import journal as ev
-from airflow_ckpt.runtime.history.journal import EventCache, HistoryEvent, JobHistory
+from airflow_ckpt.runtime.history import events as ev
+from airflow_ckpt.runtime.history.events import HistoryEvent
+from airflow_ckpt.runtime.history.reader import EventCache, HistoryReader
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import validate_job_name
 
@@ -140,7 +141,7 @@ def job_view(
     latest = stats["latest"]["completed"]
     ack = latest.get("latest_ack_timestamp") if latest else None
     last_ts = ack / 1000 if isinstance(ack, int | float) else None
-    health = jobstate.job_health(state, last_ts, jobstate.read_lease(storage, job),
+    health = jobstate.job_health(state, last_ts, jobstate.read_lease_view(storage, job),
                                  time.time() if now is None else now, stale_multiple)
     return {
         "job": job, "stats": stats, "timeline": timeline(window),
@@ -164,7 +165,7 @@ def read_history(
     listed in ``errors`` with their keys.
     """
     errors: list[str] = []
-    history = JobHistory(storage, job, compaction=None, cache=cache)
+    history = HistoryReader(storage, job, cache=cache)
     events, listing = history.newest(limit, on_error=errors.append)
     wanted = set(types) if types is not None else None
     kept = [e for e in events if wanted is None or e.type in wanted]
@@ -410,8 +411,8 @@ def jobs_overview(
         if problems and not row["error"]:
             row["error"] = problems[0]
         row["dag_id"] = state.dag_id
-        health = jobstate.job_health(state, last_completed_ts, jobstate.read_lease(storage, job),
-                                     now, stale_multiple)
+        lease = jobstate.read_lease_view(storage, job)
+        health = jobstate.job_health(state, last_completed_ts, lease, now, stale_multiple)
         row["health"] = health.to_json()
         out.append(row)
     return out
@@ -438,7 +439,7 @@ def find_job_for_task(
             validate_job_name(job)
         except AirflowCkptError:
             continue
-        history = JobHistory(storage, job, compaction=None, cache=cache)
+        history = HistoryReader(storage, job, cache=cache)
         events, _ = history.newest_until(ours, [ev.JOB_SUBMITTED])
         if events and ours(events[-1]) and (found is None or events[-1].ts > found[0]):
             found = (events[-1].ts, job)

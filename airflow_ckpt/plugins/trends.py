@@ -15,8 +15,8 @@ from typing import Any
 
 from airflow_ckpt.formatting import human_bytes, human_ms
 from airflow_ckpt.plugins.redact import driver_text
-from airflow_ckpt.runtime.history import journal as ev
-from airflow_ckpt.runtime.history.journal import HistoryEvent
+from airflow_ckpt.runtime.history import events as ev
+from airflow_ckpt.runtime.history.events import HistoryEvent
 
 SUMMARY_FIELDS = ("end_to_end_duration", "checkpointed_size", "state_size")
 WIDTH, HEIGHT = 720, 220

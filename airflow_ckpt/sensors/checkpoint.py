@@ -21,7 +21,7 @@ from airflow_ckpt.options import parse_duration
 from airflow_ckpt.triggers.checkpoint import CheckpointTrigger
 from airflow_ckpt.triggers.matching import (
     CheckpointCondition,
-    Kind,
+    KindFilter,
     MatchResult,
     describe,
     poll_once,
@@ -98,7 +98,7 @@ class CheckpointSensor(BaseSensorOperator):
         job_name: str,
         checkpoint_storage: str,
         storage_conn_id: str | None = DEFAULT_CONN_ID,
-        kind: Kind = "any",
+        kind: KindFilter = "any",
         new_only: bool | None = None,
         min_checkpoint_id: int | str | None = None,
         request_id: str | None = None,

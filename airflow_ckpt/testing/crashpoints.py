@@ -40,10 +40,10 @@ from typing import Any, Literal
 
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.control.channel import ControlChannel
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.driver.process import HolderIdentity
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.lease.holder import HolderIdentity
 from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import open_storage

@@ -270,13 +270,13 @@ def wait_for_checkpoints(storage: CheckpointStorage, job: str, count: int,
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class OutputCheck:
     ok: bool
     problems: list[str]
     final: dict[str, tuple[int, int]]
 
 
-def verify_output(sink: JsonLinesSink, truth: GroundTruth, *, finished: bool) -> Verdict:
+def verify_output(sink: JsonLinesSink, truth: GroundTruth, *, finished: bool) -> OutputCheck:
     """Check the committed output against the ground truth.
 
     * batches committed form one gap-free, duplicate-free run 0..k;
@@ -300,7 +300,7 @@ def verify_output(sink: JsonLinesSink, truth: GroundTruth, *, finished: bool) ->
             problems.append(f"final {final} != ground truth {truth.totals}")
         if sink.pending():
             problems.append(f"transactions still pending after finish: {sink.pending()}")
-    return Verdict(not problems, problems, final)
+    return OutputCheck(not problems, problems, final)
 
 
 def killed_run_problems(storage: CheckpointStorage, job: str, sink: JsonLinesSink,
@@ -322,7 +322,7 @@ def finished_job_problems(storage: CheckpointStorage, job: str, *,
     """After the last driver finished: a ``job_finished`` event, every restore from a
     completed checkpoint, only ``num_retained`` checkpoints left and all of them
     complete, none missing a file or a state partition's data."""
-    from airflow_ckpt.runtime.history import journal as ev
+    from airflow_ckpt.runtime.history import events as ev
     from airflow_ckpt.runtime.history.journal import JobHistory
 
     problems: list[str] = []

@@ -67,12 +67,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_ckpt import supervision as supervision_module
 from airflow_ckpt.errors import AirflowCkptError
 from airflow_ckpt.restart import RestartDecision
-from airflow_ckpt.runtime.history import journal as history_module
-from airflow_ckpt.runtime.history import restart_log as restart_log_module
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     JOB_FAILED,
     JOB_FINISHED,
@@ -81,14 +78,13 @@ from airflow_ckpt.runtime.history.journal import (
     JOB_SUBMITTED,
     RESTART,
     RESTORED,
-    CompactionPolicy,
-    EventCache,
     HistoryEvent,
-    JobHistory,
 )
+from airflow_ckpt.runtime.history.journal import CompactionPolicy, JobHistory
+from airflow_ckpt.runtime.history.reader import EventCache, HistoryReader
 from airflow_ckpt.runtime.history.restart_log import RestartLog
-from airflow_ckpt.runtime.lease import holder as lease_module
-from airflow_ckpt.runtime.lease.holder import JobLease, lease_epochs
+from airflow_ckpt.runtime.lease.holder import JobLease
+from airflow_ckpt.runtime.lease.record import lease_epochs
 from airflow_ckpt.supervision import (
     RESTORE_LATEST,
     RESTORE_NONE,
@@ -109,9 +105,7 @@ from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
 from airflow_ckpt.testing.sim.scheduler import (
     Crash,
     Host,
-    ProcessGlobals,
     Scheduler,
-    patched_modules,
 )
 from airflow_ckpt.testing.sim.storage import Faults, Hidden, SimObjects, SimStorage, Stored
 
@@ -143,8 +137,6 @@ PLANT_HIDE_SEGMENTS = "hide-segments"
 PLANT_LOSE_SEGMENTS = "lose-segments"
 HISTORY_PLANTS = (PLANT_HIDE_OWN, PLANT_HIDE_SEGMENTS, PLANT_LOSE_SEGMENTS)
 
-#: the modules whose ``time`` / ``uuid`` the simulation replaces (see the scheduler)
-SIMULATED_MODULES = [history_module, restart_log_module, lease_module, supervision_module]
 #: submissions after which the supervisor gives up (a bound, not a verdict)
 MAX_SUBMISSIONS = 8
 #: triggerer restarts per run (each makes a new probe wait a full expiry again)
@@ -233,8 +225,7 @@ class World(Judged):
     """The simulated system of one seed: actors, storage, ground truth and invariants."""
 
     def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 6000) -> None:
-        self.scheduler = Scheduler(seed, max_steps=max_steps, process_globals=ProcessGlobals(
-            [(history_module, "_last_ms")]))
+        self.scheduler = Scheduler(seed, max_steps=max_steps)
         self.rng = self.scheduler.rng
         self.setup = Setup.draw(self.rng, plants)
         self.objects = SimObjects()
@@ -247,7 +238,7 @@ class World(Judged):
         self.supervisor_storage = base.view(Faults(), "supervisor", hidden=_hidden(plants))
         self.probe_storage = base.view(Faults(unavailable=0.05), "probe",
                                        hidden=_hidden(plants))
-        self.oracle = JobHistory(base, JOB, compaction=None, cache=EventCache())
+        self.oracle = HistoryReader(base, JOB, cache=EventCache())
         self.hosts = {
             "driver": Host("driver", self.setup.driver_skew_s),
             "airflow": Host("airflow", 0.0),
@@ -275,8 +266,7 @@ class World(Judged):
         if self.objects.version != self._truth_version:
             if self.objects.changed != self._changed_seen:  # its cache trusts names
                 self._changed_seen = self.objects.changed
-                self.oracle = JobHistory(self.oracle.storage, JOB, compaction=None,
-                                         cache=EventCache())
+                self.oracle = HistoryReader(self.oracle.storage, JOB, cache=EventCache())
             events = self.oracle.events()
             born = self.objects.born
             self._truth = sorted(events, key=lambda e: born.get(e.key, 0))
@@ -358,7 +348,8 @@ class World(Judged):
     def history(self, storage: SimStorage) -> TrackedHistory:
         """A process's job history: compacting only when an actor calls ``compact`` (the
         policy's ``every=0``), with the cache of its own writes a real one has."""
-        return TrackedHistory(storage, self, compaction=self.policy)
+        return TrackedHistory(storage, self, compaction=self.policy,
+                              clock=self.scheduler.wall_clock, ids=self.scheduler.uuid4)
 
     def seed_old_run(self) -> None:
         """An earlier, finished run of the job: its checkpoint is not this run's."""
@@ -367,7 +358,8 @@ class World(Judged):
         self.scheduler.now = start - 7200
         history.append(JOB_SUBMITTED, run_id=OLD_RUN_ID, attempt=1, restore=RESTORE_NONE)
         lease = _ManualLease(self.supervisor_storage, JOB, owner=OLD_RUN_ID,
-                             clock=self.scheduler.monotonic, sleep=self.scheduler.sleep)
+                             clock=self.scheduler.monotonic,
+                             wall_clock=self.scheduler.wall_clock, sleep=self.scheduler.sleep)
         lease.acquire()
         history.append(JOB_STARTED, run_id=OLD_RUN_ID, attempt=1)
         history.append(CHECKPOINT_COMPLETED, checkpoint_id=1, batch_id=1)
@@ -405,7 +397,7 @@ class World(Judged):
         rng, sched = self.rng, self.scheduler
         storage = self.driver_storage
         lease = _ManualLease(storage, JOB, owner=RUN_ID, clock=sched.monotonic,
-                             sleep=sched.sleep)
+                             wall_clock=sched.wall_clock, sleep=sched.sleep)
         lease.acquire()
         history = self.history(storage)
         sched.spawn(f"compactor@driver-{attempt}", self.hosts["driver"],
@@ -519,22 +511,21 @@ class World(Judged):
 
     def run(self) -> Outcome:
         sched = self.scheduler
-        with patched_modules(sched, SIMULATED_MODULES):
-            self.seed_old_run()
-            sched.log(f"setup: {self.setup.describe()}")
-            supervisor = sched.spawn("supervisor", self.hosts["airflow"], self.supervisor)
-            for n in range(1, self.setup.compactors + 1):
-                sched.spawn(f"compactor-{n}", self.hosts["other"],
-                            self.compactor(self.history(self.compactor_storage), (0.2, 3.0)),
-                            parent=supervisor)
-            try:
-                sched.run()
-            finally:
-                sched.shutdown()
-            if supervisor.error is not None and not isinstance(supervisor.error, Crash):
-                self.violate(SUPERVISOR_ERROR, f"the supervisor died of "
-                             f"{type(supervisor.error).__name__}: {supervisor.error}")
-            self.check_events()
+        self.seed_old_run()
+        sched.log(f"setup: {self.setup.describe()}")
+        supervisor = sched.spawn("supervisor", self.hosts["airflow"], self.supervisor)
+        for n in range(1, self.setup.compactors + 1):
+            sched.spawn(f"compactor-{n}", self.hosts["other"],
+                        self.compactor(self.history(self.compactor_storage), (0.2, 3.0)),
+                        parent=supervisor)
+        try:
+            sched.run()
+        finally:
+            sched.shutdown()
+        if supervisor.error is not None and not isinstance(supervisor.error, Crash):
+            self.violate(SUPERVISOR_ERROR, f"the supervisor died of "
+                         f"{type(supervisor.error).__name__}: {supervisor.error}")
+        self.check_events()
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
                        sched.cut_off)
 

@@ -30,7 +30,7 @@ from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
 from airflow_ckpt.triggers.matching import (
     CheckpointCondition,
-    Kind,
+    KindFilter,
     MatchResult,
     advance,
     describe,
@@ -176,7 +176,7 @@ class CheckpointEventTrigger(BaseEventTrigger):
         *,
         storage_uri: str,
         job: str,
-        kind: Kind = "any",
+        kind: KindFilter = "any",
         conn_id: str | None = DEFAULT_CONN_ID,
         poll_interval: float = 30.0,
         min_checkpoint_id: int | None = None,

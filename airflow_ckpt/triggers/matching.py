@@ -40,7 +40,8 @@ from airflow_ckpt.runtime.control.channel import ControlChannel
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["checkpoint", "savepoint", "any"]
+#: which snapshots a matcher accepts: a checkpoint.metadata ``Kind``, or "any"
+KindFilter = Literal["checkpoint", "savepoint", "any"]
 KINDS: tuple[str, ...] = ("checkpoint", "savepoint", "any")
 Status = Literal["matched", "waiting", "failed", "timeout"]
 STATUSES: tuple[str, ...] = ("matched", "waiting", "failed", "timeout")
@@ -71,7 +72,7 @@ class CheckpointCondition:
     """
 
     job: str
-    kind: Kind = "any"
+    kind: KindFilter = "any"
     after_checkpoint_id: int | None = None
     known_savepoints: tuple[str, ...] | None = None
     min_checkpoint_id: int | None = None

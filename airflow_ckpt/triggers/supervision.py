@@ -32,7 +32,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_ckpt.detached import kill_detached, read_exit_code
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.metrics import EventMetrics
-from airflow_ckpt.runtime.lease.holder import pid_alive
+from airflow_ckpt.runtime.driver.process import pid_alive
 from airflow_ckpt.supervision import HealthRule, SupervisionProbe, Verdict
 
 

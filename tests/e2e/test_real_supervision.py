@@ -45,16 +45,16 @@ import pytest
 
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.control.channel import ControlChannel
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     FAILURE,
     JOB_STOPPED,
     JOB_SUBMITTED,
     RESTART,
     RESTORED,
     HistoryEvent,
-    JobHistory,
 )
-from airflow_ckpt.runtime.lease.holder import read_lease
+from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.lease.record import read_lease
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing import S3Endpoint

@@ -28,7 +28,7 @@ import pytest
 
 from airflow_ckpt.cli import main as cli_main
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage

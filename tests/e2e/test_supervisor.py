@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     FAILURE,
     JOB_FAILED,
@@ -23,8 +23,8 @@ from airflow_ckpt.runtime.history.journal import (
     RESTART,
     RESTORED,
     HistoryEvent,
-    JobHistory,
 )
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing import S3Endpoint

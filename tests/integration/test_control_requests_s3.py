@@ -24,7 +24,8 @@ import pytest
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest, Doorbell
 from airflow_ckpt.runtime.job import checkpointed_job as job_module
 from airflow_ckpt.runtime.job.checkpointed_job import CheckpointedJob, JobResult
-from airflow_ckpt.runtime.lease.holder import DEFAULT_HEARTBEAT_S, JobLease
+from airflow_ckpt.runtime.lease.holder import JobLease
+from airflow_ckpt.runtime.lease.record import DEFAULT_HEARTBEAT_S
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout

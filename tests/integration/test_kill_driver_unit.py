@@ -30,15 +30,15 @@ import pytest
 
 from airflow_ckpt.operators import CheckpointedSparkSubmitOperator
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     FAILURE,
     JOB_FAILED,
     JOB_FINISHED,
     JOB_SUBMITTED,
     RESTART,
     RESTORED,
-    JobHistory,
 )
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing.numbers import (

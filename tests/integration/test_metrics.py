@@ -19,7 +19,7 @@ import pytest
 
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     CHECKPOINT_FAILED,
     JOB_FINISHED,
@@ -27,8 +27,8 @@ from airflow_ckpt.runtime.history.journal import (
     RESTORED,
     SAVEPOINT_COMPLETED,
     HistoryEvent,
-    JobHistory,
 )
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.supervision import Verdict

@@ -30,7 +30,8 @@ from airflow_ckpt.errors import (
     PreconditionFailedError,
     StorageError,
 )
-from airflow_ckpt.runtime.history.journal import CHECKPOINT_COMPLETED, JOB_STARTED, JobHistory
+from airflow_ckpt.runtime.history.events import CHECKPOINT_COMPLETED, JOB_STARTED
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, etag_of
 from airflow_ckpt.runtime.storage.s3 import PROBE_PREFIX
 from airflow_ckpt.testing import S3Endpoint, local_s3_server

@@ -9,7 +9,7 @@ import pytest
 from airflow_ckpt.errors import ConfigError, EndpointUnreachableError
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlResult
-from airflow_ckpt.runtime.lease.holder import LeaseRecord
+from airflow_ckpt.runtime.lease.record import LeaseRecord
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.triggers.matching import (
     NO_CHECKPOINT,

@@ -12,12 +12,8 @@ import pytest
 from airflow_ckpt.cli import STORAGE_ENV, main
 from airflow_ckpt.formatting import human_bytes
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history.journal import (
-    CHECKPOINT_COMPLETED,
-    JOB_STARTED,
-    RESTART,
-    JobHistory,
-)
+from airflow_ckpt.runtime.history.events import CHECKPOINT_COMPLETED, JOB_STARTED, RESTART
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.testing import S3Endpoint
 from tests.fixtures.snapshots import write_snapshot

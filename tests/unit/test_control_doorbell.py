@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from airflow_ckpt.errors import EndpointUnreachableError
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlResult, Doorbell
-from airflow_ckpt.runtime.lease.holder import lease_epochs
+from airflow_ckpt.runtime.lease.record import lease_epochs
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout

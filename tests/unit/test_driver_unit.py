@@ -22,18 +22,18 @@ import pytest
 from airflow_ckpt import launch
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.driver import unit as driver_unit
+from airflow_ckpt.runtime.driver.process import pid_alive
 from airflow_ckpt.runtime.driver.unit import EXIT_CODE, DriverExit, DriverUnit
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     FAILURE,
     JOB_FAILED,
     JOB_STOPPED,
     RESTART,
     RESTORED,
-    JobHistory,
 )
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.lease.holder import pid_alive
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.testing.crashpoints import CONFIG, Script, SimulatedSpark

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
 
 from airflow_ckpt.errors import MetadataError
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.history.reader import HistoryReader
 from airflow_ckpt.runtime.storage import open_storage
 
 
@@ -28,3 +30,17 @@ def test_unknown_type_and_corrupt_event_are_errors(tmp_path: Path) -> None:
     storage.put_bytes("job/history/0000000000000001.json", b"{broken")
     with pytest.raises(MetadataError, match=r"0000000000000001\.json"):
         history.events()
+
+
+def test_timestamps_and_uids_come_from_the_injected_clock_and_ids(tmp_path: Path) -> None:
+    """An event's display ``ts`` and its ``uid`` come from the clock and the id source the
+    history was given (the simulation passes its own), never the module-level ones."""
+    ids = iter([uuid.UUID(int=1), uuid.UUID(int=2)])
+    history = JobHistory(open_storage(tmp_path.as_uri()), "j", compaction=None,
+                         clock=lambda: 42.5, ids=lambda: next(ids))
+    first = history.append(ev.JOB_STARTED)
+    second = history.append(ev.JOB_FINISHED)
+    read = HistoryReader(open_storage(tmp_path.as_uri()), "j").events()
+    assert [(e.ts, e.data["uid"]) for e in read] == [
+        (42.5, uuid.UUID(int=1).hex[:16]), (42.5, uuid.UUID(int=2).hex[:16])]
+    assert [e.key for e in read] == [first.key, second.key]

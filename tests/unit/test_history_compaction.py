@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from airflow_ckpt.runtime.control.savepoints import last_lifecycle_event
-from airflow_ckpt.runtime.history import journal as ev
-from airflow_ckpt.runtime.history.journal import CompactionPolicy, EventCache, JobHistory
+from airflow_ckpt.runtime.history import events as ev
+from airflow_ckpt.runtime.history.journal import CompactionPolicy, JobHistory
+from airflow_ckpt.runtime.history.reader import EventCache
 from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.runtime.storage.base import CheckpointStorage

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import CompactionPolicy, JobHistory
 from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage

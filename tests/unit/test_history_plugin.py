@@ -403,7 +403,7 @@ def test_an_orphaned_drivers_in_process_restores_are_labelled_as_such(
     """One driver start, then 13 in-process restarts, each restoring: the page says so
     (not "Restored 14"), and the one retained checkpoint is named as an id, apart from
     the counts (not "Retained 411" among them)."""
-    from airflow_ckpt.runtime.history import journal as ev
+    from airflow_ckpt.runtime.history import events as ev
     from tests.fixtures.snapshots import write_snapshot
 
     job = "orphan"

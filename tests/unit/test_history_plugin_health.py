@@ -20,7 +20,7 @@ from airflow_ckpt.plugins.app import create_app
 from airflow_ckpt.plugins.history import CheckpointHistoryLink
 from airflow_ckpt.plugins.redact import driver_text
 from airflow_ckpt.plugins.settings import PluginSettings
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import CompactionPolicy, JobHistory
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from tests.fixtures.checkpoint_history import (

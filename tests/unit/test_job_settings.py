@@ -10,7 +10,7 @@ import pytest
 from airflow_ckpt.errors import JobSettingsError
 from airflow_ckpt.runtime import sparkconf as keys
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.sparkconf import JobSettings

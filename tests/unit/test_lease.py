@@ -24,11 +24,11 @@ from airflow_ckpt.errors import (
     StorageError,
 )
 from airflow_ckpt.runtime import interleave
-from airflow_ckpt.runtime.lease.holder import (
+from airflow_ckpt.runtime.driver.process import HolderIdentity
+from airflow_ckpt.runtime.lease.holder import JobLease
+from airflow_ckpt.runtime.lease.observer import LeaseObserver
+from airflow_ckpt.runtime.lease.record import (
     ID_BLOCK,
-    HolderIdentity,
-    JobLease,
-    LeaseObserver,
     LeaseRecord,
     read_lease,
     valid_checkpoint_ids,
@@ -357,3 +357,21 @@ def test_takeover_records_adopted_checkpoints_and_late_markers_never_count(
 def test_bad_settings_are_refused(store: CheckpointStorage) -> None:
     with pytest.raises(ValueError, match="heartbeat"):
         JobLease(store, "job", "x", ttl_s=10, heartbeat_s=5, max_write_s=6)
+
+
+def test_the_record_timestamps_come_from_the_injected_wall_clock(
+    store: CheckpointStorage, clock: FakeClock
+) -> None:
+    """The record's display timestamps read the wall clock the holder was given (the
+    simulation passes its host clock), never the module-level ``time``."""
+    wall = [5000.0]
+    holder = JobLease(store, "job", "a", ttl_s=TTL, heartbeat_s=BEAT, max_write_s=MAX_WRITE,
+                      clock=clock, sleep=clock.sleep, wall_clock=lambda: wall[0])
+    record = holder.acquire()
+    assert (record.acquired_ts, record.heartbeat_ts) == (5000.0, 5000.0)
+    wall[0] = 5007.5
+    holder.beat()
+    stored = read_lease(store, "job")
+    assert stored is not None and stored.heartbeat_ts == 5007.5
+    assert stored.acquired_ts == 5000.0
+    holder.release()

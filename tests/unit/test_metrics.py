@@ -30,13 +30,13 @@ from airflow_ckpt.metrics import (
     watching,
 )
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     CHECKPOINT_FAILED,
     RESTART,
     SAVEPOINT_FAILED,
-    JobHistory,
 )
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.sensors.checkpoint import match_outcome
 from airflow_ckpt.triggers.checkpoint import CheckpointEventTrigger

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt.operators import CheckpointedJobFailedError, CheckpointedSparkSubmitOperator
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     FAILURE,
     JOB_FAILED,
@@ -29,8 +29,8 @@ from airflow_ckpt.runtime.history.journal import (
     JOB_SUBMITTED,
     RESTART,
     HistoryEvent,
-    JobHistory,
 )
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage import open_storage
 from tests.fixtures.metrics import StatsdListener
 
@@ -56,7 +56,8 @@ FAKE = textwrap.dedent(
         sys.exit(1)
     if attempt <= int(confs.get("spark.fake.crash_attempts", "0")):
         if confs.get("spark.fake.checkpoint_before_crash"):
-            from airflow_ckpt.runtime.history.journal import CHECKPOINT_COMPLETED, JobHistory
+            from airflow_ckpt.runtime.history.events import CHECKPOINT_COMPLETED
+            from airflow_ckpt.runtime.history.journal import JobHistory
             from airflow_ckpt.runtime.storage import open_storage
             storage = open_storage(confs["spark.airflow_ckpt.storage"])
             n = 10 + attempt
@@ -419,7 +420,7 @@ def test_deferrable_retry_reattaches_to_a_driver_that_still_holds_the_lease(
     """A retried deferred task must not start a second driver next to a live one."""
     from airflow.sdk.exceptions import TaskDeferred
 
-    from airflow_ckpt.runtime.lease.holder import LeaseRecord
+    from airflow_ckpt.runtime.lease.record import LeaseRecord
 
     storage_uri = (tmp_path / "ckpt").as_uri()
     storage = open_storage(storage_uri)

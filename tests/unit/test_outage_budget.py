@@ -27,11 +27,12 @@ from airflow_ckpt.errors import (
     StorageOutageError,
 )
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.job import checkpointed_job as job_module
-from airflow_ckpt.runtime.lease.holder import JobLease, read_lease
+from airflow_ckpt.runtime.lease.holder import JobLease
+from airflow_ckpt.runtime.lease.record import read_lease
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo

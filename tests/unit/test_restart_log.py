@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt.errors import ConfigError
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     FAILURE,
     JOB_FAILED,
@@ -16,8 +16,8 @@ from airflow_ckpt.runtime.history.journal import (
     JOB_SUBMITTED,
     RESTART,
     RESTORED,
-    JobHistory,
 )
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.history.restart_log import RestartLog, format_restart_history
 from airflow_ckpt.runtime.storage import open_storage
 

@@ -17,14 +17,14 @@ from airflow_ckpt.runtime.control.savepoints import (
     resolve_savepoint,
     resolve_snapshot,
 )
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     JOB_FAILED,
     JOB_STARTED,
     JOB_STOPPED,
     JOB_SUBMITTED,
-    JobHistory,
 )
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from tests.fixtures.snapshots import write_snapshot
 

@@ -18,7 +18,8 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, T
 from airflow_ckpt.errors import SavepointError
 from airflow_ckpt.operators.savepoint import TriggerSavepointOperator, as_bool
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest
-from airflow_ckpt.runtime.history.journal import JOB_STARTED, JOB_STOPPED, JobHistory
+from airflow_ckpt.runtime.history.events import JOB_STARTED, JOB_STOPPED
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.sensors.checkpoint import CheckpointSensor
 from airflow_ckpt.triggers.checkpoint import CheckpointTrigger

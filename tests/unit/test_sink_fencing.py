@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,3 +234,14 @@ def test_a_deposed_drivers_late_commit_outcome_loses_to_the_successors_abort(
 
     assert published_numbers(new) == list(range(40))
     assert new.pending() == []
+
+
+def test_a_json_lines_attempt_key_comes_from_the_injected_ids(tmp_path: Path) -> None:
+    """Each pre-commit stages under a fresh attempt id from the sink's id source (the
+    simulation passes its seeded ids), never the module-level ``uuid``."""
+    storage = open_storage(tmp_path.as_uri())
+    attempt = uuid.UUID(int=0xABC)
+    sink = JsonLinesSink(storage, "out", ids=lambda: attempt)
+    sink.pre_commit(7, [{"n": 1}])
+    staged = [info.key for info in storage.list("out/_pending/")]
+    assert staged == [f"out/_pending/{7:012d}/{attempt.hex[:16]}.jsonl"]

@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     JOB_FAILED,
     JOB_FINISHED,
     JOB_STOPPED,
     JOB_SUBMITTED,
-    JobHistory,
 )
-from airflow_ckpt.runtime.lease.holder import LeaseRecord
+from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.lease.record import LeaseRecord
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.supervision import HealthRule, RunCheckpoints, SupervisionProbe, Verdict
 from airflow_ckpt.triggers.supervision import DriverSupervisionTrigger

@@ -13,7 +13,7 @@ from typing import Literal
 
 from airflow_ckpt.errors import InvalidStorageUriError, ObjectNotFoundError, RestoreError
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest, parse_manifest
-from airflow_ckpt.runtime.lease.holder import LeaseRecord, read_lease, valid_checkpoint_ids
+from airflow_ckpt.runtime.lease.record import LeaseRecord, read_lease, valid_checkpoint_ids
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.factory import key_in_storage
 from airflow_ckpt.runtime.storage.layout import (
@@ -59,7 +59,7 @@ class CheckpointCatalog:
 
         Completed: with a ``_metadata`` that counts under the current lease (a marker a
         deposed driver wrote after another driver took over never counts, see
-        :func:`~airflow_ckpt.runtime.lease.holder.valid_checkpoint_ids`), or under the given
+        :func:`~airflow_ckpt.runtime.lease.record.valid_checkpoint_ids`), or under the given
         ``lease`` record (a driver taking over judges by its predecessor's).
         """
         if completed_only:

@@ -39,7 +39,7 @@ from airflow_ckpt.runtime.checkpoint.snapshot import CapturedSnapshot, capture, 
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.checkpoint.upload import DigestCache, UploadTarget, upload_snapshot
 from airflow_ckpt.runtime.checkpoint.workdir_check import WorkdirNotSharedError, check_captured
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout

@@ -27,12 +27,8 @@ from airflow_ckpt.errors import (
 )
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog, CompletedRef
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlResult
-from airflow_ckpt.runtime.history.journal import (
-    JOB_STARTED,
-    LIFECYCLE_EVENTS,
-    HistoryEvent,
-    JobHistory,
-)
+from airflow_ckpt.runtime.history.events import JOB_STARTED, LIFECYCLE_EVENTS, HistoryEvent
+from airflow_ckpt.runtime.history.reader import HistoryReader
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.factory import key_in_storage
 from airflow_ckpt.runtime.storage.layout import parse_checkpoint_dir, validate_job_name
@@ -57,7 +53,7 @@ def last_lifecycle_event(storage: CheckpointStorage, job: str) -> HistoryEvent |
     compacted checkpoint statistics) and stops at the first lifecycle event. An
     unreadable event raises ``MetadataError`` naming its key.
     """
-    return JobHistory(storage, job, compaction=None).last_of(LIFECYCLE_EVENTS)
+    return HistoryReader(storage, job).last_of(LIFECYCLE_EVENTS)
 
 
 def ensure_job_running(storage: CheckpointStorage, job: str) -> HistoryEvent:

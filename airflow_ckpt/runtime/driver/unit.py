@@ -47,7 +47,7 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from airflow_ckpt.runtime.lease.holder import pid_alive
+from airflow_ckpt.runtime.driver.process import pid_alive
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

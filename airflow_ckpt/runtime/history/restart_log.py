@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 from airflow_ckpt.errors import AirflowCkptError, HistoryMovedError, MetadataError
 from airflow_ckpt.restart import RestartDecision, RestartStrategy, restart_strategy_from_params
-from airflow_ckpt.runtime.history.journal import (
+from airflow_ckpt.runtime.history.events import (
     FAILURE,
     JOB_FAILED,
     JOB_SUBMITTED,
@@ -56,9 +56,9 @@ from airflow_ckpt.runtime.history.journal import (
     RUN_EVENTS,
     TERMINAL_EVENTS,
     HistoryEvent,
-    JobHistory,
     seq_of_key,
 )
+from airflow_ckpt.runtime.history.journal import JobHistory
 
 log = logging.getLogger(__name__)
 

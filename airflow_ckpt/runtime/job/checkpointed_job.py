@@ -56,11 +56,12 @@ from airflow_ckpt.runtime.control.channel import (
     Doorbell,
 )
 from airflow_ckpt.runtime.driver.unit import DriverUnit
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.job.spark_features import SparkSetupError, require_offline_repartition
-from airflow_ckpt.runtime.lease.holder import JobLease, LeaseRecord
+from airflow_ckpt.runtime.lease.holder import JobLease
+from airflow_ckpt.runtime.lease.record import LeaseRecord
 from airflow_ckpt.runtime.restore.choose import RestoreResult, restore
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
 from airflow_ckpt.runtime.sinks.offsets import ReplayPolicy, read_batch_offsets

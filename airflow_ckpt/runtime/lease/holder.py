@@ -15,7 +15,7 @@ one strongly consistent store, never on a timeout holding or on two hosts' clock
   (create-only: of two successors exactly one wins), then lists the completed
   checkpoints and records the ones it *adopts* in its record (compare-and-swap). Every
   completion marker that landed before its listing is adopted; one that lands later
-  never counts (:func:`valid_checkpoint_ids`).
+  never counts (:func:`~airflow_ckpt.runtime.lease.record.valid_checkpoint_ids`).
 * **A holder acts on what it wrote or read only after confirming.** After its
   completion marker is durable, and after the listings a collection, an abort or a
   commit rests on, the holder lists ``lease/`` (:meth:`JobLease.confirm`). If its epoch
@@ -46,252 +46,40 @@ one strongly consistent store, never on a timeout holding or on two hosts' clock
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Literal
+from dataclasses import replace
 
 from airflow_ckpt.errors import (
     ConcurrentDriverError,
     ConfigError,
     LeaseExpiredError,
     ObjectAlreadyExistsError,
-    ObjectNotFoundError,
     PreconditionFailedError,
 )
 from airflow_ckpt.runtime import interleave
+from airflow_ckpt.runtime.driver.process import HolderIdentity
+from airflow_ckpt.runtime.lease.observer import LeaseObserver
+from airflow_ckpt.runtime.lease.record import (
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_MAX_WRITE_S,
+    DEFAULT_TTL_S,
+    ID_BLOCK,
+    Clock,
+    LeaseRecord,
+    lease_epochs,
+    lease_key,
+)
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 
 log = logging.getLogger("airflow_ckpt.lease")
 
-DEFAULT_TTL_S = 30.0
-DEFAULT_HEARTBEAT_S = 5.0
-DEFAULT_MAX_WRITE_S = 10.0
-ID_BLOCK = 100  # checkpoint ids reserved per lease write
-
-Clock = Callable[[], float]
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
-
-
-def _pid_namespace() -> str:
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return ""
-
-
-def _start_ticks(pid: int) -> int:
-    """The process's start time in clock ticks since boot (0 if unknown)."""
-    stat = _read_text(f"/proc/{pid}/stat")
-    try:
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (IndexError, ValueError):
-        return 0
-
-
-def pid_alive(pid: int) -> bool:
-    """False if no process has ``pid`` here, or only a zombie that nobody reaped yet (a
-    SIGKILLed driver whose parent, the detached launcher, died with it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    stat = _read_text(f"/proc/{pid}/stat")
-    try:
-        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except IndexError:
-        return True  # no /proc (or it vanished): os.kill said it exists
-
-
-@dataclass(frozen=True, slots=True)
-class HolderIdentity:
-    """Which process holds a lease, precisely enough to tell that it is gone."""
-
-    host: str
-    boot_id: str
-    pid_ns: str
-    pid: int
-    start_ticks: int
-
-    @classmethod
-    def current(cls) -> HolderIdentity:
-        pid = os.getpid()
-        return cls(socket.gethostname(), _read_text("/proc/sys/kernel/random/boot_id"),
-                   _pid_namespace(), pid, _start_ticks(pid))
-
-    def is_dead_here(self) -> bool:
-        """True only if this process can *prove* the holder is gone: same host, boot and
-        pid namespace, and its pid is free or reused by a later process."""
-        me = HolderIdentity.current()
-        if not (self.boot_id and self.pid_ns and self.start_ticks):
-            return False  # a record without the identity (an old driver): never guess
-        if (self.host, self.boot_id, self.pid_ns) != (me.host, me.boot_id, me.pid_ns):
-            return False
-        return not pid_alive(self.pid) or _start_ticks(self.pid) != self.start_ticks
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseRecord:
-    """The content of ``<job>/lease/<epoch>.json``.
-
-    ``adopted``: the completed checkpoints the holder found valid when it took over;
-    ``first_id``: the first checkpoint id it uses. Together they decide which
-    ``_metadata`` objects count (see :func:`valid_checkpoint_ids`). ``heartbeat_ts`` is
-    informational (shown in the UI); liveness is judged from ``seq`` alone.
-    """
-
-    epoch: int
-    owner: str
-    host: str
-    pid: int
-    acquired_ts: float
-    heartbeat_ts: float
-    released: bool = False
-    seq: int = 0
-    ttl_s: float = DEFAULT_TTL_S
-    max_write_s: float = DEFAULT_MAX_WRITE_S
-    boot_id: str = ""
-    pid_ns: str = ""
-    start_ticks: int = 0
-    adopted: tuple[int, ...] | None = None
-    first_id: int | None = None
-    #: checkpoint ids below this are reserved by this holder (see :meth:`JobLease.reserve_ids`)
-    id_limit: int | None = None
-
-    @property
-    def identity(self) -> HolderIdentity:
-        return HolderIdentity(self.host, self.boot_id, self.pid_ns, self.pid, self.start_ticks)
-
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
-
-    @classmethod
-    def from_json(cls, raw: bytes) -> LeaseRecord | None:
-        """The record, or None if unreadable (an unreadable lease protects nothing)."""
-        try:
-            obj = json.loads(raw)
-            known = {f.name for f in fields(cls)}
-            values: dict[str, Any] = {k: v for k, v in obj.items() if k in known}
-            if values.get("adopted") is not None:
-                values["adopted"] = tuple(int(n) for n in values["adopted"])
-            return cls(**values)
-        except (ValueError, TypeError, AttributeError):
-            return None
-
-
-def _lease_key(prefix: str, epoch: int) -> str:
-    return f"{prefix}{epoch:010d}.json"
-
-
-def lease_epochs(storage: CheckpointStorage, job: str) -> list[int]:
-    """Epochs of the lease objects stored for ``job``, ascending."""
-    prefix = JobLayout(job).lease_prefix
-    out = []
-    for info in storage.list(prefix):
-        name = info.key[len(prefix):]
-        if name.endswith(".json") and name[:-5].isdigit():
-            out.append(int(name[:-5]))
-    return sorted(out)
-
-
-def read_lease(storage: CheckpointStorage, job: str) -> LeaseRecord | None:
-    """The newest lease record of ``job`` (None if there is none or it is unreadable)."""
-    epochs = lease_epochs(storage, job)
-    if not epochs:
-        return None
-    try:
-        raw = storage.get_bytes(_lease_key(JobLayout(job).lease_prefix, epochs[-1]))
-    except ObjectNotFoundError:
-        return None
-    return LeaseRecord.from_json(raw)
-
-
-def valid_checkpoint_ids(ids: list[int], lease: LeaseRecord | None) -> list[int]:
-    """Of the checkpoint ids that have a ``_metadata``, those that count as completed.
-
-    A checkpoint counts if the current holder adopted it at takeover or it is one of
-    the holder's own (id >= ``first_id``). Anything else is a completion marker that a
-    deposed driver wrote after the takeover: it never counts.
-    """
-    if lease is None or lease.adopted is None or lease.first_id is None:
-        return ids
-    adopted = set(lease.adopted)
-    return [n for n in ids if n in adopted or n >= lease.first_id]
-
-
-LeaseStatus = Literal["none", "held", "released", "expired", "dead"]
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseState:
-    """What an observer concluded about a job's lease at one poll.
-
-    ``unchanged_for_s``: how long (the observer's clock) the holder's heartbeat has not
-    moved; ``status`` is ``expired`` once that reaches ``ttl_s + max_write_s``, ``dead``
-    if the holder's process is provably gone on this machine.
-    """
-
-    status: LeaseStatus
-    record: LeaseRecord | None
-    unchanged_for_s: float = 0.0
-
-    @property
-    def free(self) -> bool:
-        return self.status != "held"
-
-
-class LeaseObserver:
-    """Watches a job's lease across polls and says when its holder is alive or gone.
-
-    Keep one observer across polls: liveness is "the heartbeat moved recently", which
-    needs two looks. A new observer (a restarted triggerer) waits one full expiry before
-    it calls a silent holder expired.
-    """
-
-    def __init__(self, storage: CheckpointStorage, job: str, clock: Clock = time.monotonic):
-        self.storage = storage
-        self.job = job
-        self.clock = clock
-        self._seen: tuple[int, int] | None = None
-        self._since = 0.0
-
-    def poll(self) -> LeaseState:
-        record = read_lease(self.storage, self.job)
-        now = self.clock()
-        if record is None:
-            self._seen = None
-            return LeaseState("none", None)
-        version = (record.epoch, record.seq)
-        if version != self._seen:
-            self._seen, self._since = version, now
-        unchanged = now - self._since
-        if record.released:
-            return LeaseState("released", record, unchanged)
-        if record.identity.is_dead_here():
-            return LeaseState("dead", record, unchanged)
-        if unchanged >= record.ttl_s + record.max_write_s:
-            return LeaseState("expired", record, unchanged)
-        return LeaseState("held", record, unchanged)
-
-
 #: (the previous holder's record) -> (completed ids this driver adopts, its first id);
 #: judged against the previous record, as a reader did before this driver's claim
-Adopt = Callable[["LeaseRecord | None"], tuple[tuple[int, ...], int]]
+Adopt = Callable[[LeaseRecord | None], tuple[tuple[int, ...], int]]
 
 
 class JobLease:
@@ -302,6 +90,10 @@ class JobLease:
     :param heartbeat_s: how often the holder renews it
     :param max_write_s: the longest one storage write may take; the holder stops
         starting writes ``max_write_s`` before its lease could expire
+    :param clock: the holder's monotonic clock (its validity, its waits)
+    :param wall_clock: the record's display timestamps (``acquired_ts``,
+        ``heartbeat_ts``); never read back to judge liveness
+    :param sleep: how the holder waits while it watches a holder it may take over from
     """
 
     def __init__(
@@ -314,6 +106,7 @@ class JobLease:
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         max_write_s: float = DEFAULT_MAX_WRITE_S,
         clock: Clock = time.monotonic,
+        wall_clock: Clock = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not 0 < heartbeat_s < ttl_s - max_write_s or max_write_s < 0:
@@ -328,6 +121,7 @@ class JobLease:
         self.heartbeat_s = heartbeat_s
         self.max_write_s = max_write_s
         self.clock = clock
+        self.wall_clock = wall_clock
         self.sleep = sleep
         self.record: LeaseRecord | None = None
         #: set when this driver must stop writing; ``failure`` says why
@@ -369,7 +163,7 @@ class JobLease:
                 epoch = (previous.epoch if previous else 0)
                 epoch = max([epoch, *lease_epochs(self.storage, self.job)]) + 1
                 me = HolderIdentity.current()
-                now = time.time()
+                now = self.wall_clock()
                 record = LeaseRecord(
                     epoch, self.owner, me.host, me.pid, now, now, ttl_s=self.ttl_s,
                     max_write_s=self.max_write_s, boot_id=me.boot_id, pid_ns=me.pid_ns,
@@ -378,7 +172,7 @@ class JobLease:
                 )
                 started = self.clock()
                 try:
-                    etag = self.storage.put_bytes(_lease_key(self.prefix, epoch),
+                    etag = self.storage.put_bytes(lease_key(self.prefix, epoch),
                                                   record.to_json(), create_only=True)
                 except ObjectAlreadyExistsError:
                     observer = LeaseObserver(self.storage, self.job, self.clock)
@@ -392,7 +186,7 @@ class JobLease:
                 if adopt is not None:
                     self._adopt_late_markers(adopt, previous)
                 self.storage.delete_many(
-                    _lease_key(self.prefix, e) for e in lease_epochs(self.storage, self.job)
+                    lease_key(self.prefix, e) for e in lease_epochs(self.storage, self.job)
                     if e < epoch)
                 self._start_heartbeat()
                 log.info("acquired the lease of job %s (epoch %d)%s", self.job, epoch,
@@ -443,7 +237,7 @@ class JobLease:
         with self._swapping:
             assert self.record is not None
             record = change(self.record)
-            key = _lease_key(self.prefix, record.epoch)
+            key = lease_key(self.prefix, record.epoch)
             try:
                 try:
                     etag = self.storage.put_bytes(key, record.to_json(), if_match=self._etag)
@@ -568,7 +362,7 @@ class JobLease:
             self._in_flight = True
         try:
             interleave.point(interleave.LEASE_BEFORE_BEAT)
-            self._swap(lambda r: replace(r, seq=r.seq + 1, heartbeat_ts=time.time()))
+            self._swap(lambda r: replace(r, seq=r.seq + 1, heartbeat_ts=self.wall_clock()))
             self.confirm()  # a newer epoch means we were deposed: do not extend
             self._valid_until = started + self.ttl_s - self.max_write_s
             self._renewed()
@@ -600,7 +394,7 @@ class JobLease:
             try:
                 self.check()
                 self._swap(lambda r: replace(r, seq=r.seq + 1, released=True,
-                                   heartbeat_ts=time.time()))
+                                   heartbeat_ts=self.wall_clock()))
             except Exception:  # best effort: expiry frees it anyway
                 log.warning("could not release the lease of job %s", self.job, exc_info=True)
         self.record = None

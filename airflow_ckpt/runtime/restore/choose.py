@@ -17,7 +17,7 @@ from airflow_ckpt.errors import CorruptCheckpointError, MetadataError, RestoreEr
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
 from airflow_ckpt.runtime.checkpoint.upload import DigestCache
-from airflow_ckpt.runtime.history import journal as ev
+from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage.base import CheckpointStorage

@@ -35,10 +35,14 @@ class JsonLinesSink(TwoPhaseCommitSink):
     skipped if it read the source offsets its decision recorded; otherwise it is refused
     (``SinkReplayMismatchError``, EXACTLY_ONCE) or published as extra output
     ``part-<batch>.<tag>.jsonl`` (AT_LEAST_ONCE); see ``docs/sinks.md``.
+
+    ``ids``: fresh random ids (each pre-commit's attempt key).
     """
 
-    def __init__(self, storage: CheckpointStorage, prefix: str) -> None:
+    def __init__(self, storage: CheckpointStorage, prefix: str, *,
+                 ids: Callable[[], uuid.UUID] = uuid.uuid4) -> None:
         self.storage = storage
+        self.ids = ids
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.transactions = SinkTransactions(storage, self.prefix, name=repr(self))
         self._lock = threading.Lock()
@@ -62,7 +66,7 @@ class JsonLinesSink(TwoPhaseCommitSink):
 
     def pre_commit(self, batch_id: int, rows: Sequence[dict[str, Any]]) -> None:
         body = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
-        attempt = uuid.uuid4().hex[:16]
+        attempt = self.ids().hex[:16]
         staged = f"{self._pending_prefix(batch_id)}{attempt}.jsonl"
         self.storage.put_bytes(staged, body.encode(), create_only=True)
         try:

@@ -176,7 +176,7 @@ def read_batch_offsets(checkpoint_dir: Path, batch_id: int) -> BatchOffsets | No
                         _start_offsets(checkpoint_dir, batch_id, len(sources)))
 
 
-class Verdict(enum.Enum):
+class ReplayVerdict(enum.Enum):
     """What becomes of a replay of a batch a sink committed already."""
 
     #: it read exactly what the committed batch read: skip it (exactly once)
@@ -206,19 +206,19 @@ class ReplayPolicy:
     report: ReplayReport | None = None
 
     def judge(self, sink: str, batch_id: int, committed: dict[str, Any] | None,
-              replay: BatchOffsets | None) -> Verdict:
+              replay: BatchOffsets | None) -> ReplayVerdict:
         """Decide a replay of a batch ``sink`` committed already, from the offsets the
         commit decision recorded (``committed``, ``BatchOffsets.to_dict``) and the
         replay's. Raises ``SinkReplayMismatchError`` for other offsets unless
         ``publish_other``; a sink that then publishes the replay calls
         :meth:`announce` first, so an extra publication is never silent."""
         if replay is None:
-            return Verdict.UNVERIFIED
+            return ReplayVerdict.UNVERIFIED
         if committed is not None and BatchOffsets.from_dict(committed).same_input(replay):
-            return Verdict.SAME
+            return ReplayVerdict.SAME
         if not self.publish_other:
             raise SinkReplayMismatchError(batch_id, sink, _shown(committed), replay.describe())
-        return Verdict.PUBLISH
+        return ReplayVerdict.PUBLISH
 
     def announce(self, sink: str, batch_id: int, committed: dict[str, Any] | None,
                  replay: BatchOffsets) -> None:
@@ -251,4 +251,4 @@ def check_replay(sink: str, batch_id: int, committed: dict[str, Any] | None,
     offsets, or the committed transaction recorded none to compare. ``committed`` is
     the offsets the commit decision recorded (``BatchOffsets.to_dict``). A sink that
     honours AT_LEAST_ONCE calls :meth:`ReplayPolicy.judge` with its policy instead."""
-    return REFUSE.judge(sink, batch_id, committed, replay) is Verdict.SAME
+    return REFUSE.judge(sink, batch_id, committed, replay) is ReplayVerdict.SAME

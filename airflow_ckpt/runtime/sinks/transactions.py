@@ -67,7 +67,7 @@ from airflow_ckpt.errors import (
     ObjectNotFoundError,
     PreconditionFailedError,
 )
-from airflow_ckpt.runtime.sinks.offsets import REFUSE, BatchOffsets, ReplayPolicy, Verdict
+from airflow_ckpt.runtime.sinks.offsets import REFUSE, BatchOffsets, ReplayPolicy, ReplayVerdict
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 log = logging.getLogger("airflow_ckpt.sinks")
@@ -232,7 +232,7 @@ class SinkTransactions:
             if decided is not None:
                 verdict = (replays if not txn.replay else REFUSE).judge(
                     self.name, txn.batch, decided.get("offsets"), txn.offsets)
-                if verdict is Verdict.PUBLISH:
+                if verdict is ReplayVerdict.PUBLISH:
                     assert txn.offsets is not None  # only known offsets can differ
                     extra = replace(txn, replay=txn.offsets.tag)
                     if self.decision(txn.batch, extra.replay) is None:  # else: skipped
@@ -241,7 +241,7 @@ class SinkTransactions:
                     return self.record(extra, replays, describe=describe)
                 raise ObjectAlreadyExistsError(
                     f"batch {txn.batch} is committed already; its replay "
-                    + ("read the same source offsets" if verdict is Verdict.SAME else
+                    + ("read the same source offsets" if verdict is ReplayVerdict.SAME else
                        "carries no source offsets to compare (the sink runs without the "
                        "runtime)"))
             try:

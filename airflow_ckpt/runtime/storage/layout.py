@@ -11,8 +11,8 @@ This layout is a public contract (see docs/storage-layout.md)::
       control/<request-id>.json    requests to the running job
       control/<request-id>.result.json  the job's answer to a request
       history/<seq>.json           append-only events, numbered 1, 2, ... (create-only)
-      history/segments/<stream>/   compacted events (see history.py)
-      lease/<epoch>.json           which driver may write checkpoints (see lease.py)
+      history/segments/<stream>/   compacted events (see history/segments.py)
+      lease/<epoch>.json           which driver may write checkpoints (see lease/record.py)
       lease/doorbell-<request-id>  "a request is waiting": a hint the lease heartbeat's
                                    listing carries to the driver (see control.py)
 """

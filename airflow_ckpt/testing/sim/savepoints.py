@@ -65,11 +65,10 @@ from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
-from airflow_ckpt.runtime.history import journal as history_module
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.lease import holder as lease_module
-from airflow_ckpt.runtime.lease.holder import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S, JobLease
+from airflow_ckpt.runtime.lease.holder import JobLease
+from airflow_ckpt.runtime.lease.record import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S
 from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
@@ -93,8 +92,9 @@ PLANTS = (PLANT_SHARED_DIR,)
 HOLD_S = 2 * (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S)
 PAUSE_S = (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S, HOLD_S + 10.0)
 EXPECTED = (ConcurrentDriverError, LeaseExpiredError, EndpointUnreachableError)
-#: the modules whose ``time`` / ``uuid`` the simulation replaces
-SIMULATED_MODULES = [lease_module, coordinator_module, upload_module, history_module]
+#: the module-level ``time`` / ``uuid`` the simulation replaces (the lease and the history
+#: take the simulation's clock and ids through their constructors)
+SIMULATED_MODULES = {coordinator_module: ("time", "uuid"), upload_module: ("time",)}
 BATCHES = 3
 #: savepoint attempts per driver while the request is open (the requester's retries)
 ATTEMPTS = 4
@@ -255,7 +255,7 @@ class SavepointWorld(Judged):
         sched, rng = self.scheduler, self.rng
         view = self.base.view(self.setup.faults, f"driver-{number}")
         lease = _ManualLease(view, JOB, owner=f"driver-{number}", clock=sched.monotonic,
-                             sleep=sched.sleep)
+                             wall_clock=sched.wall_clock, sleep=sched.sleep)
         # the runtime's own adoption, on the two attributes it reads
         adopt = partial(CheckpointedJob._adopt,
                         SimpleNamespace(lease=lease, job=JOB))  # type: ignore[arg-type]
@@ -271,7 +271,8 @@ class SavepointWorld(Judged):
         workdir = write_workdir(self.scratch / f"driver-{number}" / "work", f"driver-{number}")
         coordinator = CheckpointCoordinator(
             storage=storage, job=JOB, workdir=workdir, config=config, store=store,
-            history=JobHistory(storage, JOB), next_checkpoint_id=max(
+            history=JobHistory(storage, JOB, clock=sched.wall_clock, ids=sched.uuid4),
+            next_checkpoint_id=max(
                 store.recover(), record.first_id or 1),
             spark_version="4.2.0", fence=lease.gate, confirm=lease.confirm,
             lease_epoch=record.epoch, threaded=False)

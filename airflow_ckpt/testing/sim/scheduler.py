@@ -9,12 +9,13 @@ schedule exactly: same choices, same storage calls, same trace.
 
 **Time** is virtual. The scheduler keeps the true time ``now``; it moves by a small
 seeded step per turn and jumps to the next wake-up when every actor sleeps. Each actor
-runs on a :class:`Host` whose wall clock is ``now + skew_s``. The real classes read the
-clock through the module-level ``time`` of their modules; :func:`patched_modules`
-replaces that name (inside the harness only) by a :class:`VirtualTime` that answers
-with the calling actor's host clock, and ``uuid`` by seeded ids. Hosts are separate
-processes: module globals a process keeps to itself (e.g. a "last key" counter) are
-saved and restored per host at every baton switch (:class:`ProcessGlobals`).
+runs on a :class:`Host` whose wall clock is ``now + skew_s``. The real classes take
+their clocks and id sources through their constructors: the simulation passes
+:meth:`Scheduler.wall_clock` (the calling actor's host clock), :meth:`Scheduler.monotonic`,
+:meth:`Scheduler.sleep` and :meth:`Scheduler.uuid4` (seeded ids). A module that still
+reads the module-level ``time`` or ``uuid`` is simulated by :func:`patched_modules`,
+which replaces exactly the names it is given and refuses a module without them (moving
+code must never silently take it out of simulated time).
 
 **Pauses.** An actor may pause at any yield point (``pause_p``): it keeps its place in
 what it was doing (e.g. a write that passed its lease gate) and goes on when it wakes.
@@ -32,7 +33,7 @@ import random
 import threading
 import types
 import uuid as real_uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,10 @@ class Crash(BaseException):
 
 class SimulationStuck(RuntimeError):
     """An actor kept the baton without reaching a yield point."""
+
+
+class NotSimulated(LookupError):
+    """A module named for patching lacks the name: it would run on the real clock."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,27 +100,6 @@ class Deferred:
     not_before: float = 0.0  # true time before which the network still holds it
 
 
-class ProcessGlobals:
-    """Module globals that belong to one process: swapped per host at baton switches."""
-
-    def __init__(self, names: list[tuple[types.ModuleType, str]]) -> None:
-        self.names = [(m, n) for m, n in names if hasattr(m, n)]
-        self._initial = {(m.__name__, n): getattr(m, n) for m, n in self.names}
-        self._saved: dict[str, dict[tuple[str, str], Any]] = {}
-
-    def enter(self, host: Host) -> None:
-        saved = self._saved.get(host.name, self._initial)
-        for module, name in self.names:
-            setattr(module, name, saved[(module.__name__, name)])
-
-    def leave(self, host: Host) -> None:
-        self._saved[host.name] = {(m.__name__, n): getattr(m, n) for m, n in self.names}
-
-    def restore(self) -> None:
-        for module, name in self.names:
-            setattr(module, name, self._initial[(module.__name__, name)])
-
-
 class Scheduler:
     """Runs actors one at a time in an order its seed decides (see the module doc).
 
@@ -126,8 +110,7 @@ class Scheduler:
     """
 
     def __init__(self, seed: int, *, start: float = 1_800_000_000.0, max_steps: int = 4000,
-                 deliver_p: float = 0.15,
-                 process_globals: ProcessGlobals | None = None) -> None:
+                 deliver_p: float = 0.15) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.ids = random.Random(seed ^ 0x5EED)
@@ -140,7 +123,6 @@ class Scheduler:
         self.trace: list[str] = []
         self.cut_off = False
         self.observers: list[Callable[[], None]] = []
-        self.globals = process_globals or ProcessGlobals([])
         self._back = threading.Semaphore(0)
         self._local = threading.local()
 
@@ -163,6 +145,10 @@ class Scheduler:
         """A monotonic clock (each host's runs at the true rate: skew does not matter)."""
         return self.now
 
+    def uuid4(self) -> real_uuid.UUID:
+        """A random id drawn from the seed (the simulation's id source)."""
+        return real_uuid.UUID(int=self.ids.getrandbits(128), version=4)
+
     def log(self, line: str) -> None:
         actor = self.current()
         who = actor.name if actor is not None else "sim"
@@ -179,10 +165,8 @@ class Scheduler:
         if actor.pause_p and self.rng.random() < actor.pause_p:
             actor.wake_at = self.now + self.rng.uniform(*actor.pause_s)
             self.log(f"pauses until t+{actor.wake_at - 1_800_000_000.0:.3f} before {what}")
-        self.globals.leave(actor.host)
         self._back.release()
         actor.go.acquire()
-        self.globals.enter(actor.host)
         if actor.killed:
             raise Crash(what)
 
@@ -206,7 +190,6 @@ class Scheduler:
         def body() -> None:
             self._local.actor = actor
             actor.go.acquire()
-            self.globals.enter(actor.host)
             try:
                 if actor.killed:
                     raise Crash("before start")
@@ -217,7 +200,6 @@ class Scheduler:
                 actor.error = exc
             finally:
                 actor.done = True
-                self.globals.leave(actor.host)
                 self._back.release()
 
         actor.thread = threading.Thread(target=body, name=f"sim-{name}", daemon=True)
@@ -328,26 +310,40 @@ class SeededUuid:
         self._scheduler = scheduler
 
     def uuid4(self) -> real_uuid.UUID:
-        return real_uuid.UUID(int=self._scheduler.ids.getrandbits(128), version=4)
+        return self._scheduler.uuid4()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(real_uuid, name)
 
 
 @contextlib.contextmanager
-def patched_modules(scheduler: Scheduler, modules: list[types.ModuleType]) -> Iterator[None]:
-    """Point the ``time`` and ``uuid`` names of ``modules`` at the simulation's clock and
-    ids for the duration (only names a module has are replaced); restore them after."""
+def patched_modules(
+    scheduler: Scheduler, patches: Mapping[types.ModuleType, tuple[str, ...]]
+) -> Iterator[None]:
+    """Point the given names (``time``, ``uuid``) of each module at the simulation's clock
+    and ids for the duration; restore them after.
+
+    Raises :class:`NotSimulated` if a module has no such module-level name: code that
+    moved (or now takes its clock through its constructor) must leave the list, never be
+    silently skipped.
+    """
     fakes: dict[str, Any] = {"time": VirtualTime(scheduler), "uuid": SeededUuid(scheduler)}
+    for module, names in patches.items():
+        for name in names:
+            if name not in fakes:
+                raise NotSimulated(f"the simulation has no stand-in for {name!r}")
+            if not isinstance(getattr(module, name, None), types.ModuleType):
+                raise NotSimulated(
+                    f"{module.__name__} has no module-level {name!r} to simulate: pass the "
+                    "simulation's clock or ids through the constructor, and drop the "
+                    "module from the list")
     saved: list[tuple[types.ModuleType, str, Any]] = []
     try:
-        for module in modules:
-            for name, fake in fakes.items():
-                if isinstance(getattr(module, name, None), types.ModuleType):
-                    saved.append((module, name, getattr(module, name)))
-                    setattr(module, name, fake)
+        for module, names in patches.items():
+            for name in names:
+                saved.append((module, name, getattr(module, name)))
+                setattr(module, name, fakes[name])
         yield
     finally:
         for module, name, original in reversed(saved):
             setattr(module, name, original)
-        scheduler.globals.restore()

@@ -63,15 +63,14 @@ from airflow_ckpt.errors import (
     LeaseExpiredError,
     SinkReplayMismatchError,
 )
-from airflow_ckpt.runtime.lease import holder as lease_module
-from airflow_ckpt.runtime.lease.holder import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S, JobLease
-from airflow_ckpt.runtime.sinks import jsonl as jsonl_module
+from airflow_ckpt.runtime.lease.holder import JobLease
+from airflow_ckpt.runtime.lease.record import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S
 from airflow_ckpt.runtime.sinks.jsonl import JsonLinesSink
 from airflow_ckpt.runtime.sinks.offsets import BatchOffsets
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
-from airflow_ckpt.testing.sim.scheduler import Host, Scheduler, patched_modules
+from airflow_ckpt.testing.sim.scheduler import Host, Scheduler
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
 
 JOB = "simjob"
@@ -336,10 +335,10 @@ class SinkWorld(Judged):
         view = self.base.view(setup.faults, f"driver-{number}", unconditional=(
             "/_txn/" if PLANT_PLAIN_TXN in setup.plants else None))
         lease = _ManualLease(view, JOB, owner=f"driver-{number}", clock=sched.monotonic,
-                             sleep=sched.sleep)
+                             wall_clock=sched.wall_clock, sleep=sched.sleep)
         lease.acquire()
         storage = FencedStorage(view, lease.gate)
-        sink = JsonLinesSink(storage, SINK)
+        sink = JsonLinesSink(storage, SINK, ids=sched.uuid4)
         sink.fence(lease.gate, lease.confirm)
         if PLANT_NO_OFFSETS not in setup.plants:
             sink.track_offsets(self.offsets_of(number))
@@ -432,16 +431,15 @@ class SinkWorld(Judged):
 
     def run(self) -> Outcome:
         sched = self.scheduler
-        with patched_modules(sched, [lease_module, jsonl_module]):
-            sched.log(f"setup: {self.setup.describe()}")
-            supervisor = sched.spawn("supervisor", Host("airflow"), self.supervisor)
-            try:
-                sched.run()
-            finally:
-                sched.shutdown()
-            if supervisor.error is not None:
-                self.violate(SINK_ERROR, f"the supervisor died of {supervisor.error!r}")
-            self.check_storage()
+        sched.log(f"setup: {self.setup.describe()}")
+        supervisor = sched.spawn("supervisor", Host("airflow"), self.supervisor)
+        try:
+            sched.run()
+        finally:
+            sched.shutdown()
+        if supervisor.error is not None:
+            self.violate(SINK_ERROR, f"the supervisor died of {supervisor.error!r}")
+        self.check_storage()
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
                        sched.cut_off, "sinks")
 

@@ -39,6 +39,8 @@ from airflow_ckpt.errors import (
     OutcomeUnknownError,
     PreconditionFailedError,
 )
+from airflow_ckpt.runtime.history.events import STREAM_EVENTS
+from airflow_ckpt.runtime.history.segments import SEGMENTS_DIR, HistoryListing
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned, etag_of
 from airflow_ckpt.testing.sim.scheduler import Scheduler
 
@@ -75,10 +77,10 @@ def _void(objects: dict[str, Stored], key: str) -> bool:
     head, sep, name = key.rpartition("/history/")
     if not sep or not name.endswith(".json") or not name[:-5].isdigit():
         return False
-    prefix = f"{head}/history/segments/events/"
-    sealed = max((int(k[len(prefix):len(prefix) + 16]) for k in objects
-                  if k.startswith(prefix)), default=0)
-    return int(name[:-5]) <= sealed
+    prefix = f"{head}/history/"
+    events = f"{prefix}{SEGMENTS_DIR}{STREAM_EVENTS}/"
+    listing = HistoryListing.parse(prefix, [k for k in objects if k.startswith(events)])
+    return int(name[:-5]) <= listing.sealed
 
 
 class SimObjects:
