@@ -25,6 +25,7 @@ from airflow_ckpt.errors import (
 )
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.driver.process import HolderIdentity
+from airflow_ckpt.runtime.interleave import Pause
 from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.observer import LeaseObserver
 from airflow_ckpt.runtime.lease.record import (
@@ -375,3 +376,39 @@ def test_the_record_timestamps_come_from_the_injected_wall_clock(
     assert stored is not None and stored.heartbeat_ts == 5007.5
     assert stored.acquired_ts == 5000.0
     holder.release()
+
+
+def test_two_drivers_that_judged_the_lease_free_together_never_both_hold_it(
+    store: CheckpointStorage, clock: FakeClock
+) -> None:
+    """Issue 25 item 1 (a double-triggered DAG): both drivers judged the released
+    epoch 1 free; one claimed epoch 2, then the other, resuming, listed epoch 2 and
+    claimed ``max(listed) + 1`` = 3 without judging epoch 2: both held the job for a
+    while and computed the same first checkpoint id. Now a claim is always the judged
+    epoch + 1, and an epoch claimed since the judgement is judged first."""
+    first = lease(store, clock, "run-0")
+    first.acquire()
+    first.release()
+    x, y = lease(store, clock, "run-x"), lease(store, clock, "run-y")
+    outcome: dict[str, object] = {}
+
+    def run_y() -> None:
+        try:
+            outcome["y"] = y.acquire(wait_s=0)
+        except ConcurrentDriverError as exc:
+            outcome["y"] = exc
+
+    pause = Pause(only=1)
+    with interleave.installed(interleave.LEASE_BEFORE_CLAIM, pause):
+        thread = threading.Thread(target=run_y)
+        thread.start()
+        pause.wait_reached()  # y judged epoch 1 free and is about to claim
+        assert x.acquire(wait_s=0).epoch == 2
+        pause.resume()
+        thread.join(timeout=30)
+    try:
+        assert isinstance(outcome["y"], ConcurrentDriverError), outcome["y"]
+        assert "run-x" in str(outcome["y"])
+        x.check()  # still the holder
+    finally:
+        x.release()

@@ -160,8 +160,15 @@ class JobLease:
             if state.free:
                 previous = state.record
                 adopted, first_id = adopt(previous) if adopt is not None else (None, None)
-                epoch = (previous.epoch if previous else 0)
-                epoch = max([epoch, *lease_epochs(self.storage, self.job)]) + 1
+                interleave.point(interleave.LEASE_BEFORE_CLAIM)
+                if max(lease_epochs(self.storage, self.job), default=0) > state.epoch:
+                    # Another driver claimed since this poll judged the lease free: its
+                    # epoch is judged like any holder's, never jumped over (two claims
+                    # of different epochs from one judgement would both hold the job).
+                    observer = LeaseObserver(self.storage, self.job, self.clock)
+                    first_seen = None
+                    continue
+                epoch = state.epoch + 1
                 me = HolderIdentity.current()
                 now = self.wall_clock()
                 record = LeaseRecord(

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from airflow_ckpt.runtime.lease.record import Clock, LeaseRecord, read_lease
+from airflow_ckpt.runtime.lease.record import Clock, LeaseRecord, newest_lease
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 LeaseStatus = Literal["none", "held", "released", "expired", "dead"]
@@ -29,6 +29,9 @@ class LeaseState:
     status: LeaseStatus
     record: LeaseRecord | None
     unchanged_for_s: float = 0.0
+    #: the newest epoch listed at this poll (0: none), the one judged: a claim after
+    #: it is ``epoch + 1``, never past an epoch nobody judged
+    epoch: int = 0
 
     @property
     def free(self) -> bool:
@@ -51,19 +54,19 @@ class LeaseObserver:
         self._since = 0.0
 
     def poll(self) -> LeaseState:
-        record = read_lease(self.storage, self.job)
+        epoch, record = newest_lease(self.storage, self.job)
         now = self.clock()
         if record is None:
             self._seen = None
-            return LeaseState("none", None)
+            return LeaseState("none", None, epoch=epoch)
         version = (record.epoch, record.seq)
         if version != self._seen:
             self._seen, self._since = version, now
         unchanged = now - self._since
         if record.released:
-            return LeaseState("released", record, unchanged)
+            return LeaseState("released", record, unchanged, epoch)
         if record.identity.is_dead_here():
-            return LeaseState("dead", record, unchanged)
+            return LeaseState("dead", record, unchanged, epoch)
         if unchanged >= record.ttl_s + record.max_write_s:
-            return LeaseState("expired", record, unchanged)
-        return LeaseState("held", record, unchanged)
+            return LeaseState("expired", record, unchanged, epoch)
+        return LeaseState("held", record, unchanged, epoch)

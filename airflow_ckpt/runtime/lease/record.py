@@ -94,16 +94,22 @@ def lease_epochs(storage: CheckpointStorage, job: str) -> list[int]:
     return sorted(out)
 
 
-def read_lease(storage: CheckpointStorage, job: str) -> LeaseRecord | None:
-    """The newest lease record of ``job`` (None if there is none or it is unreadable)."""
+def newest_lease(storage: CheckpointStorage, job: str) -> tuple[int, LeaseRecord | None]:
+    """The newest lease epoch listed for ``job`` (0: none) and its record (None if
+    there is none, or it was gone when read)."""
     epochs = lease_epochs(storage, job)
     if not epochs:
-        return None
+        return 0, None
     try:
         raw = storage.get_bytes(lease_key(JobLayout(job).lease_prefix, epochs[-1]))
     except ObjectNotFoundError:
-        return None
-    return LeaseRecord.from_json(raw)
+        return epochs[-1], None
+    return epochs[-1], LeaseRecord.from_json(raw)
+
+
+def read_lease(storage: CheckpointStorage, job: str) -> LeaseRecord | None:
+    """The newest lease record of ``job`` (None if there is none or it is unreadable)."""
+    return newest_lease(storage, job)[1]
 
 
 def valid_checkpoint_ids(ids: list[int], lease: LeaseRecord | None) -> list[int]:
