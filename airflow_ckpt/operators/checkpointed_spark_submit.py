@@ -37,8 +37,10 @@ arguments and a supervision loop:
 and log file, so it outlives the task process), the task defers on a
 :class:`~airflow_ckpt.triggers.supervision.DriverSupervisionTrigger` that watches the
 job's storage, and resumes in :meth:`execute_complete` to end, give up, or wait the
-restart delay deferred (:meth:`resubmit`) and submit again. Both paths take their
-decisions from one :class:`~airflow_ckpt.operators.supervisor.Supervisor`; submission
+restart delay deferred (:meth:`resubmit`) and submit again. Both paths take their steps
+from one :class:`~airflow_ckpt.operators.supervisor.Supervisor` (deferred:
+``supervisor.after(event)`` gives ``Done`` or ``Restart``; the operator only returns,
+defers or submits); submission
 mechanics live in :class:`~airflow_ckpt.hooks.spark_submit.CheckpointedSparkSubmitHook`,
 argument validation in :mod:`airflow_ckpt.operators.arguments`.
 """
