@@ -2,9 +2,10 @@
 
 :meth:`~airflow_ckpt.hooks.spark_submit.CheckpointedSparkSubmitHook.submit_detached` starts
 ``python -m airflow_ckpt.launch`` (:mod:`airflow_ckpt.launch`) in its own session; the
-launcher writes the driver's exit code to ``<log>.exit``. This module is what the operator,
-the hook and the supervision trigger know of such a driver: its handle, where its log goes,
-its exit code, its last log lines, and how to stop it. No Airflow import.
+launcher writes the driver's exit code to ``<log>.exit`` (:func:`exit_path_of`). This
+module is what the operator, the hook and the supervision trigger know of such a driver:
+its handle, where its log goes, its exit code, its last log lines, and how to stop it.
+No Airflow import.
 """
 
 from __future__ import annotations
@@ -36,6 +37,16 @@ def detached_log_path(log_dir: str | None, job: str, run_id: str, attempt: int) 
     base = Path(log_dir) if log_dir else Path(tempfile.gettempdir()) / "airflow-ckpt-drivers"
     safe_run = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)
     return base / f"{job}-{safe_run}-{attempt}.log"
+
+
+def exit_path_of(log_path: str | Path) -> str:
+    """The exit-code file of the detached driver logging to ``log_path``: ``<log>.exit``.
+
+    The launcher writes it (:meth:`~airflow_ckpt.hooks.spark_submit.
+    CheckpointedSparkSubmitHook.submit_detached`), the supervisor records it in the
+    submission's ``job_submitted`` event (``driver_exit``), and the trigger that watches
+    that submission reads it from there."""
+    return f"{log_path}.exit"
 
 
 def read_exit_code(exit_path: str | None) -> int | None:

@@ -41,7 +41,7 @@ from typing import Any
 import structlog
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-from airflow_ckpt.detached import OUTPUT_TAIL_LINES, DetachedDriver
+from airflow_ckpt.detached import OUTPUT_TAIL_LINES, DetachedDriver, exit_path_of
 from airflow_ckpt.launch import end_processes
 from airflow_ckpt.supervision import DriverFailure
 
@@ -326,7 +326,7 @@ class CheckpointedSparkSubmitHook(SparkSubmitHook):
             env.update({k: str(v) for k, v in self._env.items()})
         log_file = Path(log_path)
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        exit_path = f"{log_file}.exit"
+        exit_path = exit_path_of(log_file)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(exit_path)
         if self.is_cluster_mode:

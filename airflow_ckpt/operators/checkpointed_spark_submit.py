@@ -37,8 +37,10 @@ arguments and a supervision loop:
 and log file, so it outlives the task process), the task defers on a
 :class:`~airflow_ckpt.triggers.supervision.DriverSupervisionTrigger` that watches the
 job's storage, and resumes in :meth:`execute_complete` to end, give up, or wait the
-restart delay deferred (:meth:`resubmit`) and submit again. Both paths take their
-decisions from one :class:`~airflow_ckpt.operators.supervisor.Supervisor`; submission
+restart delay deferred (:meth:`resubmit`) and submit again. Both paths take their steps
+from one :class:`~airflow_ckpt.operators.supervisor.Supervisor` (deferred:
+``supervisor.after(event)`` gives ``Done`` or ``Restart``; the operator only returns,
+defers or submits); submission
 mechanics live in :class:`~airflow_ckpt.hooks.spark_submit.CheckpointedSparkSubmitHook`,
 argument validation in :mod:`airflow_ckpt.operators.arguments`.
 """
@@ -46,7 +48,6 @@ argument validation in :mod:`airflow_ckpt.operators.arguments`.
 from __future__ import annotations
 
 import contextlib
-import socket
 import threading
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -59,7 +60,6 @@ from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_ckpt.detached import detached_log_path, kill_detached, log_tail
 from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.hooks.spark_submit import (
@@ -74,11 +74,15 @@ from airflow_ckpt.operators.arguments import (
     check_restore_target,
     validate_arguments,
 )
-from airflow_ckpt.operators.supervisor import CheckpointedJobFailedError, Supervisor
+from airflow_ckpt.operators.supervisor import (
+    CheckpointedJobFailedError,
+    Done,
+    Step,
+    Supervisor,
+)
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.lease.record import lease_epochs
 from airflow_ckpt.shipping import runtime_py_files
-from airflow_ckpt.supervision import RESTORE_LATEST, DriverFailure, Verdict
+from airflow_ckpt.supervision import RESTORE_LATEST, DriverFailure
 
 __all__ = ["CheckpointedJobConfigError", "CheckpointedJobFailedError",
            "CheckpointedSparkSubmitOperator", "supervision_id"]
@@ -225,16 +229,12 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         """Validate, submit, then supervise: blocking, or deferred on the triggerer."""
         sup = self._supervisor(context)
-        if self.deferrable:
-            attempt = sup.next_attempt()
-            if attempt > 1:  # a retried task: its last driver may still run
-                watch = sup.reattach(attempt - 1, self._watch_settings(sup.args))
-                if watch is not None:
-                    self.defer(trigger=watch, method_name="execute_complete")
-                self.log.info("continuing supervision %s at submission attempt %d",
-                              sup.run_id, attempt)
-            self._submit_and_defer(context, sup, attempt)
-        return sup.run_blocking(partial(self._submit_blocking, context, sup), self._killed)
+        if not self.deferrable:
+            return sup.run_blocking(partial(self._submit_blocking, context, sup), self._killed)
+        watch = sup.reattach(self._watch_settings(sup.args))  # a retried task's live driver
+        if watch is not None:
+            self.defer(trigger=watch, method_name="execute_complete")
+        self._submit_and_defer(context, sup, sup.next_attempt())
 
     def _submit_blocking(self, context: Context, sup: Supervisor, attempt: int,
                          restore: str) -> DriverFailure | None:
@@ -257,23 +257,13 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     # ================================================================ deferrable path
 
     def _submit_and_defer(self, context: Context, sup: Supervisor, attempt: int) -> NoReturn:
-        """Submit ``attempt`` detached and defer on its supervision trigger."""
+        """Submit ``attempt`` detached and defer on the trigger that watches it (its event
+        carries the submission: attempt, pid, host, log; no resume kwargs)."""
         restore = sup.restore_for(attempt)
-        hook = self._prepare(sup, attempt, restore)
-        epochs = lease_epochs(sup.store.storage, sup.args.job)
-        log_path = detached_log_path(self.driver_log_dir, sup.args.job, sup.run_id, attempt)
-        host = socket.gethostname()
-        submitted = sup.record_submit(hook, attempt, restore, driver_log=str(log_path),
-                                      driver_host=host, detached=True,
-                                      **self._submit_fields(context))
-        driver = hook.submit_detached(self.application, log_path)
-        self.log.info("job %s attempt %d submitted detached (pid %d, log %s); deferring",
-                      sup.args.job, attempt, driver.pid, driver.log_path)
-        # the event carries the submission (attempt, pid, host, log): no resume kwargs
-        self.defer(trigger=sup.watch(submitted, epochs[-1] if epochs else 0,
-                                     driver_pid=driver.pid,
-                                     settings=self._watch_settings(sup.args)),
-                   method_name="execute_complete")
+        self.defer(trigger=sup.submit_detached(
+            self._prepare(sup, attempt, restore), attempt, restore,
+            log_dir=self.driver_log_dir, settings=self._watch_settings(sup.args),
+            **self._submit_fields(context)), method_name="execute_complete")
 
     def _watch_settings(self, args: ValidatedArgs) -> dict[str, Any]:
         health = None
@@ -291,28 +281,22 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     ) -> dict[str, Any]:
         """Resumed by the supervision trigger: end, give up, or restart (deferred again)."""
         sup = self._supervisor(context)
-        verdict = Verdict.from_payload(event)
-        attempt = int(event.get("attempt") or sup.next_attempt() - 1)
-        if verdict.kind == "finished":
-            return sup.result(attempt)
-        local = event.get("driver_host") == socket.gethostname()
-        if verdict.kind == "stale" and local:
-            self.log.warning("job %s: %s; killing the stuck driver to restart it",
-                             sup.args.job, verdict.cause)
-            kill_detached(event.get("driver_pid"))
-        lines = log_tail(event.get("driver_log")) if local else []
-        delay_s = sup.restart_delay(
-            DriverFailure.of_verdict(attempt, verdict, lines),
-            final_cause=verdict.cause if verdict.kind == "failed" else None)
-        if delay_s > 0:  # waited deferred as well: no sleeping in a worker
-            self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=delay_s)),
-                       method_name="resubmit")
-        return self._submit_and_defer(context, sup, attempt + 1)
+        return self._follow(context, sup, sup.after(event))
 
-    def resubmit(self, context: Context, event: Any = None, **kwargs: Any) -> NoReturn:
-        """Resumed after the restart delay: resubmit (the next attempt, from history)."""
+    def resubmit(self, context: Context, event: Any = None, **kwargs: Any) -> dict[str, Any]:
+        """Resumed after the restart delay: submit the next attempt (from history)."""
         sup = self._supervisor(context)
-        self._submit_and_defer(context, sup, sup.next_attempt())
+        return self._follow(context, sup, sup.resume())
+
+    def _follow(self, context: Context, sup: Supervisor, step: Step) -> dict[str, Any]:
+        """Return a :class:`Done`'s result, or defer the :class:`Restart`'s delay (no
+        sleeping in a worker) and then its submission."""
+        if isinstance(step, Done):
+            return step.result
+        if step.delay_s > 0:
+            self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=step.delay_s)),
+                       method_name="resubmit")
+        self._submit_and_defer(context, sup, step.attempt)
 
     # ================================================================ submission
 

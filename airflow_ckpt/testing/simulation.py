@@ -18,7 +18,9 @@ simulated storage that enforces the storage contract and injects faults
   each submission (:class:`~airflow_ckpt.supervision.RunCheckpoints`), ``job_submitted``,
   a :class:`~airflow_ckpt.supervision.SupervisionProbe` polled until a verdict (its reads
   get 503s; the triggerer may restart, i.e. a fresh probe), the driver-level decision
-  (:meth:`RestartLog.record_failure`), the delay, the next submission. Blocking (one
+  (:meth:`RestartLog.record_failure`, unless a terminal event of the run follows the
+  submission, :attr:`RunState.attempt_end`, looked for before and after it as
+  ``Supervisor._decide`` does), the delay, the next submission. Blocking (one
   restart log kept) or deferrable (everything rebuilt at each resume). Its own storage
   calls are delayed and reordered but never fail: an error there fails the Airflow task,
   whose retry is not modelled.
@@ -439,11 +441,16 @@ class World(Judged):
         restart_log = RestartLog(history, setup.strategy.params(), RUN_ID)
         checkpoints = RunCheckpoints(history, RUN_ID)
         attempt = 1
-        for _ in range(MAX_SUBMISSIONS):
+        for submission in range(MAX_SUBMISSIONS):
             if not setup.blocking:  # the deferrable path rebuilds at every resume
                 restart_log = RestartLog(history, setup.strategy.params(), RUN_ID)
                 checkpoints = RunCheckpoints(history, RUN_ID)
-                attempt = restart_log.last_submit_attempt() + 1
+                if submission == 0:
+                    attempt = restart_log.next_attempt()
+                elif restart_log.refresh().attempt_end is not None:
+                    return  # Supervisor.resume: the last submission ended meanwhile
+                else:
+                    attempt = restart_log.last_submit_attempt() + 1
             restore = setup.first_restore
             if attempt > 1:
                 own_before = self.own_checkpoint()
@@ -460,13 +467,18 @@ class World(Judged):
                 return
             if not setup.blocking:
                 restart_log = RestartLog(history, setup.strategy.params(), RUN_ID)
-            if restart_log.refresh().in_process_gave_up is not None:
+            # Supervisor._decide: a terminal event after the submission ends it (looked
+            # for before the FAILURE and again on top of the decision)
+            state = restart_log.refresh()
+            if state.attempt_end is not None or state.in_process_gave_up is not None:
                 return
             before = self.restarts()
             now = sched.wall_clock()
             decision = restart_log.record_failure("driver", verdict.cause, now=now,
                                                   submit_attempt=attempt)
             self.check_decision("driver", now, decision, before)
+            if restart_log.refresh().attempt_end is not None:
+                return
             if not decision.restart:
                 history.append(JOB_FAILED, run_id=RUN_ID, cause=verdict.cause)
                 return

@@ -25,6 +25,7 @@ from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     FAILURE,
     JOB_FAILED,
+    JOB_FINISHED,
     JOB_STOPPED,
     JOB_SUBMITTED,
     RESTART,
@@ -330,6 +331,7 @@ def test_deferrable_supervision_restarts_a_dead_driver(tmp_path: Path) -> None:
     history = JobHistory(open_storage(storage), "job-a")
     (submitted,) = history.events([JOB_SUBMITTED])
     assert submitted.data["detached"] and submitted.data["driver_log"] == trigger.driver_log
+    assert submitted.data["driver_exit"] == trigger.exit_path == f"{trigger.driver_log}.exit"
     assert op.conf == {"spark.fake.crash_attempts": "1"}  # the user's conf is back
     _wait_for_file(f"{trigger.driver_log}.exit")
     event = _fire(trigger)
@@ -426,7 +428,7 @@ def test_deferrable_retry_reattaches_to_a_driver_that_still_holds_the_lease(
     storage = open_storage(storage_uri)
     history = JobHistory(storage, "job-a")
     history.append(JOB_SUBMITTED, run_id="d/r/t", attempt=1, driver_log="/x/d.log",
-                   driver_host="h", detached=True)
+                   driver_exit="/x/d.log.exit", driver_host="h", detached=True)
     record = LeaseRecord(epoch=4, owner="d/r/t", host="h", pid=1, acquired_ts=0.0,
                          heartbeat_ts=0.0, seq=3)
     storage.put_bytes("job-a/lease/0000000004.json", record.to_json())
@@ -477,3 +479,47 @@ def test_deferred_end_by_stop_with_savepoint_returns_its_savepoint(tmp_path: Pat
     result = op.execute_complete(ctx, event)
     assert (result["outcome"], result["attempts"]) == ("stopped", 1)
     assert result["savepoint_path"] == f"{storage}/job-a/savepoints/sp-1"
+
+
+def test_a_late_job_finished_of_the_current_submission_ends_the_supervision(
+    tmp_path: Path,
+) -> None:
+    """Simulation seed 100948: the driver's ``job_finished`` lands after the probe's last
+    look, so the trigger reports the driver dead. The resumed task must end with the
+    finish (done, nothing recorded against the strategy, never resubmitted): the rebuilt
+    restart log took that event for the end of an earlier supervision, reset the attempt
+    counter and the window, and resubmitted the finished job from its original target."""
+    storage, op, ctx, trigger = _deferred_once(tmp_path)
+    history = JobHistory(open_storage(storage), "job-a")
+    history.append(CHECKPOINT_COMPLETED, id=1, trigger="initial")
+    history.append(JOB_FINISHED, run_id="d/r/t", checkpoint_id=1)  # landed late
+    event = {"kind": "driver_died", "cause": "driver heartbeat expired without a terminal "
+             "event", "exit_code": None, "attempt": trigger.attempt}
+    result = op.execute_complete(ctx, event)
+    assert (result["outcome"], result["attempts"]) == ("finished", 1)
+    assert history.events([FAILURE]) == [] and history.events([RESTART]) == []
+    assert len(history.events([JOB_SUBMITTED])) == 1
+
+
+def test_a_job_finished_below_the_failure_still_ends_the_supervision(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same late ``job_finished``, landing between the supervisor's first look and its
+    ``FAILURE`` (so below it in the history): the second look, on top of the decision,
+    sees it; the run ends instead of resubmitting."""
+    from airflow_ckpt.runtime.history.restart_log import RestartLog
+
+    storage, op, ctx, trigger = _deferred_once(tmp_path)
+    history = JobHistory(open_storage(storage), "job-a")
+    original = RestartLog.record_failure
+
+    def late_write_first(self: RestartLog, *args: Any, **kwargs: Any) -> Any:
+        history.append(JOB_FINISHED, run_id="d/r/t")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(RestartLog, "record_failure", late_write_first)
+    event = {"kind": "driver_died", "cause": "driver died", "exit_code": None,
+             "attempt": trigger.attempt}
+    result = op.execute_complete(ctx, event)
+    assert (result["outcome"], result["attempts"]) == ("finished", 1)
+    assert len(history.events([JOB_SUBMITTED])) == 1

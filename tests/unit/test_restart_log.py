@@ -123,12 +123,43 @@ def test_exponential_backoff_continues_across_instances(history: JobHistory) -> 
 
 
 def test_finished_job_starts_a_fresh_supervision(history: JobHistory) -> None:
+    history.append(JOB_SUBMITTED, run_id="r", attempt=1)
     RestartLog(history, FIXED, "r").record_failure("driver", "d", now=1.0)
+    history.append(JOB_SUBMITTED, run_id="r", attempt=2)
     RestartLog(history, FIXED, "r").record_failure("driver", "d", now=2.0)
+    history.append(JOB_SUBMITTED, run_id="r", attempt=3)
     history.append(JOB_FINISHED, run_id="r")
-    # the same run id again (a cleared task): the old decisions no longer count
+    # the same run id again (a cleared task): it starts at attempt 1 ...
+    log = RestartLog(history, FIXED, "r")
+    assert log.next_attempt() == 1
+    history.append(JOB_SUBMITTED, run_id="r", attempt=1)
+    # ... and its first submission starts a fresh strategy, read forward or backward
+    assert log.next_attempt() == 2 and log.refresh().last_restart is None
     decision = RestartLog(history, FIXED, "r").record_failure("driver", "d", now=3.0)
     assert decision.restart and decision.attempt == 1
+    assert log.refresh().last_restart is not None and log.next_attempt() == 2
+
+
+def test_a_late_terminal_event_of_the_run_ends_its_submission_not_the_supervision(
+    history: JobHistory,
+) -> None:
+    """Simulation seed 100948 (deferrable world): the driver's ``job_finished`` lands after
+    the probe's last look (the driver gave up on the answer and died). A rebuilt restart
+    log must see that the newest submission ended with it, and must neither reset the
+    attempt counter nor the strategy's window: it is no boundary of the supervision."""
+    history.append(JOB_SUBMITTED, run_id="r", attempt=1)
+    RestartLog(history, FIXED, "r").record_failure("driver", "d", now=1.0)
+    history.append(JOB_SUBMITTED, run_id="r", attempt=2)
+    history.append(CHECKPOINT_COMPLETED, id=1)
+    finished = history.append(JOB_FINISHED, run_id="r")  # landed late
+    state = RestartLog(history, FIXED, "r").refresh()
+    assert state.attempt_end is not None and state.attempt_end.key == finished.key
+    assert state.last_submit_attempt == 2 and len(state.restarts) == 1
+    # a FAILURE that raced the late write sits above it: the strategy continues
+    decision = RestartLog(history, FIXED, "r").record_failure("driver", "d", now=2.0)
+    assert (decision.restart, decision.attempt) == (True, 2)
+    end = RestartLog(history, FIXED, "r").refresh().attempt_end
+    assert end is not None and end.key == finished.key  # still how attempt 2 ended
 
 
 def test_foreign_run_ends_the_old_supervision(history: JobHistory) -> None:
@@ -159,10 +190,12 @@ def test_submit_attempts_and_forward_only_events(history: JobHistory) -> None:
     state = log.refresh()
     assert state.last_submit_attempt == 2
     assert [e.data["path"] for e in state.restored] == ["file:///x/job-a/chk-3"]
-    history.append(JOB_FINISHED, run_id="r")
-    assert log.refresh().last_terminal is not None
-    # a new instance scanning backwards stops at the first submit of the run
-    assert RestartLog(history, FIXED, "r").last_submit_attempt() == 0  # ended by JOB_FINISHED
+    finished = history.append(JOB_FINISHED, run_id="r")
+    end = log.refresh().attempt_end
+    assert end is not None and end.key == finished.key
+    # a new instance scanning backwards reads past the run's own terminal event
+    fresh = RestartLog(history, FIXED, "r")
+    assert fresh.last_submit_attempt() == 2 and fresh.next_attempt() == 1  # the run ended
 
 
 def test_backward_scan_stops_at_first_submit(
@@ -201,16 +234,16 @@ def test_typed_predicates_of_the_run_state(history: JobHistory) -> None:
     history.append(JOB_SUBMITTED, run_id="r", attempt=1)
     state = log.refresh()
     assert state.in_process_gave_up is None
-    before = state.last_terminal
-    assert state.failed_for_good("r", before) is None
+    assert state.attempt_end is None
     # the runtime's in-process strategy declined: final, and already counted
     history.append(RESTART, run_id="r", level="query", restart=False, cause="boom",
                    strategy="fixed-delay", options=FIXED)
     assert log.refresh().in_process_gave_up == "boom"
     # a JOB_FAILED of another run, then of ours
     history.append(JOB_FAILED, run_id="other", cause="not ours")
-    assert log.refresh().failed_for_good("r", before) is None
-    history.append(JOB_FAILED, run_id="r", cause="state does not fit")
-    state = log.refresh()
-    assert state.failed_for_good("r", before) == "state does not fit"
-    assert state.failed_for_good("r", state.last_terminal) is None  # seen before: not new
+    assert log.refresh().attempt_end is None
+    failed = history.append(JOB_FAILED, run_id="r", cause="state does not fit")
+    end = log.refresh().attempt_end
+    assert end is not None and end.key == failed.key
+    history.append(JOB_SUBMITTED, run_id="r", attempt=2)
+    assert log.refresh().attempt_end is None  # ended the submission before, not this one

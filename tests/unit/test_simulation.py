@@ -226,6 +226,12 @@ FOUND_BEFORE_THE_FIX = [
     # seals the newest number before the older ones, so events were briefly (or, with a
     # crash, for good) below the mark and unread
     (0, EVENT_LOST),
+    # issue 25 (seeds 100000-100999, deferrable): the driver's job_finished landed after
+    # the probe's last look; the rebuilt restart log took it for the end of an earlier
+    # supervision, reset the attempt counter and window and resubmitted the finished job
+    # three times from its original savepoint
+    (100948, RESTART_DECISION),
+    (100948, OWN_CHECKPOINT),
 ]
 
 

@@ -11,12 +11,22 @@ from the newest such event of the same supervision.
 **Supervision scope.** One supervision is identified by ``run_id`` (the operator passes
 ``<dag_id>/<run_id>/<task_id>[/<map_index>]``; Airflow task retries of the same run keep
 it). The state of a supervision is the ``strategy_state`` of its newest ``RESTART``
-event, unless a later event ended the supervision: any ``JOB_SUBMITTED`` /
-``JOB_STARTED`` / ``FAILURE`` / ``RESTART`` event of a *different* run id (one driver
-per job runs at a time, so a foreign run's event means ours ended), or - when a
-supervision *starts* (the first read) - a ``JOB_FINISHED``, ``JOB_STOPPED`` or
-``JOB_FAILED`` event: a cleared task that runs again after its job had finished or
-failed starts with a fresh strategy, while a task retry after a worker death continues
+event, unless another event bounds the supervision: any ``JOB_SUBMITTED`` /
+``JOB_STARTED`` / ``FAILURE`` / ``RESTART`` event of a *different* run id, or a terminal
+event (``JOB_FINISHED`` / ``JOB_STOPPED`` / ``JOB_FAILED``) of another run or of none
+(one driver per job runs at a time, so a foreign run's event means ours ended), and the
+run's own first submission (``JOB_SUBMITTED`` attempt 1), which starts it.
+
+A terminal event of *this* run is no boundary: it ends the submission it follows
+(:attr:`RunState.attempt_end`), and what it means is decided by its place in the
+history, not by when a reader saw it. A ``JOB_FINISHED`` whose write landed late (its
+driver gave up on the answer and died) sits after the run's newest ``JOB_SUBMITTED``
+like a prompt one, so a supervisor that declared the driver dead still sees that the
+job finished; the run's ``FAILURE`` / ``RESTART`` events above it never reset the
+strategy's window or the attempt counter. A cleared task that runs again after its job
+had finished or failed (same run id) sees the terminal event after the newest
+submission and starts at attempt 1 (:meth:`RestartLog.next_attempt`); its first
+submission then starts a fresh strategy. A task retry after a worker death continues
 the window and backoff.
 
 **Cost.** The first read scans the history backwards from the newest event and stops at
@@ -49,7 +59,6 @@ from airflow_ckpt.errors import AirflowCkptError, HistoryMovedError, MetadataErr
 from airflow_ckpt.restart import RestartDecision, RestartStrategy, restart_strategy_from_params
 from airflow_ckpt.runtime.history.events import (
     FAILURE,
-    JOB_FAILED,
     JOB_SUBMITTED,
     RESTART,
     RESTORED,
@@ -77,9 +86,10 @@ class RunState:
     when the run has not failed yet); ``last_submit_attempt`` is the ``attempt`` of its
     newest ``JOB_SUBMITTED`` event (0 before the first submit); ``restarts`` and
     ``failures`` are the run's events, oldest first, as far as they were read.
+    ``attempt_end`` is the run's terminal event newer than its newest ``JOB_SUBMITTED``:
+    how the newest submission ended (None while none did), by history order.
     Read going forward only (events appended since the first read): ``restored`` (the
-    job's ``RESTORED`` events) and ``last_terminal`` (its newest ``JOB_FINISHED`` /
-    ``JOB_STOPPED`` / ``JOB_FAILED``), which carry no run id.
+    job's ``RESTORED`` events, which carry no run id).
     """
 
     last_restart: dict[str, Any] | None = None
@@ -87,7 +97,7 @@ class RunState:
     restarts: list[HistoryEvent] = field(default_factory=list)
     failures: list[HistoryEvent] = field(default_factory=list)
     restored: list[HistoryEvent] = field(default_factory=list)
-    last_terminal: HistoryEvent | None = None
+    attempt_end: HistoryEvent | None = None
 
     @property
     def in_process_gave_up(self) -> str | None:
@@ -97,16 +107,6 @@ class RunState:
         if last is not None and last.get("level") == "query" and not last.get("restart"):
             return str(last.get("cause") or "")
         return None
-
-    def failed_for_good(self, run_id: str, before: HistoryEvent | None) -> str | None:
-        """The cause, if a ``JOB_FAILED`` of ``run_id`` newer than ``before`` (the terminal
-        event seen before the submission) is the newest terminal event: the driver
-        declared its failure final."""
-        terminal = self.last_terminal
-        if terminal is None or terminal is before or terminal.type != JOB_FAILED \
-                or terminal.data.get("run_id") != run_id:
-            return None
-        return str(terminal.data.get("cause") or "job failed")
 
 
 class RestartLog:
@@ -163,19 +163,21 @@ class RestartLog:
             and int(event.data.get("attempt") or 0) <= 1
 
     def _ends_supervision(self, event: HistoryEvent) -> bool:
-        if event.type in TERMINAL_EVENTS:
-            return True
+        """Another run's event (a terminal event without a run id counts as another's)."""
         run = event.data.get("run_id")
+        if event.type in TERMINAL_EVENTS:
+            return run != self.run_id
         return event.type in RUN_EVENTS and run is not None and run != self.run_id
 
     def _fold(self, event: HistoryEvent) -> None:
-        # Going forward, only a foreign run ends ours: a terminal event seen while we
-        # supervise is our own job's (e.g. the driver finished, then the task is retried).
+        # Going forward, a foreign run's event ends ours and our own first submission
+        # starts a new one (a cleared task, same run id).
         run = event.data.get("run_id")
         if event.type in RUN_EVENTS and run is not None and run != self.run_id:
             self._state = RunState()
-        elif event.type in TERMINAL_EVENTS:
-            self._state.last_terminal = event
+        elif self._first_submit(event):
+            self._state = RunState(restored=self._state.restored)
+            self._fold_into(self._state, event)
         elif event.type == RESTORED:
             self._state.restored.append(event)
         else:
@@ -184,12 +186,15 @@ class RestartLog:
     def _fold_into(self, state: RunState, event: HistoryEvent) -> None:
         if event.data.get("run_id") != self.run_id:
             return
-        if event.type == RESTART:
+        if event.type in TERMINAL_EVENTS:
+            state.attempt_end = event
+        elif event.type == RESTART:
             state.last_restart = event.data
             state.restarts.append(event)
         elif event.type == FAILURE:
             state.failures.append(event)
         elif event.type == JOB_SUBMITTED:
+            state.attempt_end = None
             state.last_submit_attempt = max(
                 state.last_submit_attempt, int(event.data.get("attempt") or 0)
             )
@@ -281,6 +286,13 @@ class RestartLog:
     def last_submit_attempt(self) -> int:
         """The newest ``JOB_SUBMITTED`` attempt of this supervision (0 if none)."""
         return self.refresh().last_submit_attempt
+
+    def next_attempt(self) -> int:
+        """The attempt number of the run's next submission: 1 when its newest submission
+        ended with a terminal event (the run ended: a cleared task starts it again),
+        else the newest attempt + 1 (a task retry continues the supervision)."""
+        state = self.refresh()
+        return 1 if state.attempt_end is not None else state.last_submit_attempt + 1
 
 
 def format_restart_history(events: list[HistoryEvent]) -> str:
