@@ -16,7 +16,8 @@ from airflow_ckpt.errors import ConcurrentDriverError, LeaseExpiredError
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
-from airflow_ckpt.runtime.checkpoint.coordinator import BACKGROUND_NICENESS, CheckpointCoordinator
+from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
+from airflow_ckpt.runtime.checkpoint.executors import BACKGROUND_NICENESS
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.history.journal import JobHistory

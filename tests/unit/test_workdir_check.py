@@ -52,7 +52,8 @@ def test_the_coordinator_fails_fatally_uploads_nothing_and_triggers_no_more(
         assert isinstance(coordinator.fatal, WorkdirNotSharedError)
         assert "state/0/1" in str(coordinator.fatal) and "state/0/0" not in str(
             coordinator.fatal)
-        assert not coordinator._periodic_due(time.monotonic() + 3600)
+        coordinator.periodic.clock = lambda: time.monotonic() + 3600
+        assert not coordinator._periodic_due()
     finally:
         coordinator.shutdown()
     assert CheckpointCatalog(storage, JOB).checkpoint_ids(completed_only=False) == []
