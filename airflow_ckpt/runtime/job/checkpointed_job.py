@@ -43,8 +43,9 @@ from airflow_ckpt.errors import (
 )
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
-from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator, PendingCheckpoint
+from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint, PendingState
 from airflow_ckpt.runtime.checkpoint.snapshot import latest_batch
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.checkpoint.upload import DigestCache
@@ -729,6 +730,10 @@ class CheckpointedJob:
         them."""
         coordinator.drain()
         self._answer_requests(requests)
+        if coordinator.fatal is not None:
+            # e.g. a savepoint abandoned in the drain (its marker's outcome unknown): the
+            # driver stops, without a final checkpoint; a new lease epoch decides
+            raise coordinator.fatal
 
     def _final_checkpoint(self, coordinator: CheckpointCoordinator) -> Manifest:
         """A checkpoint of the ended (drained) query at its last committed batch; the
@@ -784,11 +789,14 @@ class CheckpointedJob:
         return stop
 
     def _answer_requests(self, requests: dict[str, PendingCheckpoint]) -> None:
-        """Answer the savepoint requests whose savepoint finished."""
+        """Answer the savepoint requests whose savepoint completed or failed. An
+        abandoned one is not answered: its marker may count (it is the coordinator's
+        fatal error; the driver stops and the request stays open for a successor)."""
         for request_id, pending in list(requests.items()):
             if pending.done.is_set():
                 del requests[request_id]
-                self._answer_request(request_id, pending)
+                if pending.state is not PendingState.ABANDONED:
+                    self._answer_request(request_id, pending)
 
     def _answer_request(self, request_id: str, pending: PendingCheckpoint) -> bool:
         """Answer one finished request; True if it completed and the answer is ours."""
