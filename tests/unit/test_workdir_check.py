@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from airflow_ckpt.errors import WorkdirNotSharedError
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.metadata import OperatorInfo
-from airflow_ckpt.runtime.checkpoint.workdir_check import WorkdirNotSharedError, check_state_visible
+from airflow_ckpt.runtime.checkpoint.workdir_check import check_state_visible
 from airflow_ckpt.runtime.storage import open_storage
 from tests.unit.test_coordinator_races import JOB, start
 from tests.unit.test_snapshot_capture import make_workdir

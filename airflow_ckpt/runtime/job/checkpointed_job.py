@@ -29,14 +29,13 @@ from airflow_ckpt.errors import (
     AirflowCkptError,
     CheckpointError,
     ConcurrentDriverError,
-    ConfigError,
+    FinalError,
     IncompatibleStateError,
     JobSettingsError,
     LeaseExpiredError,
     ObjectAlreadyExistsError,
     OutcomeUnknownError,
     RestartsExhaustedError,
-    RestoreError,
     SinkReplayMismatchError,
     StorageError,
     StorageOutageError,
@@ -49,7 +48,6 @@ from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint, PendingSt
 from airflow_ckpt.runtime.checkpoint.snapshot import latest_batch
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.checkpoint.upload import DigestCache
-from airflow_ckpt.runtime.checkpoint.workdir_check import WorkdirNotSharedError
 from airflow_ckpt.runtime.control.channel import (
     ControlChannel,
     ControlRequest,
@@ -60,7 +58,7 @@ from airflow_ckpt.runtime.driver.unit import DriverUnit
 from airflow_ckpt.runtime.history import journal as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.history.restart_log import RestartLog
-from airflow_ckpt.runtime.job.spark_features import SparkSetupError, require_offline_repartition
+from airflow_ckpt.runtime.job.spark_features import require_offline_repartition
 from airflow_ckpt.runtime.lease.holder import JobLease, LeaseRecord
 from airflow_ckpt.runtime.restore.choose import RestoreResult, restore
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
@@ -362,7 +360,7 @@ class CheckpointedJob:
         in-process restart); the runtime sets its ``checkpointLocation``. Returns a
         :class:`JobResult`; raises ``RestartsExhaustedError`` (chained to the last
         failure) when the restart strategy declines another restart, and
-        :class:`~airflow_ckpt.runtime.driver.unit.DriverExit` (exit code 143, no history
+        :class:`~airflow_ckpt.errors.DriverExit` (exit code 143, no history
         event: the supervisor counts the driver's death) on SIGTERM or when the JVM is
         gone (:mod:`airflow_ckpt.runtime.driver.unit`).
 
@@ -381,11 +379,10 @@ class CheckpointedJob:
                 return self._run_supervised(build)
             finally:
                 self.lease.release()
-        except (ConfigError, RestoreError, ConcurrentDriverError, SparkSetupError,
-                WorkdirNotSharedError) as exc:
-            # Final: a restart cannot fix these (nor the executors' state on other hosts:
-            # every later checkpoint would miss it too). The supervisor reads this event
-            # and does not resubmit.
+        except FinalError as exc:
+            # A restart cannot fix these (nor the executors' state on other hosts: every
+            # later checkpoint would miss it too). The supervisor reads this event and
+            # does not resubmit.
             self.history.append(ev.JOB_FAILED, run_id=self.run_id, cause=str(exc)[:2000],
                                 error=type(exc).__name__)
             raise
@@ -416,9 +413,8 @@ class CheckpointedJob:
             coordinator = self._start_coordinator(restored, initial=rescaled)
             try:
                 result = self._run_once(build, coordinator)
-            except (ConfigError, RestoreError, ConcurrentDriverError, SparkSetupError,
-                    WorkdirNotSharedError):
-                raise  # final
+            except FinalError:
+                raise
             except LeaseExpiredError as exc:
                 if not self._lapsed_in_outage():
                     raise  # not in an outage: only a new driver may continue
