@@ -30,7 +30,7 @@ from airflow_ckpt.testing.sim.savepoints import (
     SAVEPOINT_VERIFIES,
     run_savepoint_seed,
 )
-from airflow_ckpt.testing.sim.scheduler import Host, Scheduler
+from airflow_ckpt.testing.sim.scheduler import Host, Scheduler, patched_modules
 from airflow_ckpt.testing.sim.sinks import (
     DECISION_CHANGED,
     PLANT_NO_OFFSETS,
@@ -245,3 +245,18 @@ def test_random_schedules_break_no_invariant() -> None:
     assert result.violations == 0, found
     assert result.schedules == 3 * SEEDS  # every world
     print(f"{result.schedules} simulated schedules explored, 0 violations")
+
+
+def test_patching_a_module_without_time_or_uuid_fails_loudly() -> None:
+    """A module whose code moved away (no ``time`` or ``uuid`` left in it) is refused,
+    not silently skipped: skipping it would take the moved code out of simulated time.
+    The checkpoint coordinator takes the simulation's clock through its constructor and
+    is in no patch list."""
+    from airflow_ckpt.runtime.checkpoint import coordinator, upload
+    from airflow_ckpt.testing.sim import savepoints
+
+    with pytest.raises(ValueError, match="coordinator"), \
+            patched_modules(Scheduler(1), [coordinator]):
+        pass
+    assert coordinator not in savepoints.SIMULATED_MODULES
+    assert upload not in savepoints.SIMULATED_MODULES

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -31,6 +29,7 @@ from airflow_ckpt.runtime.checkpoint.failures import (
     CheckpointFailureManager,
     CheckpointFailureReason,
 )
+from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.marker import write_marker
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest, Timings, Trigger, parse_manifest
 from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint, PendingState
@@ -50,6 +49,7 @@ from airflow_ckpt.runtime.checkpoint.upload import (
     upload_snapshot,
 )
 from airflow_ckpt.runtime.checkpoint.workdir_check import WorkdirNotSharedError, check_captured
+from airflow_ckpt.runtime.clock import SYSTEM_CLOCK, Clock, IdSource, random_id
 from airflow_ckpt.runtime.history import journal as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
@@ -71,6 +71,8 @@ _UNSETTLED = (PendingState.PENDING, PendingState.COMPLETING)
 # Callbacks the job facade registers.
 CompletionListener = Callable[[Manifest], None]
 TransactionSource = Callable[[int], tuple[int, ...]]  # barrier batch -> pending txn ids
+#: a coordinator alone on its storage (tests)
+NO_LEASE = LeaseView()
 
 
 class CheckpointCoordinator:
@@ -89,15 +91,24 @@ class CheckpointCoordinator:
         spark_version: str,
         last_checkpointed_batch: int | None = None,
         restored_from: str | None = None,
+        lease: LeaseView = NO_LEASE,
+        transactions: TransactionSource = lambda _batch: (),
+        listeners: Sequence[CompletionListener] = (),
         upload_threads: int = 8,
         poll_interval_s: float = 0.05,
-        fence: Callable[[], None] = lambda: None,
-        confirm: Callable[[], None] = lambda: None,
-        lease_epoch: int | None = None,
         threaded: bool = True,
         digests: DigestCache | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
+        ids: IdSource = random_id,
+        trigger_clock: Callable[[], float] | None = None,
     ) -> None:
+        """``storage``: gated by the lease (every write passes its gate once);
+        ``lease``: the rest of what the checkpoint path needs of the lease;
+        ``transactions``: the sinks' pending transactions up to a barrier batch, listed
+        in the manifest; ``listeners``: called with each completed manifest (the sinks
+        commit); ``clock``: timeouts, durations and reported timestamps; ``ids``: names
+        of staging directories; ``trigger_clock``: when periodic checkpoints are due
+        (``clock.monotonic`` unless a test needs every look to find one due)."""
         self.storage = storage
         self.layout = JobLayout(job)
         self.workdir = workdir
@@ -108,21 +119,14 @@ class CheckpointCoordinator:
         self.spark_version = spark_version
         self.restored_from = restored_from
         self.poll_interval_s = poll_interval_s
-        #: raises if this driver should not start a write now (the lease's gate)
-        self.fence = fence
-        #: raises ConcurrentDriverError if another driver claimed the job (storage only;
-        #: ``JobLease.confirm``): called after a completion marker is durable, before
-        #: anything acts on it
-        self.confirm = confirm
+        self.lease = lease
+        self.transactions = transactions
+        self.listeners = tuple(listeners)
+        self.clock = clock
+        self.ids = ids
         self.failures = CheckpointFailureManager(config.tolerable_failed)
-        self.listeners: list[CompletionListener] = []
-        self.transaction_source: TransactionSource = lambda _batch: ()
-        #: called with a checkpoint id before it is used (the lease reserves ids)
-        self.id_guard: Callable[[int], None] = lambda _checkpoint_id: None
-        self.lease_epoch = lease_epoch
-        #: when periodic checkpoints are due (interval, min-pause, ``clock``: Flink's
-        #: injected ``Clock``); timeouts stay on the monotonic clock
-        self.periodic = PeriodicTrigger(config, workdir, clock, last_checkpointed_batch)
+        self.periodic = PeriodicTrigger(config, workdir, trigger_clock or clock.monotonic,
+                                        last_checkpointed_batch)
         self._next_id = next_checkpoint_id
         self.first_id = next_checkpoint_id  # ids from here on are this coordinator's
         self._lock = threading.Lock()
@@ -243,12 +247,12 @@ class CheckpointCoordinator:
     def _new_pending(self, trigger: Trigger, savepoint_id: str | None = None,
                      request_id: str | None = None) -> PendingCheckpoint:
         """Create and register a pending checkpoint; the caller holds ``self._lock``."""
-        self.id_guard(self._next_id)
+        self.lease.reserve_ids(self._next_id)
         pending = PendingCheckpoint(
             checkpoint_id=self._next_id,
             trigger=trigger,
-            trigger_ts=time.time(),
-            deadline=time.monotonic() + self.config.timeout_s,
+            trigger_ts=self.clock.time(),
+            deadline=self.clock.monotonic() + self.config.timeout_s,
             savepoint_id=savepoint_id,
             request_id=request_id,
         )
@@ -290,7 +294,7 @@ class CheckpointCoordinator:
             periodic = self._new_pending("periodic") if self._periodic_due() else None
         if periodic is not None:
             self._log_triggered(periodic)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._lock:
             pending = list(self._pending)
         committed: int | None = None
@@ -308,12 +312,12 @@ class CheckpointCoordinator:
             if barrier != -1 and not listed:
                 committed, listed = latest_batch(self.workdir, "commits"), True
             if barrier == -1 or (committed is not None and committed >= barrier):
-                self._sync_phase(p, time.time())
+                self._sync_phase(p, self.clock.time())
 
     def _sync_phase(self, p: PendingCheckpoint, barrier_ts: float) -> None:
         p.captured = True
-        start = time.monotonic()
-        staging = self.staging_root / f"chk-{p.checkpoint_id}-{uuid.uuid4().hex[:6]}"
+        start = self.clock.monotonic()
+        staging = self.staging_root / f"chk-{p.checkpoint_id}-{self.ids()[:6]}"
         try:
             if p.barrier_batch == -1:
                 snap = CapturedSnapshot(-1, (), (), [], (), staging)
@@ -326,7 +330,7 @@ class CheckpointCoordinator:
         except CheckpointDeclinedError as exc:
             self._fail(p, Reason.DECLINED, str(exc))
             return
-        sync_ms = int((time.monotonic() - start) * 1000)
+        sync_ms = int((self.clock.monotonic() - start) * 1000)
         self._phases.submit(self._async_phase, p, snap, barrier_ts, sync_ms)
 
     def _async_phase(
@@ -345,14 +349,14 @@ class CheckpointCoordinator:
            gate, and 6. confirm the lease after it (:meth:`_write_marker`);
         7. complete: the store, the history, the listeners (:meth:`_complete`).
         """
-        start = time.monotonic()
+        start = self.clock.monotonic()
         try:
             if p.savepoint_id is not None and self._answered_by_existing(p):
                 return
             result = self._upload(p, snap)
             manifest = self._manifest(p, snap, result, barrier_ts, sync_ms,
-                                      async_ms=int((time.monotonic() - start) * 1000))
-            if (p.cancelled.is_set() or time.monotonic() > p.deadline
+                                      async_ms=int((self.clock.monotonic() - start) * 1000))
+            if (p.cancelled.is_set() or self.clock.monotonic() > p.deadline
                     or not p.move(PendingState.COMPLETING, allowed=(PendingState.PENDING,))):
                 self._fail(p, Reason.EXPIRED, "checkpoint expired or was cancelled")
                 return
@@ -373,18 +377,19 @@ class CheckpointCoordinator:
         """Step 2: upload the snapshot's files (durable when this returns); raises
         ``CheckpointDeclinedError`` on a storage error, the deadline or a cancel."""
         target = (UploadTarget.savepoint(p.checkpoint_id, p.savepoint_id) if p.savepoint_id
-                  else UploadTarget.checkpoint(p.checkpoint_id, self.config, self.lease_epoch))
+                  else UploadTarget.checkpoint(p.checkpoint_id, self.config, self.lease.epoch))
         return upload_snapshot(
             self.storage, self.layout, snap, target,
             executor=self._files, digests=self._digests, shared=self.store.shared,
             deadline=p.deadline, on_ack=p.acked.add, cancelled=p.cancelled,
             reusable=self.store.shared_index() if target.incremental else None,
+            clock=self.clock,
         )
 
     def _manifest(self, p: PendingCheckpoint, snap: CapturedSnapshot, result: UploadResult,
                   barrier_ts: float, sync_ms: int, *, async_ms: int) -> Manifest:
         """Step 3: the manifest of the uploaded snapshot (what ``_metadata`` says)."""
-        completed = time.time()
+        completed = self.clock.time()
         return Manifest(
             job=self.layout.job,
             checkpoint_id=p.checkpoint_id,
@@ -412,9 +417,9 @@ class CheckpointCoordinator:
             ),
             savepoint_id=p.savepoint_id,
             extra={"request_id": p.request_id} if p.request_id else {},
-            pending_transactions=self.transaction_source(snap.batch_id),
+            pending_transactions=self.transactions(snap.batch_id),
             restored_from=self.restored_from,
-            lease_epoch=self.lease_epoch,
+            lease_epoch=self.lease.epoch,
         )
 
     def _marker_key(self, p: PendingCheckpoint) -> str:
@@ -430,7 +435,7 @@ class CheckpointCoordinator:
         another request's savepoint: that request fails alone), or abandoned.
         """
         failure = write_marker(self.storage, self._marker_key(p), manifest.to_json(),
-                               job=self.layout.job, fence=self.fence, confirm=self.confirm)
+                               job=self.layout.job, confirm=self.lease.confirm)
         if failure is None:
             return True
         if failure.reason is Reason.CONCURRENT_DRIVER and p.is_savepoint:

@@ -45,14 +45,14 @@ class MarkerFailure:
 
 
 def write_marker(storage: CheckpointStorage, key: str, data: bytes, *, job: str,
-                 fence: Callable[[], None], confirm: Callable[[], None]) -> MarkerFailure | None:
+                 confirm: Callable[[], None]) -> MarkerFailure | None:
     """Write the completion marker ``data`` at ``key``, then confirm the lease (see the
-    module doc). ``fence``: the lease's gate; ``confirm``: raises
-    ``ConcurrentDriverError`` if a successor claimed the job."""
+    module doc). ``storage``: gated by the lease (the gate raises
+    ``LeaseExpiredError`` / ``ConcurrentDriverError`` before the put starts);
+    ``confirm``: raises ``ConcurrentDriverError`` if a successor claimed the job."""
     reason = CheckpointFailureReason
     interleave.point(interleave.COMPLETE_BEFORE_METADATA)
     try:
-        fence()
         storage.put_bytes(key, data, create_only=True)
     except (ConcurrentDriverError, LeaseExpiredError) as exc:
         return MarkerFailure(reason.LEASE_LOST, str(exc), exc)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry
 from airflow_ckpt.runtime.checkpoint.snapshot import CapturedFile, CapturedSnapshot
 from airflow_ckpt.runtime.checkpoint.store import SharedFileRegistry
+from airflow_ckpt.runtime.clock import SYSTEM_CLOCK, Clock
 from airflow_ckpt.runtime.restore.materialize import copy_hashed, sha256_of
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
@@ -162,6 +162,7 @@ def upload_snapshot(
     on_ack: Callable[[str], None],
     cancelled: threading.Event,
     reusable: Mapping[str, FileEntry] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> UploadResult:
     """Upload every captured file; durable in storage when this returns.
 
@@ -175,7 +176,7 @@ def upload_snapshot(
 
     ``on_ack(subtask)`` is called once per subtask when all its files are durable.
     Raises ``CheckpointDeclinedError`` on a storage error, when ``deadline``
-    (``time.monotonic()``) passes, or when ``cancelled`` is set; already uploaded files then stay
+    (``clock.monotonic()``) passes, or when ``cancelled`` is set; already uploaded files then stay
     as orphans for the garbage collector (shared) or the abandoned-checkpoint sweep.
 
     The steps: 1. cut the files into upload units (:func:`merge_groups`); 2. upload each
@@ -185,7 +186,7 @@ def upload_snapshot(
     (:meth:`_SnapshotUpload.collect`); 4. forget the digests no snapshot uses any more.
     """
     upload = _SnapshotUpload(storage, layout, snapshot, target, digests, shared, deadline,
-                             on_ack, cancelled, reusable or {})
+                             on_ack, cancelled, reusable or {}, clock)
     units = merge_groups(snapshot.files, target)
     result = upload.collect([executor.submit(upload.unit, group, i)
                              for i, group in enumerate(units)])
@@ -199,10 +200,12 @@ class _SnapshotUpload:
     def __init__(self, storage: CheckpointStorage, layout: JobLayout,
                  snapshot: CapturedSnapshot, target: UploadTarget, digests: DigestCache,
                  shared: SharedFileRegistry, deadline: float, on_ack: Callable[[str], None],
-                 cancelled: threading.Event, reusable: Mapping[str, FileEntry]) -> None:
+                 cancelled: threading.Event, reusable: Mapping[str, FileEntry],
+                 clock: Clock) -> None:
         self.storage, self.layout, self.snapshot, self.target = storage, layout, snapshot, target
         self.digests, self.shared, self.deadline = digests, shared, deadline
         self.on_ack, self.cancelled, self.reusable = on_ack, cancelled, reusable
+        self.clock = clock
         self._lock = threading.Lock()
         #: files of each subtask not yet durable
         self._remaining: dict[str, int] = {}
@@ -230,7 +233,7 @@ class _SnapshotUpload:
         for future in futures:
             try:
                 entries, uploaded = future.result(
-                    timeout=max(self.deadline - time.monotonic(), 0.001))
+                    timeout=max(self.deadline - self.clock.monotonic(), 0.001))
             except BaseException as exc:
                 error = error or exc
                 self.cancelled.set()
@@ -245,7 +248,7 @@ class _SnapshotUpload:
         return UploadResult(files, sum(e.size for e in files), checkpointed)
 
     def _check(self) -> None:
-        if self.cancelled.is_set() or time.monotonic() > self.deadline:
+        if self.cancelled.is_set() or self.clock.monotonic() > self.deadline:
             raise CheckpointDeclinedError("checkpoint expired or was cancelled")
 
     def _acknowledge(self, group: list[CapturedFile]) -> None:

@@ -43,6 +43,7 @@ from airflow_ckpt.errors import (
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
+from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
 from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint, PendingState
 from airflow_ckpt.runtime.checkpoint.snapshot import latest_batch
@@ -558,13 +559,12 @@ class CheckpointedJob:
             storage=self.storage, job=self.job, workdir=self.workdir, config=self.config,
             store=store, history=self.history, next_checkpoint_id=next_id,
             spark_version=self.spark.version, last_checkpointed_batch=restored.batch_id,
-            restored_from=restored.path, fence=self.lease.gate, confirm=self.lease.confirm,
-            lease_epoch=self.lease.record.epoch if self.lease.record else None,
-            threaded=self.threaded, digests=self._digests, clock=self.clock,
+            restored_from=restored.path,
+            lease=LeaseView(record.epoch if record else None, self.lease.confirm,
+                            self.lease.reserve_ids),
+            transactions=self._pending_transactions, listeners=self._listeners,
+            threaded=self.threaded, digests=self._digests, trigger_clock=self.clock,
         )
-        coordinator.transaction_source = self._pending_transactions
-        coordinator.id_guard = self.lease.reserve_ids
-        coordinator.listeners.extend(self._listeners)
         coordinator.start()
         self.coordinator = coordinator
         if initial or not restored.from_latest:

@@ -11,7 +11,8 @@ supervisor starts 2-3 drivers one after the other or overlapping; each (host
   completed ids and the first id past every reserved one), heartbeats driven explicitly;
 * the real :class:`~airflow_ckpt.runtime.checkpoint.coordinator.CheckpointCoordinator` in its
   ``threaded=False`` mode (driven by ``tick()``: capture, upload, completion marker,
-  confirm, answer) with its :class:`~airflow_ckpt.runtime.checkpoint.store.CompletedCheckpointStore`
+  confirm, answer) on the simulation's clock and seeded ids (its constructor's ``clock``
+  and ``ids``), with its :class:`~airflow_ckpt.runtime.checkpoint.store.CompletedCheckpointStore`
   and :class:`~airflow_ckpt.runtime.history.journal.JobHistory`, over a
   :class:`~airflow_ckpt.runtime.storage.fenced.FencedStorage` gated by the lease, on a
   Spark-shaped working directory of its own whose files carry the driver's name (so two
@@ -59,11 +60,10 @@ from airflow_ckpt.errors import (
     LeaseExpiredError,
     RestoreError,
 )
-from airflow_ckpt.runtime.checkpoint import coordinator as coordinator_module
-from airflow_ckpt.runtime.checkpoint import upload as upload_module
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
+from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.history import journal as history_module
 from airflow_ckpt.runtime.history.journal import JobHistory
@@ -74,7 +74,13 @@ from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
-from airflow_ckpt.testing.sim.scheduler import Host, Scheduler, patched_modules
+from airflow_ckpt.testing.sim.scheduler import (
+    Host,
+    Scheduler,
+    SeededUuid,
+    VirtualTime,
+    patched_modules,
+)
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
 
 JOB = "simjob"
@@ -93,8 +99,9 @@ PLANTS = (PLANT_SHARED_DIR,)
 HOLD_S = 2 * (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S)
 PAUSE_S = (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S, HOLD_S + 10.0)
 EXPECTED = (ConcurrentDriverError, LeaseExpiredError, EndpointUnreachableError)
-#: the modules whose ``time`` / ``uuid`` the simulation replaces
-SIMULATED_MODULES = [lease_module, coordinator_module, upload_module, history_module]
+#: the modules whose ``time`` / ``uuid`` the simulation replaces (the coordinator and
+#: its upload take the simulation's clock and ids through their constructors)
+SIMULATED_MODULES = [lease_module, history_module]
 BATCHES = 3
 #: savepoint attempts per driver while the request is open (the requester's retries)
 ATTEMPTS = 4
@@ -273,9 +280,10 @@ class SavepointWorld(Judged):
             storage=storage, job=JOB, workdir=workdir, config=config, store=store,
             history=JobHistory(storage, JOB), next_checkpoint_id=max(
                 store.recover(), record.first_id or 1),
-            spark_version="4.2.0", fence=lease.gate, confirm=lease.confirm,
-            lease_epoch=record.epoch, threaded=False)
-        coordinator.id_guard = lease.reserve_ids
+            spark_version="4.2.0",
+            lease=LeaseView(record.epoch, lease.confirm, lease.reserve_ids),
+            threaded=False, clock=VirtualTime(sched),
+            ids=lambda: SeededUuid(sched).uuid4().hex)
         try:
             for _ in range(ATTEMPTS):
                 if self.answered:

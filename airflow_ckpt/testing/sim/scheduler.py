@@ -9,10 +9,11 @@ schedule exactly: same choices, same storage calls, same trace.
 
 **Time** is virtual. The scheduler keeps the true time ``now``; it moves by a small
 seeded step per turn and jumps to the next wake-up when every actor sleeps. Each actor
-runs on a :class:`Host` whose wall clock is ``now + skew_s``. The real classes read the
-clock through the module-level ``time`` of their modules; :func:`patched_modules`
-replaces that name (inside the harness only) by a :class:`VirtualTime` that answers
-with the calling actor's host clock, and ``uuid`` by seeded ids. Hosts are separate
+runs on a :class:`Host` whose wall clock is ``now + skew_s``. A :class:`VirtualTime`
+answers with the calling actor's host clock, :class:`SeededUuid` with seeded ids. Classes
+that take a clock and ids through their constructors (the checkpoint coordinator and its
+upload) are given these; the others read the module-level ``time`` / ``uuid`` of their
+modules, which :func:`patched_modules` replaces (inside the harness only). Hosts are separate
 processes: module globals a process keeps to itself (e.g. a "last key" counter) are
 saved and restored per host at every baton switch (:class:`ProcessGlobals`).
 
@@ -337,8 +338,15 @@ class SeededUuid:
 @contextlib.contextmanager
 def patched_modules(scheduler: Scheduler, modules: list[types.ModuleType]) -> Iterator[None]:
     """Point the ``time`` and ``uuid`` names of ``modules`` at the simulation's clock and
-    ids for the duration (only names a module has are replaced); restore them after."""
+    ids for the duration (the names a module has); restore them after. A module with
+    neither name is refused (``ValueError``): its code moved, and patching it would
+    silently take that code out of simulated time. (Code that takes a clock through its
+    constructor is given the simulation's instead: the checkpoint coordinator.)"""
     fakes: dict[str, Any] = {"time": VirtualTime(scheduler), "uuid": SeededUuid(scheduler)}
+    lacking = [m.__name__ for m in modules
+               if not any(isinstance(getattr(m, name, None), types.ModuleType) for name in fakes)]
+    if lacking:
+        raise ValueError(f"no time or uuid module to simulate in {lacking}")
     saved: list[tuple[types.ModuleType, str, Any]] = []
     try:
         for module in modules:
