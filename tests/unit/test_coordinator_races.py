@@ -15,12 +15,9 @@ import pytest
 from airflow_ckpt.errors import ConcurrentDriverError, LeaseExpiredError
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.completion import CompletionListener
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
-from airflow_ckpt.runtime.checkpoint.coordinator import (
-    NO_LEASE,
-    CheckpointCoordinator,
-    CompletionListener,
-)
+from airflow_ckpt.runtime.checkpoint.coordinator import NO_LEASE, CheckpointCoordinator
 from airflow_ckpt.runtime.checkpoint.executors import BACKGROUND_NICENESS
 from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest

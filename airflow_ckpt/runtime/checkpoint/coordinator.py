@@ -14,17 +14,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 
 from airflow_ckpt.errors import (
     AirflowCkptError,
     CheckpointDeclinedError,
 )
-from airflow_ckpt.runtime import interleave
+from airflow_ckpt.runtime.checkpoint.completion import (
+    CompletionListener,
+    log_completed,
+    notify_completed,
+)
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
-from airflow_ckpt.runtime.checkpoint.executors import InlineExecutor, background_priority
+from airflow_ckpt.runtime.checkpoint.executors import InlineExecutor, checkpoint_executors
 from airflow_ckpt.runtime.checkpoint.failures import (
     CheckpointFailureManager,
     CheckpointFailureReason,
@@ -68,8 +70,6 @@ Reason = CheckpointFailureReason
 #: the states a failure may still move a pending checkpoint out of
 _UNSETTLED = (PendingState.PENDING, PendingState.COMPLETING)
 
-# Callbacks the job facade registers.
-CompletionListener = Callable[[Manifest], None]
 TransactionSource = Callable[[int], tuple[int, ...]]  # barrier batch -> pending txn ids
 #: a coordinator alone on its storage (tests)
 NO_LEASE = LeaseView()
@@ -136,16 +136,8 @@ class CheckpointCoordinator:
         # the caller drives the coordinator with tick(). Every storage mutation then
         # happens in one deterministic order: what crash-point enumeration needs.
         self.threaded = threaded
-        self._files: Executor = (
-            ThreadPoolExecutor(upload_threads, thread_name_prefix="ckpt-upload",
-                               initializer=background_priority)
-            if threaded else InlineExecutor())
-        # Not threaded, an async phase runs at the *next* tick: batches run in between,
-        # as they do while a real async phase uploads.
-        self._phases: Executor = (
-            ThreadPoolExecutor(max(config.max_concurrent, 1) + 1, thread_name_prefix="ckpt-async",
-                               initializer=background_priority)
-            if threaded else InlineExecutor(deferred=True))
+        self._files, self._phases = checkpoint_executors(threaded, upload_threads,
+                                                         config.max_concurrent)
         self._query_ended = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ckpt-coordinator", daemon=True)
@@ -503,42 +495,12 @@ class CheckpointCoordinator:
             self.layout.savepoint_dir(p.savepoint_id) if p.savepoint_id
             else self.layout.checkpoint_dir(manifest.checkpoint_id)
         )
-        p.path = path = self.storage.uri.rstrip("/") + "/" + dir_key.rstrip("/")
+        p.path = self.storage.uri.rstrip("/") + "/" + dir_key.rstrip("/")
         self.failures.on_success()
-        t = manifest.timings
-        log.info(
-            "completed %s %d: batch=%d state_size=%d uploaded=%d files=%d subtasks=%d/%d "
-            "start_delay=%dms sync=%dms async=%dms end_to_end=%dms",
-            manifest.kind, manifest.checkpoint_id, manifest.batch_id, manifest.state_size,
-            manifest.checkpointed_size, len(manifest.files),
-            manifest.num_acknowledged_subtasks, manifest.num_subtasks, t.start_delay_ms,
-            t.sync_duration_ms, t.async_duration_ms, t.end_to_end_duration_ms,
-        )
-        # Each step on its own: a failure of one (e.g. the history append) must not skip
-        # the others, above all the listeners that commit the sinks' transactions. The
-        # history step waits through a storage outage, and past the outage budget keeps
-        # the event for the history's next append (JobHistory.append_when_reachable). A
-        # commit that fails here stays pending: the next completion commits it, and
-        # every later manifest lists it for recover-and-commit.
-        interleave.point(interleave.COMPLETE_BEFORE_ADD)
-        steps: list[tuple[str, Callable[[], object]]] = []
-        if p.is_savepoint:
-            steps.append(("release", lambda: self.store.shared.release(p.checkpoint_id)))
-            steps.append(("history", lambda: self.history.append_when_reachable(
-                ev.SAVEPOINT_COMPLETED, path=path, request_id=p.request_id,
-                **manifest.history_entry())))
-        else:
-            steps.append(("store", lambda: self.store.add(manifest)))
-            steps.append(("history", lambda: self.history.append_when_reachable(
-                ev.CHECKPOINT_COMPLETED, path=path, **manifest.history_entry())))
-        steps.extend((f"listener {i}", partial(listener, manifest))
-                     for i, listener in enumerate(self.listeners))
+        log_completed(manifest)
         try:
-            for name, step in steps:
-                try:
-                    step()
-                except Exception:
-                    log.exception("after completing %d: %s failed", manifest.checkpoint_id, name)
+            notify_completed(manifest, p.path, store=self.store, history=self.history,
+                             listeners=self.listeners, request_id=p.request_id)
         finally:
             p.done.set()
 

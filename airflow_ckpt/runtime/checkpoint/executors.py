@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from functools import partial
 
 log = logging.getLogger("airflow_ckpt.checkpoint")
@@ -60,3 +60,18 @@ def background_priority() -> None:
                        + BACKGROUND_NICENESS)
     except (AttributeError, OSError):  # not Linux, or not permitted: keep the priority
         log.debug("could not lower the priority of %s", threading.current_thread().name)
+
+
+def checkpoint_executors(threaded: bool, upload_threads: int,
+                         max_concurrent: int) -> tuple[Executor, Executor]:
+    """The coordinator's executors: ``(files, phases)``, for the file uploads and the
+    async phases. Threaded: pools at :func:`background_priority`. Not threaded: inline,
+    so every storage mutation happens in one deterministic order (what crash-point
+    enumeration needs), and an async phase runs at the coordinator's *next* tick:
+    batches run in between, as they do while a real async phase uploads."""
+    if not threaded:
+        return InlineExecutor(), InlineExecutor(deferred=True)
+    return (ThreadPoolExecutor(upload_threads, thread_name_prefix="ckpt-upload",
+                               initializer=background_priority),
+            ThreadPoolExecutor(max(max_concurrent, 1) + 1, thread_name_prefix="ckpt-async",
+                               initializer=background_priority))
