@@ -167,14 +167,15 @@ class CheckpointCoordinator:
         self._files.shutdown(wait=wait)
 
     def wait(self, p: PendingCheckpoint) -> None:
-        """Wait until ``p`` completed or failed (ticking it along when not threaded)."""
+        """Wait until ``p`` settled: completed, failed or abandoned (ticking it along when
+        not threaded)."""
         while not self.threaded and not p.done.is_set():
             self.tick()
         p.done.wait()
 
     def drain(self) -> None:
-        """The query has ended: wait until every checkpoint triggered so far has
-        completed or failed.
+        """The query has ended: wait until every checkpoint triggered so far has settled
+        (completed, failed or abandoned: then :attr:`fatal` is set).
 
         One whose barrier batch never committed (the query stopped inside it) is taken
         at the last committed batch instead: the state the query ended with, a batch
@@ -203,8 +204,10 @@ class CheckpointCoordinator:
             self._query_ended = False
 
     @property
-    def fatal(self) -> BaseException | None:
-        """Set when the job must fail (too many failed checkpoints, another driver)."""
+    def fatal(self) -> AirflowCkptError | None:
+        """Set when the driver must stop (a fatal ``CheckpointFailureReason``: another
+        driver, a lost lease, a marker of unknown outcome, the executors' state out of
+        sight; or too many failed checkpoints): decided by the failure manager alone."""
         return self.failures.fatal
 
     @property
