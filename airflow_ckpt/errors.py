@@ -2,11 +2,15 @@
 
 Every error the package raises on purpose derives from :class:`AirflowCkptError`, so
 callers can catch one type. Messages are written for the person who has to act on
-them: they say what was wrong and what to do.
+them: they say what was wrong and what to do. An error no restart can fix derives from
+:class:`FinalError` (Flink's ``SuppressRestartsException``): the driver records it as
+``job_failed`` and nothing restarts the job. :class:`DriverExit` is the one exception
+here that is no error: the driver process ends.
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +19,14 @@ class AirflowCkptError(Exception):
     """Root of every error raised by airflow-ckpt."""
 
 
-class ConfigError(AirflowCkptError, ValueError):
+class FinalError(AirflowCkptError):
+    """The job fails for good: a restart, in-process or by a new driver, would meet the
+    same error (Flink's ``SuppressRestartsException``). ``CheckpointedJob.run`` records
+    it in the job's history as ``job_failed`` (the supervisor does not resubmit) and
+    raises it; every error that must not restart derives from this one."""
+
+
+class ConfigError(FinalError, ValueError):
     """Invalid options (checkpoint config, restart strategy, DAG params, storage URI).
 
     ``problems`` maps each bad key to what is wrong with it, so one error names every
@@ -133,7 +144,13 @@ class CheckpointFailureLimitError(CheckpointError):
     """More consecutive checkpoint failures than ``tolerable-failed-checkpoints``."""
 
 
-class RestoreError(AirflowCkptError):
+class WorkdirNotSharedError(CheckpointDeclinedError, FinalError):
+    """State store partitions have no data files in the driver's working directory
+    (executors on other hosts without a shared filesystem): no later checkpoint could
+    see the state either."""
+
+
+class RestoreError(FinalError):
     """Nothing restorable was found, or the chosen checkpoint/savepoint is damaged."""
 
 
@@ -197,7 +214,7 @@ class IncompatibleStateError(RestoreError):
     """The restored state does not fit the query (Spark's state schema check failed)."""
 
 
-class ConcurrentDriverError(AirflowCkptError):
+class ConcurrentDriverError(FinalError):
     """Another driver is writing checkpoints for the same job."""
 
 
@@ -213,3 +230,34 @@ class SavepointError(AirflowCkptError):
 
 class RestartsExhaustedError(AirflowCkptError):
     """The restart strategy declined to restart the job again."""
+
+
+class SparkSetupError(FinalError):
+    """The driver's Spark cannot do what was asked (missing feature, broken install)."""
+
+
+# --------------------------------------------------------------------------- process
+
+
+class DriverExit(SystemExit):
+    """The driver process ends now (SIGTERM, or its JVM is gone): not a job outcome.
+
+    A ``SystemExit`` with code :attr:`CODE`: ``except Exception`` does not catch it
+    (nothing counts it as a query failure), and uncaught it ends the interpreter quietly
+    with that code.
+    """
+
+    #: the exit code of a driver ended by SIGTERM or by its JVM's death (128 + SIGTERM)
+    CODE = 128 + signal.SIGTERM
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(self.CODE)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"the driver ends: {self.reason}"
+
+
+class VanishedError(AirflowCkptError):
+    """A listed history object was gone when read: a compaction took it meanwhile. The
+    history's reader and writer list again; it never leaves them."""

@@ -345,10 +345,8 @@ def checkpoint_state_problems(storage: CheckpointStorage, job: str) -> list[str]
     """Every completed checkpoint's files exist in storage, and every state partition of
     every stateful operator has a versioned state file in it (a checkpoint of executors'
     state the driver could not see would have none)."""
-    from airflow_ckpt.runtime.checkpoint.workdir_check import (
-        WorkdirNotSharedError,
-        check_state_visible,
-    )
+    from airflow_ckpt.errors import WorkdirNotSharedError
+    from airflow_ckpt.runtime.checkpoint.workdir_check import check_state_visible
     from airflow_ckpt.runtime.storage.layout import JobLayout
 
     problems: list[str] = []

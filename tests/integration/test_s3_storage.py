@@ -380,7 +380,7 @@ def test_merged_checkpoint_files_restore_through_s3(s3_storage: Any, tmp_path: P
     segments back with one ranged GET and verifies each file."""
     import threading
 
-    from airflow_ckpt.runtime.checkpoint.coordinator import InlineExecutor
+    from airflow_ckpt.runtime.checkpoint.executors import InlineExecutor
     from airflow_ckpt.runtime.checkpoint.snapshot import CapturedFile, CapturedSnapshot
     from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
     from airflow_ckpt.runtime.checkpoint.upload import DigestCache, UploadTarget, upload_snapshot

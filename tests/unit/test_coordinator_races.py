@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -15,8 +15,11 @@ import pytest
 from airflow_ckpt.errors import ConcurrentDriverError, LeaseExpiredError
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.completion import CompletionListener
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
-from airflow_ckpt.runtime.checkpoint.coordinator import BACKGROUND_NICENESS, CheckpointCoordinator
+from airflow_ckpt.runtime.checkpoint.coordinator import NO_LEASE, CheckpointCoordinator
+from airflow_ckpt.runtime.checkpoint.executors import BACKGROUND_NICENESS
+from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.history.journal import JobHistory
@@ -44,7 +47,7 @@ def workdir(tmp_path: Path) -> Path:
 
 
 def start(storage: CheckpointStorage, workdir: Path, *, timeout: str = "10 min",
-          fence: object = None, confirm: object = None,
+          lease: LeaseView = NO_LEASE, listeners: Sequence[CompletionListener] = (),
           first_id: int = 1) -> CheckpointCoordinator:
     config = CheckpointConfig.from_dict({
         "execution.checkpointing.interval": "1 h",  # nothing periodic: tests trigger
@@ -57,9 +60,7 @@ def start(storage: CheckpointStorage, workdir: Path, *, timeout: str = "10 min",
     coordinator = CheckpointCoordinator(
         storage=storage, job=JOB, workdir=workdir, config=config, store=store,
         history=JobHistory(storage, JOB), next_checkpoint_id=next_id,
-        spark_version="4.2.0", poll_interval_s=0.005,
-        **({"fence": fence} if fence else {}),
-        **({"confirm": confirm} if confirm else {}),
+        spark_version="4.2.0", poll_interval_s=0.005, lease=lease, listeners=listeners,
     )
     coordinator.start()
     return coordinator
@@ -99,20 +100,23 @@ def test_the_timeout_tick_never_fails_a_checkpoint_writing_its_marker(
 
 
 def test_a_failing_store_add_or_history_append_never_skips_the_sink_commit(
-    storage: CheckpointStorage, running: CheckpointCoordinator, monkeypatch: pytest.MonkeyPatch
+    storage: CheckpointStorage, workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 8 defect 8."""
     committed: list[int] = []
-    running.listeners.append(lambda m: committed.append(m.batch_id))
+    running = start(storage, workdir, listeners=[lambda m: committed.append(m.batch_id)])
 
     def boom(*_a: object, **_k: object) -> None:
         raise OSError("storage hiccup")
 
     monkeypatch.setattr(running.store, "add", boom)
     monkeypatch.setattr(running.history, "append", boom)
-    p = running.trigger("manual")
-    assert p.done.wait(10) and p.manifest is not None
-    assert committed == [3]
+    try:
+        p = running.trigger("manual")
+        assert p.done.wait(10) and p.manifest is not None
+        assert committed == [3]
+    finally:
+        running.shutdown()
 
 
 def test_a_savepoint_id_is_never_written_twice_and_the_job_goes_on(
@@ -176,10 +180,8 @@ def start_fenced(storage: CheckpointStorage, workdir: Path, lease: JobLease,
                  fenced: CheckpointStorage) -> CheckpointCoordinator:
     record = lease.record
     assert record is not None and record.first_id is not None
-    coordinator = start(fenced, workdir, fence=lease.gate, confirm=lease.confirm,
-                        first_id=record.first_id)
-    coordinator.id_guard = lease.reserve_ids
-    return coordinator
+    return start(fenced, workdir, first_id=record.first_id,
+                 lease=LeaseView(record.epoch, lease.confirm, lease.reserve_ids))
 
 
 def test_a_paused_deposed_driver_cannot_complete_delete_or_commit(
@@ -266,8 +268,7 @@ def test_a_late_marker_of_a_deposed_driver_never_counts(
 def test_a_manifest_records_its_writers_lease_epoch(
     storage: CheckpointStorage, workdir: Path
 ) -> None:
-    coordinator = start(storage, workdir)
-    coordinator.lease_epoch = 7
+    coordinator = start(storage, workdir, lease=LeaseView(epoch=7))
     try:
         p = coordinator.trigger("manual")
         assert p.done.wait(10) and isinstance(p.manifest, Manifest)
@@ -320,19 +321,22 @@ def test_heartbeat_loss_while_a_checkpoint_is_in_flight(
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="per-thread priority is Linux's")
 def test_uploads_and_async_phases_run_below_the_batches_priority(
-    running: CheckpointCoordinator,
+    storage: CheckpointStorage, workdir: Path,
 ) -> None:
     """The checkpoint's background work yields CPU to the batches (background_priority);
     the calling thread (in the driver: the job's main thread) keeps its priority."""
     seen: list[int] = []
-    running.listeners.append(
-        lambda _m: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+    running = start(storage, workdir, listeners=[
+        lambda _m: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))])
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    pending = running.trigger("manual")
-    running.wait(pending)
-    assert pending.manifest is not None, pending.failure
-    assert seen == [min(mine + BACKGROUND_NICENESS, 19)]
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    try:
+        pending = running.trigger("manual")
+        running.wait(pending)
+        assert pending.manifest is not None, pending.failure
+        assert seen == [min(mine + BACKGROUND_NICENESS, 19)]
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    finally:
+        running.shutdown()
 
 
 class DelayedSavepointMarkerStorage(FencedStorage):

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 
 from airflow_ckpt import launch
+from airflow_ckpt.errors import DriverExit
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.driver import unit as driver_unit
 from airflow_ckpt.runtime.driver.process import pid_alive
-from airflow_ckpt.runtime.driver.unit import EXIT_CODE, DriverExit, DriverUnit
+from airflow_ckpt.runtime.driver.unit import EXIT_CODE, DriverUnit
 from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     FAILURE,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt.errors import CorruptCheckpointError
-from airflow_ckpt.runtime.checkpoint.coordinator import InlineExecutor
+from airflow_ckpt.runtime.checkpoint.executors import InlineExecutor
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, parse_manifest
 from airflow_ckpt.runtime.checkpoint.snapshot import CapturedFile, CapturedSnapshot
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore

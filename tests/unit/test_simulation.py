@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-import time
-import types
 from collections.abc import Callable
 
 import pytest
@@ -32,7 +30,7 @@ from airflow_ckpt.testing.sim.savepoints import (
     SAVEPOINT_VERIFIES,
     run_savepoint_seed,
 )
-from airflow_ckpt.testing.sim.scheduler import Host, NotSimulated, Scheduler, patched_modules
+from airflow_ckpt.testing.sim.scheduler import Host, Scheduler
 from airflow_ckpt.testing.sim.sinks import (
     DECISION_CHANGED,
     PLANT_NO_OFFSETS,
@@ -262,17 +260,10 @@ def test_random_schedules_break_no_invariant() -> None:
     print(f"{result.schedules} simulated schedules explored, 0 violations")
 
 
-def test_patching_a_module_without_the_name_fails_loudly() -> None:
-    """A module listed for patching that lacks the name (its code moved, or it takes its
-    clock through its constructor now) is refused, never silently left on the real clock;
-    a module that has it runs on the simulation's clock for the duration."""
-    sched = Scheduler(1)
-    bare = types.ModuleType("bare")
-    with pytest.raises(NotSimulated, match="bare has no module-level 'time'"), \
-            patched_modules(sched, {bare: ("time",)}):
-        pass
-    timed = types.ModuleType("timed")
-    timed.time = time  # type: ignore[attr-defined]
-    with patched_modules(sched, {timed: ("time",)}):
-        assert timed.time.time() == sched.wall_clock()  # type: ignore[attr-defined]
-    assert timed.time is time  # type: ignore[attr-defined]
+def test_no_module_is_patched_the_simulated_classes_take_their_clocks() -> None:
+    """Every runtime class the simulation drives takes its clock and ids through its
+    constructor: no module-level ``time`` or ``uuid`` is swapped (a patch list would
+    silently take moved code out of simulated time)."""
+    from airflow_ckpt.testing.sim import scheduler
+
+    assert not hasattr(scheduler, "patched_modules")

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from airflow_ckpt.errors import SparkSetupError
 from airflow_ckpt.runtime.job import spark_features
 from airflow_ckpt.runtime.job.spark_features import (
-    SparkSetupError,
     check_supported,
     pyspark_install_problems,
     require_offline_repartition,

@@ -31,6 +31,7 @@ from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.snapshot import latest_batch
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest, ControlResult
 from airflow_ckpt.runtime.history import events as ev
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.job import checkpointed_job as job_module
 from airflow_ckpt.runtime.sinks import JsonLinesSink
@@ -392,3 +393,36 @@ def test_the_job_page_shows_no_failure_after_a_stop_with_savepoint(
     assert body["counts"]["failed"] == 0 and body["latest"]["failed"] is None, body
     assert texts["job-status"] == "STOPPED"
     assert texts["count-failed"] == "0"
+
+
+@pytest.mark.parametrize("batches", [1, 4], ids=["in-the-final-drain", "while-running"])
+def test_an_abandoned_savepoint_is_not_answered_and_the_job_stops(
+    storage: CheckpointStorage, tmp_path: Path, batches: int
+) -> None:
+    """Issue 24 item 2. A manual savepoint's ``_metadata`` put meets
+    ``OutcomeUnknownError``: the marker may land, now or later, so the savepoint is
+    abandoned (neither failed nor completed: a new lease epoch decides). With one batch
+    the query has finished and the savepoint settles in the final drain: before, the
+    drain answered the request "failed" (a later landing marker would contradict it) and
+    the job took a new final checkpoint and returned "finished"; while the query runs,
+    the loop answered it "failed" before it raised. Now nothing answers the request, no
+    final checkpoint is taken, and the driver stops with the marker's error."""
+    manual = request(storage, stop=False, savepoint_id="late")
+    faults: list[FailingPuts] = []
+
+    def fault(s: CheckpointStorage) -> CheckpointStorage:
+        faults.append(FailingPuts(s, savepoint_marker, times=1, error=OutcomeUnknownError))
+        return faults[0]
+
+    with pytest.raises(OutcomeUnknownError, match="sp-late/_metadata"):
+        live(storage, tmp_path / "w", cp.Script(batches=batches), periodic=False,
+             fault=fault)
+
+    assert len(faults[0].failed) == 1  # the fault did happen
+    assert ControlChannel(storage, JOB).result(manual.request_id) is None  # no answer
+    history = JobHistory(storage, JOB)
+    assert history.last(ev.JOB_FINISHED) is None
+    assert history.events([ev.SAVEPOINT_FAILED]) == []
+    finals = [e for e in history.events([ev.CHECKPOINT_COMPLETED])
+              if e.data["trigger"] == "final"]
+    assert finals == []  # no final checkpoint after the abandoned savepoint

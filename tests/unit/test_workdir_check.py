@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from airflow_ckpt.errors import WorkdirNotSharedError
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.metadata import OperatorInfo
-from airflow_ckpt.runtime.checkpoint.workdir_check import WorkdirNotSharedError, check_state_visible
+from airflow_ckpt.runtime.checkpoint.workdir_check import check_state_visible
 from airflow_ckpt.runtime.storage import open_storage
 from tests.unit.test_coordinator_races import JOB, start
 from tests.unit.test_snapshot_capture import make_workdir
@@ -52,7 +53,8 @@ def test_the_coordinator_fails_fatally_uploads_nothing_and_triggers_no_more(
         assert isinstance(coordinator.fatal, WorkdirNotSharedError)
         assert "state/0/1" in str(coordinator.fatal) and "state/0/0" not in str(
             coordinator.fatal)
-        assert not coordinator._periodic_due(time.monotonic() + 3600)
+        coordinator.periodic.clock = lambda: time.monotonic() + 3600
+        assert not coordinator._periodic_due()
     finally:
         coordinator.shutdown()
     assert CheckpointCatalog(storage, JOB).checkpoint_ids(completed_only=False) == []

@@ -11,34 +11,47 @@ the last committed batch. The time from trigger to that boundary is the checkpoi
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
-import time
-import uuid
-from collections.abc import Callable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from functools import partial
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from airflow_ckpt.errors import (
+    AirflowCkptError,
     CheckpointDeclinedError,
-    CheckpointError,
-    CheckpointFailureLimitError,
-    ConcurrentDriverError,
-    LeaseExpiredError,
-    ObjectAlreadyExistsError,
-    OutcomeUnknownError,
 )
-from airflow_ckpt.runtime import interleave
+from airflow_ckpt.runtime.checkpoint.completion import (
+    CompletionListener,
+    log_completed,
+    notify_completed,
+)
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
+from airflow_ckpt.runtime.checkpoint.executors import InlineExecutor, checkpoint_executors
+from airflow_ckpt.runtime.checkpoint.failures import (
+    CheckpointFailureManager,
+    CheckpointFailureReason,
+)
+from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
+from airflow_ckpt.runtime.checkpoint.marker import write_marker
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest, Timings, Trigger, parse_manifest
-from airflow_ckpt.runtime.checkpoint.snapshot import CapturedSnapshot, capture, latest_batch
+from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint, PendingState
+from airflow_ckpt.runtime.checkpoint.snapshot import (
+    CapturedSnapshot,
+    barrier_batch,
+    capture,
+    latest_batch,
+    query_id,
+)
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
-from airflow_ckpt.runtime.checkpoint.upload import DigestCache, UploadTarget, upload_snapshot
+from airflow_ckpt.runtime.checkpoint.triggering import PeriodicTrigger
+from airflow_ckpt.runtime.checkpoint.upload import (
+    DigestCache,
+    UploadResult,
+    UploadTarget,
+    upload_snapshot,
+)
 from airflow_ckpt.runtime.checkpoint.workdir_check import WorkdirNotSharedError, check_captured
+from airflow_ckpt.runtime.clock import SYSTEM_CLOCK, Clock, IdSource, random_id
 from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
@@ -47,122 +60,19 @@ from airflow_ckpt.runtime.storage.layout import JobLayout
 log = logging.getLogger("airflow_ckpt.checkpoint")
 
 
-@dataclass
-class PendingCheckpoint:
-    """A triggered checkpoint or savepoint that has not completed or failed yet."""
-
-    checkpoint_id: int
-    trigger: Trigger
-    trigger_ts: float  # wall clock (reported); intervals and timeouts use monotonic time
-    deadline: float  # time.monotonic() after which the checkpoint expires
-    savepoint_id: str | None = None
-    request_id: str | None = None
-    barrier_batch: int | None = None
-    captured: bool = False
-    acked: set[str] = field(default_factory=set)
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
-    manifest: Manifest | None = None
-    path: str | None = None  # URI of the completed checkpoint/savepoint directory
-    failure: str | None = None
-    # pending -> completing (its _metadata is being written) -> completed, or -> failed.
-    # The timeout tick may fail only a *pending* checkpoint: once the async phase claimed
-    # completion, the marker write decides (it is bounded by the lease's write time).
-    state: str = "pending"
-    _state_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    @property
-    def is_savepoint(self) -> bool:
-        return self.savepoint_id is not None
-
-    def move(self, to: str, *, allowed: tuple[str, ...]) -> bool:
-        """Atomically move to state ``to`` if the current state is in ``allowed``."""
-        with self._state_lock:
-            if self.state not in allowed:
-                return False
-            self.state = to
-            return True
-
-
-class CheckpointFailureManager:
-    """Counts consecutive failed checkpoints; more than ``tolerable`` is fatal (Flink's)."""
-
-    def __init__(self, tolerable: int) -> None:
-        self.tolerable = tolerable
-        self.consecutive = 0
-        self.fatal: (CheckpointError | ConcurrentDriverError | LeaseExpiredError
-                     | OutcomeUnknownError | None) = None
-
-    def on_success(self) -> None:
-        self.consecutive = 0
-
-    def on_failure(self, checkpoint_id: int, reason: str) -> None:
-        self.consecutive += 1
-        if self.consecutive > self.tolerable and self.fatal is None:
-            self.fatal = CheckpointFailureLimitError(
-                f"{self.consecutive} consecutive checkpoints failed (tolerable: "
-                f"{self.tolerable}); last: chk-{checkpoint_id}: {reason}"
-            )
-
-
-class InlineExecutor(Executor):
-    """Runs each submitted call in the caller's thread: at once, or with ``deferred``
-    when :meth:`run_deferred` is called. An ``Exception`` is kept in the future as a
-    pool would; anything else (the process is going down) propagates to the caller, as
-    it would end a pool's worker and the process."""
-
-    def __init__(self, deferred: bool = False) -> None:
-        self.deferred = deferred
-        self._queue: list[tuple[Future[object], Callable[[], object]]] = []
-
-    def submit(self, fn: Callable[..., object], /, *args: object,  # type: ignore[override]
-               **kwargs: object) -> Future[object]:
-        future: Future[object] = Future()
-        self._queue.append((future, partial(fn, *args, **kwargs)))
-        if not self.deferred:
-            self.run_deferred()
-        return future
-
-    def run_deferred(self) -> None:
-        queue, self._queue = self._queue, []
-        for future, call in queue:
-            try:
-                future.set_result(call())
-            except Exception as exc:
-                future.set_exception(exc)
-
-
 def _savepoint_exists(savepoint_id: str | None) -> str:
     return (f"savepoint id {savepoint_id!r} already exists and a savepoint is never "
             "overwritten: choose another savepoint_id, or dispose of the old savepoint "
             "first (airflow-ckpt dispose)")
 
 
-# Callbacks the job facade registers.
-CompletionListener = Callable[[Manifest], None]
-#: niceness added to the upload and async-phase threads (see background_priority)
-BACKGROUND_NICENESS = 5
-
-
-def background_priority() -> None:
-    """Lower the calling thread's CPU priority by :data:`BACKGROUND_NICENESS`.
-
-    Why: in local mode (and on any driver that also computes) the batches and the
-    checkpoint uploads share the driver's cores. Hashing and uploading are background
-    work whose only deadline is the checkpoint timeout, while every CPU second they take
-    from a running batch shows up as batch latency. On Linux ``setpriority`` on a thread
-    id changes that thread alone; lowering is always permitted. The lease heartbeat
-    keeps the normal priority: its timeliness is what fencing relies on.
-    """
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid)
-                       + BACKGROUND_NICENESS)
-    except (AttributeError, OSError):  # not Linux, or not permitted: keep the priority
-        log.debug("could not lower the priority of %s", threading.current_thread().name)
-
+Reason = CheckpointFailureReason
+#: the states a failure may still move a pending checkpoint out of
+_UNSETTLED = (PendingState.PENDING, PendingState.COMPLETING)
 
 TransactionSource = Callable[[int], tuple[int, ...]]  # barrier batch -> pending txn ids
+#: a coordinator alone on its storage (tests)
+NO_LEASE = LeaseView()
 
 
 class CheckpointCoordinator:
@@ -181,15 +91,24 @@ class CheckpointCoordinator:
         spark_version: str,
         last_checkpointed_batch: int | None = None,
         restored_from: str | None = None,
+        lease: LeaseView = NO_LEASE,
+        transactions: TransactionSource = lambda _batch: (),
+        listeners: Sequence[CompletionListener] = (),
         upload_threads: int = 8,
         poll_interval_s: float = 0.05,
-        fence: Callable[[], None] = lambda: None,
-        confirm: Callable[[], None] = lambda: None,
-        lease_epoch: int | None = None,
         threaded: bool = True,
         digests: DigestCache | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
+        ids: IdSource = random_id,
+        trigger_clock: Callable[[], float] | None = None,
     ) -> None:
+        """``storage``: gated by the lease (every write passes its gate once);
+        ``lease``: the rest of what the checkpoint path needs of the lease;
+        ``transactions``: the sinks' pending transactions up to a barrier batch, listed
+        in the manifest; ``listeners``: called with each completed manifest (the sinks
+        commit); ``clock``: timeouts, durations and reported timestamps; ``ids``: names
+        of staging directories; ``trigger_clock``: when periodic checkpoints are due
+        (``clock.monotonic`` unless a test needs every look to find one due)."""
         self.storage = storage
         self.layout = JobLayout(job)
         self.workdir = workdir
@@ -200,26 +119,16 @@ class CheckpointCoordinator:
         self.spark_version = spark_version
         self.restored_from = restored_from
         self.poll_interval_s = poll_interval_s
-        #: raises if this driver should not start a write now (the lease's gate)
-        self.fence = fence
-        #: raises ConcurrentDriverError if another driver claimed the job (storage only;
-        #: ``JobLease.confirm``): called after a completion marker is durable, before
-        #: anything acts on it
-        self.confirm = confirm
-        self.failures = CheckpointFailureManager(config.tolerable_failed)
-        self.listeners: list[CompletionListener] = []
-        self.transaction_source: TransactionSource = lambda _batch: ()
-        #: called with a checkpoint id before it is used (the lease reserves ids)
-        self.id_guard: Callable[[int], None] = lambda _checkpoint_id: None
-        self.lease_epoch = lease_epoch
-        #: when periodic checkpoints are due (interval, min-pause): Flink's injected
-        #: ``Clock``; timeouts stay on the monotonic clock
+        self.lease = lease
+        self.transactions = transactions
+        self.listeners = tuple(listeners)
         self.clock = clock
+        self.ids = ids
+        self.failures = CheckpointFailureManager(config.tolerable_failed)
+        self.periodic = PeriodicTrigger(config, workdir, trigger_clock or clock.monotonic,
+                                        last_checkpointed_batch)
         self._next_id = next_checkpoint_id
         self.first_id = next_checkpoint_id  # ids from here on are this coordinator's
-        self._last_batch = last_checkpointed_batch
-        self._last_trigger = clock()
-        self._last_completion = float("-inf")
         self._lock = threading.Lock()
         self._pending: list[PendingCheckpoint] = []
         self._digests = digests if digests is not None else DigestCache()
@@ -227,16 +136,8 @@ class CheckpointCoordinator:
         # the caller drives the coordinator with tick(). Every storage mutation then
         # happens in one deterministic order: what crash-point enumeration needs.
         self.threaded = threaded
-        self._files: Executor = (
-            ThreadPoolExecutor(upload_threads, thread_name_prefix="ckpt-upload",
-                               initializer=background_priority)
-            if threaded else InlineExecutor())
-        # Not threaded, an async phase runs at the *next* tick: batches run in between,
-        # as they do while a real async phase uploads.
-        self._phases: Executor = (
-            ThreadPoolExecutor(max(config.max_concurrent, 1) + 1, thread_name_prefix="ckpt-async",
-                               initializer=background_priority)
-            if threaded else InlineExecutor(deferred=True))
+        self._files, self._phases = checkpoint_executors(threaded, upload_threads,
+                                                         config.max_concurrent)
         self._query_ended = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ckpt-coordinator", daemon=True)
@@ -266,14 +167,15 @@ class CheckpointCoordinator:
         self._files.shutdown(wait=wait)
 
     def wait(self, p: PendingCheckpoint) -> None:
-        """Wait until ``p`` completed or failed (ticking it along when not threaded)."""
+        """Wait until ``p`` settled: completed, failed or abandoned (ticking it along when
+        not threaded)."""
         while not self.threaded and not p.done.is_set():
             self.tick()
         p.done.wait()
 
     def drain(self) -> None:
-        """The query has ended: wait until every checkpoint triggered so far has
-        completed or failed.
+        """The query has ended: wait until every checkpoint triggered so far has settled
+        (completed, failed or abandoned: then :attr:`fatal` is set).
 
         One whose barrier batch never committed (the query stopped inside it) is taken
         at the last committed batch instead: the state the query ended with, a batch
@@ -289,8 +191,8 @@ class CheckpointCoordinator:
             for p in pending:
                 if not p.captured and p.barrier_batch is not None and p.barrier_batch > last:
                     log.info("%s %d: the query ended before batch %d committed; its barrier "
-                             "is the end of batch %d instead", "savepoint" if p.is_savepoint
-                             else "checkpoint", p.checkpoint_id, p.barrier_batch, last)
+                             "is the end of batch %d instead", p.kind, p.checkpoint_id,
+                             p.barrier_batch, last)
                     p.barrier_batch = last
         for p in pending:
             self.wait(p)
@@ -302,8 +204,10 @@ class CheckpointCoordinator:
             self._query_ended = False
 
     @property
-    def fatal(self) -> BaseException | None:
-        """Set when the job must fail (too many failed checkpoints, another driver)."""
+    def fatal(self) -> AirflowCkptError | None:
+        """Set when the driver must stop (a fatal ``CheckpointFailureReason``: another
+        driver, a lost lease, a marker of unknown outcome, the executors' state out of
+        sight; or too many failed checkpoints): decided by the failure manager alone."""
         return self.failures.fatal
 
     @property
@@ -329,8 +233,8 @@ class CheckpointCoordinator:
                 q.savepoint_id == savepoint_id for q in self._pending)
             pending = self._new_pending(trigger, savepoint_id, request_id)
         if twin:
-            self._fail(pending, f"savepoint id {savepoint_id!r} is already being taken by "
-                                "another request")
+            self._fail(pending, Reason.SAVEPOINT_ID_IN_USE, f"savepoint id {savepoint_id!r} "
+                       "is already being taken by another request")
             return pending
         self._log_triggered(pending)
         return pending
@@ -338,59 +242,36 @@ class CheckpointCoordinator:
     def _new_pending(self, trigger: Trigger, savepoint_id: str | None = None,
                      request_id: str | None = None) -> PendingCheckpoint:
         """Create and register a pending checkpoint; the caller holds ``self._lock``."""
-        self.id_guard(self._next_id)
+        self.lease.reserve_ids(self._next_id)
         pending = PendingCheckpoint(
             checkpoint_id=self._next_id,
             trigger=trigger,
-            trigger_ts=time.time(),
-            deadline=time.monotonic() + self.config.timeout_s,
+            trigger_ts=self.clock.time(),
+            deadline=self.clock.monotonic() + self.config.timeout_s,
             savepoint_id=savepoint_id,
             request_id=request_id,
         )
         self._next_id += 1
-        self._last_trigger = self.clock()
-        pending.barrier_batch = self._barrier_for_trigger(trigger)
+        self.periodic.triggered()
+        pending.barrier_batch = barrier_batch(
+            self.workdir, running=trigger not in ("initial", "final", "stop"))
         self._pending.append(pending)
         return pending
 
     @staticmethod
     def _log_triggered(pending: PendingCheckpoint) -> None:
         log.info(
-            "triggered %s %d (%s) barrier at end of batch %s",
-            "savepoint" if pending.is_savepoint else "checkpoint",
+            "triggered %s %d (%s) barrier at end of batch %s", pending.kind,
             pending.checkpoint_id, pending.trigger, pending.barrier_batch,
         )
 
-    def _barrier_for_trigger(self, trigger: Trigger) -> int:
-        """The batch whose end is the barrier; -1 for the empty state before batch 0."""
-        committed = latest_batch(self.workdir, "commits")
-        offered = latest_batch(self.workdir, "offsets")
-        if trigger in ("initial", "final", "stop"):
-            # The query is not running (not yet, or no longer): its last committed batch.
-            return -1 if committed is None else committed
-        if offered is not None and (committed is None or offered > committed):
-            return offered  # batch `offered` is running: barrier at its end
-        if committed is None:
-            return 0  # nothing ran yet: the first batch
-        return committed
-
-    def _periodic_due(self, now: float) -> bool:
-        cfg = self.config
+    def _periodic_due(self) -> bool:
+        """Whether a periodic checkpoint is due; the caller holds ``self._lock``."""
         if self._query_ended:
             return False  # the final checkpoint follows; a periodic one would repeat it
         if self.failures.fatal is not None:
             return False  # the job is failing; no later checkpoint can succeed
-        if now - self._last_trigger < cfg.interval_s:
-            return False
-        if now - self._last_completion < cfg.min_pause_s:
-            return False
-        if len(self._pending) >= cfg.max_concurrent:
-            return False
-        committed = latest_batch(self.workdir, "commits")
-        offered = latest_batch(self.workdir, "offsets")
-        newest = max(b for b in (committed, offered, -1) if b is not None)
-        # Nothing new since the last checkpoint: its state is still current.
-        return self._last_batch is None or newest > self._last_batch
+        return self.periodic.due(len(self._pending))
 
     # ------------------------------------------------------------------ main loop
     def _run(self) -> None:
@@ -405,11 +286,10 @@ class CheckpointCoordinator:
             # The due check and the trigger under one hold of the lock: a periodic
             # checkpoint is never triggered after drain() ended periodic triggering
             # (drain would not wait for it; its barrier batch might never commit).
-            periodic = self._new_pending("periodic") if self._periodic_due(self.clock()) \
-                else None
+            periodic = self._new_pending("periodic") if self._periodic_due() else None
         if periodic is not None:
             self._log_triggered(periodic)
-        now = time.monotonic()
+        now = self.clock.monotonic()
         with self._lock:
             pending = list(self._pending)
         committed: int | None = None
@@ -417,8 +297,9 @@ class CheckpointCoordinator:
         for p in pending:
             if p.done.is_set():
                 continue
-            if now > p.deadline and p.state == "pending":
-                self._fail(p, f"expired after {self.config.timeout_s:g} s before completing")
+            if now > p.deadline and p.state is PendingState.PENDING:
+                self._fail(p, Reason.EXPIRED,
+                           f"expired after {self.config.timeout_s:g} s before completing")
                 continue
             if p.captured:
                 continue
@@ -426,154 +307,158 @@ class CheckpointCoordinator:
             if barrier != -1 and not listed:
                 committed, listed = latest_batch(self.workdir, "commits"), True
             if barrier == -1 or (committed is not None and committed >= barrier):
-                self._sync_phase(p, time.time())
+                self._sync_phase(p, self.clock.time())
 
     def _sync_phase(self, p: PendingCheckpoint, barrier_ts: float) -> None:
         p.captured = True
-        start = time.monotonic()
-        staging = self.staging_root / f"chk-{p.checkpoint_id}-{uuid.uuid4().hex[:6]}"
+        start = self.clock.monotonic()
+        staging = self.staging_root / f"chk-{p.checkpoint_id}-{self.ids()[:6]}"
         try:
             if p.barrier_batch == -1:
                 snap = CapturedSnapshot(-1, (), (), [], (), staging)
             else:
                 snap = capture(self.workdir, p.barrier_batch or 0, staging)
                 check_captured(self.workdir, snap)  # executors' state on other hosts
-        except CheckpointDeclinedError as exc:
-            if isinstance(exc, WorkdirNotSharedError):
-                self.failures.fatal = exc  # no later checkpoint could see the state either
-            self._fail(p, str(exc))
+        except WorkdirNotSharedError as exc:  # no later checkpoint could see the state
+            self._fail(p, Reason.WORKDIR_NOT_SHARED, str(exc), error=exc)
             return
-        sync_ms = int((time.monotonic() - start) * 1000)
+        except CheckpointDeclinedError as exc:
+            self._fail(p, Reason.DECLINED, str(exc))
+            return
+        sync_ms = int((self.clock.monotonic() - start) * 1000)
         self._phases.submit(self._async_phase, p, snap, barrier_ts, sync_ms)
 
     def _async_phase(
         self, p: PendingCheckpoint, snap: CapturedSnapshot, barrier_ts: float, sync_ms: int
     ) -> None:
-        start = time.monotonic()
-        if p.is_savepoint:  # self-contained: one object per file, never merged
-            # Under a directory of its own checkpoint id (ids are never reused, also not
-            # across drivers): two drivers answering the same request never write the
-            # same object, so whichever marker lands first names files nobody else wrote.
-            target = UploadTarget(
-                p.checkpoint_id, f"savepoints/sp-{p.savepoint_id}/{p.checkpoint_id}/", False)
-        else:
-            cfg = self.config
-            target = UploadTarget(
-                p.checkpoint_id, f"chk-{p.checkpoint_id}/", cfg.incremental,
-                cfg.file_merging_max_file_size if cfg.file_merging else 0, self.lease_epoch,
-            )
+        """The async phase, in the background: every step below either hands on or
+        settles ``p`` itself (completed, failed or abandoned) and stops the phase.
+
+        1. a savepoint id that completed already is never written again
+           (:meth:`_answered_by_existing`);
+        2. upload the snapshot's files (:meth:`_upload`): durable when it returns;
+        3. describe them in the manifest (:meth:`_manifest`);
+        4. claim completion (``PENDING`` -> ``COMPLETING``): from here on the timeout
+           cannot fail ``p``, the marker write decides;
+        5. write the completion marker ``_metadata``, create-only, through the lease's
+           gate, and 6. confirm the lease after it (:meth:`_write_marker`);
+        7. complete: the store, the history, the listeners (:meth:`_complete`).
+        """
+        start = self.clock.monotonic()
         try:
             if p.savepoint_id is not None and self._answered_by_existing(p):
                 return
-            result = upload_snapshot(
-                self.storage, self.layout, snap, target,
-                executor=self._files, digests=self._digests, shared=self.store.shared,
-                deadline=p.deadline, on_ack=p.acked.add, cancelled=p.cancelled,
-                reusable=self.store.shared_index() if target.incremental else None,
-            )
-            async_ms = int((time.monotonic() - start) * 1000)
-            completed = time.time()
-            manifest = Manifest(
-                job=self.layout.job,
-                checkpoint_id=p.checkpoint_id,
-                kind="savepoint" if p.is_savepoint else "checkpoint",
-                trigger=p.trigger,
-                batch_id=snap.batch_id,
-                spark_version=self.spark_version,
-                query_id=self._query_id(),
-                mode=self.config.mode,
-                source_offsets=snap.source_offsets,
-                operators=snap.operators,
-                files=result.files,
-                state_size=result.state_size,
-                checkpointed_size=result.checkpointed_size,
-                num_subtasks=len(snap.subtasks),
-                num_acknowledged_subtasks=len(p.acked),
-                timings=Timings(
-                    trigger_ts=p.trigger_ts,
-                    barrier_ts=barrier_ts,
-                    completed_ts=completed,
-                    start_delay_ms=max(int((barrier_ts - p.trigger_ts) * 1000), 0),
-                    sync_duration_ms=sync_ms,
-                    async_duration_ms=async_ms,
-                    end_to_end_duration_ms=int((completed - p.trigger_ts) * 1000),
-                ),
-                savepoint_id=p.savepoint_id,
-                extra={"request_id": p.request_id} if p.request_id else {},
-                pending_transactions=self.transaction_source(snap.batch_id),
-                restored_from=self.restored_from,
-                lease_epoch=self.lease_epoch,
-            )
-            if (p.cancelled.is_set() or time.monotonic() > p.deadline
-                    or not p.move("completing", allowed=("pending",))):
-                raise CheckpointDeclinedError("checkpoint expired or was cancelled")
-            metadata_key = (
-                self.layout.savepoint_metadata(p.savepoint_id) if p.savepoint_id
-                else self.layout.checkpoint_metadata(p.checkpoint_id)
-            )
-            interleave.point(interleave.COMPLETE_BEFORE_METADATA)
-            try:
-                self.fence()
-                # The completion marker, written last and create-only.
-                self.storage.put_bytes(metadata_key, manifest.to_json(), create_only=True)
-            except (ConcurrentDriverError, LeaseExpiredError) as exc:
-                self.failures.fatal = exc
-                raise CheckpointDeclinedError(str(exc)) from exc
-            except ObjectAlreadyExistsError as exc:
-                if p.is_savepoint:
-                    # Another driver's answer to this very request landed first (it was
-                    # deposed mid-way): that savepoint answers it; or a request re-used
-                    # an id: fail that request only.
-                    if self._answered_by_existing(p, claimed=True):
-                        return
-                    raise CheckpointDeclinedError(_savepoint_exists(p.savepoint_id)) from exc
-                self.failures.fatal = ConcurrentDriverError(
-                    f"{metadata_key} was written by someone else: another driver is running "
-                    f"job {self.layout.job!r}; stop one of them"
-                )
-                raise CheckpointDeclinedError(str(exc)) from exc
-            except OutcomeUnknownError as exc:
-                # The marker may have landed, now or later: this checkpoint is neither
-                # failed nor completed. Only a new epoch can settle it (its claim-then-
-                # adopt counts the marker if it landed before, never if after), so
-                # this driver stops and a restart decides.
-                self._abandon(p, exc, f"the completion marker {metadata_key} may or may "
-                                      f"not have been written ({exc})")
+            result = self._upload(p, snap)
+            manifest = self._manifest(p, snap, result, barrier_ts, sync_ms,
+                                      async_ms=int((self.clock.monotonic() - start) * 1000))
+            if (p.cancelled.is_set() or self.clock.monotonic() > p.deadline
+                    or not p.move(PendingState.COMPLETING, allowed=(PendingState.PENDING,))):
+                self._fail(p, Reason.EXPIRED, "checkpoint expired or was cancelled")
                 return
-            try:
-                self.confirm()  # the marker counts only if no successor claimed before it
-            except ConcurrentDriverError as exc:
-                self._abandon(p, exc, f"{exc}; whether its marker counts is the successor's "
-                                      "decision")
-                return
-            except Exception as exc:
-                # The marker is durable but the confirmation could not be made (the
-                # listing of lease/ failed): not failed (the catalog counts the marker
-                # unless a successor claimed first), not completed (a successor may have).
-                # As for a marker of unknown outcome, only a new epoch settles it.
-                unknown = OutcomeUnknownError(
-                    f"{metadata_key} is written, but the lease could not be confirmed "
-                    f"after it ({type(exc).__name__}: {exc})")
-                self._abandon(p, unknown, str(unknown))
+            if not self._write_marker(p, manifest):
                 return
         except CheckpointDeclinedError as exc:
-            self._fail(p, str(exc), allowed=("pending", "completing"))
+            self._fail(p, Reason.ASYNC_EXCEPTION, str(exc), allowed=_UNSETTLED)
             return
         except Exception as exc:  # any storage error declines this checkpoint only
-            self._fail(p, f"{type(exc).__name__}: {exc}", allowed=("pending", "completing"))
+            self._fail(p, Reason.ASYNC_EXCEPTION, f"{type(exc).__name__}: {exc}",
+                       allowed=_UNSETTLED)
             return
         finally:
             snap.discard()
         self._complete(p, manifest)
+
+    def _upload(self, p: PendingCheckpoint, snap: CapturedSnapshot) -> UploadResult:
+        """Step 2: upload the snapshot's files (durable when this returns); raises
+        ``CheckpointDeclinedError`` on a storage error, the deadline or a cancel."""
+        target = (UploadTarget.savepoint(p.checkpoint_id, p.savepoint_id) if p.savepoint_id
+                  else UploadTarget.checkpoint(p.checkpoint_id, self.config, self.lease.epoch))
+        return upload_snapshot(
+            self.storage, self.layout, snap, target,
+            executor=self._files, digests=self._digests, shared=self.store.shared,
+            deadline=p.deadline, on_ack=p.acked.add, cancelled=p.cancelled,
+            reusable=self.store.shared_index() if target.incremental else None,
+            clock=self.clock,
+        )
+
+    def _manifest(self, p: PendingCheckpoint, snap: CapturedSnapshot, result: UploadResult,
+                  barrier_ts: float, sync_ms: int, *, async_ms: int) -> Manifest:
+        """Step 3: the manifest of the uploaded snapshot (what ``_metadata`` says)."""
+        completed = self.clock.time()
+        return Manifest(
+            job=self.layout.job,
+            checkpoint_id=p.checkpoint_id,
+            kind=p.kind,
+            trigger=p.trigger,
+            batch_id=snap.batch_id,
+            spark_version=self.spark_version,
+            query_id=query_id(self.workdir),
+            mode=self.config.mode,
+            source_offsets=snap.source_offsets,
+            operators=snap.operators,
+            files=result.files,
+            state_size=result.state_size,
+            checkpointed_size=result.checkpointed_size,
+            num_subtasks=len(snap.subtasks),
+            num_acknowledged_subtasks=len(p.acked),
+            timings=Timings(
+                trigger_ts=p.trigger_ts,
+                barrier_ts=barrier_ts,
+                completed_ts=completed,
+                start_delay_ms=max(int((barrier_ts - p.trigger_ts) * 1000), 0),
+                sync_duration_ms=sync_ms,
+                async_duration_ms=async_ms,
+                end_to_end_duration_ms=int((completed - p.trigger_ts) * 1000),
+            ),
+            savepoint_id=p.savepoint_id,
+            extra={"request_id": p.request_id} if p.request_id else {},
+            pending_transactions=self.transactions(snap.batch_id),
+            restored_from=self.restored_from,
+            lease_epoch=self.lease.epoch,
+        )
+
+    def _marker_key(self, p: PendingCheckpoint) -> str:
+        return (self.layout.savepoint_metadata(p.savepoint_id) if p.savepoint_id
+                else self.layout.checkpoint_metadata(p.checkpoint_id))
+
+    def _write_marker(self, p: PendingCheckpoint, manifest: Manifest) -> bool:
+        """Steps 5 and 6: write ``_metadata`` for ``p`` (``COMPLETING``) and confirm the
+        lease after it (:func:`~airflow_ckpt.runtime.checkpoint.marker.write_marker`).
+
+        True: the marker is durable and counts. False: ``p`` is settled: answered by a
+        savepoint that landed first, failed (fatal, but for a savepoint whose id names
+        another request's savepoint: that request fails alone), or abandoned.
+        """
+        failure = write_marker(self.storage, self._marker_key(p), manifest.to_json(),
+                               job=self.layout.job, confirm=self.lease.confirm)
+        if failure is None:
+            return True
+        if failure.reason is Reason.CONCURRENT_DRIVER and p.is_savepoint:
+            # Another driver's answer to this very request landed first (it was deposed
+            # mid-way): that savepoint answers it; or a request re-used an id: fail that
+            # request only.
+            if not self._answered_by_existing(p, claimed=True):
+                self._fail(p, Reason.SAVEPOINT_EXISTS, _savepoint_exists(p.savepoint_id),
+                           allowed=_UNSETTLED)
+        elif failure.reason.abandons:
+            # The marker may count, now or later: this checkpoint is neither failed nor
+            # completed. Only a new epoch can settle it (its claim-then-adopt counts the
+            # marker if it landed before, never if after), so this driver stops and a
+            # restart decides.
+            self._abandon(p, failure.reason, failure.error, failure.message)
+        else:
+            self._fail(p, failure.reason, failure.message, error=failure.error,
+                       allowed=_UNSETTLED)
+        return False
 
     def _answered_by_existing(self, p: PendingCheckpoint, *, claimed: bool = False) -> bool:
         """A savepoint id that already completed is never written to again.
 
         If the existing savepoint answers this very request (the driver crashed between
         its ``_metadata`` and the answer, or a deposed driver's marker for the same
-        request landed first), complete the request with it; otherwise decline the
-        request. Returns True if ``p`` is settled. ``claimed``: ``p`` is ``completing``
-        already (its own marker write met the existing one).
+        request landed first), complete the request with it; otherwise fail the request
+        (``SAVEPOINT_EXISTS``). Returns True if ``p`` is settled. ``claimed``: ``p`` is
+        ``COMPLETING`` already (its own marker write met the existing one).
         """
         assert p.savepoint_id is not None
         key = self.layout.savepoint_metadata(p.savepoint_id)
@@ -581,14 +466,14 @@ class CheckpointCoordinator:
             return False  # nothing completed under this id yet
         existing = parse_manifest(self.storage.get_bytes(key), where=key)
         if p.request_id is None or existing.extra.get("request_id") != p.request_id:
-            raise CheckpointDeclinedError(_savepoint_exists(p.savepoint_id))
+            self._fail(p, Reason.SAVEPOINT_EXISTS, _savepoint_exists(p.savepoint_id),
+                       allowed=_UNSETTLED)
+            return True
         log.info("savepoint %s already answers request %s", p.savepoint_id, p.request_id)
-        if not claimed and not p.move("completing", allowed=("pending",)):
+        if not claimed and not p.move(PendingState.COMPLETING, allowed=(PendingState.PENDING,)):
             return True  # failed meanwhile (timeout): settled
-        p.move("completed", allowed=("completing",))
-        with self._lock:
-            if p in self._pending:
-                self._pending.remove(p)
+        p.move(PendingState.COMPLETED, allowed=(PendingState.COMPLETING,))
+        self._settled(p)
         self.store.shared.release(p.checkpoint_id)
         p.manifest = existing
         p.path = self.storage.uri.rstrip("/") + "/" + self.layout.savepoint_dir(
@@ -596,105 +481,73 @@ class CheckpointCoordinator:
         p.done.set()
         return True
 
-    def _complete(self, p: PendingCheckpoint, manifest: Manifest) -> None:
-        p.move("completed", allowed=("completing",))
+    def _settled(self, p: PendingCheckpoint) -> None:
+        """``p`` is no longer pending."""
         with self._lock:
             if p in self._pending:
                 self._pending.remove(p)
-            if not p.is_savepoint:
-                self._last_batch = max(manifest.batch_id, self._last_batch or -1)
-            self._last_completion = self.clock()
+
+    def _complete(self, p: PendingCheckpoint, manifest: Manifest) -> None:
+        p.move(PendingState.COMPLETED, allowed=(PendingState.COMPLETING,))
+        with self._lock:
+            if p in self._pending:
+                self._pending.remove(p)
+            self.periodic.completed(None if p.is_savepoint else manifest.batch_id)
         p.manifest = manifest
         dir_key = (
             self.layout.savepoint_dir(p.savepoint_id) if p.savepoint_id
             else self.layout.checkpoint_dir(manifest.checkpoint_id)
         )
-        p.path = path = self.storage.uri.rstrip("/") + "/" + dir_key.rstrip("/")
+        p.path = self.storage.uri.rstrip("/") + "/" + dir_key.rstrip("/")
         self.failures.on_success()
-        t = manifest.timings
-        log.info(
-            "completed %s %d: batch=%d state_size=%d uploaded=%d files=%d subtasks=%d/%d "
-            "start_delay=%dms sync=%dms async=%dms end_to_end=%dms",
-            manifest.kind, manifest.checkpoint_id, manifest.batch_id, manifest.state_size,
-            manifest.checkpointed_size, len(manifest.files),
-            manifest.num_acknowledged_subtasks, manifest.num_subtasks, t.start_delay_ms,
-            t.sync_duration_ms, t.async_duration_ms, t.end_to_end_duration_ms,
-        )
-        # Each step on its own: a failure of one (e.g. the history append) must not skip
-        # the others, above all the listeners that commit the sinks' transactions. The
-        # history step waits through a storage outage, and past the outage budget keeps
-        # the event for the history's next append (JobHistory.append_when_reachable). A
-        # commit that fails here stays pending: the next completion commits it, and
-        # every later manifest lists it for recover-and-commit.
-        interleave.point(interleave.COMPLETE_BEFORE_ADD)
-        steps: list[tuple[str, Callable[[], object]]] = []
-        if p.is_savepoint:
-            steps.append(("release", lambda: self.store.shared.release(p.checkpoint_id)))
-            steps.append(("history", lambda: self.history.append_when_reachable(
-                ev.SAVEPOINT_COMPLETED, path=path, request_id=p.request_id,
-                **manifest.history_entry())))
-        else:
-            steps.append(("store", lambda: self.store.add(manifest)))
-            steps.append(("history", lambda: self.history.append_when_reachable(
-                ev.CHECKPOINT_COMPLETED, path=path, **manifest.history_entry())))
-        steps.extend((f"listener {i}", partial(listener, manifest))
-                     for i, listener in enumerate(self.listeners))
+        log_completed(manifest)
         try:
-            for name, step in steps:
-                try:
-                    step()
-                except Exception:
-                    log.exception("after completing %d: %s failed", manifest.checkpoint_id, name)
+            notify_completed(manifest, p.path, store=self.store, history=self.history,
+                             listeners=self.listeners, request_id=p.request_id)
         finally:
             p.done.set()
 
-    def _abandon(self, p: PendingCheckpoint, fatal: ConcurrentDriverError | OutcomeUnknownError,
-                 reason: str) -> None:
+    def _abandon(self, p: PendingCheckpoint, reason: CheckpointFailureReason,
+                 fatal: AirflowCkptError, message: str) -> None:
         """Give ``p`` up after its marker write, without saying it failed: its marker may
         count for a successor. Nothing acts on it (no commit, no answer, no history
         event, reservations kept: this driver collects nothing any more); the driver
         stops (``fatal``)."""
-        p.move("failed", allowed=("completing",))
-        with self._lock:
-            if p in self._pending:
-                self._pending.remove(p)
-        self.failures.fatal = fatal
-        p.failure = reason
+        p.move(PendingState.ABANDONED, allowed=(PendingState.COMPLETING,))
+        self._settled(p)
+        self.failures.on_failure(reason, p.checkpoint_id, message, error=fatal)
+        p.failure = message
         p.cancelled.set()
-        log.error("%s %d abandoned: %s", "savepoint" if p.is_savepoint else "checkpoint",
-                  p.checkpoint_id, reason)
+        log.error("%s %d abandoned: %s", p.kind, p.checkpoint_id, message)
         p.done.set()
 
     def _fail(
-        self, p: PendingCheckpoint, reason: str, *, allowed: tuple[str, ...] = ("pending",)
+        self, p: PendingCheckpoint, reason: CheckpointFailureReason, message: str, *,
+        error: AirflowCkptError | None = None,
+        allowed: tuple[PendingState, ...] = (PendingState.PENDING,),
     ) -> None:
-        if not p.move("failed", allowed=allowed):
+        """Fail ``p`` for ``reason`` unless it left the ``allowed`` states already (the
+        marker write decides then); ``error``: the job's fatal error, for a fatal
+        reason."""
+        if not p.move(PendingState.FAILED, allowed=allowed):
             return  # completing or completed already: the marker write decides
-        with self._lock:
-            if p in self._pending:
-                self._pending.remove(p)
+        self._settled(p)
         p.cancelled.set()
-        p.failure = reason
+        p.failure = message
         self.store.shared.release(p.checkpoint_id)
-        if not self._stop.is_set() and not self._query_ended and not p.is_savepoint:
-            # Like Flink, only checkpoints count towards tolerable-failed-checkpoints; and
-            # only while the query runs: a checkpoint of an ended query fails the step
-            # that waits for it (the final checkpoint is retried, a stop is refused).
-            self.failures.on_failure(p.checkpoint_id, reason)
-        kind = "savepoint" if p.is_savepoint else "checkpoint"
-        log.warning("%s %d failed: %s", kind, p.checkpoint_id, reason)
+        # Like Flink, only checkpoints count towards tolerable-failed-checkpoints; and
+        # only while the query runs: a checkpoint of an ended query fails the step that
+        # waits for it (the final checkpoint is retried, a stop is refused).
+        self.failures.on_failure(
+            reason, p.checkpoint_id, message, error=error,
+            countable=not self._stop.is_set() and not self._query_ended and not p.is_savepoint)
+        log.warning("%s %d failed (%s): %s", p.kind, p.checkpoint_id, reason.label, message)
         try:
             self.history.append_when_reachable(
                 ev.SAVEPOINT_FAILED if p.is_savepoint else ev.CHECKPOINT_FAILED,
                 id=p.checkpoint_id, status="FAILED", is_savepoint=p.is_savepoint,
                 trigger=p.trigger, trigger_timestamp=int(p.trigger_ts * 1000),
-                failure_message=reason, request_id=p.request_id,
+                failure_message=message, request_id=p.request_id,
             )
         finally:
             p.done.set()
-
-    def _query_id(self) -> str:
-        try:
-            return str(json.loads((self.workdir / "metadata").read_text())["id"])
-        except (OSError, ValueError, KeyError):
-            return ""

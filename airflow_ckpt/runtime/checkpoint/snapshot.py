@@ -74,6 +74,30 @@ def latest_batch(workdir: Path, log: str) -> int | None:
     return max(ids) if ids else None
 
 
+def barrier_batch(workdir: Path, *, running: bool) -> int:
+    """The batch whose end is the barrier of a checkpoint triggered now; -1 for the
+    empty state before batch 0. ``running``: the query runs (a periodic or manual
+    trigger): a batch that is running (its offsets written, its commit not) is the
+    barrier; otherwise (not yet, or no longer running) the last committed batch."""
+    committed = latest_batch(workdir, "commits")
+    if not running:
+        return -1 if committed is None else committed
+    offered = latest_batch(workdir, "offsets")
+    if offered is not None and (committed is None or offered > committed):
+        return offered  # batch `offered` is running: barrier at its end
+    if committed is None:
+        return 0  # nothing ran yet: the first batch
+    return committed
+
+
+def query_id(workdir: Path) -> str:
+    """The streaming query's id (Spark's ``metadata`` file), or "" if unreadable."""
+    try:
+        return str(json.loads((workdir / "metadata").read_text())["id"])
+    except (OSError, ValueError, KeyError):
+        return ""
+
+
 def _hidden(name: str) -> bool:
     return name.startswith(".") or name.endswith((".tmp", ".crc"))
 

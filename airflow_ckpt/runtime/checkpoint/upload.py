@@ -21,17 +21,18 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 
 from airflow_ckpt.errors import CheckpointDeclinedError
 from airflow_ckpt.runtime import interleave
+from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry
 from airflow_ckpt.runtime.checkpoint.snapshot import CapturedFile, CapturedSnapshot
 from airflow_ckpt.runtime.checkpoint.store import SharedFileRegistry
+from airflow_ckpt.runtime.clock import SYSTEM_CLOCK, Clock
 from airflow_ckpt.runtime.restore.materialize import copy_hashed, sha256_of
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
@@ -109,6 +110,21 @@ class UploadTarget:
     #: the lease epoch of the uploading driver: new shared keys carry it
     epoch: int | None = None
 
+    @classmethod
+    def checkpoint(cls, checkpoint_id: int, config: CheckpointConfig,
+                   epoch: int | None) -> UploadTarget:
+        """A checkpoint's: ``chk-<id>/``, incremental and merged as ``config`` says."""
+        return cls(checkpoint_id, f"chk-{checkpoint_id}/", config.incremental,
+                   config.file_merging_max_file_size if config.file_merging else 0, epoch)
+
+    @classmethod
+    def savepoint(cls, checkpoint_id: int, savepoint_id: str) -> UploadTarget:
+        """A savepoint's: self-contained, one object per file, never merged. Under a
+        directory of its own checkpoint id (ids are never reused, also not across
+        drivers): two drivers answering the same request never write the same object,
+        so whichever marker lands first names files nobody else wrote."""
+        return cls(checkpoint_id, f"savepoints/sp-{savepoint_id}/{checkpoint_id}/", False)
+
     def merges(self, f: CapturedFile) -> bool:
         return f.size < min(MERGE_FILES_BELOW, self.merged_file_size)
 
@@ -146,6 +162,7 @@ def upload_snapshot(
     on_ack: Callable[[str], None],
     cancelled: threading.Event,
     reusable: Mapping[str, FileEntry] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> UploadResult:
     """Upload every captured file; durable in storage when this returns.
 
@@ -159,64 +176,141 @@ def upload_snapshot(
 
     ``on_ack(subtask)`` is called once per subtask when all its files are durable.
     Raises ``CheckpointDeclinedError`` on a storage error, when ``deadline``
-    (``time.monotonic()``) passes, or when ``cancelled`` is set; already uploaded files then stay
+    (``clock.monotonic()``) passes, or when ``cancelled`` is set; already uploaded files then stay
     as orphans for the garbage collector (shared) or the abandoned-checkpoint sweep.
-    """
-    remaining: dict[str, int] = {}
-    for f in snapshot.files:
-        remaining[f.subtask] = remaining.get(f.subtask, 0) + 1
-    lock = threading.Lock()
-    known = reusable or {}
 
-    def check() -> None:
-        if cancelled.is_set() or time.monotonic() > deadline:
+    The steps: 1. cut the files into upload units (:func:`merge_groups`); 2. upload each
+    unit in ``executor`` (:meth:`_SnapshotUpload.unit`: a file alone, or a merged
+    object), acknowledging a subtask when its last file is durable; 3. collect the
+    entries in the snapshot's file order, cancelling the rest at the first error
+    (:meth:`_SnapshotUpload.collect`); 4. forget the digests no snapshot uses any more.
+    """
+    upload = _SnapshotUpload(storage, layout, snapshot, target, digests, shared, deadline,
+                             on_ack, cancelled, reusable or {}, clock)
+    units = merge_groups(snapshot.files, target)
+    result = upload.collect([executor.submit(upload.unit, group, i)
+                             for i, group in enumerate(units)])
+    digests.prune()
+    return result
+
+
+class _SnapshotUpload:
+    """One call of :func:`upload_snapshot`: its arguments and the subtasks' counts."""
+
+    def __init__(self, storage: CheckpointStorage, layout: JobLayout,
+                 snapshot: CapturedSnapshot, target: UploadTarget, digests: DigestCache,
+                 shared: SharedFileRegistry, deadline: float, on_ack: Callable[[str], None],
+                 cancelled: threading.Event, reusable: Mapping[str, FileEntry],
+                 clock: Clock) -> None:
+        self.storage, self.layout, self.snapshot, self.target = storage, layout, snapshot, target
+        self.digests, self.shared, self.deadline = digests, shared, deadline
+        self.on_ack, self.cancelled, self.reusable = on_ack, cancelled, reusable
+        self.clock = clock
+        self._lock = threading.Lock()
+        #: files of each subtask not yet durable
+        self._remaining: dict[str, int] = {}
+        for f in snapshot.files:
+            self._remaining[f.subtask] = self._remaining.get(f.subtask, 0) + 1
+
+    def unit(self, group: list[CapturedFile], index: int) -> tuple[list[FileEntry], int]:
+        """Upload one unit (a file alone, or merged group ``index``); acknowledge the
+        subtasks whose last file it was. Returns its entries and the bytes uploaded."""
+        self._check()
+        interleave.point(interleave.UPLOAD_BEFORE_FILE)
+        if len(group) == 1 and not self.target.merges(group[0]):
+            result = self._alone(group[0])
+        else:
+            result = self._merged(group, index)
+        self._acknowledge(group)
+        return result
+
+    def collect(self, futures: list[Future[tuple[list[FileEntry], int]]]) -> UploadResult:
+        """Wait for every unit (until the deadline); the first error cancels the rest
+        and is raised as ``CheckpointDeclinedError``."""
+        by_path: dict[str, FileEntry] = {}
+        checkpointed = 0
+        error: BaseException | None = None
+        for future in futures:
+            try:
+                entries, uploaded = future.result(
+                    timeout=max(self.deadline - self.clock.monotonic(), 0.001))
+            except BaseException as exc:
+                error = error or exc
+                self.cancelled.set()
+                continue
+            by_path.update((e.path, e) for e in entries)
+            checkpointed += uploaded
+        if error is not None:
+            if isinstance(error, CheckpointDeclinedError):
+                raise error
+            raise CheckpointDeclinedError(f"upload failed: {error}") from error
+        files = tuple(by_path[f.path] for f in self.snapshot.files)
+        return UploadResult(files, sum(e.size for e in files), checkpointed)
+
+    def _check(self) -> None:
+        if self.cancelled.is_set() or self.clock.monotonic() > self.deadline:
             raise CheckpointDeclinedError("checkpoint expired or was cancelled")
 
-    def store(path: Path, key: str) -> bool:
+    def _acknowledge(self, group: list[CapturedFile]) -> None:
+        acked = []
+        with self._lock:
+            for f in group:
+                self._remaining[f.subtask] -= 1
+                if self._remaining[f.subtask] == 0:
+                    acked.append(f.subtask)
+        for subtask in acked:
+            self.on_ack(subtask)
+
+    def _store(self, path: Path, key: str) -> bool:
         """Upload ``path`` to ``key`` unless content addressing finds it stored; True if
         it was uploaded."""
-        if target.incremental and not shared.reserve(target.checkpoint_id, key):
+        incremental = self.target.incremental
+        if incremental and not self.shared.reserve(self.target.checkpoint_id, key):
             return False
-        storage.upload_file(path, key)
-        if target.incremental:
-            shared.uploaded(key)
+        self.storage.upload_file(path, key)
+        if incremental:
+            self.shared.uploaded(key)
         return True
 
-    def entry(f: CapturedFile, key: str, sha: str, offset: int | None = None) -> FileEntry:
-        return FileEntry(f.path, key[len(layout.root):], f.size, sha, target.incremental,
-                         offset)
+    def _entry(self, f: CapturedFile, key: str, sha: str,
+               offset: int | None = None) -> FileEntry:
+        return FileEntry(f.path, key[len(self.layout.root):], f.size, sha,
+                         self.target.incremental, offset)
 
-    def reuse(f: CapturedFile, sha: str) -> FileEntry | None:
+    def _reuse(self, f: CapturedFile, sha: str) -> FileEntry | None:
         """A retained checkpoint's shared copy of these bytes (a file, or a segment of a
         merged object), pinned for this checkpoint; None if there is none to pin."""
-        old = known.get(sha)
+        old = self.reusable.get(sha)
+        if old is None or not self.target.incremental:
+            return None
+        key = self.layout.root + old.key
         # reserve() pins the object; False: it is stored and stays so
-        if (old is not None and target.incremental
-                and not shared.reserve(target.checkpoint_id, layout.root + old.key)):
-            return entry(f, layout.root + old.key, sha, old.offset)
-        return None
+        if self.shared.reserve(self.target.checkpoint_id, key):
+            return None
+        return self._entry(f, key, sha, old.offset)
 
-    def alone(f: CapturedFile) -> tuple[list[FileEntry], int]:
-        sha = digests.digest(f.staged)
-        if (found := reuse(f, sha)) is not None:
+    def _alone(self, f: CapturedFile) -> tuple[list[FileEntry], int]:
+        sha = self.digests.digest(f.staged)
+        if (found := self._reuse(f, sha)) is not None:
             return [found], 0
-        key = (layout.shared_file(sha, target.epoch) if target.incremental
-               else layout.root + target.dir_key + f.path)
-        return [entry(f, key, sha)], f.size if store(f.staged, key) else 0
+        target = self.target
+        key = (self.layout.shared_file(sha, target.epoch) if target.incremental
+               else self.layout.root + target.dir_key + f.path)
+        return [self._entry(f, key, sha)], f.size if self._store(f.staged, key) else 0
 
-    def merged(group: list[CapturedFile], index: int) -> tuple[list[FileEntry], int]:
+    def _merged(self, group: list[CapturedFile], index: int) -> tuple[list[FileEntry], int]:
         out: dict[str, FileEntry] = {}
         fresh: list[tuple[CapturedFile, str]] = []
         for f in group:
-            check()
-            sha = digests.digest(f.staged)
-            if (found := reuse(f, sha)) is not None:
+            self._check()
+            sha = self.digests.digest(f.staged)
+            if (found := self._reuse(f, sha)) is not None:
                 out[f.path] = found
             else:
                 fresh.append((f, sha))
         if not fresh:
             return [out[f.path] for f in group], 0
-        path = snapshot.staging_dir / f".merged-{index}"
+        path = self.snapshot.staging_dir / f".merged-{index}"
         offsets: dict[str, int] = {}
         digest = hashlib.sha256()
         with path.open("wb") as dst:
@@ -227,49 +321,11 @@ def upload_snapshot(
                 with f.staged.open("rb") as src:
                     copy_hashed(src, dst, digest.update)
             size = dst.tell()
-        key = (layout.shared_file(digest.hexdigest(), target.epoch) if target.incremental
-               else layout.merged_file(target.checkpoint_id, digest.hexdigest()))
-        uploaded = size if store(path, key) else 0
+        target = self.target
+        key = (self.layout.shared_file(digest.hexdigest(), target.epoch) if target.incremental
+               else self.layout.merged_file(target.checkpoint_id, digest.hexdigest()))
+        uploaded = size if self._store(path, key) else 0
         path.unlink()
         for f, sha in fresh:
-            out[f.path] = entry(f, key, sha, offsets[sha])
+            out[f.path] = self._entry(f, key, sha, offsets[sha])
         return [out[f.path] for f in group], uploaded
-
-    def run(group: list[CapturedFile], index: int) -> tuple[list[FileEntry], int]:
-        check()
-        interleave.point(interleave.UPLOAD_BEFORE_FILE)
-        if len(group) == 1 and not target.merges(group[0]):
-            result = alone(group[0])
-        else:
-            result = merged(group, index)
-        acked = []
-        with lock:
-            for f in group:
-                remaining[f.subtask] -= 1
-                if remaining[f.subtask] == 0:
-                    acked.append(f.subtask)
-        for subtask in acked:
-            on_ack(subtask)
-        return result
-
-    units = merge_groups(snapshot.files, target)
-    futures = [executor.submit(run, group, i) for i, group in enumerate(units)]
-    by_path: dict[str, FileEntry] = {}
-    checkpointed = 0
-    error: BaseException | None = None
-    for future in futures:
-        try:
-            entries, uploaded = future.result(timeout=max(deadline - time.monotonic(), 0.001))
-        except BaseException as exc:
-            error = error or exc
-            cancelled.set()
-            continue
-        by_path.update((e.path, e) for e in entries)
-        checkpointed += uploaded
-    if error is not None:
-        if isinstance(error, CheckpointDeclinedError):
-            raise error
-        raise CheckpointDeclinedError(f"upload failed: {error}") from error
-    digests.prune()
-    files = tuple(by_path[f.path] for f in snapshot.files)
-    return UploadResult(files, sum(e.size for e in files), checkpointed)

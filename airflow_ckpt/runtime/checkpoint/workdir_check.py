@@ -17,15 +17,11 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from airflow_ckpt.errors import CheckpointDeclinedError
+from airflow_ckpt.errors import WorkdirNotSharedError
 from airflow_ckpt.runtime.checkpoint.metadata import OperatorInfo
 from airflow_ckpt.runtime.checkpoint.snapshot import CapturedSnapshot
 
 _VERSIONED = re.compile(r"^\d+(?:_[^.]*)?\.(delta|snapshot|changelog|zip)$")
-
-
-class WorkdirNotSharedError(CheckpointDeclinedError):
-    """State store partitions have no data files in the driver's working directory."""
 
 
 def check_captured(workdir: Path, snap: CapturedSnapshot) -> None:

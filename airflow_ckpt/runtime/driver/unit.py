@@ -47,6 +47,7 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from airflow_ckpt.errors import DriverExit
 from airflow_ckpt.runtime.driver.process import pid_alive
 
 if TYPE_CHECKING:
@@ -55,29 +56,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_ckpt.driver")
 
 #: the exit code of a driver ended by SIGTERM or by its JVM's death (128 + SIGTERM)
-EXIT_CODE = 128 + signal.SIGTERM
+EXIT_CODE = DriverExit.CODE
 #: how long an ending driver may take to unwind (stop the query, release the lease)
 #: before it exits hard; liveness only, nothing is counted on it
 GRACE_S = 10.0
 #: fallback watcher (no pidfd): how often it looks at the JVM's pid
 POLL_S = 1.0
 _PR_SET_PDEATHSIG = 1
-
-
-class DriverExit(SystemExit):
-    """The driver process ends now (SIGTERM, or its JVM is gone): not a job outcome.
-
-    A ``SystemExit`` with code :data:`EXIT_CODE`: ``except Exception`` does not catch it
-    (nothing counts it as a query failure), and uncaught it ends the interpreter quietly
-    with that code.
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(EXIT_CODE)
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return f"the driver ends: {self.reason}"
 
 
 class DriverUnit:

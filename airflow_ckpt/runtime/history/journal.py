@@ -65,6 +65,7 @@ from airflow_ckpt.errors import (
     MetadataError,
     ObjectAlreadyExistsError,
     StorageOutageError,
+    VanishedError,
 )
 from airflow_ckpt.runtime.history.events import (
     EVENT_TYPES,
@@ -76,7 +77,7 @@ from airflow_ckpt.runtime.history.events import (
     HistoryEvent,
     stream_of,
 )
-from airflow_ckpt.runtime.history.reader import EventCache, HistoryReader, Vanished
+from airflow_ckpt.runtime.history.reader import EventCache, HistoryReader
 from airflow_ckpt.runtime.history.segments import Segment
 from airflow_ckpt.runtime.masking import mask_value
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
@@ -293,7 +294,7 @@ class JobHistory(HistoryReader):
         seq = event.seq
         for segment in listing.segments:
             if segment.stream == stream and segment.first <= seq <= segment.last:
-                with contextlib.suppress(Vanished, MetadataError):
+                with contextlib.suppress(VanishedError, MetadataError):
                     for held in self._load_segment(segment):
                         if held.key == event.key and held.data.get("uid") == event.data["uid"]:
                             return True
@@ -331,7 +332,7 @@ class JobHistory(HistoryReader):
         for key in listing.raw:
             try:
                 fresh.append(self._load_raw(key))
-            except Vanished:
+            except VanishedError:
                 continue  # another compaction took it: it is in that one's segment
             except MetadataError as exc:  # kept as evidence, never silently dropped
                 result.unreadable.append(str(exc))
@@ -357,7 +358,7 @@ class JobHistory(HistoryReader):
                     try:
                         merged.update({e.key: e for e in self._load_segment(open_segment)})
                         delete.append(open_segment.key)
-                    except Vanished:
+                    except VanishedError:
                         pass  # merged by another compaction: its events are elsewhere
                 ordered = sorted(merged.values(), key=lambda e: e.key)
                 size = policy.segment_events

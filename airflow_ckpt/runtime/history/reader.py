@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from airflow_ckpt.errors import MetadataError, ObjectNotFoundError
+from airflow_ckpt.errors import MetadataError, ObjectNotFoundError, VanishedError
 from airflow_ckpt.runtime.history.events import (
     STREAMS,
     UNREADABLE,
@@ -65,10 +65,6 @@ class EventCache:
             while self._size > self.capacity and len(self._items) > 1:
                 _, dropped = self._items.popitem(last=False)
                 self._size -= len(dropped)
-
-
-class Vanished(Exception):
-    """A listed object was gone when read: compacted meanwhile; list again."""
 
 
 READ_ATTEMPTS = 5
@@ -115,7 +111,7 @@ class HistoryReader:
         try:
             raw = self.storage.get_bytes(key)
         except ObjectNotFoundError as exc:
-            raise Vanished(key) from exc
+            raise VanishedError(key) from exc
         event = HistoryEvent.parse(key, raw)
         if self.cache is not None:
             self.cache.put(key, (event,))
@@ -128,7 +124,7 @@ class HistoryReader:
         try:
             raw = self.storage.get_bytes(segment.key)
         except ObjectNotFoundError as exc:
-            raise Vanished(segment.key) from exc
+            raise VanishedError(segment.key) from exc
         out = segment.decode(raw, self.layout.history_prefix)
         if self.cache is not None:
             self.cache.put(segment.key, out)
@@ -147,7 +143,7 @@ class HistoryReader:
         hold, so an event is yielded only when nothing unread can be newer.
         ``on_error``: report unreadable objects and go on (else ``MetadataError``).
         ``after``: objects that cannot hold an event newer than this key are not read.
-        A vanished object raises :class:`Vanished` (the caller lists again).
+        A vanished object raises :class:`VanishedError` (the caller lists again).
         """
         wanted = set(streams)
         items: list[tuple[str, str | Segment]] = [(k, k) for k in listing.raw]
@@ -192,11 +188,11 @@ class HistoryReader:
         for _ in range(READ_ATTEMPTS - 1):
             try:
                 return read()
-            except Vanished:
+            except VanishedError:
                 continue  # compacted while we read: the new listing has it in a segment
         try:
             return read()
-        except Vanished as exc:
+        except VanishedError as exc:
             raise MetadataError(
                 f"history of {self.layout.job} kept changing while it was read "
                 f"({exc} vanished {READ_ATTEMPTS} times)"

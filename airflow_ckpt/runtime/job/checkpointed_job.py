@@ -29,26 +29,26 @@ from airflow_ckpt.errors import (
     AirflowCkptError,
     CheckpointError,
     ConcurrentDriverError,
-    ConfigError,
+    FinalError,
     IncompatibleStateError,
     JobSettingsError,
     LeaseExpiredError,
     ObjectAlreadyExistsError,
     OutcomeUnknownError,
     RestartsExhaustedError,
-    RestoreError,
     SinkReplayMismatchError,
     StorageError,
     StorageOutageError,
 )
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
-from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator, PendingCheckpoint
+from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
+from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint, PendingState
 from airflow_ckpt.runtime.checkpoint.snapshot import latest_batch
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.checkpoint.upload import DigestCache
-from airflow_ckpt.runtime.checkpoint.workdir_check import WorkdirNotSharedError
 from airflow_ckpt.runtime.control.channel import (
     ControlChannel,
     ControlRequest,
@@ -59,7 +59,7 @@ from airflow_ckpt.runtime.driver.unit import DriverUnit
 from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.history.restart_log import RestartLog
-from airflow_ckpt.runtime.job.spark_features import SparkSetupError, require_offline_repartition
+from airflow_ckpt.runtime.job.spark_features import require_offline_repartition
 from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.record import LeaseRecord
 from airflow_ckpt.runtime.restore.choose import RestoreResult, restore
@@ -365,7 +365,7 @@ class CheckpointedJob:
         in-process restart); the runtime sets its ``checkpointLocation``. Returns a
         :class:`JobResult`; raises ``RestartsExhaustedError`` (chained to the last
         failure) when the restart strategy declines another restart, and
-        :class:`~airflow_ckpt.runtime.driver.unit.DriverExit` (exit code 143, no history
+        :class:`~airflow_ckpt.errors.DriverExit` (exit code 143, no history
         event: the supervisor counts the driver's death) on SIGTERM or when the JVM is
         gone (:mod:`airflow_ckpt.runtime.driver.unit`).
 
@@ -384,11 +384,10 @@ class CheckpointedJob:
                 return self._run_supervised(build)
             finally:
                 self.lease.release()
-        except (ConfigError, RestoreError, ConcurrentDriverError, SparkSetupError,
-                WorkdirNotSharedError) as exc:
-            # Final: a restart cannot fix these (nor the executors' state on other hosts:
-            # every later checkpoint would miss it too). The supervisor reads this event
-            # and does not resubmit.
+        except FinalError as exc:
+            # A restart cannot fix these (nor the executors' state on other hosts: every
+            # later checkpoint would miss it too). The supervisor reads this event and
+            # does not resubmit.
             self.history.append(ev.JOB_FAILED, run_id=self.run_id, cause=str(exc)[:2000],
                                 error=type(exc).__name__)
             raise
@@ -420,9 +419,8 @@ class CheckpointedJob:
             coordinator = self._start_coordinator(restored, initial=rescaled)
             try:
                 result = self._run_once(build, coordinator)
-            except (ConfigError, RestoreError, ConcurrentDriverError, SparkSetupError,
-                    WorkdirNotSharedError):
-                raise  # final
+            except FinalError:
+                raise
             except LeaseExpiredError as exc:
                 if not self._lapsed_in_outage():
                     raise  # not in an outage: only a new driver may continue
@@ -566,13 +564,12 @@ class CheckpointedJob:
             storage=self.storage, job=self.job, workdir=self.workdir, config=self.config,
             store=store, history=self.history, next_checkpoint_id=next_id,
             spark_version=self.spark.version, last_checkpointed_batch=restored.batch_id,
-            restored_from=restored.path, fence=self.lease.gate, confirm=self.lease.confirm,
-            lease_epoch=self.lease.record.epoch if self.lease.record else None,
-            threaded=self.threaded, digests=self._digests, clock=self.clock,
+            restored_from=restored.path,
+            lease=LeaseView(record.epoch if record else None, self.lease.confirm,
+                            self.lease.reserve_ids),
+            transactions=self._pending_transactions, listeners=self._listeners,
+            threaded=self.threaded, digests=self._digests, trigger_clock=self.clock,
         )
-        coordinator.transaction_source = self._pending_transactions
-        coordinator.id_guard = self.lease.reserve_ids
-        coordinator.listeners.extend(self._listeners)
         coordinator.start()
         self.coordinator = coordinator
         if initial or not restored.from_latest:
@@ -735,6 +732,10 @@ class CheckpointedJob:
         them."""
         coordinator.drain()
         self._answer_requests(requests)
+        if coordinator.fatal is not None:
+            # e.g. a savepoint abandoned in the drain (its marker's outcome unknown): the
+            # driver stops, without a final checkpoint; a new lease epoch decides
+            raise coordinator.fatal
 
     def _final_checkpoint(self, coordinator: CheckpointCoordinator) -> Manifest:
         """A checkpoint of the ended (drained) query at its last committed batch; the
@@ -790,11 +791,14 @@ class CheckpointedJob:
         return stop
 
     def _answer_requests(self, requests: dict[str, PendingCheckpoint]) -> None:
-        """Answer the savepoint requests whose savepoint finished."""
+        """Answer the savepoint requests whose savepoint completed or failed. An
+        abandoned one is not answered: its marker may count (it is the coordinator's
+        fatal error; the driver stops and the request stays open for a successor)."""
         for request_id, pending in list(requests.items()):
             if pending.done.is_set():
                 del requests[request_id]
-                self._answer_request(request_id, pending)
+                if pending.state is not PendingState.ABANDONED:
+                    self._answer_request(request_id, pending)
 
     def _answer_request(self, request_id: str, pending: PendingCheckpoint) -> bool:
         """Answer one finished request; True if it completed and the answer is ours."""

@@ -26,15 +26,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from airflow_ckpt.errors import AirflowCkptError
+from airflow_ckpt.errors import SparkSetupError
 
 #: Spark versions the runtime runs on (the ``pyspark`` requirement it is tested with is
 #: the ``spark`` extra's pin).
 SUPPORTED = (4, 0), (4, 3)  # [from, to)
-
-
-class SparkSetupError(AirflowCkptError):
-    """The driver's Spark cannot do what was asked (missing feature, broken install)."""
 
 
 def parse_version(text: str) -> tuple[int, int, int]:

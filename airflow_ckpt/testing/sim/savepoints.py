@@ -11,7 +11,8 @@ supervisor starts 2-3 drivers one after the other or overlapping; each (host
   completed ids and the first id past every reserved one), heartbeats driven explicitly;
 * the real :class:`~airflow_ckpt.runtime.checkpoint.coordinator.CheckpointCoordinator` in its
   ``threaded=False`` mode (driven by ``tick()``: capture, upload, completion marker,
-  confirm, answer) with its :class:`~airflow_ckpt.runtime.checkpoint.store.CompletedCheckpointStore`
+  confirm, answer) on the simulation's clock and seeded ids (its constructor's ``clock``
+  and ``ids``), with its :class:`~airflow_ckpt.runtime.checkpoint.store.CompletedCheckpointStore`
   and :class:`~airflow_ckpt.runtime.history.journal.JobHistory`, over a
   :class:`~airflow_ckpt.runtime.storage.fenced.FencedStorage` gated by the lease, on a
   Spark-shaped working directory of its own whose files carry the driver's name (so two
@@ -59,11 +60,10 @@ from airflow_ckpt.errors import (
     LeaseExpiredError,
     RestoreError,
 )
-from airflow_ckpt.runtime.checkpoint import coordinator as coordinator_module
-from airflow_ckpt.runtime.checkpoint import upload as upload_module
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
+from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import CheckpointedJob
@@ -73,7 +73,12 @@ from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
-from airflow_ckpt.testing.sim.scheduler import Host, Scheduler, patched_modules
+from airflow_ckpt.testing.sim.scheduler import (
+    Host,
+    Scheduler,
+    SeededUuid,
+    VirtualTime,
+)
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
 
 JOB = "simjob"
@@ -92,9 +97,6 @@ PLANTS = (PLANT_SHARED_DIR,)
 HOLD_S = 2 * (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S)
 PAUSE_S = (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S, HOLD_S + 10.0)
 EXPECTED = (ConcurrentDriverError, LeaseExpiredError, EndpointUnreachableError)
-#: the module-level ``time`` / ``uuid`` the simulation replaces (the lease and the history
-#: take the simulation's clock and ids through their constructors)
-SIMULATED_MODULES = {coordinator_module: ("time", "uuid"), upload_module: ("time",)}
 BATCHES = 3
 #: savepoint attempts per driver while the request is open (the requester's retries)
 ATTEMPTS = 4
@@ -274,9 +276,10 @@ class SavepointWorld(Judged):
             history=JobHistory(storage, JOB, clock=sched.wall_clock, ids=sched.uuid4),
             next_checkpoint_id=max(
                 store.recover(), record.first_id or 1),
-            spark_version="4.2.0", fence=lease.gate, confirm=lease.confirm,
-            lease_epoch=record.epoch, threaded=False)
-        coordinator.id_guard = lease.reserve_ids
+            spark_version="4.2.0",
+            lease=LeaseView(record.epoch, lease.confirm, lease.reserve_ids),
+            threaded=False, clock=VirtualTime(sched),
+            ids=lambda: SeededUuid(sched).uuid4().hex)
         try:
             for _ in range(ATTEMPTS):
                 if self.answered:
@@ -320,16 +323,15 @@ class SavepointWorld(Judged):
     def run(self) -> Outcome:
         sched = self.scheduler
         try:
-            with patched_modules(sched, SIMULATED_MODULES):
-                sched.log(f"setup: {self.setup.describe()}")
-                supervisor = sched.spawn("supervisor", Host("airflow"), self.supervisor)
-                try:
-                    sched.run()
-                finally:
-                    sched.shutdown()
-                if supervisor.error is not None:
-                    self.violate(SAVEPOINT_ERROR, f"the supervisor died of {supervisor.error!r}")
-                self.counted()
+            sched.log(f"setup: {self.setup.describe()}")
+            supervisor = sched.spawn("supervisor", Host("airflow"), self.supervisor)
+            try:
+                sched.run()
+            finally:
+                sched.shutdown()
+            if supervisor.error is not None:
+                self.violate(SAVEPOINT_ERROR, f"the supervisor died of {supervisor.error!r}")
+            self.counted()
         finally:
             shutil.rmtree(self.scratch, ignore_errors=True)
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,

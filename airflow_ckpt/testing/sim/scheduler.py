@@ -12,10 +12,10 @@ seeded step per turn and jumps to the next wake-up when every actor sleeps. Each
 runs on a :class:`Host` whose wall clock is ``now + skew_s``. The real classes take
 their clocks and id sources through their constructors: the simulation passes
 :meth:`Scheduler.wall_clock` (the calling actor's host clock), :meth:`Scheduler.monotonic`,
-:meth:`Scheduler.sleep` and :meth:`Scheduler.uuid4` (seeded ids). A module that still
-reads the module-level ``time`` or ``uuid`` is simulated by :func:`patched_modules`,
-which replaces exactly the names it is given and refuses a module without them (moving
-code must never silently take it out of simulated time).
+:meth:`Scheduler.sleep` and :meth:`Scheduler.uuid4` (seeded ids), or a
+:class:`VirtualTime` / :class:`SeededUuid` where a class takes a clock object. No module's
+``time`` or ``uuid`` is patched: code that reads them directly is on the real clock,
+so every runtime class the simulation drives takes its clock through its constructor.
 
 **Pauses.** An actor may pause at any yield point (``pause_p``): it keeps its place in
 what it was doing (e.g. a write that passed its lease gate) and goes on when it wakes.
@@ -28,12 +28,10 @@ nothing. A process that dies leaves what it wrote and nothing else.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import threading
-import types
 import uuid as real_uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,10 +48,6 @@ class Crash(BaseException):
 
 class SimulationStuck(RuntimeError):
     """An actor kept the baton without reaching a yield point."""
-
-
-class NotSimulated(LookupError):
-    """A module named for patching lacks the name: it would run on the real clock."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +277,8 @@ class Scheduler:
 
 
 class VirtualTime:
-    """Stands in for the ``time`` module inside the simulated modules (see module doc)."""
+    """The simulation's clock as an object with ``time()``, ``monotonic()`` and
+    ``sleep()`` (the calling actor's host clock; see the module doc)."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
@@ -304,7 +299,7 @@ class VirtualTime:
 
 
 class SeededUuid:
-    """Stands in for the ``uuid`` module: ``uuid4()`` draws from the scheduler's seed."""
+    """Seeded ids as an object with ``uuid4()`` (drawn from the scheduler's seed)."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
@@ -314,36 +309,3 @@ class SeededUuid:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(real_uuid, name)
-
-
-@contextlib.contextmanager
-def patched_modules(
-    scheduler: Scheduler, patches: Mapping[types.ModuleType, tuple[str, ...]]
-) -> Iterator[None]:
-    """Point the given names (``time``, ``uuid``) of each module at the simulation's clock
-    and ids for the duration; restore them after.
-
-    Raises :class:`NotSimulated` if a module has no such module-level name: code that
-    moved (or now takes its clock through its constructor) must leave the list, never be
-    silently skipped.
-    """
-    fakes: dict[str, Any] = {"time": VirtualTime(scheduler), "uuid": SeededUuid(scheduler)}
-    for module, names in patches.items():
-        for name in names:
-            if name not in fakes:
-                raise NotSimulated(f"the simulation has no stand-in for {name!r}")
-            if not isinstance(getattr(module, name, None), types.ModuleType):
-                raise NotSimulated(
-                    f"{module.__name__} has no module-level {name!r} to simulate: pass the "
-                    "simulation's clock or ids through the constructor, and drop the "
-                    "module from the list")
-    saved: list[tuple[types.ModuleType, str, Any]] = []
-    try:
-        for module, names in patches.items():
-            for name in names:
-                saved.append((module, name, getattr(module, name)))
-                setattr(module, name, fakes[name])
-        yield
-    finally:
-        for module, name, original in reversed(saved):
-            setattr(module, name, original)
