@@ -254,3 +254,20 @@ def test_append_compacts_in_the_background(storage: Counting) -> None:
         time.sleep(0.05)
     assert history.listing().segments
     assert [e.data["id"] for e in history.events()] == list(range(10))
+
+
+def test_a_landed_event_is_found_when_its_segment_is_merged_while_read(
+        storage: Counting) -> None:
+    """Issue 25 item 6: an appender asks whether a compaction took its event into a
+    segment (its number was then its own); the segment vanished between the listing and
+    the read (another compaction merged it with newer events), and the event was judged
+    void: a restart decision made twice, one failure counted twice. Now the history is
+    listed again, and the merged segment holds the event."""
+    appender = JobHistory(storage, "job", compaction=None)  # type: ignore[arg-type]
+    _fill(appender, 3)
+    mine = appender.append(ev.FAILURE, run_id="r", attempt=1, message="boom")
+    first, second = (JobHistory(storage.inner, "job", compaction=None) for _ in range(2))
+    first.compact(SMALL)  # another process: the open segment holds the event now
+    second.append(ev.RESTART, run_id="r", attempt=2)
+    storage.on_get = lambda: second.compact(SMALL)  # merges (and deletes) the open one
+    assert appender._in_segment(mine)

@@ -288,13 +288,16 @@ class JobHistory(HistoryReader):
 
     def _in_segment(self, event: HistoryEvent) -> bool:
         """Whether a compaction already took ``event`` (ours, appended just now) into a
-        segment: then its number was ours and it counts. Otherwise it is void."""
+        segment: then its number was ours and it counts. Otherwise it is void. A
+        segment that vanished between the listing and its read was merged by another
+        compaction: the history is listed again, never answered "void" for it."""
+        return bool(self._retrying(lambda: self._listed_in_segment(event)))
+
+    def _listed_in_segment(self, event: HistoryEvent) -> bool:
         stream = stream_of(event.type)
-        listing = self.listing()
-        seq = event.seq
-        for segment in listing.segments:
-            if segment.stream == stream and segment.first <= seq <= segment.last:
-                with contextlib.suppress(VanishedError, MetadataError):
+        for segment in self.listing().segments:
+            if segment.stream == stream and segment.first <= event.seq <= segment.last:
+                with contextlib.suppress(MetadataError):  # unreadable: not held there
                     for held in self._load_segment(segment):
                         if held.key == event.key and held.data.get("uid") == event.data["uid"]:
                             return True
