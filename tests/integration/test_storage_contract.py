@@ -436,8 +436,8 @@ def test_a_directory_whose_objects_were_deleted_is_not_listed(
 def test_emptied_directories_are_not_listed_beyond_one_page_of_keys(
     storage: CheckpointStorage, request: Any
 ) -> None:
-    """The same with more keys under the prefix than one listing page (1000) holds:
-    directories before, inside and after the first page's keys."""
+    """The same with more keys under the prefix than a listing page holds (S3's 1000,
+    and list_dirs' first listing): emptied directories before, among and after them."""
     keys = [f"job/history/{i:05d}.json" for i in range(1100)]
     _seed(storage, keys, request)
     for key in ["job/a-gone/x", "job/a-kept/x", "job/history-gone/x", "job/z-gone/x",

@@ -37,7 +37,7 @@ def test_one_page_of_keys_is_one_request_and_lists_only_what_holds_objects(
     storage, stub = stubbed
     stub.add_response("list_objects_v2", _keys("root/job/chk-2/_metadata",
                                                 "root/job/chk-2/op/0", "root/job/file"),
-                      {"Bucket": "bucket", "Prefix": "root/job/"})
+                      {"Bucket": "bucket", "Prefix": "root/job/", "MaxKeys": 200})
     assert storage.list_dirs("job") == ["chk-2"]
 
 
@@ -51,7 +51,7 @@ def test_past_one_page_only_prefixes_after_its_last_key_are_confirmed(
     stub.add_response("list_objects_v2",
                       _keys("root/job/chk-5/_metadata", "root/job/history/001",
                             truncated=True),
-                      {"Bucket": "bucket", "Prefix": "root/job/"})
+                      {"Bucket": "bucket", "Prefix": "root/job/", "MaxKeys": 200})
     stub.add_response("list_objects_v2", {"IsTruncated": False, "CommonPrefixes": [
         {"Prefix": f"root/job/{name}/"}
         for name in ("chk-1", "chk-5", "history", "savepoints", "shared")]},

@@ -75,6 +75,10 @@ log = logging.getLogger(__name__)
 
 #: S3's limit on keys per DeleteObjects request
 DELETE_BATCH = 1000
+#: keys of the first listing of ``list_dirs``: a prefix with at most this many keys costs
+#: one request with a light answer (a listing page of 1000 keys is ~250 KB to render,
+#: send and parse)
+LIST_DIRS_FIRST_KEYS = 200
 #: probe objects written by the conditional-write check start with this
 PROBE_PREFIX = ".airflow-ckpt-probe-"
 
@@ -904,17 +908,18 @@ class S3Storage(CheckpointStorage):
         with no object under it is not a directory: servers built on a file system
         (SeaweedFS) keep listing a prefix after every object under it was deleted.
 
-        Requests: one ListObjectsV2 of keys; when it holds every key under ``prefix``
-        (at most 1000), the directories are read off the keys. Otherwise a
-        ``Delimiter='/'`` listing names the candidates, and each candidate that sorts
-        after the first page's last key is confirmed with one ``MaxKeys=1`` listing
-        (in parallel); the others were confirmed or refuted by the first page.
+        Requests: one ListObjectsV2 of up to ``LIST_DIRS_FIRST_KEYS`` keys; when it
+        holds every key under ``prefix``, the directories are read off the keys.
+        Otherwise a ``Delimiter='/'`` listing names the candidates, and each candidate
+        that sorts after the first page's last key is confirmed with one ``MaxKeys=1``
+        listing (in parallel); the others were confirmed or refuted by the first page.
         """
         base = dir_prefix(prefix)
         full_base = self._root + base
         cut = len(full_base)
         with self._errors("list", base):
-            first = self._client.list_objects_v2(Bucket=self.bucket, Prefix=full_base)
+            first = self._client.list_objects_v2(Bucket=self.bucket, Prefix=full_base,
+                                                 MaxKeys=LIST_DIRS_FIRST_KEYS)
         self._bucket_known = True
         keys = [item["Key"] for item in first.get("Contents", [])]
         seen = {key[cut:].split("/", 1)[0] for key in keys if "/" in key[cut:]}
