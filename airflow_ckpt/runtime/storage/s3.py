@@ -248,6 +248,7 @@ class S3Storage(CheckpointStorage):
         self._root = prefix + "/" if prefix else ""
         self._verify_conditional = o.verify_conditional_writes
         self._attempts = o.max_attempts
+        self._max_workers = o.max_workers
         self._bucket_known = False
 
         session = _botocore_session()
@@ -930,7 +931,7 @@ class S3Storage(CheckpointStorage):
         # A candidate whose prefix sorts at or before ``last`` (and is not ``last``'s
         # own) would have had its keys in the first page: it is empty.
         unknown = sorted(n for n in candidates - seen if full_base + n + "/" > last)
-        with ThreadPoolExecutor(max_workers=self._transfer_config.max_concurrency) as pool:
+        with ThreadPoolExecutor(max_workers=self._max_workers) as pool:
             held = list(pool.map(lambda n: self._holds_objects(base + n + "/"), unknown))
         return sorted(seen | {n for n, h in zip(unknown, held, strict=True) if h})
 
