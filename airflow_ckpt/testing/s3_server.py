@@ -390,19 +390,33 @@ def seaweedfs_server(binary: Path | None = None, *,
         shutil.rmtree(work, ignore_errors=True)
 
 
-_SEAWEEDFS_PORT_FLAGS: tuple[str, ...] = ()
+#: every listening port of ``weed mini`` besides S3's: each gets a free port (a gRPC
+#: port would otherwise be its HTTP port + 10000, past 65535 for a high free port)
+_SEAWEEDFS_PORT_FLAGS = (
+    "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+    "filer.port.grpc", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port",
+    "debug.port",
+)
+#: servers the tests do not use, switched off
+_SEAWEEDFS_OFF = ("-admin.port.legacy=0", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                  "-webdav=false", "-admin.ui=false", "-master.telemetry=false")
 
 
 def _seaweedfs_port_flags() -> list[str]:
     """Free ports for the servers ``weed mini`` runs besides S3 (so that two test
-    workers can each run one)."""
-    return [f"-{flag}={_free_port()}" for flag in _SEAWEEDFS_PORT_FLAGS]
+    workers can each run one), and the unused ones switched off."""
+    return [*(f"-{flag}={_free_port()}" for flag in _SEAWEEDFS_PORT_FLAGS), *_SEAWEEDFS_OFF]
 
 
 def _seaweedfs_version_of(weed: Path) -> str:
+    """``weed version``'s release (``4.53``), and the pinned pseudo-version when the
+    binary is the build script's."""
     done = subprocess.run([str(weed), "version"], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, check=False)
-    return " ".join(done.stdout.split()[:3]) or "unknown"
+    words = done.stdout.split()  # "version 30GB 4.53  linux amd64"
+    release = words[2] if len(words) > 2 and words[0] == "version" else "unknown"
+    pinned = weed.parent.name if weed.parent.name.startswith("v0.") else ""
+    return f"{release} ({pinned})" if pinned else release
 
 
 def _wait_until_serving(endpoint: S3Endpoint, proc: subprocess.Popen[bytes], log: Path,
