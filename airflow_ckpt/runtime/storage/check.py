@@ -30,7 +30,7 @@ from airflow_ckpt.errors import (
 )
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.delegating import DelegatingStorage
-from airflow_ckpt.runtime.storage.s3 import S3Storage
+from airflow_ckpt.runtime.storage.s3 import LIST_DIRS_FIRST_KEYS, S3Storage
 
 #: probes live under this prefix plus a random suffix; removed when the check ends
 SCRATCH_PREFIX = ".airflow-ckpt-check-"
@@ -220,7 +220,8 @@ def _list_after_delete(storage: CheckpointStorage, scratch: str) -> Finding:
         return Finding(Property.LIST_AFTER_DELETE, Verdict.WARN,
                        "deleted keys are gone, but the server still lists their emptied "
                        "\"directory\" as a common prefix; airflow-ckpt checks such "
-                       "prefixes (one request each in listings of over 1000 keys)")
+                       "prefixes (one request each in listings of over "
+                       f"{LIST_DIRS_FIRST_KEYS} keys)")
     return Finding(Property.LIST_AFTER_DELETE, Verdict.OK,
                    "deleted keys and their emptied directories are gone at once")
 
