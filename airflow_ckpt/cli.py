@@ -10,6 +10,7 @@
     airflow-ckpt --storage ... dispose <savepoint path> [--yes] [--force]
     airflow-ckpt --storage ... state <savepoint path> [--json]   # needs pyspark
     airflow-ckpt [--storage ...] examples <dags folder> [--jobs-dir D] [--create-bucket]
+    airflow-ckpt --storage ... check-storage     # probe the guarantees the runtime needs
     airflow-ckpt --version
 
 Every listing takes ``-o table|json|yaml`` (``--output``, as Airflow's CLI; ``--json`` is
@@ -23,7 +24,8 @@ instance roles). Airflow is imported only for ``--conn-id``; pyspark only by ``s
 ``file://`` root).
 
 Exit codes: 0 success, 1 an operation failed (message on stderr; also a ``file://`` root
-that does not exist), 2 bad arguments.
+that does not exist, and ``check-storage`` when a property the runtime needs is missing),
+2 bad arguments.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.reader import HistoryReader
 from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.runtime.storage.check import check_storage
 from airflow_ckpt.runtime.storage.factory import parse_storage_uri
 from airflow_ckpt.runtime.storage.layout import JobLayout
 
@@ -282,6 +285,20 @@ def cmd_dispose(storage: CheckpointStorage, args: argparse.Namespace, out: TextI
     return 0
 
 
+def cmd_check_storage(storage: CheckpointStorage, args: argparse.Namespace,
+                      out: TextIO) -> int:
+    """Probe the storage (:mod:`airflow_ckpt.runtime.storage.check`): one line per
+    property; fails naming every property that is missing."""
+    out.write(f"checking {storage!r} in a scratch prefix (removed afterwards)\n")
+    result = check_storage(storage)
+    for line in result.lines():
+        out.write(line + "\n")
+    if not result.ok:
+        names = ", ".join(f.prop.value for f in result.missing)
+        raise CliError(f"{result.uri} lacks what the runtime's guarantees rest on: {names}")
+    return 0
+
+
 def summarize_state(checkpoint_dir: Path, manifest: Manifest) -> list[dict[str, Any]]:
     """Per operator/store: partitions, batch range and row counts per partition.
 
@@ -441,6 +458,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", metavar="DIR",
                    help="materialise into DIR and keep it (default: a temporary directory)")
     add_output(p, "print JSON")
+    add("check-storage", cmd_check_storage,
+        "probe the storage for what the runtime relies on (create-only and "
+        "compare-and-swap writes, listings, ETags, ranged reads) in a scratch prefix "
+        "it removes; exits 1 naming any property that is missing")
     p = sub.add_parser(
         "examples", help="copy the example DAGs and Spark jobs into an Airflow deployment",
         description="Copy the example DAGs into DAGS_FOLDER and their Spark jobs beside it, "

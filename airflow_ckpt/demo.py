@@ -1,6 +1,7 @@
 """``make demo``: the odd/even example job end to end on the embedded defaults.
 
-Starts a local S3-compatible endpoint (moto, 127.0.0.1), writes input numbers, runs
+Starts a local S3-compatible endpoint (moto on 127.0.0.1; ``AIRFLOW_CKPT_TEST_S3=seaweedfs``
+runs SeaweedFS instead, see :mod:`airflow_ckpt.testing.s3_server`), writes input numbers, runs
 the checkpointed odd/even job as a real driver process, kills it with SIGKILL
 mid-stream, restarts it with ``restore=latest``, lets it finish, then prints the
 checkpoint history and checks the result against the ground truth.
@@ -46,11 +47,12 @@ def _storage() -> Iterator[tuple[str, dict[str, str]]]:
     if configured:
         yield configured.rstrip("/") + f"/demo-{uuid.uuid4().hex[:6]}", {}
         return
-    from airflow_ckpt.testing.s3_server import local_s3_server
+    from airflow_ckpt.testing.s3_server import selected_s3_server
 
-    with local_s3_server() as endpoint:
+    with selected_s3_server() as endpoint:  # moto unless AIRFLOW_CKPT_TEST_S3 says
         endpoint.create_bucket("airflow-ckpt-demo")
-        print(f"local S3-compatible endpoint: {endpoint.url} (bucket airflow-ckpt-demo)")
+        print(f"S3-compatible endpoint: {endpoint.url}, {endpoint.version or endpoint.server} "
+              "(bucket airflow-ckpt-demo)")
         yield "s3://airflow-ckpt-demo/checkpoints", endpoint.env()
 
 

@@ -1,4 +1,5 @@
-"""A real S3 HTTP endpoint on 127.0.0.1 (moto's server) for tests and the demo.
+"""A real S3 HTTP endpoint on 127.0.0.1 for tests and the demo: moto's server (the
+default), SeaweedFS, or any endpoint named by environment (:func:`selected_s3_server`).
 
 ``local_s3_server()`` runs moto's WSGI application in a thread of this process, on
 werkzeug's threaded server, exactly as ``moto.server.ThreadedMotoServer`` does, with
@@ -15,6 +16,9 @@ race. Reads are not serialised.
 moto keeps its state per process: every server started here (and any ``mock_aws``)
 shares the same buckets.
 
+:func:`seaweedfs_server` runs SeaweedFS's ``weed mini`` (a real S3-compatible server,
+built once by ``scripts/build_seaweedfs.sh``) on 127.0.0.1 in a scratch directory.
+
 ``s3_server_process()`` runs the same server in a child process
 (:func:`_serve`): what the benchmarks use, so that the
 endpoint's CPU is its own (its own GIL, measurable per process) and not the client's.
@@ -24,6 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -51,6 +58,10 @@ class S3Endpoint:
     region_name: str = "us-east-1"
     access_key_id: str = "testing"
     secret_access_key: str = "testing"
+    #: which server: ``moto``, ``seaweedfs`` or ``external`` (see :data:`SERVERS`)
+    server: str = "moto"
+    #: the server's version, for reports (``moto 5.x``, SeaweedFS's pseudo-version)
+    version: str = ""
 
     def storage(self, uri: str, **options: Any) -> CheckpointStorage:
         """``open_storage(uri)`` against this endpoint; ``options`` override anything."""
@@ -125,6 +136,11 @@ class S3Endpoint:
             "password": self.secret_access_key,
             "extra": {"endpoint_url": self.url, "region_name": self.region_name},
         })
+
+    @property
+    def is_moto(self) -> bool:
+        """Whether this is moto's server (whose in-process models tests may reach)."""
+        return self.server == "moto"
 
     # -- moto-specific: real credential checks -------------------------------------
 
@@ -245,11 +261,184 @@ def local_s3_server(
     )
     thread.start()
     try:
-        yield S3Endpoint(url=f"http://127.0.0.1:{server.server_port}")
+        yield S3Endpoint(url=f"http://127.0.0.1:{server.server_port}",
+                         version=f"moto {_moto_version()}")
     finally:
         server.shutdown()
         thread.join(timeout=10)
         server.server_close()
+
+
+def _moto_version() -> str:
+    from importlib.metadata import version
+
+    return version("moto")
+
+
+#: the tests' S3 servers, chosen with ``AIRFLOW_CKPT_TEST_S3`` (default ``moto``)
+SERVERS = ("moto", "seaweedfs", "external")
+SERVER_ENV = "AIRFLOW_CKPT_TEST_S3"
+#: ``external``: the endpoint, keys, region and (optional) bucket of a user's own store
+EXTERNAL_ENV = {
+    "url": "AIRFLOW_CKPT_TEST_S3_URL",
+    "access_key_id": "AIRFLOW_CKPT_TEST_S3_ACCESS_KEY_ID",
+    "secret_access_key": "AIRFLOW_CKPT_TEST_S3_SECRET_ACCESS_KEY",
+    "region_name": "AIRFLOW_CKPT_TEST_S3_REGION",
+}
+#: ``external``: tests use fresh prefixes of this bucket instead of creating buckets
+EXTERNAL_BUCKET_ENV = "AIRFLOW_CKPT_TEST_S3_BUCKET"
+#: a prebuilt ``weed`` binary (default: the one ``scripts/build_seaweedfs.sh`` builds)
+SEAWEEDFS_BINARY_ENV = "AIRFLOW_CKPT_SEAWEEDFS"
+SEAWEEDFS_BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_seaweedfs.sh"
+
+
+def selected_server(environ: dict[str, str] | None = None) -> str:
+    """The server ``AIRFLOW_CKPT_TEST_S3`` names (``moto`` when unset)."""
+    env = os.environ if environ is None else environ
+    name = env.get(SERVER_ENV, "").strip().lower() or "moto"
+    if name not in SERVERS:
+        raise ValueError(f"{SERVER_ENV}={name!r}: expected one of {', '.join(SERVERS)}")
+    return name
+
+
+@contextmanager
+def selected_s3_server() -> Iterator[S3Endpoint]:
+    """The S3 server ``AIRFLOW_CKPT_TEST_S3`` selects, running while in the block:
+    ``moto`` (:func:`local_s3_server`), ``seaweedfs`` (:func:`seaweedfs_server`) or
+    ``external`` (the endpoint of ``AIRFLOW_CKPT_TEST_S3_URL`` and the keys and region
+    of the other :data:`EXTERNAL_ENV` variables; nothing is started)."""
+    name = selected_server()
+    if name == "moto":
+        with local_s3_server() as endpoint:
+            yield endpoint
+    elif name == "seaweedfs":
+        with seaweedfs_server() as endpoint:
+            yield endpoint
+    else:
+        missing = [v for v in EXTERNAL_ENV.values() if v != EXTERNAL_ENV["region_name"]
+                   and not os.environ.get(v)]
+        if missing:
+            raise ValueError(f"{SERVER_ENV}=external needs {', '.join(missing)}")
+        yield S3Endpoint(
+            url=os.environ[EXTERNAL_ENV["url"]],
+            access_key_id=os.environ[EXTERNAL_ENV["access_key_id"]],
+            secret_access_key=os.environ[EXTERNAL_ENV["secret_access_key"]],
+            region_name=os.environ.get(EXTERNAL_ENV["region_name"]) or "us-east-1",
+            server="external",
+        )
+
+
+def seaweedfs_binary() -> Path:
+    """The ``weed`` binary: ``$AIRFLOW_CKPT_SEAWEEDFS``, else the one
+    ``scripts/build_seaweedfs.sh`` built (building it on first use: minutes)."""
+    configured = os.environ.get(SEAWEEDFS_BINARY_ENV)
+    if configured:
+        return Path(configured)
+    if not SEAWEEDFS_BUILD_SCRIPT.is_file():
+        raise RuntimeError(f"set {SEAWEEDFS_BINARY_ENV} to a weed binary (no build script "
+                           f"at {SEAWEEDFS_BUILD_SCRIPT})")
+    done = subprocess.run(["bash", str(SEAWEEDFS_BUILD_SCRIPT)], check=True,
+                          stdout=subprocess.PIPE, text=True)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def seaweedfs_version() -> str:
+    """The pinned SeaweedFS version (``scripts/build_seaweedfs.sh --version``)."""
+    done = subprocess.run(["bash", str(SEAWEEDFS_BUILD_SCRIPT), "--version"], check=True,
+                          stdout=subprocess.PIPE, text=True)
+    return done.stdout.strip()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextmanager
+def seaweedfs_server(binary: Path | None = None, *,
+                     startup_timeout_s: float = 120.0) -> Iterator[S3Endpoint]:
+    """Run ``weed mini`` on 127.0.0.1 (its S3 gateway and the master, volume and filer
+    servers behind it, each on a free port) in a scratch directory while in the block.
+
+    With no identities configured it accepts any keys. Startup takes about 10 s; the
+    block begins once a ListBuckets is answered, and the directory is removed after.
+    """
+    weed = binary or seaweedfs_binary()
+    work = Path(tempfile.mkdtemp(prefix="seaweedfs-"))
+    port = _free_port()
+    cmd = [str(weed), "mini", f"-dir={work / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+           f"-s3.port={port}", *_seaweedfs_port_flags()]
+    (work / "data").mkdir()
+    log = (work / "weed.log").open("wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        endpoint = S3Endpoint(url=f"http://127.0.0.1:{port}", server="seaweedfs",
+                              version=f"SeaweedFS {_seaweedfs_version_of(weed)}")
+        _wait_until_serving(endpoint, proc, work / "weed.log", startup_timeout_s)
+        yield endpoint
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+#: every listening port of ``weed mini`` besides S3's: each gets a free port (a gRPC
+#: port would otherwise be its HTTP port + 10000, past 65535 for a high free port)
+_SEAWEEDFS_PORT_FLAGS = (
+    "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
+    "filer.port.grpc", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port",
+    "debug.port",
+)
+#: servers the tests do not use, switched off
+_SEAWEEDFS_OFF = ("-admin.port.legacy=0", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                  "-webdav=false", "-admin.ui=false", "-master.telemetry=false")
+
+
+def _seaweedfs_port_flags() -> list[str]:
+    """Free ports for the servers ``weed mini`` runs besides S3 (so that two test
+    workers can each run one), and the unused ones switched off."""
+    return [*(f"-{flag}={_free_port()}" for flag in _SEAWEEDFS_PORT_FLAGS), *_SEAWEEDFS_OFF]
+
+
+def _seaweedfs_version_of(weed: Path) -> str:
+    """``weed version``'s release (``4.53``), and the pinned pseudo-version when the
+    binary is the build script's."""
+    done = subprocess.run([str(weed), "version"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, check=False)
+    words = done.stdout.split()  # "version 30GB 4.53  linux amd64"
+    release = words[2] if len(words) > 2 and words[0] == "version" else "unknown"
+    pinned = weed.parent.name if weed.parent.name.startswith("v0.") else ""
+    return f"{release} ({pinned})" if pinned else release
+
+
+def _wait_until_serving(endpoint: S3Endpoint, proc: subprocess.Popen[bytes], log: Path,
+                        timeout_s: float) -> None:
+    """Poll ListBuckets until it is answered; raise with the server's log if the process
+    exits or ``timeout_s`` passes first (startup only: nothing here rests on it)."""
+    deadline = time.monotonic() + timeout_s
+    client = endpoint.client()
+    try:
+        while True:
+            try:
+                client.list_buckets()
+                return
+            except Exception as exc:  # not up yet: refused, reset, 5xx
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    tail = log.read_text(errors="replace")[-3000:]
+                    raise RuntimeError(
+                        f"SeaweedFS did not start at {endpoint.url} (exit {proc.poll()}, "
+                        f"last error {exc}); its log ends:\n{tail}") from exc
+                time.sleep(0.25)
+    finally:
+        client.close()
 
 
 class S3ServerProcess:

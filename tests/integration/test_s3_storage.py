@@ -74,6 +74,7 @@ def test_check_passes_on_an_existing_bucket(s3_storage: Any) -> None:
 # ---------------------------------------------------------------- credentials
 
 
+@pytest.mark.moto_only("creates IAM users and switches on moto's IAM checks")
 def test_refused_credentials_raise_access_denied(s3_endpoint: S3Endpoint, s3_bucket: str) -> None:
     """moto's server checks signatures and IAM policies once IAM auth is switched on."""
     good_id, good_secret = s3_endpoint.create_iam_user(f"ok-{uuid.uuid4().hex[:6]}")
@@ -196,6 +197,7 @@ def test_moto_rejects_a_second_create_only_put_with_412(
     assert client.get_object(Bucket=s3_bucket, Key="k")["Body"].read() == b"1"
 
 
+@pytest.mark.moto_only("a second, lax moto server shares the first one's state")
 def test_endpoint_ignoring_if_none_match_is_detected(s3_bucket: str) -> None:
     # A second server on the same (process-wide) moto state that drops the header,
     # like S3-compatible servers without conditional writes.

@@ -1,4 +1,9 @@
-"""The CheckpointStorage contract, run identically on S3 (moto server) and files."""
+"""The CheckpointStorage contract, run identically on S3 and files.
+
+The S3 cases run on the tests' S3 server (moto by default; ``AIRFLOW_CKPT_TEST_S3=seaweedfs``
+or ``external`` for another, see tests/fixtures/s3.py): what differs between real servers
+(an emptied "directory" that stays listed, 403 for a missing bucket) is pinned here.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +12,16 @@ import random
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from airflow_ckpt.errors import (
+    BucketNotFoundError,
     ObjectAlreadyExistsError,
     ObjectNotFoundError,
     PreconditionFailedError,
@@ -41,6 +49,31 @@ def tiny_switch_interval() -> Iterator[None]:
 
 def _keys(storage: CheckpointStorage, prefix: str = "") -> list[str]:
     return [info.key for info in storage.list(prefix)]
+
+
+def _seed(storage: CheckpointStorage, keys: list[str], request: Any) -> None:
+    """Store ``b"s"`` at every key, quickly: what is under test is what follows."""
+    if isinstance(storage, S3Storage):
+        endpoint: S3Endpoint = request.getfixturevalue("s3_endpoint")
+        if endpoint.is_moto:
+            # moto needs ~5 ms of CPU per PutObject (7 s for 1500): its in-process
+            # backend directly
+            from moto.core import DEFAULT_ACCOUNT_ID
+            from moto.s3.models import s3_backends
+
+            backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+            for key in keys:
+                backend.put_object(storage.bucket, f"{storage.prefix}/{key}", b"s")
+            return
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda key: storage.put_bytes(key, b"s"), keys))
+        return
+    # skip the two fsyncs per file of put_bytes
+    assert isinstance(storage, LocalStorage)
+    for key in keys:
+        path = storage.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"s")
 
 
 # ---------------------------------------------------------------- put / get / exists
@@ -343,22 +376,7 @@ def test_copy(storage: CheckpointStorage) -> None:
 
 def test_delete_many_batches_1500_keys(storage: CheckpointStorage, request: Any) -> None:
     keys = [f"job/shared/op-{i % 3}/{i:05d}" for i in range(1500)]
-    if isinstance(storage, S3Storage):
-        # moto needs ~5 ms of CPU per PutObject (7 s for 1500); seed its in-process
-        # backend directly: what is under test here is the delete, not the puts.
-        from moto.core import DEFAULT_ACCOUNT_ID
-        from moto.s3.models import s3_backends
-
-        backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
-        for key in keys:
-            backend.put_object(storage.bucket, f"{storage.prefix}/{key}", b"s")
-    else:
-        # likewise, skip the two fsyncs per file of put_bytes
-        assert isinstance(storage, LocalStorage)
-        for key in keys:
-            path = storage.root / key
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(b"s")
+    _seed(storage, keys, request)
     storage.put_bytes("job/keep", b"k")
     assert len(storage.list("job/shared/")) == 1500
 
@@ -392,3 +410,57 @@ def test_delete_prefix(storage: CheckpointStorage) -> None:
     assert storage.list_dirs("job/") == ["chk-10"]
     storage.delete_prefix("")
     assert storage.list() == []
+
+
+# ---------------------------------------------------------------- what real servers differ in
+
+
+def test_a_directory_whose_objects_were_deleted_is_not_listed(
+    storage: CheckpointStorage,
+) -> None:
+    """SeaweedFS keeps listing a common prefix after every object under it was deleted;
+    a directory is listed only while it holds an object (every consumer -- checkpoint,
+    savepoint and job listings, the sinks' pending and staging scans -- relies on it)."""
+    for key in ["job/chk-1/_metadata", "job/chk-1/op/0.zip", "job/chk-2/_metadata",
+                "job/savepoints/sp-a/_metadata", "job/savepoints/sp-b/_metadata"]:
+        storage.put_bytes(key, b"x")
+    storage.delete_prefix("job/chk-1/")
+    storage.delete_many(["job/savepoints/sp-a/_metadata"])
+    assert storage.list_dirs("job/") == ["chk-2", "savepoints"]
+    assert storage.list_dirs("job/savepoints/") == ["sp-b"]
+    storage.delete_prefix("job/")
+    assert storage.list_dirs("") == []
+    assert storage.list_dirs("job/") == []
+
+
+def test_emptied_directories_are_not_listed_beyond_one_page_of_keys(
+    storage: CheckpointStorage, request: Any
+) -> None:
+    """The same with more keys under the prefix than a listing page holds (S3's 1000,
+    and list_dirs' first listing): emptied directories before, among and after them."""
+    keys = [f"job/history/{i:05d}.json" for i in range(1100)]
+    _seed(storage, keys, request)
+    for key in ["job/a-gone/x", "job/a-kept/x", "job/history-gone/x", "job/z-gone/x",
+                "job/z-kept/x"]:
+        storage.put_bytes(key, b"x")
+    storage.delete_many(["job/a-gone/x", "job/history-gone/x", "job/z-gone/x"])
+    assert storage.list_dirs("job/") == ["a-kept", "history", "z-kept"]
+
+
+def test_a_write_into_a_missing_bucket_says_the_bucket_is_missing(
+    s3_endpoint: S3Endpoint,
+) -> None:
+    """SeaweedFS answers a write into a missing bucket 403 AccessDenied; HeadBucket tells
+    that apart from refused credentials, so the error says what to fix."""
+    missing = s3_endpoint.storage(f"s3://nope-{uuid.uuid4().hex[:12]}/p")
+    try:
+        with pytest.raises(BucketNotFoundError, match="does not exist"):
+            missing.put_bytes("k", b"x")
+        with pytest.raises(BucketNotFoundError, match="does not exist"):
+            missing.put_bytes("k", b"x", create_only=True)
+        with pytest.raises(BucketNotFoundError, match="does not exist"):
+            missing.get_bytes("k")
+        with pytest.raises(BucketNotFoundError, match="does not exist"):
+            missing.list_dirs("")
+    finally:
+        missing.close()

@@ -81,6 +81,7 @@ def test_session_token_is_passed_and_flagged_temporary(
 
 
 @needs_amazon
+@pytest.mark.moto_only("assumes a role through moto's STS")
 def test_role_arn_is_assumed_through_sts(
     s3_endpoint: S3Endpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:

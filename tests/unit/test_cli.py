@@ -266,6 +266,7 @@ def test_bad_output_format_exits_2(store: CheckpointStorage) -> None:
     assert exc.value.code == 2
 
 
+@pytest.mark.moto_only("creates an IAM user and switches on moto's IAM checks")
 def test_conn_id_takes_the_connections_credentials(
     s3_endpoint: S3Endpoint, s3_bucket: str, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],

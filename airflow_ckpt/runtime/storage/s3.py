@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 from urllib.parse import urlsplit
@@ -74,6 +75,10 @@ log = logging.getLogger(__name__)
 
 #: S3's limit on keys per DeleteObjects request
 DELETE_BATCH = 1000
+#: keys of the first listing of ``list_dirs``: a prefix with at most this many keys costs
+#: one request with a light answer (a listing page of 1000 keys is ~250 KB to render,
+#: send and parse)
+LIST_DIRS_FIRST_KEYS = 200
 #: probe objects written by the conditional-write check start with this
 PROBE_PREFIX = ".airflow-ckpt-probe-"
 
@@ -81,6 +86,11 @@ _ACCESS_CODES = frozenset({
     "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
     "InvalidToken", "ExpiredToken", "TokenRefreshRequired", "AccountProblem",
     "InvalidSecurity", "RequestTimeTooSkewed", "403", "Forbidden", "UnauthorizedAccess",
+})
+#: 403 codes about the credentials themselves: no HeadBucket can say more about them
+_CREDENTIAL_CODES = frozenset({
+    "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken",
+    "TokenRefreshRequired", "RequestTimeTooSkewed",
 })
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _PRECONDITION_CODES = frozenset({"PreconditionFailed", "412"})
@@ -238,6 +248,7 @@ class S3Storage(CheckpointStorage):
         self._root = prefix + "/" if prefix else ""
         self._verify_conditional = o.verify_conditional_writes
         self._attempts = o.max_attempts
+        self._max_workers = o.max_workers
         self._bucket_known = False
 
         session = _botocore_session()
@@ -318,6 +329,15 @@ class S3Storage(CheckpointStorage):
                 raise BucketNotFoundError(
                     f"cannot {action} {where}: bucket {self.bucket!r} does not exist {at}; "
                     "create it or fix the URI"
+                ) from exc
+            if (code in _ACCESS_CODES or status == 403) and code not in _CREDENTIAL_CODES \
+                    and not self._bucket_exists():
+                # Some servers (SeaweedFS) answer a write into a missing bucket with
+                # 403 AccessDenied; HeadBucket's 404 tells the two apart.
+                raise BucketNotFoundError(
+                    f"cannot {action} {where}: bucket {self.bucket!r} does not exist {at} "
+                    f"(the endpoint answered {detail}; HeadBucket answers 404); create it "
+                    "or fix the URI"
                 ) from exc
             if code in _ACCESS_CODES or status == 403:
                 raise StorageAccessDeniedError(
@@ -586,6 +606,45 @@ class S3Storage(CheckpointStorage):
             self._raise(exc, "write", key)
         return False
 
+    def probe_create_only_multipart(self, key: str) -> bool:
+        """Create ``key`` twice with a one-part multipart upload completed with
+        ``If-None-Match: *``; True if the second completion was refused as existing
+        (412 or 409), False if it replaced the object. For ``check-storage``: the
+        runtime itself writes create-only objects in one PutObject. An upload left
+        behind by an error is aborted."""
+        full = self._full(key)
+        for attempt in (1, 2):
+            with self._errors("write", key):
+                upload_id = self._client.create_multipart_upload(
+                    Bucket=self.bucket, Key=full)["UploadId"]
+            try:
+                part = self._client.upload_part(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=1,
+                    Body=f"multipart probe {attempt}".encode())
+                self._client.complete_multipart_upload(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id, IfNoneMatch="*",
+                    MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]})
+            except ClientError as exc:
+                with contextlib.suppress(ClientError, BotoCoreError):
+                    self._client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=full, UploadId=upload_id)
+                if attempt == 2 and _refused_as_existing(exc):
+                    return True
+                self._raise(exc, "write", key)
+            except BotoCoreError as exc:
+                self._raise(exc, "write", key)
+        return False
+
+    def common_prefixes(self, prefix: str) -> builtins.list[str]:
+        """The names the server lists as common prefixes under ``prefix``
+        (``Delimiter='/'``) as it lists them, an emptied one included (for
+        ``check-storage``; :meth:`list_dirs` is what the runtime uses)."""
+        base = dir_prefix(prefix)
+        cut = len(self._root) + len(base)
+        return sorted({common["Prefix"][cut:].rstrip("/")
+                       for page in self._pages(base, delimiter="/")
+                       for common in page.get("CommonPrefixes", [])} - {""})
+
     def upload_file(self, path: Path, key: str) -> None:
         """Upload a local file, multipart at or above ``multipart_threshold``.
 
@@ -844,16 +903,41 @@ class S3Storage(CheckpointStorage):
         return out
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
-        """Immediate "sub-directories" of ``prefix`` (``Delimiter='/'``), sorted.
+        """Immediate "sub-directories" of ``prefix`` that hold at least one object, sorted.
 
-        ``prefix`` is treated as a directory (``"a"`` means ``"a/"``).
+        ``prefix`` is treated as a directory (``"a"`` means ``"a/"``). A common prefix
+        with no object under it is not a directory: servers built on a file system
+        (SeaweedFS) keep listing a prefix after every object under it was deleted.
+
+        Requests: one ListObjectsV2 of up to ``LIST_DIRS_FIRST_KEYS`` keys; when it
+        holds every key under ``prefix``, the directories are read off the keys.
+        Otherwise a ``Delimiter='/'`` listing names the candidates, and each candidate
+        that sorts after the first page's last key is confirmed with one ``MaxKeys=1``
+        listing (in parallel); the others were confirmed or refuted by the first page.
         """
         base = dir_prefix(prefix)
-        cut = len(self._root) + len(base)
-        names = {
-            common["Prefix"][cut:].rstrip("/")
-            for page in self._pages(base, delimiter="/")
-            for common in page.get("CommonPrefixes", [])
-        }
-        names.discard("")
-        return sorted(names)
+        full_base = self._root + base
+        cut = len(full_base)
+        with self._errors("list", base):
+            first = self._client.list_objects_v2(Bucket=self.bucket, Prefix=full_base,
+                                                 MaxKeys=LIST_DIRS_FIRST_KEYS)
+        self._bucket_known = True
+        keys = [item["Key"] for item in first.get("Contents", [])]
+        seen = {key[cut:].split("/", 1)[0] for key in keys if "/" in key[cut:]}
+        if not first.get("IsTruncated"):
+            return sorted(seen)
+        last = keys[-1]
+        candidates = set(self.common_prefixes(base))
+        # A candidate whose prefix sorts at or before ``last`` (and is not ``last``'s
+        # own) would have had its keys in the first page: it is empty.
+        unknown = sorted(n for n in candidates - seen if full_base + n + "/" > last)
+        with ThreadPoolExecutor(max_workers=self._max_workers) as pool:
+            held = list(pool.map(lambda n: self._holds_objects(base + n + "/"), unknown))
+        return sorted(seen | {n for n, h in zip(unknown, held, strict=True) if h})
+
+    def _holds_objects(self, prefix: str) -> bool:
+        """Whether at least one object's key starts with ``prefix`` (one request)."""
+        with self._errors("list", prefix):
+            page = self._client.list_objects_v2(
+                Bucket=self.bucket, Prefix=self._root + prefix, MaxKeys=1)
+        return bool(page.get("Contents"))
