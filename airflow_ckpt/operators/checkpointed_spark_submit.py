@@ -60,6 +60,11 @@ from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt.detached import detached_log_path, kill_detached, log_tail
+from airflow_ckpt.guard import (
+    RunningJobGuard,
+    recording_kill,
+    validate_on_running_job,
+)
 from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.hooks.spark_submit import (
@@ -123,6 +128,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         older than this multiple of the checkpoint interval while its heartbeat lives
     :param restart_on_stale_checkpoints: restart such a job from its latest checkpoint
         (counted by the restart strategy); implies the default multiple
+    :param on_running_job: when another supervision (DAG run) holds the job before the
+        first submit: ``"fail"`` (default: refuse, naming that DAG run, task and
+        attempt; nothing is submitted) or ``"wait"`` until it lets go (see
+        :mod:`airflow_ckpt.guard`)
     """
 
     template_fields: Sequence[str] = (
@@ -165,6 +174,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         driver_log_dir: str | None = None,
         checkpoint_progress_multiple: float | None = None,
         restart_on_stale_checkpoints: bool = False,
+        on_running_job: str = "fail",
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", job_name)
@@ -187,6 +197,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.restart_on_stale_checkpoints = restart_on_stale_checkpoints
         if restart_on_stale_checkpoints and checkpoint_progress_multiple is None:
             self.checkpoint_progress_multiple = DEFAULT_MULTIPLE
+        self.on_running_job = validate_on_running_job(on_running_job)
         self._killed = threading.Event()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CheckpointedSparkSubmitOperator:
@@ -225,6 +236,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         """Validate, submit, then supervise: blocking, or deferred on the triggerer."""
         sup = self._supervisor(context)
+        RunningJobGuard(sup.store.storage, sup.args.job, sup.run_id,
+                        self.log).ensure_free(self.on_running_job)
         if self.deferrable:
             attempt = sup.next_attempt()
             if attempt > 1:  # a retried task: its last driver may still run
@@ -234,7 +247,9 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
                 self.log.info("continuing supervision %s at submission attempt %d",
                               sup.run_id, attempt)
             self._submit_and_defer(context, sup, attempt)
-        return sup.run_blocking(partial(self._submit_blocking, context, sup), self._killed)
+        with recording_kill(sup.history, sup.run_id, self._killed,
+                            lambda: sup.next_attempt() - 1, self.log):
+            return sup.run_blocking(partial(self._submit_blocking, context, sup), self._killed)
 
     def _submit_blocking(self, context: Context, sup: Supervisor, attempt: int,
                          restore: str) -> DriverFailure | None:

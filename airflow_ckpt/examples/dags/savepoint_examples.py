@@ -89,6 +89,7 @@ with DAG(
     description="Start the odd/even job from a savepoint (same or new name, optional rescaling)",
     schedule=None,
     catchup=False,
+    max_active_runs=1,  # one run per job: a second trigger queues until the first ends
     tags=["airflow-ckpt", "example", "savepoint"],
     render_template_as_native_obj=True,
     params={
