@@ -18,6 +18,7 @@ from airflow.sdk import BaseOperator, Context, conf
 
 from airflow_ckpt.errors import SavepointError
 from airflow_ckpt.hooks.checkpoint_store import DEFAULT_CONN_ID, CheckpointStoreHook
+from airflow_ckpt.jobnames import unknown_job_hint
 from airflow_ckpt.options import parse_duration
 from airflow_ckpt.runtime.control.savepoints import ensure_job_running, expire_request
 from airflow_ckpt.runtime.storage.layout import validate_savepoint_id
@@ -149,7 +150,13 @@ class TriggerSavepointOperator(BaseOperator):
         ti = context["ti"]
         hook = self._hook()
         try:
-            started = ensure_job_running(hook.storage, self.job_name)
+            try:
+                started = ensure_job_running(hook.storage, self.job_name)
+            except SavepointError as exc:
+                hint = unknown_job_hint(hook.storage, self.job_name)
+                if hint:
+                    raise SavepointError(f"{exc}; {hint}") from exc
+                raise
             self.log.info("job %s is running (started %s)", self.job_name,
                           time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started.ts)))
             request = hook.control(self.job_name).request_savepoint(

@@ -116,7 +116,8 @@ def test_command_needs_no_storage_and_prints_the_settings(
     text = out.getvalue()
     assert "export AIRFLOW_CKPT_STORAGE=file:///tmp/airflow-ckpt/checkpoints" in text
     assert f"export AIRFLOW_CKPT_JOBS_DIR={tmp_path / 'spark_jobs'}" in text
-    assert f"airflow dags test {MAIN_DAG}" in text
+    assert f"airflow dags test {MAIN_DAG} -c '{{\"rows_per_second\": 10}}'" in text
+    assert "keep rows_per_second when you restore" in text
     assert (tmp_path / "spark_jobs" / "rate_counts.py").is_file()
 
 

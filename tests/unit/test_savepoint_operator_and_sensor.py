@@ -92,6 +92,15 @@ def test_not_running_job_fails_without_a_request(file_storage: CheckpointStorage
     assert file_storage.list("orders/control/") == []
 
 
+def test_a_misspelled_job_gets_did_you_mean(running: CheckpointStorage, ti: FakeTI) -> None:
+    op = TriggerSavepointOperator(task_id="savepoint", job_name="order",
+                                  checkpoint_storage=running.uri, storage_conn_id=None)
+    with pytest.raises(SavepointError, match=r"job 'order' is not running .*; nothing is "
+                                             r"stored for job 'order' in .*; did you mean "
+                                             r"'orders'\?"):
+        op.execute({"ti": ti})  # type: ignore[arg-type]
+
+
 def test_polling_savepoint_returns_the_path(running: CheckpointStorage, ti: FakeTI) -> None:
     with JobThread(running) as job:
         path = operator(running, savepoint_id="before-upgrade").execute(
