@@ -72,8 +72,8 @@ def describe_failure(event: HistoryEvent) -> dict[str, Any]:
     if not cause and isinstance(d.get("exit_code"), int):
         cause = exit_cause(d["exit_code"])
     message = python_error([*lines, cause]) or cause or "no cause recorded"
-    details = [f"{name} {d[name]}" for name in ("attempt", "exit_code", "attempts")
-               if d.get(name) not in (None, "")]
+    details = [f"{name.replace('_', ' ')} {d[name]}"
+               for name in ("attempt", "exit_code", "attempts") if d.get(name) not in (None, "")]
     if d.get("run_id"):
         details.append(f"run {d['run_id']}")
     return {

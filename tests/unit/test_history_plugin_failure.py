@@ -72,7 +72,7 @@ def test_a_driver_crash_newer_than_a_failed_checkpoint_is_the_latest_failure(
     shown = card(storage)
     assert shown["latest-failed-message"] == EVIL_CAUSE  # markup shown as text
     assert shown["latest-failed-what"] == "driver crash"
-    assert shown["latest-failed-details"] == "attempt 1, exit_code 137, run r1"
+    assert shown["latest-failed-details"] == "attempt 1, exit code 137, run r1"
 
 
 def test_the_python_exception_comes_first_not_py4j_or_the_exit_code(
