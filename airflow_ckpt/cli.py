@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -47,6 +48,7 @@ from airflow_ckpt import __version__, examples
 from airflow_ckpt.driver_output import root_cause
 from airflow_ckpt.errors import AirflowCkptError, StorageAccessDeniedError
 from airflow_ckpt.formatting import human_bytes, human_ms
+from airflow_ckpt.jobnames import unknown_job_hint
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog, CompletedRef
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
 from airflow_ckpt.runtime.control.savepoints import (
@@ -161,13 +163,14 @@ def cmd_jobs(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) 
     return 0
 
 
-def _list_snapshots(manifests: list[Manifest], what: str, job: str, args: argparse.Namespace,
-                    out: TextIO) -> int:
+def _list_snapshots(storage: CheckpointStorage, manifests: list[Manifest], what: str, job: str,
+                    args: argparse.Namespace, out: TextIO) -> int:
     if _structured(args):
         _print_json([{**m.history_entry(), "completed_ts": m.timings.completed_ts,
                       "files": len(m.files)} for m in manifests], out, args.output)
     elif not manifests:
-        out.write(f"job {job!r} has no completed {what}\n")
+        hint = unknown_job_hint(storage, job)
+        out.write(f"job {job!r} has no completed {what}" + (f" ({hint})" if hint else "") + "\n")
     else:
         table([_snapshot_row(m) for m in manifests], SNAPSHOT_HEADER, out)
     return 0
@@ -175,12 +178,13 @@ def _list_snapshots(manifests: list[Manifest], what: str, job: str, args: argpar
 
 def cmd_checkpoints(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:
     catalog = CheckpointCatalog(storage, args.job)
-    return _list_snapshots(catalog.completed_checkpoints(), "checkpoints", args.job, args, out)
+    return _list_snapshots(storage, catalog.completed_checkpoints(), "checkpoints", args.job,
+                           args, out)
 
 
 def cmd_savepoints(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:
     catalog = CheckpointCatalog(storage, args.job)
-    return _list_snapshots(catalog.savepoints(), "savepoints", args.job, args, out)
+    return _list_snapshots(storage, catalog.savepoints(), "savepoints", args.job, args, out)
 
 
 def _read(storage: CheckpointStorage, ref: CompletedRef) -> tuple[CheckpointCatalog, Manifest]:
@@ -240,7 +244,9 @@ def cmd_history(storage: CheckpointStorage, args: argparse.Namespace, out: TextI
         _print_json([e.data for e in events], out, args.output)
         return 0
     if not events:
-        out.write(f"job {args.job!r} has no history events\n")
+        hint = unknown_job_hint(storage, args.job)
+        out.write(f"job {args.job!r} has no history events" + (f" ({hint})" if hint else "")
+                  + "\n")
         return 0
     rows = []
     for e in events:
@@ -503,13 +509,16 @@ def connection_options(storage_uri: str, conn_id: str) -> dict[str, Any]:
 
     Airflow configures its logging at import, writing to the ``sys.stdout`` of that
     moment; it is imported with stdout pointing at stderr, so that its logs (and those of
-    boto3 it routes) stay out of the command's output (``-o json`` must parse).
+    boto3 it routes) stay out of the command's output (``-o json`` must parse). botocore's
+    INFO line "Found credentials in environment variables", which Airflow's logging
+    would print on every call, is silenced (its warnings still show).
     """
     with contextlib.redirect_stdout(sys.stderr):
         try:
             from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
         except ImportError as exc:
             raise CliError(f"--conn-id needs Apache Airflow installed ({exc})") from exc
+        logging.getLogger("botocore.credentials").setLevel(logging.WARNING)
         return CheckpointStoreHook(storage_uri, conn_id).storage_options()
 
 

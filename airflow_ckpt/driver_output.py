@@ -49,6 +49,25 @@ def root_cause(failure: BaseException, limit: int = 500) -> str:
     return f"{type(failure).__name__}: {(lines or [''])[0]}"[:limit]
 
 
+#: exception classes of the JVM side (and py4j's wrapper of them): never "the Python error"
+_JVM_PREFIXES = ("java.", "javax.", "org.", "scala.", "com.", "io.", "py4j.")
+
+
+def python_error(lines: Sequence[str], limit: int = 500) -> str | None:
+    """The Python exception a failure comes down to, from its recorded text: the last
+    ``SomeError: message`` line whose class is not a JVM (or py4j) one, e.g.
+    ``RuntimeError: injected`` inside a ``StreamingQueryException`` and its py4j
+    frames; ``Traceback`` headers, frames and log lines never count. None if there is
+    no such line (a killed driver, a JVM-only error)."""
+    found = None
+    for raw in lines:
+        for line in str(raw).splitlines():
+            line = line.strip().removeprefix(": ")
+            if _EXCEPTION_LINE.match(line) and not line.startswith(_JVM_PREFIXES):
+                found = line
+    return None if found is None else found[:limit]
+
+
 def _last_index(lines: Sequence[str], match: Any) -> int | None:
     found = [i for i, line in enumerate(lines) if match(line)]
     return found[-1] if found else None

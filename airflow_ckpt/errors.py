@@ -218,6 +218,11 @@ class ConcurrentDriverError(FinalError):
     """Another driver is writing checkpoints for the same job."""
 
 
+class JobHeldError(ConcurrentDriverError):
+    """Another supervision (DAG run) holds the job: nothing was submitted. The message
+    names the DAG run, task and attempt that hold it."""
+
+
 class LeaseExpiredError(AirflowCkptError):
     """This driver could not renew its lease in time and stopped writing (it fenced
     itself so that another driver can take over safely). Not final: a resubmitted

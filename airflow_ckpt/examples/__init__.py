@@ -173,7 +173,10 @@ def report(copied: list[CopiedFile], storage_note: str, env: list[Setting]) -> s
                   "(AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE or an instance "
                   "role)"]
     lines += ["", "Then start the streaming example (it runs until stopped with a savepoint):",
-              f"  airflow dags test {MAIN_DAG}     # or trigger it in the UI",
+              f"  airflow dags test {MAIN_DAG} -c '{{\"rows_per_second\": 10}}'"
+              "     # or trigger it in the UI",
+              "(keep rows_per_second when you restore: the rate source numbers its rows by "
+              "elapsed seconds times the rate)",
               "and follow the README, \"Use it from Airflow\": take a savepoint "
               "(savepoint_manual), stop with a savepoint (stop=true), restore from it."]
     return "\n".join(lines) + "\n"

@@ -60,6 +60,11 @@ from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_ckpt.guard import (
+    RunningJobGuard,
+    recording_kill,
+    validate_on_running_job,
+)
 from airflow_ckpt.health import DEFAULT_MULTIPLE
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.hooks.spark_submit import (
@@ -127,6 +132,10 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         older than this multiple of the checkpoint interval while its heartbeat lives
     :param restart_on_stale_checkpoints: restart such a job from its latest checkpoint
         (counted by the restart strategy); implies the default multiple
+    :param on_running_job: when another supervision (DAG run) holds the job before the
+        first submit: ``"fail"`` (default: refuse, naming that DAG run, task and
+        attempt; nothing is submitted) or ``"wait"`` until it lets go (see
+        :mod:`airflow_ckpt.guard`)
     """
 
     template_fields: Sequence[str] = (
@@ -169,6 +178,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         driver_log_dir: str | None = None,
         checkpoint_progress_multiple: float | None = None,
         restart_on_stale_checkpoints: bool = False,
+        on_running_job: str = "fail",
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("name", job_name)
@@ -191,6 +201,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         self.restart_on_stale_checkpoints = restart_on_stale_checkpoints
         if restart_on_stale_checkpoints and checkpoint_progress_multiple is None:
             self.checkpoint_progress_multiple = DEFAULT_MULTIPLE
+        self.on_running_job = validate_on_running_job(on_running_job)
         self._killed = threading.Event()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CheckpointedSparkSubmitOperator:
@@ -229,8 +240,13 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Context) -> dict[str, Any]:  # type: ignore[override]
         """Validate, submit, then supervise: blocking, or deferred on the triggerer."""
         sup = self._supervisor(context)
+        RunningJobGuard(sup.store.storage, sup.args.job, sup.run_id,
+                        self.log).ensure_free(self.on_running_job)
         if not self.deferrable:
-            return sup.run_blocking(partial(self._submit_blocking, context, sup), self._killed)
+            with recording_kill(sup.history, sup.run_id, self._killed,
+                                lambda: sup.next_attempt() - 1, self.log):
+                return sup.run_blocking(partial(self._submit_blocking, context, sup),
+                                        self._killed)
         watch = sup.reattach(self._watch_settings(sup.args))  # a retried task's live driver
         if watch is not None:
             self.defer(trigger=watch, method_name="execute_complete")

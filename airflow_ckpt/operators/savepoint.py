@@ -18,6 +18,7 @@ from airflow.sdk import BaseOperator, Context, conf
 
 from airflow_ckpt.errors import SavepointError
 from airflow_ckpt.hooks.checkpoint_store import DEFAULT_CONN_ID, CheckpointStoreHook
+from airflow_ckpt.jobnames import unknown_job_hint
 from airflow_ckpt.options import parse_duration
 from airflow_ckpt.runtime.control.savepoints import ensure_job_running, expire_request
 from airflow_ckpt.runtime.storage.layout import validate_savepoint_id
@@ -28,6 +29,13 @@ from airflow_ckpt.triggers.matching import (
     poll_once,
     wait_for_match,
 )
+
+#: default of ``defer_after``: how long the task polls in the worker before deferring. An
+#: idle job answers in one lease heartbeat plus one micro-batch (6.4 s on S3), well
+#: within this, so the usual savepoint never defers (see the class docstring)
+DEFAULT_DEFER_AFTER_S = 30.0
+#: default of ``worker_poll_interval``: seconds between checks during that brief wait
+DEFAULT_WORKER_POLL_INTERVAL_S = 0.5
 
 #: extra seconds the deferral may outlive the request's own deadline (the trigger fires
 #: a ``timeout`` event at the deadline; this is only a safety net)
@@ -45,10 +53,11 @@ def as_bool(value: object, name: str = "stop") -> bool:
     raise SavepointError(f"{name} must be a boolean, got {value!r}")
 
 
-def _seconds(value: float | str | timedelta, name: str) -> float:
+def _seconds(value: float | str | timedelta, name: str, *, allow_zero: bool = False) -> float:
     seconds = value.total_seconds() if isinstance(value, timedelta) else parse_duration(value)
-    if seconds <= 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else 'positive'}, "
+                         f"got {value!r}")
     return seconds
 
 
@@ -61,8 +70,14 @@ class TriggerSavepointOperator(BaseOperator):
        ...)" and no request is written.
     2. Writes the request (pushed as XCom ``request_id``). It expires after
        ``timeout``: a job that sees it later ignores it.
-    3. Waits for the job's answer: deferred to the triggerer (``deferrable=True``, the
-       worker slot is released) or polling every ``poll_interval`` seconds.
+    3. Waits for the job's answer. ``deferrable=True``: first polls in the worker every
+       ``worker_poll_interval`` seconds for up to ``defer_after`` seconds, and defers
+       to the triggerer (the worker slot is released) only if the job has not answered
+       by then. An answer within that window never defers, which keeps the task clear
+       of Airflow's short-deferral race (a trigger firing within seconds of the
+       deferral can leave the task failed with "finished with state success, but the
+       task instance's state attribute is queued", apache/airflow#72716).
+       ``deferrable=False``: polls every ``poll_interval`` seconds until the answer.
     4. Returns the savepoint's full URI (``s3://.../<job>/savepoints/sp-<id>``), also
        pushed with the savepoint's summary as XCom ``savepoint``. Fails with the job's
        ``failure_message`` if the savepoint failed, or with a timeout error; on timeout
@@ -79,7 +94,12 @@ class TriggerSavepointOperator(BaseOperator):
     :param savepoint_id: the savepoint's id (``sp-<id>``); default: the job picks one
         (templated)
     :param deferrable: wait in the triggerer (default) instead of on a worker
-    :param poll_interval: seconds between checks of the storage
+    :param poll_interval: seconds between checks of the storage (blocking wait and
+        trigger)
+    :param defer_after: deferrable only: how long to poll in the worker before
+        deferring (seconds, ``"30 s"`` or ``timedelta``; default 30 s; 0 defers at once)
+    :param worker_poll_interval: seconds between checks during that brief wait
+        (default 0.5)
     :param wait_for_completion: False returns the request id right after writing the
         request (wait with ``CheckpointSensor(request_id=...)``)
     """
@@ -98,6 +118,8 @@ class TriggerSavepointOperator(BaseOperator):
         savepoint_id: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float = 2.0,
+        defer_after: float | str | timedelta = DEFAULT_DEFER_AFTER_S,
+        worker_poll_interval: float = DEFAULT_WORKER_POLL_INTERVAL_S,
         wait_for_completion: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -112,6 +134,11 @@ class TriggerSavepointOperator(BaseOperator):
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be positive, got {poll_interval!r}")
         self.poll_interval = float(poll_interval)
+        self.defer_after_s = _seconds(defer_after, "defer_after", allow_zero=True)
+        if worker_poll_interval <= 0:
+            raise ValueError(
+                f"worker_poll_interval must be positive, got {worker_poll_interval!r}")
+        self.worker_poll_interval = float(worker_poll_interval)
         self.wait_for_completion = wait_for_completion
 
     def _hook(self) -> CheckpointStoreHook:
@@ -123,7 +150,13 @@ class TriggerSavepointOperator(BaseOperator):
         ti = context["ti"]
         hook = self._hook()
         try:
-            started = ensure_job_running(hook.storage, self.job_name)
+            try:
+                started = ensure_job_running(hook.storage, self.job_name)
+            except SavepointError as exc:
+                hint = unknown_job_hint(hook.storage, self.job_name)
+                if hint:
+                    raise SavepointError(f"{exc}; {hint}") from exc
+                raise
             self.log.info("job %s is running (started %s)", self.job_name,
                           time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started.ts)))
             request = hook.control(self.job_name).request_savepoint(
@@ -141,6 +174,15 @@ class TriggerSavepointOperator(BaseOperator):
             condition = CheckpointCondition(job=self.job_name, kind="savepoint",
                                             request_id=request.request_id)
             if self.deferrable:
+                result = wait_for_match(
+                    hook.catalog(self.job_name), condition,
+                    poll_interval=self.worker_poll_interval,
+                    wait_started_ts=request.created_ts, deadline_ts=request.expires_ts,
+                    until_ts=request.created_ts + self.defer_after_s)
+                if result.status != "waiting":
+                    return self._finish(context, hook, request.request_id, result)
+                self.log.info("no answer within %g s: deferring the wait to the triggerer",
+                              self.defer_after_s)
                 self.defer(
                     trigger=CheckpointTrigger(
                         storage_uri=self.checkpoint_storage,

@@ -36,7 +36,7 @@ from typing import Any
 
 from airflow_ckpt.errors import AirflowCkptError, MetadataError, RestoreError
 from airflow_ckpt.health import DEFAULT_MULTIPLE
-from airflow_ckpt.plugins import jobstate, trends
+from airflow_ckpt.plugins import failures, jobstate, trends
 from airflow_ckpt.plugins.access import EVERY_DAG, DagAccess
 from airflow_ckpt.plugins.redact import driver_text
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
@@ -147,6 +147,7 @@ def job_view(
         "job": job, "stats": stats, "timeline": timeline(window),
         "status": job_status(window), "health": health.to_json(), "dag_id": state.dag_id,
         "charts": trends.charts(stats["history"], window.events),
+        "failure": failures.latest_failure(storage, job, window.events, cache),
     }
 
 

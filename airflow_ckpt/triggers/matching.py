@@ -396,18 +396,28 @@ def wait_for_match(
     poll_interval: float,
     wait_started_ts: float,
     deadline_ts: float | None = None,
+    until_ts: float | None = None,
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
 ) -> MatchResult:
-    """Poll (blocking) until the result is no longer ``waiting``."""
+    """Poll (blocking) until the result is no longer ``waiting``.
+
+    With ``until_ts`` the wait is a brief one: once a check made at or after
+    ``until_ts`` is still ``waiting``, that ``waiting`` result is returned (the caller
+    then waits elsewhere, e.g. defers to the triggerer). A check is always made at
+    ``until_ts`` itself, so an answer present by then is never missed.
+    """
     while True:
         result = poll_once(catalog, condition, wait_started_ts=wait_started_ts,
                            deadline_ts=deadline_ts, clock=clock)
         if result.status != "waiting":
             return result
+        if until_ts is not None and result.checked_ts >= until_ts:
+            return result
         pause = poll_interval
-        if deadline_ts is not None:
-            pause = max(0.0, min(pause, deadline_ts - clock()))
+        for end in (deadline_ts, until_ts):
+            if end is not None:
+                pause = max(0.0, min(pause, end - clock()))
         sleep(pause)
 
 

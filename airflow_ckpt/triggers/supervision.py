@@ -30,6 +30,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_ckpt.detached import kill_detached, read_exit_code
+from airflow_ckpt.guard import record_killed
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.metrics import EventMetrics
 from airflow_ckpt.runtime.driver.process import pid_alive
@@ -190,6 +191,10 @@ class DriverSupervisionTrigger(BaseTrigger):
             self.log.warning("job %s did not stop within %.0f s: killing the driver",
                              self.job, self.stop_timeout_s)
             kill_detached(self.driver_pid if self._local() else None)
+            await asyncio.to_thread(record_killed, hook.history(self.job), self.run_id,
+                                    attempt=self.attempt or 0, by="on_kill, after the stop "
+                                    f"request went unanswered for {self.stop_timeout_s:g} s",
+                                    log=self.log)
         finally:
             hook.close()
 

@@ -163,9 +163,7 @@ def api_server(
         storage.close()
 
 
-def test_job_page_renders_the_checkpoint_history(
-    api_server: ApiServer, browser: Browser, tmp_path: Path
-) -> None:
+def test_job_page_renders_the_checkpoint_history(api_server: ApiServer, browser: Browser) -> None:
     url = f"{api_server.url}/airflow-ckpt/view/{JOB}"
     dom = browser.dom(url)
     tables, texts = parse_page(dom)
@@ -192,6 +190,9 @@ def test_job_page_renders_the_checkpoint_history(
     assert (texts["count-driver-starts"], texts["count-in-process-restarts"]) == ("2", "0")
     assert (texts["count-retained"], texts["retained"]) == ("2", "chk-5, chk-6")
     assert "checkpoint 3" in texts["latest-restored"]
+    # the newest failure of any kind: the driver crash after checkpoint 4 failed
+    assert texts["latest-failed-what"] == "driver crash"
+    assert texts["latest-failed-message"] == EVIL_CAUSE
 
     events = [r.cells for r in tables["events"]]
     assert [e["event"] for e in events][:6] == [
@@ -199,7 +200,8 @@ def test_job_page_renders_the_checkpoint_history(
     assert EVIL_CAUSE in events[5]["summary"]
     assert "<b>" not in dom
 
-    shot = browser.screenshot(url, tmp_path / "history.png")
+    ARTIFACTS.mkdir(exist_ok=True)  # kept: it shows the driver crash under "Latest failure"
+    shot = browser.screenshot(url, ARTIFACTS / "history.png")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 20_000, "the screenshot looks blank"
     print(f"screenshot: {shot}")

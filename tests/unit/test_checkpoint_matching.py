@@ -282,6 +282,55 @@ def test_wait_for_match_polls_until_done(catalog: CheckpointCatalog) -> None:
     assert got.status == "matched" and sleeps == [0.5, 0.5, 0.5]
 
 
+class FakeClock:
+    """A clock that only moves when the waiter sleeps."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_brief_wait_returns_waiting_after_a_last_check_at_until_ts(
+        catalog: CheckpointCatalog) -> None:
+    cond = take_baseline(catalog, CheckpointCondition(job=JOB))
+    clock = FakeClock(1000.0)
+    got = wait_for_match(catalog, cond, poll_interval=0.4, wait_started_ts=1000.0,
+                         deadline_ts=1600.0, until_ts=1001.0, clock=clock, sleep=clock.sleep)
+    assert got.status == "waiting" and got.checked_ts == 1001.0
+    # checks at 1000, 1000.4, 1000.8 and (the last pause cut short) at 1001 exactly
+    assert clock.sleeps == pytest.approx([0.4, 0.4, 0.2])
+
+
+def test_brief_wait_finds_an_answer_that_lands_at_its_last_check(
+        catalog: CheckpointCatalog) -> None:
+    cond = take_baseline(catalog, CheckpointCondition(job=JOB))
+    clock = FakeClock(1000.0)
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if clock.now >= 1001.0:
+            write_snapshot(catalog.storage, JOB, 7)
+
+    got = wait_for_match(catalog, cond, poll_interval=0.4, wait_started_ts=1000.0,
+                         until_ts=1001.0, clock=clock, sleep=sleep)
+    assert got.status == "matched" and got.summary is not None and got.summary["id"] == 7
+
+
+def test_brief_wait_past_the_deadline_times_out(catalog: CheckpointCatalog) -> None:
+    cond = take_baseline(catalog, CheckpointCondition(job=JOB))
+    clock = FakeClock(1000.0)
+    got = wait_for_match(catalog, cond, poll_interval=0.4, wait_started_ts=1000.0,
+                         deadline_ts=1000.5, until_ts=1030.0, clock=clock, sleep=clock.sleep)
+    assert got.status == "timeout" and got.checked_ts == 1000.5
+
+
 def test_wait_for_healthy_matches_only_while_checkpoints_progress(
         catalog: CheckpointCatalog) -> None:
     """Issue 10 part 2: the sensor's "healthy" wait uses the supervisor's stale rule."""

@@ -107,6 +107,14 @@ def test_savepoints_and_empty_listings(store: CheckpointStorage) -> None:
     assert code == 0 and "pre-upgrade" in out and "savepoint" in out
     code, out = run("--storage", store.uri, "savepoints", "nobody")
     assert code == 0 and "has no completed savepoints" in out
+    assert f"nothing is stored for job 'nobody' in {store.uri})" in out  # no close name
+
+
+def test_a_misspelled_job_gets_did_you_mean(store: CheckpointStorage) -> None:
+    for command in ("checkpoints", "savepoints", "history"):
+        code, out = run("--storage", store.uri, command, "order")
+        assert code == 0 and out.endswith(
+            f"(nothing is stored for job 'order' in {store.uri}; did you mean 'orders'?)\n"), out
 
 
 def test_describe_forms(store: CheckpointStorage) -> None:

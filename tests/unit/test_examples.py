@@ -116,7 +116,8 @@ def test_command_needs_no_storage_and_prints_the_settings(
     text = out.getvalue()
     assert "export AIRFLOW_CKPT_STORAGE=file:///tmp/airflow-ckpt/checkpoints" in text
     assert f"export AIRFLOW_CKPT_JOBS_DIR={tmp_path / 'spark_jobs'}" in text
-    assert f"airflow dags test {MAIN_DAG}" in text
+    assert f"airflow dags test {MAIN_DAG} -c '{{\"rows_per_second\": 10}}'" in text
+    assert "keep rows_per_second when you restore" in text
     assert (tmp_path / "spark_jobs" / "rate_counts.py").is_file()
 
 
@@ -151,6 +152,19 @@ def test_the_main_dag_runs_the_rate_job_with_its_params() -> None:
     assert op.conf["spark.airflow_ckpt.demo.rows_per_second"] == "{{ params.rows_per_second }}"
     assert op.restore == "{{ params.restore }}"
     assert dag.params["rows_per_second"] == 10 and dag.params["job_name"] == "rate-counts"
+
+
+def test_every_example_dag_that_runs_a_job_allows_one_run_at_a_time() -> None:
+    """Two runs of one streaming job fight over its lease (issue 27): the DAGs that
+    start a job queue a second trigger instead."""
+    bag = DagBag(dag_folder=str(DAGS_DIR))
+    assert bag.import_errors == {}
+    running = [dag for dag in bag.dags.values()
+               if any(isinstance(t, CheckpointedSparkSubmitOperator) for t in dag.tasks)]
+    assert {dag.dag_id for dag in running} == {
+        MAIN_DAG, "checkpointed_streaming_job", "savepoint_restore"}
+    assert {dag.dag_id: dag.max_active_runs for dag in running} == {
+        dag.dag_id: 1 for dag in running}
 
 
 def test_expected_row_is_the_sum_of_every_value_of_the_key() -> None:

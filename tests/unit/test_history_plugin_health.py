@@ -126,7 +126,7 @@ def test_driver_text_is_the_single_rendering_point(
     from airflow_ckpt.plugins import redact
 
     monkeypatch.setattr(redact, "driver_text", lambda v: "" if v is None else "[masked]")
-    for module in ("overview", "jobstate", "trends"):
+    for module in ("overview", "jobstate", "trends", "failures"):
         monkeypatch.setattr(f"airflow_ckpt.plugins.{module}.driver_text", redact.driver_text)
     with client_for(storage) as c:
         page = c.get(f"/view/{JOB}").text

@@ -267,6 +267,9 @@ def test_on_kill_stops_the_driver_and_the_loop(tmp_path: Path) -> None:
     assert errors and "killed" in str(errors[0])
     history = JobHistory(open_storage(storage), "job-a")
     assert history.events([RESTART]) == []  # a kill is not a failure to restart from
+    stopped = history.last(JOB_STOPPED)  # but the run recorded that it was killed
+    assert stopped is not None and stopped.data["killed"] is True
+    assert stopped.data["run_id"] == "d/r/t" and stopped.data["attempt"] == 1
 
 
 def test_operator_is_deep_copyable(tmp_path: Path) -> None:

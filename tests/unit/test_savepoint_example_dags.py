@@ -64,3 +64,20 @@ def test_health_check_sensor(bag: DagBag) -> None:
     sensor = bag.dags["checkpoint_health"].task_dict["next_checkpoint"]
     assert isinstance(sensor, CheckpointSensor)
     assert sensor.max_checkpoint_age_s == 600 and sensor.deferrable
+
+
+def test_the_report_points_to_the_dag_that_runs_the_job() -> None:
+    """Issue 27: the report of a savepoint of the main example's job pointed at
+    savepoint_restore, which runs the odd/even job."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("savepoint_examples", EXAMPLES)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = "s3://b/ckpt/rate-counts/savepoints/sp-final"
+    main = module.restore_hint("rate-counts", path)
+    assert "streaming_rate_counts" in main and f"restore={path}" in main
+    assert "savepoint_restore" not in main and "rows_per_second" in main
+    assert module.restore_hint("odd-even-sums", path) == (
+        f"restore it with the savepoint_restore DAG: savepoint={path}")

@@ -93,6 +93,15 @@ def test_not_running_job_fails_without_a_request(file_storage: CheckpointStorage
     assert file_storage.list("orders/control/") == []
 
 
+def test_a_misspelled_job_gets_did_you_mean(running: CheckpointStorage, ti: FakeTI) -> None:
+    op = TriggerSavepointOperator(task_id="savepoint", job_name="order",
+                                  checkpoint_storage=running.uri, storage_conn_id=None)
+    with pytest.raises(SavepointError, match=r"job 'order' is not running .*; nothing is "
+                                             r"stored for job 'order' in .*; did you mean "
+                                             r"'orders'\?"):
+        op.execute({"ti": ti})  # type: ignore[arg-type]
+
+
 def test_polling_savepoint_returns_the_path(running: CheckpointStorage, ti: FakeTI) -> None:
     with JobThread(running) as job:
         path = operator(running, savepoint_id="before-upgrade").execute(
@@ -141,7 +150,7 @@ def test_wait_for_completion_false_returns_the_request_id(running: CheckpointSto
 
 
 def test_deferrable_savepoint(running: CheckpointStorage, ti: FakeTI) -> None:
-    op = operator(running, deferrable=True, timeout="2 min")
+    op = operator(running, deferrable=True, timeout="2 min", defer_after=0)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": ti})  # type: ignore[arg-type]
     trigger = deferred.value.trigger
@@ -161,7 +170,7 @@ def test_deferrable_savepoint(running: CheckpointStorage, ti: FakeTI) -> None:
 
 def test_job_answering_as_the_wait_times_out_wins(running: CheckpointStorage,
                                                   ti: FakeTI) -> None:
-    op = operator(running, deferrable=True)
+    op = operator(running, deferrable=True, defer_after=0)
     with pytest.raises(TaskDeferred) as deferred:
         op.execute({"ti": ti})  # type: ignore[arg-type]
     answer_savepoint_requests(running, JOB)  # answered just before the task resumes
@@ -171,7 +180,49 @@ def test_job_answering_as_the_wait_times_out_wins(running: CheckpointStorage,
     assert "/savepoints/sp-auto-" in path
 
 
+def test_a_quick_answer_never_defers(running: CheckpointStorage, ti: FakeTI) -> None:
+    """Airflow's short-deferral race (apache/airflow#72716) fails a task whose trigger
+    fires within seconds of the deferral: an answer within ``defer_after`` is taken in
+    the worker, so that task never defers."""
+    for stop in (False, True):
+        with JobThread(running) as job:
+            path = operator(running, deferrable=True, stop=stop,
+                            worker_poll_interval=0.05).execute(
+                {"ti": ti})  # type: ignore[arg-type]  # raises TaskDeferred if it deferred
+        assert path.startswith(running.uri + "/orders/savepoints/sp-auto-")
+        assert [r.stop for r in job.answered] == [stop]
+
+
+def test_a_quick_failure_fails_without_deferring(running: CheckpointStorage,
+                                                 ti: FakeTI) -> None:
+    with JobThread(running, failure="state upload failed: disk full"), pytest.raises(
+            SavepointError, match="disk full"):
+        operator(running, deferrable=True, worker_poll_interval=0.05).execute(
+            {"ti": ti})  # type: ignore[arg-type]
+
+
+def test_no_answer_within_defer_after_defers(running: CheckpointStorage, ti: FakeTI) -> None:
+    op = operator(running, deferrable=True, timeout="2 min", defer_after="0.3 s",
+                  worker_poll_interval=0.05)
+    started = time.time()
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute({"ti": ti})  # type: ignore[arg-type]
+    assert time.time() - started >= 0.3
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, CheckpointTrigger)
+    # the trigger waits for the same request, up to the request's own deadline
+    assert trigger.condition.request_id == ti.xcom["request_id"]
+    assert trigger.deadline_ts is not None and trigger.deadline_ts - started <= 121
+    assert ControlChannel(running, JOB).result(ti.xcom["request_id"]) is None
+
+
 def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="duration must be >= 0"):
+        TriggerSavepointOperator(task_id="t", job_name=JOB, checkpoint_storage="s3://b/c",
+                                 defer_after=-1)
+    with pytest.raises(ValueError, match="worker_poll_interval"):
+        TriggerSavepointOperator(task_id="t", job_name=JOB, checkpoint_storage="s3://b/c",
+                                 worker_poll_interval=0)
     with pytest.raises(ValueError, match="timeout"):
         TriggerSavepointOperator(task_id="t", job_name=JOB, checkpoint_storage="s3://b/c",
                                  timeout=0)

@@ -44,6 +44,7 @@ with DAG(
     description="Odd/even running sums with Flink-style checkpoints and restart strategy",
     schedule=None,
     catchup=False,
+    max_active_runs=1,  # one run per job: a second trigger queues until the first ends
     tags=["airflow-ckpt", "example"],
     render_template_as_native_obj=True,
     params={

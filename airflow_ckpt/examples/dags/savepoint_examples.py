@@ -40,6 +40,17 @@ JOBS_DIR = Path(
 )
 DEMO = "spark.airflow_ckpt.demo."
 JOB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+ODD_EVEN_JOB = "odd-even-sums"  # the job savepoint_restore runs
+
+
+
+def restore_hint(job: str, path: str) -> str:
+    """How to restore ``job`` from the savepoint at ``path``, with the DAG that runs it."""
+    if job == ODD_EVEN_JOB:
+        return f"restore it with the savepoint_restore DAG: savepoint={path}"
+    return (f"restore it with the DAG that runs job {job!r} (for the main example "
+            f"streaming_rate_counts): restore={path}, with the same rows_per_second")
+
 
 # ----------------------------------------------------------------------------- savepoint
 
@@ -74,10 +85,11 @@ with DAG(
 
     @task
     def report(path: str, **context: Any) -> str:
-        """Log where the savepoint is and how to restore from it."""
+        """Log where the savepoint is and how to restore the job from it: with the DAG
+        that runs that job (the main example restores with its own DAG)."""
         info = context["ti"].xcom_pull(task_ids="savepoint", key="savepoint") or {}
         print(f"savepoint {path} (checkpoint {info.get('id')}, batch {info.get('batch_id')})")
-        print(f"restore it with the savepoint_restore DAG: savepoint={path}")
+        print(restore_hint(str(context["params"]["job_name"]), path))
         return path
 
     report(savepoint.output)
@@ -89,13 +101,14 @@ with DAG(
     description="Start the odd/even job from a savepoint (same or new name, optional rescaling)",
     schedule=None,
     catchup=False,
+    max_active_runs=1,  # one run per job: a second trigger queues until the first ends
     tags=["airflow-ckpt", "example", "savepoint"],
     render_template_as_native_obj=True,
     params={
         "savepoint": Param(type="string", minLength=1, pattern=r"^(s3a?|file)://.+/sp-[^/]+/?$",
                            description="Full URI of the savepoint (the XCom of "
                                        "savepoint_manual, or `airflow-ckpt savepoints <job>`)."),
-        "job_name": Param("odd-even-sums", type="string", pattern=JOB_NAME_PATTERN,
+        "job_name": Param(ODD_EVEN_JOB, type="string", pattern=JOB_NAME_PATTERN,
                           description="Job to start: the savepoint's job or a new name."),
         "storage": Param(STORAGE, type="string", pattern=r"^(s3a?|file)://",
                          description="Checkpoint storage (must hold the savepoint)."),

@@ -40,6 +40,7 @@ with DAG(
     description="Streams (Spark's rate source) with checkpoints until stopped with a savepoint",
     schedule=None,
     catchup=False,
+    max_active_runs=1,  # one run per job: a second trigger queues until the first ends
     tags=["airflow-ckpt", "example"],
     render_template_as_native_obj=True,
     params={
