@@ -9,24 +9,24 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt.cli import main
-from airflow_ckpt.runtime.storage.check import SCRATCH_PREFIX, Property, Verdict
+from airflow_ckpt.runtime.storage.check import SCRATCH_PREFIX, CheckVerdict, Property
 from airflow_ckpt.testing import S3Endpoint, local_s3_server
 
 pytestmark = pytest.mark.integration
 
 #: what each server of ours answers (docs/storage.md's table); an external server is
 #: only required to pass
-EXPECTED: dict[str, dict[Property, Verdict]] = {
-    "moto": {p: Verdict.OK for p in Property},
-    "seaweedfs": {**{p: Verdict.OK for p in Property},
-                  Property.LIST_AFTER_DELETE: Verdict.WARN},
-    "file": {**{p: Verdict.OK for p in Property},
-             Property.MULTIPART_CREATE_ONLY: Verdict.NOT_APPLICABLE},
+EXPECTED: dict[str, dict[Property, CheckVerdict]] = {
+    "moto": {p: CheckVerdict.OK for p in Property},
+    "seaweedfs": {**{p: CheckVerdict.OK for p in Property},
+                  Property.LIST_AFTER_DELETE: CheckVerdict.WARN},
+    "file": {**{p: CheckVerdict.OK for p in Property},
+             Property.MULTIPART_CREATE_ONLY: CheckVerdict.NOT_APPLICABLE},
 }
 
 
 def _check(*argv: str, capsys: pytest.CaptureFixture[str]
-           ) -> tuple[int, dict[Property, Verdict], str, str]:
+           ) -> tuple[int, dict[Property, CheckVerdict], str, str]:
     """Run the command; (exit code, the verdict per property, stderr, stdout)."""
     out = io.StringIO()
     code = main([*argv, "check-storage"], out=out)
@@ -36,7 +36,7 @@ def _check(*argv: str, capsys: pytest.CaptureFixture[str]
     for line in lines[1:]:
         verdict, rest = line.split(None, 1)
         prop = next(p for p in Property if rest.startswith(p.value + " "))
-        verdicts[prop] = Verdict(verdict)
+        verdicts[prop] = CheckVerdict(verdict)
     assert list(verdicts) == list(Property)  # one line per property, in order
     return code, verdicts, capsys.readouterr().err, out.getvalue()
 
@@ -73,8 +73,8 @@ def test_check_storage_fails_naming_an_ignored_if_none_match(
             monkeypatch.setenv(name, value)
         code, verdicts, err, out = _check("--storage", f"s3://{s3_bucket}/lax", capsys=capsys)
     assert code == 1
-    assert verdicts[Property.CREATE_ONLY] is Verdict.MISSING
-    assert [p for p, v in verdicts.items() if v is Verdict.MISSING] == [Property.CREATE_ONLY]
+    assert verdicts[Property.CREATE_ONLY] is CheckVerdict.MISSING
+    assert [p for p, v in verdicts.items() if v is CheckVerdict.MISSING] == [Property.CREATE_ONLY]
     assert "lacks what the runtime's guarantees rest on: create-only write" in err
     create_only = next(line for line in out.splitlines() if "create-only write" in line)
     assert "ignores 'If-None-Match: *'" in create_only

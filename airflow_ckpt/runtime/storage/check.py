@@ -7,7 +7,7 @@ write returned, and a ranged read returns that range. :func:`check_storage` writ
 objects under a scratch prefix (``.airflow-ckpt-check-<random>/``, never a job's name),
 tries each property once and deletes the prefix again, whatever happened.
 
-Each property gets a :class:`Verdict`: ``ok``; ``warn`` where the runtime copes at a cost
+Each property gets a :class:`CheckVerdict`: ``ok``; ``warn`` where the runtime copes at a cost
 (an emptied "directory" still listed by the server); ``missing`` where a guarantee cannot
 hold on this storage (an endpoint that ignores ``If-None-Match``); ``n/a`` where the
 property does not apply to the backend (multipart on ``file://``). A probe that cannot
@@ -36,7 +36,7 @@ from airflow_ckpt.runtime.storage.s3 import LIST_DIRS_FIRST_KEYS, S3Storage
 SCRATCH_PREFIX = ".airflow-ckpt-check-"
 
 
-class Verdict(enum.Enum):
+class CheckVerdict(enum.Enum):
     """What a probe found out about one property."""
 
     OK = "ok"
@@ -64,7 +64,7 @@ class Finding:
     """One property's verdict and what was seen."""
 
     prop: Property
-    verdict: Verdict
+    verdict: CheckVerdict
     detail: str
 
 
@@ -78,7 +78,7 @@ class StorageCheck:
     @property
     def missing(self) -> list[Finding]:
         """The findings whose guarantee cannot hold (the check fails on any)."""
-        return [f for f in self.findings if f.verdict is Verdict.MISSING]
+        return [f for f in self.findings if f.verdict is CheckVerdict.MISSING]
 
     @property
     def ok(self) -> bool:
@@ -122,7 +122,7 @@ def check_storage(storage: CheckpointStorage) -> StorageCheck:
             try:
                 findings.append(probe(storage, scratch))
             except StorageError as exc:
-                findings.append(Finding(prop, Verdict.MISSING, f"probe failed: {exc}"))
+                findings.append(Finding(prop, CheckVerdict.MISSING, f"probe failed: {exc}"))
     finally:
         with contextlib.suppress(StorageError):
             storage.delete_prefix(scratch)
@@ -138,16 +138,16 @@ def _create_only(storage: CheckpointStorage, scratch: str) -> Finding:
     try:
         storage.put_bytes(key, b"first", create_only=True)
     except StorageError as exc:  # S3: the runtime's own If-None-Match check refused
-        return Finding(Property.CREATE_ONLY, Verdict.MISSING, str(exc))
+        return Finding(Property.CREATE_ONLY, CheckVerdict.MISSING, str(exc))
     try:
         storage.put_bytes(key, b"second", create_only=True)
     except ObjectAlreadyExistsError:
         if storage.get_bytes(key) == b"first":
-            return Finding(Property.CREATE_ONLY, Verdict.OK,
+            return Finding(Property.CREATE_ONLY, CheckVerdict.OK,
                            "a second create-only write of a key is refused")
-        return Finding(Property.CREATE_ONLY, Verdict.MISSING,
+        return Finding(Property.CREATE_ONLY, CheckVerdict.MISSING,
                        "a refused create-only write changed the object")
-    return Finding(Property.CREATE_ONLY, Verdict.MISSING,
+    return Finding(Property.CREATE_ONLY, CheckVerdict.MISSING,
                    "a second create-only write replaced the object (If-None-Match "
                    "ignored): completion markers and control requests could be "
                    "overwritten")
@@ -162,7 +162,7 @@ def _compare_and_swap(storage: CheckpointStorage, scratch: str) -> Finding:
     except PreconditionFailedError:
         pass
     else:
-        return Finding(Property.COMPARE_AND_SWAP, Verdict.MISSING,
+        return Finding(Property.COMPARE_AND_SWAP, CheckVerdict.MISSING,
                        "a write conditioned on a replaced version succeeded (If-Match "
                        "ignored): lease and history records could lose updates")
     try:
@@ -170,32 +170,32 @@ def _compare_and_swap(storage: CheckpointStorage, scratch: str) -> Finding:
     except PreconditionFailedError:
         pass
     else:
-        return Finding(Property.COMPARE_AND_SWAP, Verdict.MISSING,
+        return Finding(Property.COMPARE_AND_SWAP, CheckVerdict.MISSING,
                        "a write conditioned on a version of a missing key created it")
     if storage.get_bytes(key) != b"v2":
-        return Finding(Property.COMPARE_AND_SWAP, Verdict.MISSING,
+        return Finding(Property.COMPARE_AND_SWAP, CheckVerdict.MISSING,
                        "a refused conditional write changed the object")
-    return Finding(Property.COMPARE_AND_SWAP, Verdict.OK,
+    return Finding(Property.COMPARE_AND_SWAP, CheckVerdict.OK,
                    "replaces only the version read; a stale or missing version is refused")
 
 
 def _multipart_create_only(storage: CheckpointStorage, scratch: str) -> Finding:
     s3 = _s3_of(storage)
     if s3 is None:
-        return Finding(Property.MULTIPART_CREATE_ONLY, Verdict.NOT_APPLICABLE,
+        return Finding(Property.MULTIPART_CREATE_ONLY, CheckVerdict.NOT_APPLICABLE,
                        "no multipart uploads on this backend")
     try:
         refused = s3.probe_create_only_multipart(scratch + "multipart")
     except StorageError as exc:
-        return Finding(Property.MULTIPART_CREATE_ONLY, Verdict.WARN,
+        return Finding(Property.MULTIPART_CREATE_ONLY, CheckVerdict.WARN,
                        f"not supported ({exc}); the runtime writes create-only objects "
                        "in one request, so only objects over 5 GiB could not be created "
                        "create-only")
     if refused:
-        return Finding(Property.MULTIPART_CREATE_ONLY, Verdict.OK,
+        return Finding(Property.MULTIPART_CREATE_ONLY, CheckVerdict.OK,
                        "completing an upload onto an existing key with If-None-Match "
                        "is refused")
-    return Finding(Property.MULTIPART_CREATE_ONLY, Verdict.WARN,
+    return Finding(Property.MULTIPART_CREATE_ONLY, CheckVerdict.WARN,
                    "completing an upload onto an existing key with If-None-Match "
                    "replaced it; the runtime writes create-only objects in one request, "
                    "so only objects over 5 GiB could not be created create-only")
@@ -208,21 +208,21 @@ def _list_after_delete(storage: CheckpointStorage, scratch: str) -> Finding:
     storage.delete_prefix(base + "gone/")
     keys = [info.key[len(base):] for info in storage.list(base)]
     if keys != ["kept/a"]:
-        return Finding(Property.LIST_AFTER_DELETE, Verdict.MISSING,
+        return Finding(Property.LIST_AFTER_DELETE, CheckVerdict.MISSING,
                        f"a listing right after a delete returned {keys}, expected "
                        "['kept/a']: deleted checkpoints could be taken for live ones")
     dirs = storage.list_dirs(base)
     if dirs != ["kept"]:
-        return Finding(Property.LIST_AFTER_DELETE, Verdict.MISSING,
+        return Finding(Property.LIST_AFTER_DELETE, CheckVerdict.MISSING,
                        f"directories right after a delete: {dirs}, expected ['kept']")
     s3 = _s3_of(storage)
     if s3 is not None and "gone" in s3.common_prefixes(base):
-        return Finding(Property.LIST_AFTER_DELETE, Verdict.WARN,
+        return Finding(Property.LIST_AFTER_DELETE, CheckVerdict.WARN,
                        "deleted keys are gone, but the server still lists their emptied "
                        "\"directory\" as a common prefix; airflow-ckpt checks such "
                        "prefixes (one request each in listings of over "
                        f"{LIST_DIRS_FIRST_KEYS} keys)")
-    return Finding(Property.LIST_AFTER_DELETE, Verdict.OK,
+    return Finding(Property.LIST_AFTER_DELETE, CheckVerdict.OK,
                    "deleted keys and their emptied directories are gone at once")
 
 
@@ -231,10 +231,10 @@ def _etag_stability(storage: CheckpointStorage, scratch: str) -> Finding:
     written = storage.put_bytes(key, b"etag probe")
     reads = {storage.get_versioned(key).etag for _ in range(2)}
     if reads != {written}:
-        return Finding(Property.ETAG_STABILITY, Verdict.MISSING,
+        return Finding(Property.ETAG_STABILITY, CheckVerdict.MISSING,
                        f"the write returned ETag {written!r}, reads returned "
                        f"{sorted(reads)}: compare-and-swap could never succeed")
-    return Finding(Property.ETAG_STABILITY, Verdict.OK,
+    return Finding(Property.ETAG_STABILITY, CheckVerdict.OK,
                    "reads return the ETag the write returned")
 
 
@@ -247,8 +247,8 @@ def _range_read(storage: CheckpointStorage, scratch: str) -> Finding:
     with storage.open_stream(key, 4000) as stream:
         tail = stream.read()
     if got[:96] != data[1000:1096] or tail != data[4000:]:
-        return Finding(Property.RANGE_READ, Verdict.MISSING,
+        return Finding(Property.RANGE_READ, CheckVerdict.MISSING,
                        "a ranged read did not return that range: restoring a checkpoint "
                        "whose small files are packed into one object would fail")
-    return Finding(Property.RANGE_READ, Verdict.OK, "ranged reads return exactly the range")
+    return Finding(Property.RANGE_READ, CheckVerdict.OK, "ranged reads return exactly the range")
 

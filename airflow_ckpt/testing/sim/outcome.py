@@ -3,11 +3,12 @@ of :mod:`airflow_ckpt.testing.simulation`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from airflow_ckpt.testing.sim.scheduler import Scheduler
+    from airflow_ckpt.testing.sim.scheduler import Host, Scheduler
 
 
 class Described(Protocol):
@@ -45,6 +46,18 @@ class Judged:
         violation = Violation(invariant, self.scheduler.step, message)
         self.violations.append(violation)
         self.scheduler.log(f"VIOLATION {violation}")
+
+    def supervise(self, host: Host, program: Callable[[], None], died: str) -> None:
+        """Run the world from its supervisor (``program`` on ``host``) to the end; the
+        supervisor dying of an error breaks invariant ``died``."""
+        sched = self.scheduler
+        supervisor = sched.spawn("supervisor", host, program)
+        try:
+            sched.run()
+        finally:
+            sched.shutdown()
+        if supervisor.error is not None:
+            self.violate(died, f"the supervisor died of {supervisor.error!r}")
 
 
 @dataclass

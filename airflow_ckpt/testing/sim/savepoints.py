@@ -324,13 +324,7 @@ class SavepointWorld(Judged):
         sched = self.scheduler
         try:
             sched.log(f"setup: {self.setup.describe()}")
-            supervisor = sched.spawn("supervisor", Host("airflow"), self.supervisor)
-            try:
-                sched.run()
-            finally:
-                sched.shutdown()
-            if supervisor.error is not None:
-                self.violate(SAVEPOINT_ERROR, f"the supervisor died of {supervisor.error!r}")
+            self.supervise(Host("airflow"), self.supervisor, SAVEPOINT_ERROR)
             self.counted()
         finally:
             shutil.rmtree(self.scratch, ignore_errors=True)

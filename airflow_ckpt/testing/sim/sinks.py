@@ -432,13 +432,7 @@ class SinkWorld(Judged):
     def run(self) -> Outcome:
         sched = self.scheduler
         sched.log(f"setup: {self.setup.describe()}")
-        supervisor = sched.spawn("supervisor", Host("airflow"), self.supervisor)
-        try:
-            sched.run()
-        finally:
-            sched.shutdown()
-        if supervisor.error is not None:
-            self.violate(SINK_ERROR, f"the supervisor died of {supervisor.error!r}")
+        self.supervise(Host("airflow"), self.supervisor, SINK_ERROR)
         self.check_storage()
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
                        sched.cut_off, "sinks")
