@@ -12,7 +12,6 @@ takes a final checkpoint when the query finishes, and returns or raises.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import re
 import tempfile
@@ -33,10 +32,8 @@ from airflow_ckpt.errors import (
     IncompatibleStateError,
     JobSettingsError,
     LeaseExpiredError,
-    ObjectAlreadyExistsError,
     OutcomeUnknownError,
     RestartsExhaustedError,
-    SinkReplayMismatchError,
     StorageError,
     StorageOutageError,
 )
@@ -45,26 +42,26 @@ from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
 from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
-from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint, PendingState
+from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint
 from airflow_ckpt.runtime.checkpoint.snapshot import latest_batch
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.checkpoint.upload import DigestCache
 from airflow_ckpt.runtime.control.channel import (
     ControlChannel,
     ControlRequest,
-    ControlResult,
     Doorbell,
 )
 from airflow_ckpt.runtime.driver.unit import DriverUnit
 from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.history.restart_log import RestartLog
+from airflow_ckpt.runtime.job.requests import SavepointRequests
+from airflow_ckpt.runtime.job.sinks import JobSinks
 from airflow_ckpt.runtime.job.spark_features import require_offline_repartition
 from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.record import LeaseRecord
 from airflow_ckpt.runtime.restore.choose import RestoreResult, restore
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
-from airflow_ckpt.runtime.sinks.offsets import ReplayPolicy, read_batch_offsets
 from airflow_ckpt.runtime.sparkconf import JobSettings
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
@@ -79,9 +76,6 @@ log = logging.getLogger("airflow_ckpt.job")
 #: how often the final checkpoint of an ended query is taken before the step fails: an
 #: attempt that fails (a storage error) is followed by another, with a new id
 FINAL_CHECKPOINT_ATTEMPTS = 3
-#: how often a control answer is written before the error is raised (the answer is
-#: create-only with the same bytes each time: a retry that finds it in place succeeded)
-ANSWER_ATTEMPTS = 3
 #: how often the driver lists its control requests whatever it heard (one LIST request
 #: each; 1,440 a day): how late a request is found at worst, when its doorbell was not
 #: heard. A rung doorbell is heard in the lease heartbeat's listing of ``lease/`` (every
@@ -185,31 +179,22 @@ class CheckpointedJob:
         #: coordinator of this driver (restored files are never hashed again)
         self._digests = DigestCache()
         self.control = ControlChannel(self.storage, self.job, doorbell=self.doorbell)
-        self._storage_offset_s = 0.0  # the storage's clock minus ours (see _run_supervised)
+        #: triggers the requested savepoints and answers the requests
+        self.savepoint_requests = SavepointRequests(self.control)
         base = settings.workdir
         self.workdir = (
             Path(base) if base else Path(tempfile.gettempdir()) / "airflow_ckpt" / self.job
         ) / "work"
         self.restart_log = RestartLog(self.history, self.restart_params, self.run_id)
-        self.sinks: list[TwoPhaseCommitSink] = []
-        # Sinks registered inside ``build`` belong to one attempt: they are dropped when
-        # the next attempt calls ``build`` again (which registers them anew).
-        self._attempt_sinks: list[TwoPhaseCommitSink] = []
-        self._building = False
-        # The restored checkpoint's transactions: committed by each sink as it registers
-        # (recover-and-commit), and carried into every checkpoint of this attempt until a
-        # sink has recovered them, so a crash before ``build`` ran never loses them.
-        self._restored_txns: tuple[int, ...] | None = None
-        self._recovered: list[TwoPhaseCommitSink] = []
         self._restored_id: int | None = None  # this job's checkpoint the attempt restored
         #: the id of this run's initial checkpoint (taken when it did not resume the
         #: job's latest): an in-process restart's fallback never goes below it
         self._run_floor: int | None = None
-        #: what the attempt restored (path, batch; batch -1 for a fresh start)
-        self._restored_at: tuple[str | None, int] = (None, -1)
-        #: a sink's refusal of a replay: the query fails with it, and it is final
-        self._refused: SinkReplayMismatchError | None = None
-        self._listeners: list[Callable[[Manifest], None]] = [self._commit_transactions]
+        #: the sinks, their recovery and their commits (the two-phase commit's driver side)
+        self.sinks = JobSinks(lease=self.lease, history=self.history, run_id=self.run_id,
+                              workdir=self.workdir, exactly_once=self.config.exactly_once,
+                              driver_view=self._driver_view)
+        self._listeners: list[Callable[[Manifest], None]] = [self.sinks.commit_transactions]
         self._cancel = threading.Event()
         #: the driver's Python process and JVM as one unit (installed by ``run``)
         self.unit: DriverUnit | None = None
@@ -243,18 +228,7 @@ class CheckpointedJob:
         ``SinkReplayMismatchError``; in AT_LEAST_ONCE mode it is published as extra
         output and reported (``sink_replay_published``; docs/sinks.md).
         """
-        self._register(sink)
-
-        def write(df: DataFrame, batch_id: int) -> None:
-            try:
-                sink.stage(df, batch_id)
-            except SinkReplayMismatchError as exc:
-                self._refused = exc.with_restored(self._restored_at[0])
-                raise self._refused from None
-            if not self.config.exactly_once:
-                sink.commit(batch_id)
-
-        return write
+        return self.sinks.exactly_once(sink)
 
     @staticmethod
     def _record_invalid(error: JobSettingsError, storage: object) -> None:
@@ -271,91 +245,10 @@ class CheckpointedJob:
             log.warning("could not record the invalid settings of job %s", settings.job,
                         exc_info=True)
 
-    def _register(self, sink: TwoPhaseCommitSink) -> None:
-        if not any(sink is s for s in self.sinks):
-            self._wrap_sink_storage(sink)
-            if "confirm" in inspect.signature(sink.fence).parameters:
-                sink.fence(self.lease.gate, confirm=self.lease.confirm)
-            else:  # a sink written for the one-argument hook
-                sink.fence(self.lease.gate)
-            sink.track_offsets(lambda batch_id: read_batch_offsets(self.workdir, batch_id),
-                               ReplayPolicy(not self.config.exactly_once,
-                                            self._report_replay_published))
-            self.sinks.append(sink)
-            if self._building:
-                self._attempt_sinks.append(sink)
-        if self._restored_txns is not None and not any(sink is s for s in self._recovered):
-            sink.recover(self._restored_txns)
-            self._recovered.append(sink)
-            self._report_committed_ahead(sink)
-
     def _driver_view(self, storage: CheckpointStorage) -> CheckpointStorage:
         """``storage`` as this driver writes to it: gated by the lease, and waiting
         through outages within the budget (outside the gate: each retry is gated)."""
         return OutageRidingStorage(FencedStorage(storage, self.lease.gate), self.outage)
-
-    def _wrap_sink_storage(self, sink: TwoPhaseCommitSink) -> None:
-        """A sink with storage of its own (its ``storage`` attribute, e.g. an output
-        bucket) writes through the views the job's storage has: gated by the lease, and
-        waiting through outages within the budget. Done before ``fence``, which builds
-        the sink's transactions on that storage."""
-        own = getattr(sink, "storage", None)
-        if isinstance(own, CheckpointStorage) and not isinstance(own, OutageRidingStorage):
-            sink.storage = self._driver_view(own)  # type: ignore[attr-defined]
-
-    def _report_committed_ahead(self, sink: TwoPhaseCommitSink) -> None:
-        """Say (log and history) before any batch runs that the sink committed batches
-        after the restored one: Spark plans those batch ids again, and each replay is
-        skipped if it reads the offsets the sink recorded, refused otherwise."""
-        path, batch = self._restored_at
-        ahead = [b for b in sink.committed_batches() if b > batch]
-        if not ahead:
-            return
-        log.warning(
-            "%s committed batches %d..%d, after the restored %s (batch %d): Spark replans "
-            "them; each replay is skipped if it reads the source offsets the sink "
-            "recorded and %s if not", sink, ahead[0], ahead[-1], path or "fresh start",
-            batch, "refused (SinkReplayMismatchError)" if self.config.exactly_once
-            else "published as extra output (AT_LEAST_ONCE)")
-        self.history.append(ev.SINK_AHEAD, run_id=self.run_id, sink=repr(sink),
-                            restored=path, restored_batch=batch, first_batch=ahead[0],
-                            last_batch=ahead[-1], batches=len(ahead))
-
-    def _report_replay_published(self, sink: str, batch_id: int, committed: str,
-                                 replay: str) -> None:
-        """AT_LEAST_ONCE: a sink is about to publish a replay of a committed batch that
-        read other offsets as extra output; recorded before the sink records it."""
-        self.history.append(ev.SINK_REPLAY_PUBLISHED, run_id=self.run_id, sink=sink,
-                            batch=batch_id, committed_offsets=committed,
-                            replay_offsets=replay, restored=self._restored_at[0])
-
-    def _recover_sinks(self, restored: RestoreResult) -> None:
-        """Start of an attempt: forget the previous attempt's ``build`` sinks and recover
-        the sinks registered so far against the restored checkpoint."""
-        self.sinks = [s for s in self.sinks if not any(s is a for a in self._attempt_sinks)]
-        self._attempt_sinks = []
-        self._recovered = []
-        self._restored_txns = restored.manifest.pending_transactions if restored.manifest else ()
-        self._restored_at = (restored.path, restored.batch_id if restored.batch_id is not None
-                             else -1)
-        for sink in list(self.sinks):
-            self._register(sink)
-
-    def _pending_transactions(self, batch_id: int) -> tuple[int, ...]:
-        pending = {b for s in self.sinks for b in s.pending() if b <= batch_id}
-        if not self._recovered:
-            pending.update(self._restored_txns or ())  # no sink has committed them yet
-        return tuple(sorted(pending))
-
-    def _commit_transactions(self, manifest: Manifest) -> None:
-        if manifest.is_savepoint:
-            # A savepoint commits nothing, a checkpoint covering the batch does (also at
-            # a stop: its final checkpoint, taken before the savepoint).
-            return
-        for sink in self.sinks:
-            for batch_id in sink.pending():
-                if batch_id <= manifest.batch_id:
-                    sink.commit(batch_id)
 
     # ------------------------------------------------------------------ running
     def run(self, build: Callable[[], DataStreamWriter]) -> JobResult:
@@ -409,7 +302,7 @@ class CheckpointedJob:
         )
         # how far the storage's clock is from ours: requests' ages are judged on the
         # storage's clock, never by comparing the requester's clock with ours
-        self._storage_offset_s = self.history.stored_ts(started) - started.ts
+        self.savepoint_requests.storage_offset_s = self.history.stored_ts(started) - started.ts
         target = self.restore_target
         while True:
             restored = restore(self.storage, self.job, target, self.workdir, self.history,
@@ -434,8 +327,8 @@ class CheckpointedJob:
                     # No query failure: the driver died with its JVM. The supervisor
                     # counts that once; a restart here would have nothing to run on.
                     raise self.unit.end(lost) from exc
-                if self._refused is not None:
-                    raise self._refused from exc  # final: replaying cannot change it
+                if self.sinks.refused is not None:
+                    raise self.sinks.refused from exc  # final: replaying cannot change it
                 if restored.path and _INCOMPATIBLE.search(str(exc)):
                     # Restarting cannot help: the restored state does not fit this query.
                     raise IncompatibleStateError(
@@ -559,7 +452,7 @@ class CheckpointedJob:
         next_id = max(store.recover(pinned=own.checkpoint_id if own else None,
                                     distrust=restored.damaged_keys),
                       record.first_id or 1 if record else 1)
-        self._recover_sinks(restored)
+        self.sinks.recover(restored)
         coordinator = CheckpointCoordinator(
             storage=self.storage, job=self.job, workdir=self.workdir, config=self.config,
             store=store, history=self.history, next_checkpoint_id=next_id,
@@ -567,7 +460,7 @@ class CheckpointedJob:
             restored_from=restored.path,
             lease=LeaseView(record.epoch if record else None, self.lease.confirm,
                             self.lease.reserve_ids),
-            transactions=self._pending_transactions, listeners=self._listeners,
+            transactions=self.sinks.pending_transactions, listeners=self._listeners,
             threaded=self.threaded, digests=self._digests, trigger_clock=self.clock,
         )
         coordinator.start()
@@ -604,10 +497,10 @@ class CheckpointedJob:
                 stop = None
                 now = time.monotonic()
                 if not looked or self.control.due(now, CONTROL_POLL_S):
-                    looked, stop = True, self._poll_control(coordinator, requests, now)
+                    looked, stop = True, self.savepoint_requests.poll(coordinator, requests, now)
                 if not coordinator.threaded:
                     coordinator.tick()
-                self._answer_requests(requests)
+                self.savepoint_requests.answer_finished(requests)
                 if stop is not None:
                     result = self._stop_with_savepoint(query, coordinator, stop, requests)
                     if result is not None:
@@ -634,11 +527,11 @@ class CheckpointedJob:
         return JobResult("finished", final)
 
     def _start_query(self, build: Callable[[], DataStreamWriter]) -> StreamingQuery:
-        self._building = True
+        self.sinks.building = True
         try:
             writer = build().option("checkpointLocation", str(self.workdir))
         finally:
-            self._building = False
+            self.sinks.building = False
         return writer.start()
 
     def _stop_with_savepoint(
@@ -673,7 +566,7 @@ class CheckpointedJob:
         except CheckpointError as exc:
             if coordinator.fatal is not None:
                 raise
-            self._refuse_stop(coordinator, request, str(exc))
+            self.savepoint_requests.refuse_stop(coordinator, request, str(exc))
             return None
         pending = coordinator.trigger("stop", savepoint_id=request.savepoint_id or
                                       request.request_id, request_id=request.request_id)
@@ -682,19 +575,20 @@ class CheckpointedJob:
         if savepoint is None:
             if coordinator.fatal is not None:
                 raise coordinator.fatal
-            self._refuse_stop(coordinator, request, f"the savepoint failed: {pending.failure}")
+            self.savepoint_requests.refuse_stop(coordinator, request,
+                                                f"the savepoint failed: {pending.failure}")
             return None
         if savepoint.batch_id != final.batch_id:
             # An earlier driver took this savepoint for this request and died before it
             # stopped; this driver's query ran on past it.
-            self._refuse_stop(
+            self.savepoint_requests.refuse_stop(
                 coordinator, request,
                 f"savepoint {savepoint.savepoint_id!r} answering this request was taken at "
                 f"batch {savepoint.batch_id} by a driver that died before it stopped, and "
                 f"the job has run on to batch {final.batch_id}")
             return None
         try:
-            answered = self._answer_request(request.request_id, pending)
+            answered = self.savepoint_requests.answer_request(request.request_id, pending)
         except OutcomeUnknownError:
             # The answer "completed" may have landed: running on could contradict it.
             log.exception("the answer to stop-with-savepoint %s may not have been written; "
@@ -711,27 +605,13 @@ class CheckpointedJob:
             log.exception("could not record job_stopped; the job has stopped all the same")
         return JobResult("stopped", final, pending.path)
 
-    def _refuse_stop(self, coordinator: CheckpointCoordinator, request: ControlRequest,
-                     reason: str) -> None:
-        """Answer a stop request that cannot be honoured "failed", saying that the job
-        keeps running, and let periodic checkpoints resume (the caller runs the query
-        on)."""
-        log.warning("stop-with-savepoint %s refused, the job keeps running: %s",
-                    request.request_id, reason)
-        self._answer(ControlResult(
-            request.request_id, "failed", time.time(),
-            savepoint_id=request.savepoint_id or request.request_id,
-            failure_message=f"{reason}; the stop was not done and the job keeps running",
-        ))
-        coordinator.resume()
-
     def _drain(self, coordinator: CheckpointCoordinator,
                requests: dict[str, PendingCheckpoint]) -> None:
         """The query has ended: settle every checkpoint and savepoint triggered so far
         (see ``CheckpointCoordinator.drain``) and answer the savepoint requests among
         them."""
         coordinator.drain()
-        self._answer_requests(requests)
+        self.savepoint_requests.answer_finished(requests)
         if coordinator.fatal is not None:
             # e.g. a savepoint abandoned in the drain (its marker's outcome unknown): the
             # driver stops, without a final checkpoint; a new lease epoch decides
@@ -765,79 +645,6 @@ class CheckpointedJob:
             log.warning("the final checkpoint failed (%s); taking it again", failure)
         raise CheckpointError(
             f"the final checkpoint failed {FINAL_CHECKPOINT_ATTEMPTS} times; last: {failure}")
-
-    def _poll_control(
-        self, coordinator: CheckpointCoordinator, requests: dict[str, PendingCheckpoint],
-        now: float,
-    ) -> ControlRequest | None:
-        """Trigger the savepoints newly requested; return a stop request, if any."""
-        stop = None
-        for request in self.control.look(now):
-            if request.request_id in requests:
-                continue
-            if request.expired(time.time() + self._storage_offset_s):
-                self._answer(ControlResult(
-                    request.request_id, "failed", time.time(),
-                    failure_message="the request expired before the job picked it up",
-                ))
-                continue
-            if request.stop:
-                stop = stop or request
-                continue
-            requests[request.request_id] = coordinator.trigger(
-                "manual", savepoint_id=request.savepoint_id or request.request_id,
-                request_id=request.request_id,
-            )
-        return stop
-
-    def _answer_requests(self, requests: dict[str, PendingCheckpoint]) -> None:
-        """Answer the savepoint requests whose savepoint completed or failed. An
-        abandoned one is not answered: its marker may count (it is the coordinator's
-        fatal error; the driver stops and the request stays open for a successor)."""
-        for request_id, pending in list(requests.items()):
-            if pending.done.is_set():
-                del requests[request_id]
-                if pending.state is not PendingState.ABANDONED:
-                    self._answer_request(request_id, pending)
-
-    def _answer_request(self, request_id: str, pending: PendingCheckpoint) -> bool:
-        """Answer one finished request; True if it completed and the answer is ours."""
-        manifest = pending.manifest
-        if manifest is None:
-            self._answer(ControlResult(
-                request_id, "failed", time.time(), savepoint_id=pending.savepoint_id,
-                failure_message=pending.failure,
-            ))
-            return False
-        return self._answer(ControlResult(
-            request_id, "completed", time.time(), savepoint_id=manifest.savepoint_id,
-            savepoint_path=pending.path, checkpoint_id=manifest.checkpoint_id,
-            batch_id=manifest.batch_id,
-        ))
-
-    def _answer(self, result: ControlResult) -> bool:
-        """Answer a request; False if it was answered already (the requester gave up
-        waiting and expired it), in which case a stop request is not honoured.
-
-        A write that fails is tried again, up to :data:`ANSWER_ATTEMPTS`, with the same
-        bytes (so one that landed although its answer was lost is found in place: the
-        retry succeeds); then the last error is raised.
-        """
-        attempt = 1
-        while True:
-            try:
-                self.control.answer(result)
-                return True
-            except ObjectAlreadyExistsError:
-                log.warning("request %s was already answered (expired by its requester); "
-                            "the savepoint is kept but not reported", result.request_id)
-                return False
-            except StorageError as exc:
-                if attempt == ANSWER_ATTEMPTS:
-                    raise
-                attempt += 1
-                log.warning("answering request %s failed (%s); trying again",
-                            result.request_id, exc)
 
     def _cancelled(self, query: StreamingQuery, coordinator: CheckpointCoordinator) -> JobResult:
         self._stop_quietly(query)
