@@ -420,7 +420,7 @@ class S3Storage(CheckpointStorage):
             try:
                 self._transfer.download(self.bucket, full, fh,
                                         extra_args={"ChecksumMode": "ENABLED"}).result()
-            except Exception as exc:  # mapped (or re-raised as is) by _raise below
+            except Exception as exc:  # mapped (or re-raised as is) by S3Errors.raise_ below
                 result.append(exc)
 
         tmp = write_temp(target.parent, target.name, fill)
