@@ -19,14 +19,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt.driver_output import root_cause
 from airflow_ckpt.errors import (
     AirflowCkptError,
-    CheckpointError,
     ConcurrentDriverError,
     FinalError,
     IncompatibleStateError,
@@ -43,18 +41,17 @@ from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
 from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
 from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint
-from airflow_ckpt.runtime.checkpoint.snapshot import latest_batch
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.checkpoint.upload import DigestCache
 from airflow_ckpt.runtime.control.channel import (
     ControlChannel,
-    ControlRequest,
     Doorbell,
 )
 from airflow_ckpt.runtime.driver.unit import DriverUnit
 from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.history.restart_log import RestartLog
+from airflow_ckpt.runtime.job.ending import JobResult, QueryEnding
 from airflow_ckpt.runtime.job.requests import SavepointRequests
 from airflow_ckpt.runtime.job.sinks import JobSinks
 from airflow_ckpt.runtime.job.spark_features import require_offline_repartition
@@ -73,9 +70,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("airflow_ckpt.job")
 
-#: how often the final checkpoint of an ended query is taken before the step fails: an
-#: attempt that fails (a storage error) is followed by another, with a new id
-FINAL_CHECKPOINT_ATTEMPTS = 3
 #: how often the driver lists its control requests whatever it heard (one LIST request
 #: each; 1,440 a day): how late a request is found at worst, when its doorbell was not
 #: heard. A rung doorbell is heard in the lease heartbeat's listing of ``lease/`` (every
@@ -84,15 +78,6 @@ CONTROL_POLL_S = 60.0
 #: how long the driver blocks on the query between looks at failures, its lease,
 #: cancellation and the doorbell (none of which makes a storage request)
 CONTROL_WAKE_S = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class JobResult:
-    """How ``run`` ended: ``finished`` (source exhausted) or ``stopped`` (stop request)."""
-
-    outcome: str
-    last_checkpoint: Manifest | None
-    savepoint_path: str | None = None
 
 
 # Spark error classes that mean "the checkpoint's state does not fit this query".
@@ -186,7 +171,6 @@ class CheckpointedJob:
             Path(base) if base else Path(tempfile.gettempdir()) / "airflow_ckpt" / self.job
         ) / "work"
         self.restart_log = RestartLog(self.history, self.restart_params, self.run_id)
-        self._restored_id: int | None = None  # this job's checkpoint the attempt restored
         #: the id of this run's initial checkpoint (taken when it did not resume the
         #: job's latest): an in-process restart's fallback never goes below it
         self._run_floor: int | None = None
@@ -195,6 +179,10 @@ class CheckpointedJob:
                               workdir=self.workdir, exactly_once=self.config.exactly_once,
                               driver_view=self._driver_view)
         self._listeners: list[Callable[[Manifest], None]] = [self.sinks.commit_transactions]
+        #: how an attempt's query ends (drained, final checkpoint, stop, cancel)
+        self.ending = QueryEnding(requests=self.savepoint_requests, history=self.history,
+                                  run_id=self.run_id, workdir=self.workdir,
+                                  retention=self.config.retention)
         self._cancel = threading.Event()
         #: the driver's Python process and JVM as one unit (installed by ``run``)
         self.unit: DriverUnit | None = None
@@ -448,7 +436,7 @@ class CheckpointedJob:
                                          confirm=self.lease.confirm)
         own = restored.manifest if restored.manifest and restored.manifest.job == self.job \
             and not restored.manifest.is_savepoint else None
-        self._restored_id = own.checkpoint_id if own else None
+        self.ending.restored_id = own.checkpoint_id if own else None
         next_id = max(store.recover(pinned=own.checkpoint_id if own else None,
                                     distrust=restored.damaged_keys),
                       record.first_id or 1 if record else 1)
@@ -493,7 +481,7 @@ class CheckpointedJob:
                 if self.lease.failure is not None:
                     raise self.lease.failure
                 if self._cancel.is_set():
-                    return self._cancelled(query, coordinator)
+                    return self.ending.cancelled(query, coordinator)
                 stop = None
                 now = time.monotonic()
                 if not looked or self.control.due(now, CONTROL_POLL_S):
@@ -502,7 +490,7 @@ class CheckpointedJob:
                     coordinator.tick()
                 self.savepoint_requests.answer_finished(requests)
                 if stop is not None:
-                    result = self._stop_with_savepoint(query, coordinator, stop, requests)
+                    result = self.ending.stop_with_savepoint(query, coordinator, stop, requests)
                     if result is not None:
                         return result
                     query = self._start_query(build)  # the stop was refused: run on
@@ -518,10 +506,10 @@ class CheckpointedJob:
             if error is not None:
                 raise error
         except BaseException:
-            self._stop_quietly(query)
+            self.ending.stop_quietly(query)
             raise
-        self._drain(coordinator, requests)
-        final = self._final_checkpoint(coordinator)
+        self.ending.drain(coordinator, requests)
+        final = self.ending.final_checkpoint(coordinator)
         self.history.append(ev.JOB_FINISHED, run_id=self.run_id, checkpoint_id=final.checkpoint_id,
                             batch_id=final.batch_id)
         return JobResult("finished", final)
@@ -533,131 +521,3 @@ class CheckpointedJob:
         finally:
             self.sinks.building = False
         return writer.start()
-
-    def _stop_with_savepoint(
-        self, query: StreamingQuery, coordinator: CheckpointCoordinator, request: ControlRequest,
-        requests: dict[str, PendingCheckpoint],
-    ) -> JobResult | None:
-        """Stop the query; take a final checkpoint, then the savepoint, at the batch it
-        stopped at; answer the request; record ``job_stopped``.
-
-        ``query.stop()`` returns once the query's thread has ended: no batch commits
-        after the stopped one. The final checkpoint commits that batch's transactions
-        and is what ``restore=latest`` resumes from; the savepoint is at the same batch,
-        so resuming from either neither loses nor repeats output. "completed" is
-        answered only when all of that is durable, and nothing runs after it.
-
-        Returns None when the stop is refused and the query must run on (the caller
-        starts it again on the same working directory; it continues after the stopped
-        batch, which the final checkpoint, if taken, covers): a step failed (answered
-        "failed", saying that the job keeps running), or the requester expired the
-        request first. A fatal coordinator error (another driver, a lost lease, a marker
-        of unknown outcome, too many failed checkpoints) and a query that failed before
-        it stopped are raised without an answer: the request stays pending for the
-        query or driver that continues the job.
-        """
-        query.stop()
-        error = query.exception()
-        if error is not None:
-            raise error
-        self._drain(coordinator, requests)
-        try:
-            final = self._final_checkpoint(coordinator)
-        except CheckpointError as exc:
-            if coordinator.fatal is not None:
-                raise
-            self.savepoint_requests.refuse_stop(coordinator, request, str(exc))
-            return None
-        pending = coordinator.trigger("stop", savepoint_id=request.savepoint_id or
-                                      request.request_id, request_id=request.request_id)
-        coordinator.wait(pending)
-        savepoint = pending.manifest
-        if savepoint is None:
-            if coordinator.fatal is not None:
-                raise coordinator.fatal
-            self.savepoint_requests.refuse_stop(coordinator, request,
-                                                f"the savepoint failed: {pending.failure}")
-            return None
-        if savepoint.batch_id != final.batch_id:
-            # An earlier driver took this savepoint for this request and died before it
-            # stopped; this driver's query ran on past it.
-            self.savepoint_requests.refuse_stop(
-                coordinator, request,
-                f"savepoint {savepoint.savepoint_id!r} answering this request was taken at "
-                f"batch {savepoint.batch_id} by a driver that died before it stopped, and "
-                f"the job has run on to batch {final.batch_id}")
-            return None
-        try:
-            answered = self.savepoint_requests.answer_request(request.request_id, pending)
-        except OutcomeUnknownError:
-            # The answer "completed" may have landed: running on could contradict it.
-            log.exception("the answer to stop-with-savepoint %s may not have been written; "
-                          "the job stops all the same", request.request_id)
-            answered = True
-        if not answered:
-            log.warning("stop-with-savepoint %s was expired by its requester; the job runs "
-                        "on", request.request_id)
-            coordinator.resume()
-            return None
-        try:
-            self.history.append(ev.JOB_STOPPED, run_id=self.run_id, savepoint=pending.path)
-        except Exception:  # stopped and answered: the job must not run on
-            log.exception("could not record job_stopped; the job has stopped all the same")
-        return JobResult("stopped", final, pending.path)
-
-    def _drain(self, coordinator: CheckpointCoordinator,
-               requests: dict[str, PendingCheckpoint]) -> None:
-        """The query has ended: settle every checkpoint and savepoint triggered so far
-        (see ``CheckpointCoordinator.drain``) and answer the savepoint requests among
-        them."""
-        coordinator.drain()
-        self.savepoint_requests.answer_finished(requests)
-        if coordinator.fatal is not None:
-            # e.g. a savepoint abandoned in the drain (its marker's outcome unknown): the
-            # driver stops, without a final checkpoint; a new lease epoch decides
-            raise coordinator.fatal
-
-    def _final_checkpoint(self, coordinator: CheckpointCoordinator) -> Manifest:
-        """A checkpoint of the ended (drained) query at its last committed batch; the
-        newest retained one if it covers that batch already.
-
-        An attempt that fails is followed by another, up to
-        :data:`FINAL_CHECKPOINT_ATTEMPTS`; then ``CheckpointError`` names the last
-        failure. A fatal coordinator error (another driver, a lost lease, a marker of
-        unknown outcome) is raised at once: no attempt can help.
-        """
-        failure = None
-        for _ in range(FINAL_CHECKPOINT_ATTEMPTS):
-            retained = coordinator.store.retained
-            # The newest retained checkpoint covers the end only if it is this run's own
-            # or the one it restored from (a newer, damaged one it fell back past does not).
-            own = [m for m in retained if m.checkpoint_id >= coordinator.first_id
-                   or m.checkpoint_id == self._restored_id]
-            if own and own[-1].batch_id == latest_batch(self.workdir, "commits"):
-                return own[-1]
-            pending = coordinator.trigger("final")
-            coordinator.wait(pending)
-            if pending.manifest is not None:
-                return pending.manifest
-            if coordinator.fatal is not None:
-                raise coordinator.fatal
-            failure = f"chk-{pending.checkpoint_id}: {pending.failure}"
-            log.warning("the final checkpoint failed (%s); taking it again", failure)
-        raise CheckpointError(
-            f"the final checkpoint failed {FINAL_CHECKPOINT_ATTEMPTS} times; last: {failure}")
-
-    def _cancelled(self, query: StreamingQuery, coordinator: CheckpointCoordinator) -> JobResult:
-        self._stop_quietly(query)
-        if self.config.retention == "DELETE_ON_CANCELLATION":
-            coordinator.shutdown()
-            coordinator.store.discard_all()
-        self.history.append(ev.JOB_STOPPED, run_id=self.run_id, cancelled=True)
-        return JobResult("cancelled", None)
-
-    @staticmethod
-    def _stop_quietly(query: StreamingQuery) -> None:
-        try:
-            query.stop()
-        except Exception:  # the query may already be dead
-            log.debug("query.stop() failed", exc_info=True)
-
