@@ -33,7 +33,7 @@ from airflow_ckpt.errors import (
 from airflow_ckpt.runtime.history.events import CHECKPOINT_COMPLETED, JOB_STARTED
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, etag_of
-from airflow_ckpt.runtime.storage.s3 import PROBE_PREFIX
+from airflow_ckpt.runtime.storage.s3_listing import PROBE_PREFIX
 from airflow_ckpt.testing import S3Endpoint, local_s3_server
 from airflow_ckpt.testing.faultproxy import Fault, FaultKind, FaultProxy, FaultSchedule
 from tests.fixtures.snapshots import write_snapshot

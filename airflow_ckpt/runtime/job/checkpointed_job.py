@@ -12,7 +12,6 @@ takes a final checkpoint when the query finishes, and returns or raises.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import re
 import tempfile
@@ -20,23 +19,19 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_ckpt.driver_output import root_cause
 from airflow_ckpt.errors import (
     AirflowCkptError,
-    CheckpointError,
     ConcurrentDriverError,
     FinalError,
     IncompatibleStateError,
     JobSettingsError,
     LeaseExpiredError,
-    ObjectAlreadyExistsError,
     OutcomeUnknownError,
     RestartsExhaustedError,
-    SinkReplayMismatchError,
     StorageError,
     StorageOutageError,
 )
@@ -45,26 +40,25 @@ from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
 from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
-from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint, PendingState
-from airflow_ckpt.runtime.checkpoint.snapshot import latest_batch
+from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.checkpoint.upload import DigestCache
 from airflow_ckpt.runtime.control.channel import (
     ControlChannel,
-    ControlRequest,
-    ControlResult,
     Doorbell,
 )
 from airflow_ckpt.runtime.driver.unit import DriverUnit
 from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.history.restart_log import RestartLog
+from airflow_ckpt.runtime.job.ending import JobResult, QueryEnding
+from airflow_ckpt.runtime.job.requests import SavepointRequests
+from airflow_ckpt.runtime.job.sinks import JobSinks
 from airflow_ckpt.runtime.job.spark_features import require_offline_repartition
 from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.record import LeaseRecord
 from airflow_ckpt.runtime.restore.choose import RestoreResult, restore
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
-from airflow_ckpt.runtime.sinks.offsets import ReplayPolicy, read_batch_offsets
 from airflow_ckpt.runtime.sparkconf import JobSettings
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
@@ -76,12 +70,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("airflow_ckpt.job")
 
-#: how often the final checkpoint of an ended query is taken before the step fails: an
-#: attempt that fails (a storage error) is followed by another, with a new id
-FINAL_CHECKPOINT_ATTEMPTS = 3
-#: how often a control answer is written before the error is raised (the answer is
-#: create-only with the same bytes each time: a retry that finds it in place succeeded)
-ANSWER_ATTEMPTS = 3
 #: how often the driver lists its control requests whatever it heard (one LIST request
 #: each; 1,440 a day): how late a request is found at worst, when its doorbell was not
 #: heard. A rung doorbell is heard in the lease heartbeat's listing of ``lease/`` (every
@@ -90,15 +78,6 @@ CONTROL_POLL_S = 60.0
 #: how long the driver blocks on the query between looks at failures, its lease,
 #: cancellation and the doorbell (none of which makes a storage request)
 CONTROL_WAKE_S = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class JobResult:
-    """How ``run`` ended: ``finished`` (source exhausted) or ``stopped`` (stop request)."""
-
-    outcome: str
-    last_checkpoint: Manifest | None
-    savepoint_path: str | None = None
 
 
 # Spark error classes that mean "the checkpoint's state does not fit this query".
@@ -185,31 +164,25 @@ class CheckpointedJob:
         #: coordinator of this driver (restored files are never hashed again)
         self._digests = DigestCache()
         self.control = ControlChannel(self.storage, self.job, doorbell=self.doorbell)
-        self._storage_offset_s = 0.0  # the storage's clock minus ours (see _run_supervised)
+        #: triggers the requested savepoints and answers the requests
+        self.savepoint_requests = SavepointRequests(self.control)
         base = settings.workdir
         self.workdir = (
             Path(base) if base else Path(tempfile.gettempdir()) / "airflow_ckpt" / self.job
         ) / "work"
         self.restart_log = RestartLog(self.history, self.restart_params, self.run_id)
-        self.sinks: list[TwoPhaseCommitSink] = []
-        # Sinks registered inside ``build`` belong to one attempt: they are dropped when
-        # the next attempt calls ``build`` again (which registers them anew).
-        self._attempt_sinks: list[TwoPhaseCommitSink] = []
-        self._building = False
-        # The restored checkpoint's transactions: committed by each sink as it registers
-        # (recover-and-commit), and carried into every checkpoint of this attempt until a
-        # sink has recovered them, so a crash before ``build`` ran never loses them.
-        self._restored_txns: tuple[int, ...] | None = None
-        self._recovered: list[TwoPhaseCommitSink] = []
-        self._restored_id: int | None = None  # this job's checkpoint the attempt restored
         #: the id of this run's initial checkpoint (taken when it did not resume the
         #: job's latest): an in-process restart's fallback never goes below it
         self._run_floor: int | None = None
-        #: what the attempt restored (path, batch; batch -1 for a fresh start)
-        self._restored_at: tuple[str | None, int] = (None, -1)
-        #: a sink's refusal of a replay: the query fails with it, and it is final
-        self._refused: SinkReplayMismatchError | None = None
-        self._listeners: list[Callable[[Manifest], None]] = [self._commit_transactions]
+        #: the sinks, their recovery and their commits (the two-phase commit's driver side)
+        self.sinks = JobSinks(lease=self.lease, history=self.history, run_id=self.run_id,
+                              workdir=self.workdir, exactly_once=self.config.exactly_once,
+                              driver_view=self._driver_view)
+        self._listeners: list[Callable[[Manifest], None]] = [self.sinks.commit_transactions]
+        #: how an attempt's query ends (drained, final checkpoint, stop, cancel)
+        self.ending = QueryEnding(requests=self.savepoint_requests, history=self.history,
+                                  run_id=self.run_id, workdir=self.workdir,
+                                  retention=self.config.retention)
         self._cancel = threading.Event()
         #: the driver's Python process and JVM as one unit (installed by ``run``)
         self.unit: DriverUnit | None = None
@@ -243,18 +216,7 @@ class CheckpointedJob:
         ``SinkReplayMismatchError``; in AT_LEAST_ONCE mode it is published as extra
         output and reported (``sink_replay_published``; docs/sinks.md).
         """
-        self._register(sink)
-
-        def write(df: DataFrame, batch_id: int) -> None:
-            try:
-                sink.stage(df, batch_id)
-            except SinkReplayMismatchError as exc:
-                self._refused = exc.with_restored(self._restored_at[0])
-                raise self._refused from None
-            if not self.config.exactly_once:
-                sink.commit(batch_id)
-
-        return write
+        return self.sinks.exactly_once(sink)
 
     @staticmethod
     def _record_invalid(error: JobSettingsError, storage: object) -> None:
@@ -271,91 +233,10 @@ class CheckpointedJob:
             log.warning("could not record the invalid settings of job %s", settings.job,
                         exc_info=True)
 
-    def _register(self, sink: TwoPhaseCommitSink) -> None:
-        if not any(sink is s for s in self.sinks):
-            self._wrap_sink_storage(sink)
-            if "confirm" in inspect.signature(sink.fence).parameters:
-                sink.fence(self.lease.gate, confirm=self.lease.confirm)
-            else:  # a sink written for the one-argument hook
-                sink.fence(self.lease.gate)
-            sink.track_offsets(lambda batch_id: read_batch_offsets(self.workdir, batch_id),
-                               ReplayPolicy(not self.config.exactly_once,
-                                            self._report_replay_published))
-            self.sinks.append(sink)
-            if self._building:
-                self._attempt_sinks.append(sink)
-        if self._restored_txns is not None and not any(sink is s for s in self._recovered):
-            sink.recover(self._restored_txns)
-            self._recovered.append(sink)
-            self._report_committed_ahead(sink)
-
     def _driver_view(self, storage: CheckpointStorage) -> CheckpointStorage:
         """``storage`` as this driver writes to it: gated by the lease, and waiting
         through outages within the budget (outside the gate: each retry is gated)."""
         return OutageRidingStorage(FencedStorage(storage, self.lease.gate), self.outage)
-
-    def _wrap_sink_storage(self, sink: TwoPhaseCommitSink) -> None:
-        """A sink with storage of its own (its ``storage`` attribute, e.g. an output
-        bucket) writes through the views the job's storage has: gated by the lease, and
-        waiting through outages within the budget. Done before ``fence``, which builds
-        the sink's transactions on that storage."""
-        own = getattr(sink, "storage", None)
-        if isinstance(own, CheckpointStorage) and not isinstance(own, OutageRidingStorage):
-            sink.storage = self._driver_view(own)  # type: ignore[attr-defined]
-
-    def _report_committed_ahead(self, sink: TwoPhaseCommitSink) -> None:
-        """Say (log and history) before any batch runs that the sink committed batches
-        after the restored one: Spark plans those batch ids again, and each replay is
-        skipped if it reads the offsets the sink recorded, refused otherwise."""
-        path, batch = self._restored_at
-        ahead = [b for b in sink.committed_batches() if b > batch]
-        if not ahead:
-            return
-        log.warning(
-            "%s committed batches %d..%d, after the restored %s (batch %d): Spark replans "
-            "them; each replay is skipped if it reads the source offsets the sink "
-            "recorded and %s if not", sink, ahead[0], ahead[-1], path or "fresh start",
-            batch, "refused (SinkReplayMismatchError)" if self.config.exactly_once
-            else "published as extra output (AT_LEAST_ONCE)")
-        self.history.append(ev.SINK_AHEAD, run_id=self.run_id, sink=repr(sink),
-                            restored=path, restored_batch=batch, first_batch=ahead[0],
-                            last_batch=ahead[-1], batches=len(ahead))
-
-    def _report_replay_published(self, sink: str, batch_id: int, committed: str,
-                                 replay: str) -> None:
-        """AT_LEAST_ONCE: a sink is about to publish a replay of a committed batch that
-        read other offsets as extra output; recorded before the sink records it."""
-        self.history.append(ev.SINK_REPLAY_PUBLISHED, run_id=self.run_id, sink=sink,
-                            batch=batch_id, committed_offsets=committed,
-                            replay_offsets=replay, restored=self._restored_at[0])
-
-    def _recover_sinks(self, restored: RestoreResult) -> None:
-        """Start of an attempt: forget the previous attempt's ``build`` sinks and recover
-        the sinks registered so far against the restored checkpoint."""
-        self.sinks = [s for s in self.sinks if not any(s is a for a in self._attempt_sinks)]
-        self._attempt_sinks = []
-        self._recovered = []
-        self._restored_txns = restored.manifest.pending_transactions if restored.manifest else ()
-        self._restored_at = (restored.path, restored.batch_id if restored.batch_id is not None
-                             else -1)
-        for sink in list(self.sinks):
-            self._register(sink)
-
-    def _pending_transactions(self, batch_id: int) -> tuple[int, ...]:
-        pending = {b for s in self.sinks for b in s.pending() if b <= batch_id}
-        if not self._recovered:
-            pending.update(self._restored_txns or ())  # no sink has committed them yet
-        return tuple(sorted(pending))
-
-    def _commit_transactions(self, manifest: Manifest) -> None:
-        if manifest.is_savepoint:
-            # A savepoint commits nothing, a checkpoint covering the batch does (also at
-            # a stop: its final checkpoint, taken before the savepoint).
-            return
-        for sink in self.sinks:
-            for batch_id in sink.pending():
-                if batch_id <= manifest.batch_id:
-                    sink.commit(batch_id)
 
     # ------------------------------------------------------------------ running
     def run(self, build: Callable[[], DataStreamWriter]) -> JobResult:
@@ -409,7 +290,7 @@ class CheckpointedJob:
         )
         # how far the storage's clock is from ours: requests' ages are judged on the
         # storage's clock, never by comparing the requester's clock with ours
-        self._storage_offset_s = self.history.stored_ts(started) - started.ts
+        self.savepoint_requests.storage_offset_s = self.history.stored_ts(started) - started.ts
         target = self.restore_target
         while True:
             restored = restore(self.storage, self.job, target, self.workdir, self.history,
@@ -434,8 +315,8 @@ class CheckpointedJob:
                     # No query failure: the driver died with its JVM. The supervisor
                     # counts that once; a restart here would have nothing to run on.
                     raise self.unit.end(lost) from exc
-                if self._refused is not None:
-                    raise self._refused from exc  # final: replaying cannot change it
+                if self.sinks.refused is not None:
+                    raise self.sinks.refused from exc  # final: replaying cannot change it
                 if restored.path and _INCOMPATIBLE.search(str(exc)):
                     # Restarting cannot help: the restored state does not fit this query.
                     raise IncompatibleStateError(
@@ -555,11 +436,11 @@ class CheckpointedJob:
                                          confirm=self.lease.confirm)
         own = restored.manifest if restored.manifest and restored.manifest.job == self.job \
             and not restored.manifest.is_savepoint else None
-        self._restored_id = own.checkpoint_id if own else None
+        self.ending.restored_id = own.checkpoint_id if own else None
         next_id = max(store.recover(pinned=own.checkpoint_id if own else None,
                                     distrust=restored.damaged_keys),
                       record.first_id or 1 if record else 1)
-        self._recover_sinks(restored)
+        self.sinks.recover(restored)
         coordinator = CheckpointCoordinator(
             storage=self.storage, job=self.job, workdir=self.workdir, config=self.config,
             store=store, history=self.history, next_checkpoint_id=next_id,
@@ -567,7 +448,7 @@ class CheckpointedJob:
             restored_from=restored.path,
             lease=LeaseView(record.epoch if record else None, self.lease.confirm,
                             self.lease.reserve_ids),
-            transactions=self._pending_transactions, listeners=self._listeners,
+            transactions=self.sinks.pending_transactions, listeners=self._listeners,
             threaded=self.threaded, digests=self._digests, trigger_clock=self.clock,
         )
         coordinator.start()
@@ -600,16 +481,16 @@ class CheckpointedJob:
                 if self.lease.failure is not None:
                     raise self.lease.failure
                 if self._cancel.is_set():
-                    return self._cancelled(query, coordinator)
+                    return self.ending.cancelled(query, coordinator)
                 stop = None
                 now = time.monotonic()
                 if not looked or self.control.due(now, CONTROL_POLL_S):
-                    looked, stop = True, self._poll_control(coordinator, requests, now)
+                    looked, stop = True, self.savepoint_requests.poll(coordinator, requests, now)
                 if not coordinator.threaded:
                     coordinator.tick()
-                self._answer_requests(requests)
+                self.savepoint_requests.answer_finished(requests)
                 if stop is not None:
-                    result = self._stop_with_savepoint(query, coordinator, stop, requests)
+                    result = self.ending.stop_with_savepoint(query, coordinator, stop, requests)
                     if result is not None:
                         return result
                     query = self._start_query(build)  # the stop was refused: run on
@@ -625,232 +506,18 @@ class CheckpointedJob:
             if error is not None:
                 raise error
         except BaseException:
-            self._stop_quietly(query)
+            self.ending.stop_quietly(query)
             raise
-        self._drain(coordinator, requests)
-        final = self._final_checkpoint(coordinator)
+        self.ending.drain(coordinator, requests)
+        final = self.ending.final_checkpoint(coordinator)
         self.history.append(ev.JOB_FINISHED, run_id=self.run_id, checkpoint_id=final.checkpoint_id,
                             batch_id=final.batch_id)
         return JobResult("finished", final)
 
     def _start_query(self, build: Callable[[], DataStreamWriter]) -> StreamingQuery:
-        self._building = True
+        self.sinks.building = True
         try:
             writer = build().option("checkpointLocation", str(self.workdir))
         finally:
-            self._building = False
+            self.sinks.building = False
         return writer.start()
-
-    def _stop_with_savepoint(
-        self, query: StreamingQuery, coordinator: CheckpointCoordinator, request: ControlRequest,
-        requests: dict[str, PendingCheckpoint],
-    ) -> JobResult | None:
-        """Stop the query; take a final checkpoint, then the savepoint, at the batch it
-        stopped at; answer the request; record ``job_stopped``.
-
-        ``query.stop()`` returns once the query's thread has ended: no batch commits
-        after the stopped one. The final checkpoint commits that batch's transactions
-        and is what ``restore=latest`` resumes from; the savepoint is at the same batch,
-        so resuming from either neither loses nor repeats output. "completed" is
-        answered only when all of that is durable, and nothing runs after it.
-
-        Returns None when the stop is refused and the query must run on (the caller
-        starts it again on the same working directory; it continues after the stopped
-        batch, which the final checkpoint, if taken, covers): a step failed (answered
-        "failed", saying that the job keeps running), or the requester expired the
-        request first. A fatal coordinator error (another driver, a lost lease, a marker
-        of unknown outcome, too many failed checkpoints) and a query that failed before
-        it stopped are raised without an answer: the request stays pending for the
-        query or driver that continues the job.
-        """
-        query.stop()
-        error = query.exception()
-        if error is not None:
-            raise error
-        self._drain(coordinator, requests)
-        try:
-            final = self._final_checkpoint(coordinator)
-        except CheckpointError as exc:
-            if coordinator.fatal is not None:
-                raise
-            self._refuse_stop(coordinator, request, str(exc))
-            return None
-        pending = coordinator.trigger("stop", savepoint_id=request.savepoint_id or
-                                      request.request_id, request_id=request.request_id)
-        coordinator.wait(pending)
-        savepoint = pending.manifest
-        if savepoint is None:
-            if coordinator.fatal is not None:
-                raise coordinator.fatal
-            self._refuse_stop(coordinator, request, f"the savepoint failed: {pending.failure}")
-            return None
-        if savepoint.batch_id != final.batch_id:
-            # An earlier driver took this savepoint for this request and died before it
-            # stopped; this driver's query ran on past it.
-            self._refuse_stop(
-                coordinator, request,
-                f"savepoint {savepoint.savepoint_id!r} answering this request was taken at "
-                f"batch {savepoint.batch_id} by a driver that died before it stopped, and "
-                f"the job has run on to batch {final.batch_id}")
-            return None
-        try:
-            answered = self._answer_request(request.request_id, pending)
-        except OutcomeUnknownError:
-            # The answer "completed" may have landed: running on could contradict it.
-            log.exception("the answer to stop-with-savepoint %s may not have been written; "
-                          "the job stops all the same", request.request_id)
-            answered = True
-        if not answered:
-            log.warning("stop-with-savepoint %s was expired by its requester; the job runs "
-                        "on", request.request_id)
-            coordinator.resume()
-            return None
-        try:
-            self.history.append(ev.JOB_STOPPED, run_id=self.run_id, savepoint=pending.path)
-        except Exception:  # stopped and answered: the job must not run on
-            log.exception("could not record job_stopped; the job has stopped all the same")
-        return JobResult("stopped", final, pending.path)
-
-    def _refuse_stop(self, coordinator: CheckpointCoordinator, request: ControlRequest,
-                     reason: str) -> None:
-        """Answer a stop request that cannot be honoured "failed", saying that the job
-        keeps running, and let periodic checkpoints resume (the caller runs the query
-        on)."""
-        log.warning("stop-with-savepoint %s refused, the job keeps running: %s",
-                    request.request_id, reason)
-        self._answer(ControlResult(
-            request.request_id, "failed", time.time(),
-            savepoint_id=request.savepoint_id or request.request_id,
-            failure_message=f"{reason}; the stop was not done and the job keeps running",
-        ))
-        coordinator.resume()
-
-    def _drain(self, coordinator: CheckpointCoordinator,
-               requests: dict[str, PendingCheckpoint]) -> None:
-        """The query has ended: settle every checkpoint and savepoint triggered so far
-        (see ``CheckpointCoordinator.drain``) and answer the savepoint requests among
-        them."""
-        coordinator.drain()
-        self._answer_requests(requests)
-        if coordinator.fatal is not None:
-            # e.g. a savepoint abandoned in the drain (its marker's outcome unknown): the
-            # driver stops, without a final checkpoint; a new lease epoch decides
-            raise coordinator.fatal
-
-    def _final_checkpoint(self, coordinator: CheckpointCoordinator) -> Manifest:
-        """A checkpoint of the ended (drained) query at its last committed batch; the
-        newest retained one if it covers that batch already.
-
-        An attempt that fails is followed by another, up to
-        :data:`FINAL_CHECKPOINT_ATTEMPTS`; then ``CheckpointError`` names the last
-        failure. A fatal coordinator error (another driver, a lost lease, a marker of
-        unknown outcome) is raised at once: no attempt can help.
-        """
-        failure = None
-        for _ in range(FINAL_CHECKPOINT_ATTEMPTS):
-            retained = coordinator.store.retained
-            # The newest retained checkpoint covers the end only if it is this run's own
-            # or the one it restored from (a newer, damaged one it fell back past does not).
-            own = [m for m in retained if m.checkpoint_id >= coordinator.first_id
-                   or m.checkpoint_id == self._restored_id]
-            if own and own[-1].batch_id == latest_batch(self.workdir, "commits"):
-                return own[-1]
-            pending = coordinator.trigger("final")
-            coordinator.wait(pending)
-            if pending.manifest is not None:
-                return pending.manifest
-            if coordinator.fatal is not None:
-                raise coordinator.fatal
-            failure = f"chk-{pending.checkpoint_id}: {pending.failure}"
-            log.warning("the final checkpoint failed (%s); taking it again", failure)
-        raise CheckpointError(
-            f"the final checkpoint failed {FINAL_CHECKPOINT_ATTEMPTS} times; last: {failure}")
-
-    def _poll_control(
-        self, coordinator: CheckpointCoordinator, requests: dict[str, PendingCheckpoint],
-        now: float,
-    ) -> ControlRequest | None:
-        """Trigger the savepoints newly requested; return a stop request, if any."""
-        stop = None
-        for request in self.control.look(now):
-            if request.request_id in requests:
-                continue
-            if request.expired(time.time() + self._storage_offset_s):
-                self._answer(ControlResult(
-                    request.request_id, "failed", time.time(),
-                    failure_message="the request expired before the job picked it up",
-                ))
-                continue
-            if request.stop:
-                stop = stop or request
-                continue
-            requests[request.request_id] = coordinator.trigger(
-                "manual", savepoint_id=request.savepoint_id or request.request_id,
-                request_id=request.request_id,
-            )
-        return stop
-
-    def _answer_requests(self, requests: dict[str, PendingCheckpoint]) -> None:
-        """Answer the savepoint requests whose savepoint completed or failed. An
-        abandoned one is not answered: its marker may count (it is the coordinator's
-        fatal error; the driver stops and the request stays open for a successor)."""
-        for request_id, pending in list(requests.items()):
-            if pending.done.is_set():
-                del requests[request_id]
-                if pending.state is not PendingState.ABANDONED:
-                    self._answer_request(request_id, pending)
-
-    def _answer_request(self, request_id: str, pending: PendingCheckpoint) -> bool:
-        """Answer one finished request; True if it completed and the answer is ours."""
-        manifest = pending.manifest
-        if manifest is None:
-            self._answer(ControlResult(
-                request_id, "failed", time.time(), savepoint_id=pending.savepoint_id,
-                failure_message=pending.failure,
-            ))
-            return False
-        return self._answer(ControlResult(
-            request_id, "completed", time.time(), savepoint_id=manifest.savepoint_id,
-            savepoint_path=pending.path, checkpoint_id=manifest.checkpoint_id,
-            batch_id=manifest.batch_id,
-        ))
-
-    def _answer(self, result: ControlResult) -> bool:
-        """Answer a request; False if it was answered already (the requester gave up
-        waiting and expired it), in which case a stop request is not honoured.
-
-        A write that fails is tried again, up to :data:`ANSWER_ATTEMPTS`, with the same
-        bytes (so one that landed although its answer was lost is found in place: the
-        retry succeeds); then the last error is raised.
-        """
-        attempt = 1
-        while True:
-            try:
-                self.control.answer(result)
-                return True
-            except ObjectAlreadyExistsError:
-                log.warning("request %s was already answered (expired by its requester); "
-                            "the savepoint is kept but not reported", result.request_id)
-                return False
-            except StorageError as exc:
-                if attempt == ANSWER_ATTEMPTS:
-                    raise
-                attempt += 1
-                log.warning("answering request %s failed (%s); trying again",
-                            result.request_id, exc)
-
-    def _cancelled(self, query: StreamingQuery, coordinator: CheckpointCoordinator) -> JobResult:
-        self._stop_quietly(query)
-        if self.config.retention == "DELETE_ON_CANCELLATION":
-            coordinator.shutdown()
-            coordinator.store.discard_all()
-        self.history.append(ev.JOB_STOPPED, run_id=self.run_id, cancelled=True)
-        return JobResult("cancelled", None)
-
-    @staticmethod
-    def _stop_quietly(query: StreamingQuery) -> None:
-        try:
-            query.stop()
-        except Exception:  # the query may already be dead
-            log.debug("query.stop() failed", exc_info=True)
-

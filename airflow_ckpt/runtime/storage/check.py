@@ -30,7 +30,8 @@ from airflow_ckpt.errors import (
 )
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.delegating import DelegatingStorage
-from airflow_ckpt.runtime.storage.s3 import LIST_DIRS_FIRST_KEYS, S3Storage
+from airflow_ckpt.runtime.storage.s3 import S3Storage
+from airflow_ckpt.runtime.storage.s3_listing import LIST_DIRS_FIRST_KEYS
 
 #: probes live under this prefix plus a random suffix; removed when the check ends
 SCRATCH_PREFIX = ".airflow-ckpt-check-"

@@ -19,36 +19,22 @@ import contextlib
 import io
 import logging
 import os
-import threading
 import time
-import uuid
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, cast
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
 
-import botocore.loaders
-import botocore.session
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
-from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
-    CredentialRetrievalError,
     HTTPClientError,
     IncompleteReadError,
-    NoCredentialsError,
-    PartialCredentialsError,
-    ResponseStreamingError,
-    SSLError,
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
-from urllib3.exceptions import ProtocolError as URLLib3ProtocolError
 
 from airflow_ckpt.errors import (
     BucketNotFoundError,
-    EndpointUnreachableError,
     InvalidStorageUriError,
     ObjectAlreadyExistsError,
     ObjectNotFoundError,
@@ -59,161 +45,37 @@ from airflow_ckpt.errors import (
 )
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned
 from airflow_ckpt.runtime.storage.local import fsync_dir, write_temp
-from airflow_ckpt.runtime.storage.naming import (
-    bucket_name_problem,
-    check_key,
-    check_prefix,
-    dir_prefix,
-)
+from airflow_ckpt.runtime.storage.naming import bucket_name_problem, check_key, check_prefix
 from airflow_ckpt.runtime.storage.options import S3Options
+from airflow_ckpt.runtime.storage.s3_body import ResumingBody
+from airflow_ckpt.runtime.storage.s3_client import make_s3_client
+from airflow_ckpt.runtime.storage.s3_conditional import ConditionalWrites
+from airflow_ckpt.runtime.storage.s3_errors import (
+    BODY_ERRORS,
+    CONFLICT_CODE,
+    NOT_FOUND_CODES,
+    PRECONDITION_CODES,
+    TOO_LARGE_CODES,
+    S3Errors,
+    error_code,
+    http_status,
+    is_missing,
+)
+from airflow_ckpt.runtime.storage.s3_listing import S3Listing
 
 if TYPE_CHECKING:
-    from mypy_boto3_s3.client import S3Client
     from mypy_boto3_s3.type_defs import CopySourceTypeDef, ObjectIdentifierTypeDef
 
 log = logging.getLogger(__name__)
 
 #: S3's limit on keys per DeleteObjects request
 DELETE_BATCH = 1000
-#: keys of the first listing of ``list_dirs``: a prefix with at most this many keys costs
-#: one request with a light answer (a listing page of 1000 keys is ~250 KB to render,
-#: send and parse)
-LIST_DIRS_FIRST_KEYS = 200
-#: probe objects written by the conditional-write check start with this
-PROBE_PREFIX = ".airflow-ckpt-probe-"
 
-_ACCESS_CODES = frozenset({
-    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
-    "InvalidToken", "ExpiredToken", "TokenRefreshRequired", "AccountProblem",
-    "InvalidSecurity", "RequestTimeTooSkewed", "403", "Forbidden", "UnauthorizedAccess",
-})
-#: 403 codes about the credentials themselves: no HeadBucket can say more about them
-_CREDENTIAL_CODES = frozenset({
-    "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken",
-    "TokenRefreshRequired", "RequestTimeTooSkewed",
-})
-_NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
-_PRECONDITION_CODES = frozenset({"PreconditionFailed", "412"})
-_CONFLICT_CODE = "ConditionalRequestConflict"  # 409: a concurrent conditional write
-_TOO_LARGE_CODES = frozenset({"InvalidRequest", "EntityTooLarge"})
-_CODE_HINTS = {
-    "RequestTimeTooSkewed": "the local clock is off; synchronise it (NTP)",
-    "ExpiredToken": "the session token expired; refresh the credentials",
-    "SignatureDoesNotMatch": "the secret access key does not match the access key id",
-    "InvalidAccessKeyId": "the access key id is unknown to this endpoint",
-    "PermanentRedirect": "the bucket is in another region; set region_name or "
-    "AWS_DEFAULT_REGION to the bucket's region",
-    "AuthorizationHeaderMalformed": "the region is wrong; set region_name or "
-    "AWS_DEFAULT_REGION to the bucket's region",
-    "NotImplemented": "the endpoint does not implement this S3 feature",
-}
 # Attempts for a create-only write that meets a concurrent conditional write (409).
 _CONFLICT_ATTEMPTS = 4
 # Rounds of reading an object back to settle a write whose answer was lost (each round
 # is one get with botocore's own retries inside).
 _READBACK_ROUNDS = 4
-# botocore retries a request whose answer broke off only while it parses the answer: a
-# GetObject body is read after its retries, so a body cut short is retried here. The
-# error body of a GetObject (404, 412...) is read by botocore outside its retries and
-# its break surfaces as urllib3's own ProtocolError.
-_BODY_ERRORS = (ResponseStreamingError, IncompleteReadError, URLLib3ProtocolError)
-
-# (endpoint, bucket) pairs whose If-None-Match support has been verified.
-_VERIFIED_CONDITIONAL: set[tuple[str, str]] = set()
-_VERIFIED_LOCK = threading.Lock()
-
-
-_LOADER_LOCK = threading.Lock()
-_LOADER: botocore.loaders.Loader | None = None
-
-
-def _botocore_session() -> botocore.session.Session:
-    """A fresh botocore session (own credential/region resolution) whose service-model
-    loader is shared process-wide: loading the S3 model costs ~0.1 s per session."""
-    global _LOADER
-    with _LOADER_LOCK:
-        if _LOADER is None:
-            _LOADER = botocore.loaders.create_loader()
-        loader = _LOADER
-    session = botocore.session.get_session()
-    session.register_component("data_loader", loader)
-    return session
-
-
-def _is_aws_endpoint(url: str) -> bool:
-    host = (urlsplit(url).hostname or "").lower()
-    return host.endswith((".amazonaws.com", ".amazonaws.com.cn")) or host == "amazonaws.com"
-
-
-def _error_code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
-def _status(exc: ClientError) -> int:
-    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-
-
-def _is_missing(exc: ClientError) -> bool:
-    """A 404 of any kind (NoSuchKey, NoSuchBucket, or a body-less HEAD 404)."""
-    return _error_code(exc) in _NOT_FOUND_CODES | {"NoSuchBucket"} or _status(exc) == 404
-
-
-def _root_cause(exc: BaseException) -> BaseException:
-    """The botocore error behind wrappers (boto3/s3transfer re-raise with context)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, ClientError | BotoCoreError):
-            return current
-        last = getattr(current, "last_exception", None)
-        current = last if isinstance(last, BaseException) else (
-            current.__cause__ or current.__context__
-        )
-    return exc
-
-
-class _ResumingBody:
-    """A GetObject body read through ``read`` that, when the body breaks off, reopens
-    it at the first byte not yet returned (``open_at(offset)``, None when the endpoint
-    does not answer with exactly that range), at most ``resumes`` times per stream;
-    the bytes returned are those of one object version."""
-
-    def __init__(self, open_at: Callable[[int], Any], resumes: int) -> None:
-        self._open_at = open_at
-        self._resumes = resumes
-        self._offset = 0
-        self._body = open_at(0)
-
-    def read(self, size: int = -1) -> bytes:
-        """Up to ``size`` bytes (all that is left when negative); b"" at the end."""
-        while True:
-            try:
-                chunk: bytes = self._body.read() if size < 0 else self._body.read(size)
-            except _BODY_ERRORS:
-                if self._resumes <= 0:
-                    raise
-                self._resumes -= 1
-                self._body.close()
-                time.sleep(0.05)
-                body = self._open_at(self._offset)
-                if body is None:
-                    raise
-                self._body = body
-                continue
-            self._offset += len(chunk)
-            return chunk
-
-    def close(self) -> None:
-        """Close the current body's connection."""
-        self._body.close()
-
-
-def _refused_as_existing(exc: ClientError) -> bool:
-    """A create-only PutObject refused because the object exists (412) or is being
-    written concurrently (409)."""
-    code = _error_code(exc)
-    return code in _PRECONDITION_CODES or code == _CONFLICT_CODE or _status(exc) in (409, 412)
 
 
 class S3Storage(CheckpointStorage):
@@ -246,50 +108,16 @@ class S3Storage(CheckpointStorage):
         self.prefix = prefix
         self.uri = f"s3://{bucket}" + (f"/{prefix}" if prefix else "")
         self._root = prefix + "/" if prefix else ""
-        self._verify_conditional = o.verify_conditional_writes
         self._attempts = o.max_attempts
-        self._max_workers = o.max_workers
-        self._bucket_known = False
 
-        session = _botocore_session()
-        config = Config(
-            # total_max_attempts counts the first attempt; botocore's "max_attempts"
-            # would count retries only
-            retries={"mode": "standard", "total_max_attempts": o.max_attempts},
-            connect_timeout=o.connect_timeout,
-            read_timeout=o.read_timeout,
-            max_pool_connections=max(10, 2 * o.max_workers),
-            user_agent_extra="airflow-ckpt",
-            # Responses are checked where it adds something: get_bytes and download_file
-            # ask for the stored CRC (ChecksumMode) explicitly; open_stream does not,
-            # because its caller (restore) verifies each file's SHA-256 from the manifest,
-            # a stronger check than the CRC32, which would cost a second pass of CPU.
-            response_checksum_validation="when_required",
-        )
-        path_style = config.merge(Config(s3={"addressing_style": "path"}))
-
-        def make_client(endpoint: str | None, client_config: Config) -> S3Client:
-            return cast(
-                "S3Client",
-                session.create_client(
-                    "s3",
-                    endpoint_url=endpoint,
-                    region_name=o.region_name,
-                    aws_access_key_id=o.aws_access_key_id,
-                    aws_secret_access_key=o.aws_secret_access_key,
-                    aws_session_token=o.aws_session_token,
-                    config=client_config,
-                ),
-            )
-
-        client = make_client(o.endpoint_url, path_style if o.endpoint_url else config)
-        if o.endpoint_url is None and not _is_aws_endpoint(client.meta.endpoint_url):
-            # The endpoint came from AWS_ENDPOINT_URL or the AWS config: a non-AWS
-            # server, where virtual-host addressing (bucket.host) rarely resolves.
-            client.close()
-            client = make_client(None, path_style)
+        client = make_s3_client(o)
         self._client = client
         self.endpoint_url: str = client.meta.endpoint_url
+        #: this bucket's errors as ours (runtime/storage/s3_errors.py)
+        self._errors = S3Errors(client, bucket, self.uri, self.endpoint_url)
+        self._conditional = ConditionalWrites(client, bucket, self._root, self.endpoint_url,
+                                              self._errors, o.verify_conditional_writes)
+        self._listing = S3Listing(client, bucket, self._root, self._errors, o.max_workers)
         self._transfer_config = TransferConfig(
             multipart_threshold=o.multipart_threshold,
             multipart_chunksize=o.multipart_chunksize,
@@ -307,107 +135,8 @@ class S3Storage(CheckpointStorage):
         self._transfer.shutdown()
         self._client.close()
 
-    # ------------------------------------------------------------------ errors
-
     def _full(self, key: str) -> str:
         return self._root + check_key(key)
-
-    def _where(self, key: str) -> str:
-        return f"{self.uri}/{key}" if key else self.uri
-
-    def _raise(self, exc: BaseException, action: str, key: str) -> NoReturn:
-        """Re-raise a boto3/botocore/s3transfer error as a ``StorageError`` subclass."""
-        cause = _root_cause(exc)
-        where = self._where(key)
-        at = f"at endpoint {self.endpoint_url}"
-        if isinstance(cause, ClientError):
-            code, status = _error_code(cause), _status(cause)
-            message = cause.response.get("Error", {}).get("Message", "") or code
-            hint = _CODE_HINTS.get(code)
-            detail = f"{code}: {message}" + (f"; {hint}" if hint else "")
-            if code == "NoSuchBucket":
-                raise BucketNotFoundError(
-                    f"cannot {action} {where}: bucket {self.bucket!r} does not exist {at}; "
-                    "create it or fix the URI"
-                ) from exc
-            if (code in _ACCESS_CODES or status == 403) and code not in _CREDENTIAL_CODES \
-                    and not self._bucket_exists():
-                # Some servers (SeaweedFS) answer a write into a missing bucket with
-                # 403 AccessDenied; HeadBucket's 404 tells the two apart.
-                raise BucketNotFoundError(
-                    f"cannot {action} {where}: bucket {self.bucket!r} does not exist {at} "
-                    f"(the endpoint answered {detail}; HeadBucket answers 404); create it "
-                    "or fix the URI"
-                ) from exc
-            if code in _ACCESS_CODES or status == 403:
-                raise StorageAccessDeniedError(
-                    f"cannot {action} {where}: access denied {at} ({detail}); check the "
-                    "credentials (connection login/password or AWS_ACCESS_KEY_ID / "
-                    "AWS_SECRET_ACCESS_KEY) and that they may access this bucket and prefix"
-                ) from exc
-            if code in _NOT_FOUND_CODES or status == 404:
-                if not self._bucket_exists():
-                    raise BucketNotFoundError(
-                        f"cannot {action} {where}: bucket {self.bucket!r} does not exist "
-                        f"{at}; create it or fix the URI (if it does exist, check that "
-                        "the endpoint is the S3 server that holds it)"
-                    ) from exc
-                raise ObjectNotFoundError(f"cannot {action} {where}: no such object") from exc
-            raise StorageError(f"cannot {action} {where} {at}: {detail}") from exc
-        if isinstance(cause, NoCredentialsError | PartialCredentialsError):
-            raise StorageAccessDeniedError(
-                f"cannot {action} {where}: no usable AWS credentials ({cause}); set them on "
-                "the connection or in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
-            ) from exc
-        if isinstance(cause, CredentialRetrievalError):
-            raise StorageAccessDeniedError(
-                f"cannot {action} {where}: fetching credentials failed ({cause})"
-            ) from exc
-        if isinstance(cause, SSLError):
-            raise EndpointUnreachableError(
-                f"cannot {action} {where}: TLS handshake with {self.endpoint_url} failed "
-                f"({cause}); check the endpoint's scheme (http/https) and certificate"
-            ) from exc
-        if isinstance(cause, ResponseStreamingError | IncompleteReadError
-                      | URLLib3ProtocolError):
-            # transient like an unreachable endpoint: sensors and triggers poll again
-            raise EndpointUnreachableError(
-                f"cannot {action} {where}: the response from {self.endpoint_url} broke off "
-                f"while it was read ({cause}): a network fault, or the endpoint failed "
-                "mid-transfer"
-            ) from exc
-        if isinstance(cause, BotoConnectionError | HTTPClientError):
-            raise EndpointUnreachableError(
-                f"cannot {action} {where}: endpoint {self.endpoint_url} unreachable after "
-                f"retries ({cause}); check endpoint_url / AWS_ENDPOINT_URL and that the "
-                "server is running and reachable from this host"
-            ) from exc
-        if isinstance(cause, BotoCoreError):
-            raise StorageError(f"cannot {action} {where} {at}: {cause}") from exc
-        raise exc
-
-    @contextlib.contextmanager
-    def _errors(self, action: str, key: str) -> Iterator[None]:
-        try:
-            yield
-        except StorageError:
-            raise
-        except (ClientError, BotoCoreError, URLLib3ProtocolError) as exc:
-            self._raise(exc, action, key)
-
-    def _bucket_exists(self) -> bool:
-        """Whether the bucket exists (cached once known). Only used on error paths."""
-        if self._bucket_known:
-            return True
-        try:
-            self._client.head_bucket(Bucket=self.bucket)
-        except ClientError as exc:
-            # 403 etc.: it exists as far as we can tell; let the original error speak
-            return not _is_missing(exc)
-        except BotoCoreError:
-            return True  # let the original error speak
-        self._bucket_known = True
-        return True
 
     def check(self) -> None:
         """Verify that the bucket exists and the credentials are accepted (HeadBucket).
@@ -415,18 +144,7 @@ class S3Storage(CheckpointStorage):
         Raises ``BucketNotFoundError``, ``StorageAccessDeniedError`` or
         ``EndpointUnreachableError``; useful for a connection test.
         """
-        try:
-            self._client.head_bucket(Bucket=self.bucket)
-        except ClientError as exc:
-            if _is_missing(exc):
-                raise BucketNotFoundError(
-                    f"bucket {self.bucket!r} does not exist at endpoint {self.endpoint_url}; "
-                    f"create it or fix the URI ({self.uri})"
-                ) from exc
-            self._raise(exc, "access", "")
-        except BotoCoreError as exc:
-            self._raise(exc, "access", "")
-        self._bucket_known = True
+        self._errors.check_bucket()
 
     def create_bucket(self) -> None:
         """Create the bucket in the client's region; one that is already ours is fine
@@ -442,11 +160,11 @@ class S3Storage(CheckpointStorage):
         try:
             self._client.create_bucket(**params)
         except ClientError as exc:
-            if _error_code(exc) != "BucketAlreadyOwnedByYou":
-                self._raise(exc, "create bucket", "")
+            if error_code(exc) != "BucketAlreadyOwnedByYou":
+                self._errors.raise_(exc, "create bucket", "")
         except BotoCoreError as exc:
-            self._raise(exc, "create bucket", "")
-        self._bucket_known = True
+            self._errors.raise_(exc, "create bucket", "")
+        self._errors.bucket_known = True
 
     # ------------------------------------------------------------------ writes
 
@@ -469,7 +187,7 @@ class S3Storage(CheckpointStorage):
         full = self._full(key)
         params: dict[str, Any] = {"Bucket": self.bucket, "Key": full, "Body": data}
         if create_only:
-            self._ensure_conditional_writes(key)
+            self._conditional.ensure(key)
             params["IfNoneMatch"] = "*"
         elif if_match is not None:
             params["IfMatch"] = f'"{if_match.strip(chr(34))}"'
@@ -477,28 +195,28 @@ class S3Storage(CheckpointStorage):
             try:
                 response = self._client.put_object(**params)
             except ClientError as exc:
-                code, status = _error_code(exc), _status(exc)
-                failed = code in _PRECONDITION_CODES or status == 412 or (
-                    if_match is not None and (code in _NOT_FOUND_CODES or status == 404))
+                code, status = error_code(exc), http_status(exc)
+                failed = code in PRECONDITION_CODES or status == 412 or (
+                    if_match is not None and (code in NOT_FOUND_CODES or status == 404))
                 if (create_only or if_match is not None) and failed:
                     return self._settle(key, data, create_only, if_match, exc)
-                if (create_only or if_match is not None) and code == _CONFLICT_CODE:
+                if (create_only or if_match is not None) and code == CONFLICT_CODE:
                     if attempt < _CONFLICT_ATTEMPTS:
                         time.sleep(0.05 * 2**attempt)
                         continue
                     raise OutcomeUnknownError(
-                        f"{self._where(key)} is being written concurrently (409 "
+                        f"{self._errors.where(key)} is being written concurrently (409 "
                         "ConditionalRequestConflict after retries); whether this write "
                         "was applied is not known yet: repeat it or read the object"
                     ) from exc
                 if status >= 500:
                     return self._settle(key, data, create_only, if_match, exc)
-                self._raise(exc, "write", key)
+                self._errors.raise_(exc, "write", key)
             except (BotoConnectionError, HTTPClientError, IncompleteReadError) as exc:
                 return self._settle(key, data, create_only, if_match, exc)
             except BotoCoreError as exc:
-                self._raise(exc, "write", key)
-            self._bucket_known = True
+                self._errors.raise_(exc, "write", key)
+            self._errors.bucket_known = True
             return str(response.get("ETag", "")).strip('"')
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -519,21 +237,21 @@ class S3Storage(CheckpointStorage):
         stored = self._read_back(key, exc)
         if stored is not None and stored.data == data:
             log.info("write of %s settled by reading it back: applied (%s)",
-                     self._where(key), exc)
+                     self._errors.where(key), exc)
             return stored.etag
-        refused = isinstance(exc, ClientError) and _status(exc) < 500
+        refused = isinstance(exc, ClientError) and http_status(exc) < 500
         if create_only and (refused or stored is not None):
             raise ObjectAlreadyExistsError(
-                f"{self._where(key)} already exists; a create-only write never "
+                f"{self._errors.where(key)} already exists; a create-only write never "
                 "replaces an object"
             ) from exc
         if if_match is not None and (
                 refused or stored is None or stored.etag != if_match.strip('"')):
             raise PreconditionFailedError(
-                f"{self._where(key)} is not the version this write was conditioned on "
+                f"{self._errors.where(key)} is not the version this write was conditioned on "
                 "(another writer replaced or deleted it); nothing was written"
             ) from exc
-        self._raise(exc, "write", key)
+        self._errors.raise_(exc, "write", key)
 
     def _read_back(self, key: str, exc: BaseException) -> Versioned | None:
         """The stored object (None if absent), read in up to ``_READBACK_ROUNDS``
@@ -550,61 +268,9 @@ class S3Storage(CheckpointStorage):
                 last = read_exc
                 time.sleep(0.05 * 2**round_)
         raise OutcomeUnknownError(
-            f"cannot tell whether the write of {self._where(key)} was applied: its "
+            f"cannot tell whether the write of {self._errors.where(key)} was applied: its "
             f"answer was lost ({exc}) and reading the object back failed ({last})"
         ) from exc
-
-    def _ensure_conditional_writes(self, key: str) -> None:
-        """Check once per (endpoint, bucket) that ``If-None-Match: *`` is honoured.
-
-        Writes a probe object twice with the header and deletes it. If the second
-        write succeeds the endpoint ignores conditional writes, and a create-only write
-        could silently replace an object (a completion marker, a control request), so
-        this raises ``StorageError`` instead.
-        """
-        ident = (self.endpoint_url, self.bucket)
-        if not self._verify_conditional or ident in _VERIFIED_CONDITIONAL:
-            return
-        with _VERIFIED_LOCK:
-            if ident in _VERIFIED_CONDITIONAL:
-                return
-            probe = self._root + PROBE_PREFIX + uuid.uuid4().hex
-            try:
-                # The probe key is new and ours alone: a 412 on the first PUT answers a
-                # retry of that PUT, applied but its answer lost. Either refusal means
-                # the endpoint refused to create an existing object: it honours the
-                # header. Both PUTs are sent either way.
-                first = self._probe_refused(probe, key)
-                honoured = self._probe_refused(probe, key) or first
-            finally:
-                with contextlib.suppress(ClientError, BotoCoreError):
-                    self._client.delete_object(Bucket=self.bucket, Key=probe)
-            if not honoured:
-                raise StorageError(
-                    f"endpoint {self.endpoint_url} ignores 'If-None-Match: *' on PutObject "
-                    f"(bucket {self.bucket!r}): create-only writes such as completion "
-                    "markers could silently overwrite each other. Use a server with S3 "
-                    "conditional writes (AWS S3, recent MinIO or Ceph RGW), or open the "
-                    "storage with verify_conditional_writes=False to accept the risk."
-                )
-            _VERIFIED_CONDITIONAL.add(ident)
-            self._bucket_known = True
-
-    def _probe_refused(self, probe: str, key: str) -> bool:
-        """One create-only PUT of the probe object: True if the endpoint refused it as
-        existing (412, or 409 for a concurrent conditional write), False if it wrote
-        it. Any other error raises the ``StorageError`` of a write of ``key``."""
-        try:
-            self._client.put_object(
-                Bucket=self.bucket, Key=probe, Body=b"probe", IfNoneMatch="*"
-            )
-        except ClientError as exc:
-            if not _refused_as_existing(exc):
-                self._raise(exc, "write", key)
-            return True
-        except BotoCoreError as exc:
-            self._raise(exc, "write", key)
-        return False
 
     def probe_create_only_multipart(self, key: str) -> bool:
         """Create ``key`` twice with a one-part multipart upload completed with
@@ -612,38 +278,7 @@ class S3Storage(CheckpointStorage):
         (412 or 409), False if it replaced the object. For ``check-storage``: the
         runtime itself writes create-only objects in one PutObject. An upload left
         behind by an error is aborted."""
-        full = self._full(key)
-        for attempt in (1, 2):
-            with self._errors("write", key):
-                upload_id = self._client.create_multipart_upload(
-                    Bucket=self.bucket, Key=full)["UploadId"]
-            try:
-                part = self._client.upload_part(
-                    Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=1,
-                    Body=f"multipart probe {attempt}".encode())
-                self._client.complete_multipart_upload(
-                    Bucket=self.bucket, Key=full, UploadId=upload_id, IfNoneMatch="*",
-                    MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]})
-            except ClientError as exc:
-                with contextlib.suppress(ClientError, BotoCoreError):
-                    self._client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=full, UploadId=upload_id)
-                if attempt == 2 and _refused_as_existing(exc):
-                    return True
-                self._raise(exc, "write", key)
-            except BotoCoreError as exc:
-                self._raise(exc, "write", key)
-        return False
-
-    def common_prefixes(self, prefix: str) -> builtins.list[str]:
-        """The names the server lists as common prefixes under ``prefix``
-        (``Delimiter='/'``) as it lists them, an emptied one included (for
-        ``check-storage``; :meth:`list_dirs` is what the runtime uses)."""
-        base = dir_prefix(prefix)
-        cut = len(self._root) + len(base)
-        return sorted({common["Prefix"][cut:].rstrip("/")
-                       for page in self._pages(base, delimiter="/")
-                       for common in page.get("CommonPrefixes", [])} - {""})
+        return self._conditional.probe_create_only_multipart(self._full(key), key)
 
     def upload_file(self, path: Path, key: str) -> None:
         """Upload a local file, multipart at or above ``multipart_threshold``.
@@ -658,10 +293,10 @@ class S3Storage(CheckpointStorage):
                 # One PutObject straight from the file: s3transfer would send the same
                 # request through its futures and a callback per 8 KiB read (measured:
                 # ~25 % more client CPU per file, bench.scale's upload benchmark).
-                with self._errors("upload to", key):
+                with self._errors.translate("upload to", key):
                     self._client.put_object(Bucket=self.bucket, Key=full, Body=body)
                 return
-        with self._errors("upload to", key):
+        with self._errors.translate("upload to", key):
             self._transfer.upload(str(path), self.bucket, full).result()
 
     def copy(self, src_key: str, dst_key: str) -> None:
@@ -676,19 +311,19 @@ class S3Storage(CheckpointStorage):
             self._client.copy_object(CopySource=source, Bucket=self.bucket, Key=dst)
         except ClientError as exc:
             message = str(exc.response.get("Error", {}).get("Message", "")).lower()
-            if _error_code(exc) in _TOO_LARGE_CODES and (
+            if error_code(exc) in TOO_LARGE_CODES and (
                 "size" in message or "large" in message
             ):
                 self._managed_copy(src_key, dst_key)
                 return
-            self._raise(exc, "copy", src_key)
+            self._errors.raise_(exc, "copy", src_key)
         except BotoCoreError as exc:
-            self._raise(exc, "copy", src_key)
+            self._errors.raise_(exc, "copy", src_key)
 
     def _managed_copy(self, src_key: str, dst_key: str) -> None:
         """Copy with s3transfer: HeadObject, then CopyObject or multipart UploadPartCopy."""
         source: CopySourceTypeDef = {"Bucket": self.bucket, "Key": self._full(src_key)}
-        with self._errors("copy", src_key):
+        with self._errors.translate("copy", src_key):
             self._transfer.copy(source, self.bucket, self._full(dst_key)).result()
 
     def delete_many(self, keys: Iterable[str]) -> None:
@@ -709,7 +344,7 @@ class S3Storage(CheckpointStorage):
         objects: builtins.list[ObjectIdentifierTypeDef] = [
             {"Key": self._full(key)} for key in keys
         ]
-        with self._errors("delete", keys[0]):
+        with self._errors.translate("delete", keys[0]):
             response = self._client.delete_objects(
                 Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True}
             )
@@ -722,7 +357,7 @@ class S3Storage(CheckpointStorage):
                 "DeleteObjects",
             )
             try:
-                self._raise(fake, "delete", key)
+                self._errors.raise_(fake, "delete", key)
             except StorageError as exc:
                 raise type(exc)(f"{exc} ({len(errors)} of {len(keys)} keys failed)") from None
 
@@ -742,14 +377,14 @@ class S3Storage(CheckpointStorage):
                 response = self._client.get_object(Bucket=self.bucket, Key=full,
                                                    ChecksumMode="ENABLED")
                 data = response["Body"].read()
-            except _BODY_ERRORS as exc:
+            except BODY_ERRORS as exc:
                 if attempt == self._attempts:
-                    self._raise(exc, "read", key)
+                    self._errors.raise_(exc, "read", key)
                 time.sleep(0.05 * 2**attempt)
                 continue
             except (ClientError, BotoCoreError) as exc:
-                self._raise(exc, "read", key)
-            self._bucket_known = True
+                self._errors.raise_(exc, "read", key)
+            self._errors.bucket_known = True
             return Versioned(data, str(response.get("ETag", "")).strip('"'))
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -762,12 +397,12 @@ class S3Storage(CheckpointStorage):
         try:
             self._client.head_object(Bucket=self.bucket, Key=full)
         except ClientError as exc:
-            if _is_missing(exc) and self._bucket_exists():
+            if is_missing(exc) and self._errors.bucket_exists():
                 return False
-            self._raise(exc, "check", key)
+            self._errors.raise_(exc, "check", key)
         except BotoCoreError as exc:
-            self._raise(exc, "check", key)
-        self._bucket_known = True
+            self._errors.raise_(exc, "check", key)
+        self._errors.bucket_known = True
         return True
 
     def download_file(self, key: str, path: Path) -> None:
@@ -785,13 +420,13 @@ class S3Storage(CheckpointStorage):
             try:
                 self._transfer.download(self.bucket, full, fh,
                                         extra_args={"ChecksumMode": "ENABLED"}).result()
-            except Exception as exc:  # mapped (or re-raised as is) by _raise below
+            except Exception as exc:  # mapped (or re-raised as is) by S3Errors.raise_ below
                 result.append(exc)
 
         tmp = write_temp(target.parent, target.name, fill)
         try:
             if result:
-                self._raise(result[0], "download", key)
+                self._errors.raise_(result[0], "download", key)
             os.replace(tmp, target)
             fsync_dir(target.parent)
         finally:
@@ -838,12 +473,12 @@ class S3Storage(CheckpointStorage):
             etag[:] = [e for e in [str(response.get("ETag", ""))] if e]
             return response["Body"]
 
-        with self._errors("download", key):
+        with self._errors.translate("download", key):
             body: Any
             try:
-                body = _ResumingBody(open_at, self._attempts - 1)
+                body = ResumingBody(open_at, self._attempts - 1)
             except ClientError as exc:
-                if _status(exc) != 416 and _error_code(exc) != "InvalidRange":
+                if http_status(exc) != 416 and error_code(exc) != "InvalidRange":
                     raise
                 body = io.BytesIO()
             try:
@@ -851,93 +486,29 @@ class S3Storage(CheckpointStorage):
             finally:
                 body.close()
 
-    def _pages(
-        self, prefix: str, delimiter: str | None = None, start_after: str | None = None
-    ) -> Iterator[dict[str, Any]]:
-        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._root + prefix}
-        if delimiter:
-            params["Delimiter"] = delimiter
-        if start_after:
-            params["StartAfter"] = self._root + start_after
-        paginator = self._client.get_paginator("list_objects_v2")
-        with self._errors("list", prefix):
-            for page in paginator.paginate(**params):
-                yield dict(page)
-        self._bucket_known = True
+    def common_prefixes(self, prefix: str) -> builtins.list[str]:
+        """The names the server lists as common prefixes under ``prefix``
+        (``Delimiter='/'``) as it lists them, an emptied one included (for
+        ``check-storage``; :meth:`list_dirs` is what the runtime uses)."""
+        return self._listing.common_prefixes(prefix)
 
     def abort_incomplete_uploads(self, prefix: str) -> int:
         """Abort the multipart uploads under ``prefix`` (ListMultipartUploads)."""
-        check_prefix(prefix)
-        aborted = 0
-        paginator = self._client.get_paginator("list_multipart_uploads")
-        with self._errors("abort multipart uploads under", prefix):
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._root + prefix):
-                for upload in page.get("Uploads", []):
-                    with contextlib.suppress(ClientError):  # completed or aborted meanwhile
-                        self._client.abort_multipart_upload(
-                            Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-                        aborted += 1
-        return aborted
+        return self._listing.abort_incomplete_uploads(prefix)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object whose key starts with ``prefix`` (ListObjectsV2), sorted by key.
 
         Probe objects of the conditional-write check are not listed.
         """
-        return self._list(prefix, None)
+        return self._listing.objects(prefix, None)
 
     def list_after(self, prefix: str, start_after: str) -> builtins.list[ObjectInfo]:
         """Keys under ``prefix`` after ``start_after``: ListObjectsV2 ``StartAfter``."""
-        return self._list(prefix, start_after)
-
-    def _list(self, prefix: str, start_after: str | None) -> builtins.list[ObjectInfo]:
-        check_prefix(prefix)
-        cut = len(self._root)
-        out = [
-            ObjectInfo(item["Key"][cut:], int(item["Size"]), item["LastModified"].timestamp())
-            for page in self._pages(prefix, start_after=start_after)
-            for item in page.get("Contents", [])
-            if not item["Key"][cut:].startswith(PROBE_PREFIX)
-        ]
-        out.sort(key=lambda info: info.key)
-        return out
+        return self._listing.objects(prefix, start_after)
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
-        """Immediate "sub-directories" of ``prefix`` that hold at least one object, sorted.
-
-        ``prefix`` is treated as a directory (``"a"`` means ``"a/"``). A common prefix
-        with no object under it is not a directory: servers built on a file system
-        (SeaweedFS) keep listing a prefix after every object under it was deleted.
-
-        Requests: one ListObjectsV2 of up to ``LIST_DIRS_FIRST_KEYS`` keys; when it
-        holds every key under ``prefix``, the directories are read off the keys.
-        Otherwise a ``Delimiter='/'`` listing names the candidates, and each candidate
-        that sorts after the first page's last key is confirmed with one ``MaxKeys=1``
-        listing (in parallel); the others were confirmed or refuted by the first page.
-        """
-        base = dir_prefix(prefix)
-        full_base = self._root + base
-        cut = len(full_base)
-        with self._errors("list", base):
-            first = self._client.list_objects_v2(Bucket=self.bucket, Prefix=full_base,
-                                                 MaxKeys=LIST_DIRS_FIRST_KEYS)
-        self._bucket_known = True
-        keys = [item["Key"] for item in first.get("Contents", [])]
-        seen = {key[cut:].split("/", 1)[0] for key in keys if "/" in key[cut:]}
-        if not first.get("IsTruncated"):
-            return sorted(seen)
-        last = keys[-1]
-        candidates = set(self.common_prefixes(base))
-        # A candidate whose prefix sorts at or before ``last`` (and is not ``last``'s
-        # own) would have had its keys in the first page: it is empty.
-        unknown = sorted(n for n in candidates - seen if full_base + n + "/" > last)
-        with ThreadPoolExecutor(max_workers=self._max_workers) as pool:
-            held = list(pool.map(lambda n: self._holds_objects(base + n + "/"), unknown))
-        return sorted(seen | {n for n, h in zip(unknown, held, strict=True) if h})
-
-    def _holds_objects(self, prefix: str) -> bool:
-        """Whether at least one object's key starts with ``prefix`` (one request)."""
-        with self._errors("list", prefix):
-            page = self._client.list_objects_v2(
-                Bucket=self.bucket, Prefix=self._root + prefix, MaxKeys=1)
-        return bool(page.get("Contents"))
+        """Immediate "sub-directories" of ``prefix`` that hold at least one object, sorted
+        (see :meth:`S3Listing.dirs <airflow_ckpt.runtime.storage.s3_listing.S3Listing.dirs>`
+        for the requests it makes)."""
+        return self._listing.dirs(prefix)
