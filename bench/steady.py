@@ -638,9 +638,10 @@ def compare_download(endpoint: S3Endpoint, storage: CheckpointStorage, manifest:
 def compare_upload(endpoint: S3Endpoint, source: Path, repeats: int) -> dict[str, Any]:
     """The runtime's upload path (``upload_snapshot``: sha256 + ``upload_file``, fresh
     digests, every file new) vs a raw pool of ``put_object``, same files, same threads."""
+    from airflow_ckpt.runtime.checkpoint.digests import DigestCache
     from airflow_ckpt.runtime.checkpoint.snapshot import CapturedFile, CapturedSnapshot
     from airflow_ckpt.runtime.checkpoint.store import SharedFileRegistry
-    from airflow_ckpt.runtime.checkpoint.upload import DigestCache, UploadTarget, upload_snapshot
+    from airflow_ckpt.runtime.checkpoint.upload import UploadTarget, upload_snapshot
     from airflow_ckpt.runtime.storage.layout import JobLayout
 
     files = sorted(p for p in source.rglob("*") if p.is_file())

@@ -382,10 +382,11 @@ def test_merged_checkpoint_files_restore_through_s3(s3_storage: Any, tmp_path: P
     segments back with one ranged GET and verifies each file."""
     import threading
 
+    from airflow_ckpt.runtime.checkpoint.digests import DigestCache
     from airflow_ckpt.runtime.checkpoint.executors import InlineExecutor
     from airflow_ckpt.runtime.checkpoint.snapshot import CapturedFile, CapturedSnapshot
     from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
-    from airflow_ckpt.runtime.checkpoint.upload import DigestCache, UploadTarget, upload_snapshot
+    from airflow_ckpt.runtime.checkpoint.upload import UploadTarget, upload_snapshot
     from airflow_ckpt.runtime.restore.materialize import materialize
     from airflow_ckpt.runtime.storage.layout import JobLayout
     from tests.fixtures.snapshots import make_manifest

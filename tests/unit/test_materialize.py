@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt.errors import CorruptCheckpointError, RestoreError
-from airflow_ckpt.runtime.checkpoint import upload
-from airflow_ckpt.runtime.checkpoint.upload import DigestCache
+from airflow_ckpt.runtime.checkpoint import digests as digests_module
+from airflow_ckpt.runtime.checkpoint.digests import DigestCache
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.restore.choose import restore
 from airflow_ckpt.runtime.restore.materialize import materialize
@@ -88,7 +88,7 @@ def test_a_restore_records_the_verified_digests_so_nothing_is_hashed_again(
     def no_reading(path: Path) -> str:
         raise AssertionError(f"{path} was hashed again")
 
-    monkeypatch.setattr(upload, "sha256_of", no_reading)
+    monkeypatch.setattr(digests_module, "sha256_of", no_reading)
     by_path = {f.path: f.sha256 for f in manifest.files}
     for rel, content in FILES.items():
         assert digests.digest(workdir / rel) == by_path[rel] == hashlib.sha256(content).hexdigest()

@@ -19,7 +19,6 @@ never merged (they stay self-contained, one object per file).
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
@@ -29,62 +28,13 @@ from pathlib import Path
 from airflow_ckpt.errors import CheckpointDeclinedError
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
+from airflow_ckpt.runtime.checkpoint.digests import DigestCache, copy_hashed
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry
 from airflow_ckpt.runtime.checkpoint.snapshot import CapturedFile, CapturedSnapshot
 from airflow_ckpt.runtime.checkpoint.store import SharedFileRegistry
 from airflow_ckpt.runtime.clock import SYSTEM_CLOCK, Clock
-from airflow_ckpt.runtime.restore.materialize import copy_hashed, sha256_of
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
-
-
-class DigestCache:
-    """sha256 of immutable files, keyed by inode identity so each file is read once.
-
-    Bounded by :meth:`prune`: a long-running job writes new files every batch, and an
-    entry no snapshot uses any more is dropped, so the cache holds about one snapshot's
-    files rather than every file the job ever wrote.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cache: dict[tuple[int, int, int, int], str] = {}
-        self._used: set[tuple[int, int, int, int]] = set()
-
-    @staticmethod
-    def _identity(path: Path) -> tuple[int, int, int, int]:
-        st = os.stat(path)
-        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-    def remember(self, path: Path, sha256: str) -> None:
-        """Record the digest of a file just verified (restore's downloads), so that the
-        first checkpoint after a restore does not read the restored state again."""
-        ident = self._identity(path)
-        with self._lock:
-            self._cache[ident] = sha256
-            self._used.add(ident)
-
-    def digest(self, path: Path) -> str:
-        ident = self._identity(path)
-        with self._lock:
-            known = self._cache.get(ident)
-            self._used.add(ident)
-        if known is None:
-            known = sha256_of(path)
-            with self._lock:
-                self._cache[ident] = known
-        return known
-
-    def prune(self) -> None:
-        """Forget every file not asked about (or remembered) since the last prune. A
-        snapshot in flight meanwhile at worst hashes a file again."""
-        with self._lock:
-            self._cache = {k: v for k, v in self._cache.items() if k in self._used}
-            self._used = set()
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._cache)
 
 
 @dataclass(frozen=True, slots=True)

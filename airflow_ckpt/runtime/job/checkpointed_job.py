@@ -38,11 +38,11 @@ from airflow_ckpt.errors import (
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
+from airflow_ckpt.runtime.checkpoint.digests import DigestCache
 from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
 from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
-from airflow_ckpt.runtime.checkpoint.upload import DigestCache
 from airflow_ckpt.runtime.control.channel import (
     ControlChannel,
     Doorbell,

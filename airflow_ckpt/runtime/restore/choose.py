@@ -15,8 +15,8 @@ from typing import Any
 
 from airflow_ckpt.errors import CorruptCheckpointError, MetadataError, RestoreError
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.digests import DigestCache
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
-from airflow_ckpt.runtime.checkpoint.upload import DigestCache
 from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.restore.materialize import materialize

@@ -20,23 +20,13 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from airflow_ckpt.errors import CorruptCheckpointError, ObjectNotFoundError
+from airflow_ckpt.runtime.checkpoint.digests import CHUNK, copy_hashed
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest
 from airflow_ckpt.runtime.restore.state_files import needed_state_files
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
-_CHUNK = 1 << 20
-
 #: called with each downloaded file's local path and its verified SHA-256
 OnVerified = Callable[[Path, str], None]
-
-
-def sha256_of(path: Path) -> str:
-    """Hex SHA-256 of a local file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _local_path(dest_dir: Path, entry: FileEntry, where: str) -> Path:
@@ -93,25 +83,10 @@ def _fetch(storage: CheckpointStorage, key: str, targets: list[tuple[Path, FileE
 
 def _skip(src: BinaryIO, count: int) -> None:
     while count > 0:
-        chunk = src.read(min(count, _CHUNK))
+        chunk = src.read(min(count, CHUNK))
         if not chunk:
             return  # short object: the next segment's size check reports it
         count -= len(chunk)
-
-
-def copy_hashed(src: BinaryIO, dst: BinaryIO, update: Callable[[bytes], object],
-                limit: int | None = None) -> int:
-    """Copy ``limit`` bytes of ``src`` (all of it if None) to ``dst`` in 1 MiB chunks,
-    passing each chunk to ``update`` (a digest's); returns the bytes copied."""
-    size = 0
-    while limit is None or size < limit:
-        chunk = src.read(_CHUNK if limit is None else min(_CHUNK, limit - size))
-        if not chunk:
-            break
-        update(chunk)
-        dst.write(chunk)
-        size += len(chunk)
-    return size
 
 
 def _copy(src: BinaryIO, target: Path, limit: int | None) -> tuple[int, str]:
