@@ -16,7 +16,7 @@ from airflow_ckpt.errors import (
     SinkReplayMismatchError,
 )
 from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
-from airflow_ckpt.runtime.sinks.transactions import Outcome, SinkTransactions, Transaction
+from airflow_ckpt.runtime.sinks.transactions import AttemptOutcome, SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 log = logging.getLogger("airflow_ckpt.sinks")
@@ -125,7 +125,7 @@ class JsonLinesSink(TwoPhaseCommitSink):
                     self._commit(batch_id, replay)  # decided: roll the commit forward
                     continue
                 aborted = self.transactions.abort(batch_id, replay)
-                if aborted is Outcome.COMMIT:
+                if aborted is AttemptOutcome.COMMIT:
                     self._commit(batch_id, replay)  # its commit won: roll it forward
                     continue
                 if not replay:

@@ -64,7 +64,7 @@ from airflow_ckpt.errors import (
 )
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
-from airflow_ckpt.runtime.sinks.transactions import Outcome, SinkTransactions, Transaction
+from airflow_ckpt.runtime.sinks.transactions import AttemptOutcome, SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.factory import open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
@@ -432,7 +432,7 @@ class ParquetSink(TwoPhaseCommitSink):
                     self._commit(batch_id, replay)
                     continue
                 aborted = self.transactions.abort(batch_id, replay)
-                if aborted is Outcome.COMMIT:
+                if aborted is AttemptOutcome.COMMIT:
                     self._commit(batch_id, replay)  # its commit won: roll it forward
                     continue
                 if not replay:

@@ -75,15 +75,15 @@ log = logging.getLogger("airflow_ckpt.sinks")
 TxnState = Literal["staged", "aborted"]
 #: a sink's commit decision for a staged transaction (a pure function of it)
 Describe = Callable[["Transaction"], dict[str, Any]]
+#: compare-and-swap rounds before a record that keeps changing is reported
+_SWAP_ROUNDS = 8
 
 
-class Outcome(enum.Enum):
+class AttemptOutcome(enum.Enum):
     """What became of a staged attempt: the first of the two to be stored wins."""
 
     COMMIT = "commit"
     ABORT = "abort"
-#: compare-and-swap rounds before a record that keeps changing is reported
-_SWAP_ROUNDS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,18 +143,18 @@ class SinkTransactions:
     def decision_key(self, batch_id: int, replay: str = "") -> str:
         return f"{self.prefix}_committed/{self._name(batch_id, replay)}"
 
-    def outcome_key(self, txn: Transaction) -> str:
-        name = self._name(txn.batch, txn.replay).removesuffix(".json")
-        return f"{self.prefix}_outcome/{name}.{txn.attempt}"
+    def outcome_key(self, batch_id: int, attempt: str, replay: str = "") -> str:
+        name = self._name(batch_id, replay).removesuffix(".json")
+        return f"{self.prefix}_outcome/{name}.{attempt}"
 
-    def _settle(self, txn: Transaction, outcome: Outcome) -> Outcome:
+    def _settle(self, txn: Transaction, outcome: AttemptOutcome) -> AttemptOutcome:
         """Store ``outcome`` as the attempt's (create-only) unless one is stored
         already; return the attempt's outcome. Durable on return."""
-        key = self.outcome_key(txn)
+        key = self.outcome_key(txn.batch, txn.attempt, txn.replay)
         try:
             self.storage.put_bytes(key, outcome.value.encode(), create_only=True)
         except ObjectAlreadyExistsError:
-            return Outcome(self.storage.get_bytes(key).decode())
+            return AttemptOutcome(self.storage.get_bytes(key).decode())
         return outcome
 
     # ------------------------------------------------------------------ reads
@@ -255,7 +255,7 @@ class SinkTransactions:
             previous = Transaction.from_json(stored.data)
             self.confirm()  # the record read above is not a successor's
             if (previous.state == "staged" and previous.attempt != txn.attempt
-                    and self._settle(previous, Outcome.ABORT) is Outcome.COMMIT):
+                    and self._settle(previous, AttemptOutcome.ABORT) is AttemptOutcome.COMMIT):
                 if describe is None:
                     raise ObjectAlreadyExistsError(
                         f"batch {txn.batch}'s attempt {previous.attempt} is being committed")
@@ -282,7 +282,7 @@ class SinkTransactions:
         if txn is None or txn.state != "staged":
             return None
         self.confirm()  # the record read above is not a successor's
-        if self._settle(txn, Outcome.COMMIT) is Outcome.ABORT:
+        if self._settle(txn, AttemptOutcome.COMMIT) is AttemptOutcome.ABORT:
             return None  # a recovery aborted this attempt first: nothing to commit
         decision = describe(txn)
         if txn.offsets is not None:
@@ -296,11 +296,11 @@ class SinkTransactions:
             return decided
         return decision
 
-    def abort(self, batch_id: int, replay: str = "") -> Transaction | Outcome | None:
+    def abort(self, batch_id: int, replay: str = "") -> Transaction | AttemptOutcome | None:
         """Mark the staged attempt of the batch (or of its extra publication ``replay``)
         aborted (its outcome ``abort``, then the record by compare-and-swap); returns the
         aborted transaction (its data is garbage now), None if none was staged, or
-        :attr:`Outcome.COMMIT` if the attempt's commit won (the caller commits it)."""
+        :attr:`AttemptOutcome.COMMIT` if the attempt's commit won (the caller commits it)."""
         key = self.txn_key(batch_id, replay)
         for _ in range(_SWAP_ROUNDS):
             try:
@@ -311,8 +311,8 @@ class SinkTransactions:
             if txn.state == "aborted":
                 return txn
             self.confirm()  # the record read above is not a successor's
-            if self._settle(txn, Outcome.ABORT) is Outcome.COMMIT:
-                return Outcome.COMMIT
+            if self._settle(txn, AttemptOutcome.ABORT) is AttemptOutcome.COMMIT:
+                return AttemptOutcome.COMMIT
             aborted = replace(txn, state="aborted", offsets=None)
             try:
                 self.storage.put_bytes(key, aborted.to_json(), if_match=stored.etag)
@@ -337,5 +337,5 @@ class SinkTransactions:
         nothing records it again and this delete may land late without harm."""
         keys = [self.txn_key(batch_id, replay)]
         if attempt is not None:
-            keys.append(self.outcome_key(Transaction(batch_id, attempt, "staged", replay=replay)))
+            keys.append(self.outcome_key(batch_id, attempt, replay))
         self.storage.delete_many(keys)
