@@ -233,6 +233,20 @@ class SavepointError(AirflowCkptError):
     """A savepoint request failed, timed out, or its job is not running."""
 
 
+class SparkCheckpointError(AirflowCkptError):
+    """A plain Spark checkpoint directory cannot be imported or exported: not a Spark
+    checkpoint, a query that seems to be running, or a target that is not empty."""
+
+
+class NotASparkCheckpointError(SparkCheckpointError):
+    """The directory has no Spark query ``metadata`` or no committed batch."""
+
+
+class SparkQueryRunningError(SparkCheckpointError):
+    """The Spark checkpoint has a batch planned and not committed: its query seems to be
+    running (or it was killed inside that batch)."""
+
+
 class RestartsExhaustedError(AirflowCkptError):
     """The restart strategy declined to restart the job again."""
 

@@ -79,6 +79,15 @@ class CheckpointCatalog:
             if (n := parse_checkpoint_dir(name)) is not None
         )
 
+    def first_free_id(self, holder: LeaseRecord | None) -> int:
+        """The first checkpoint id past every id ever used: every checkpoint directory,
+        every completed savepoint's id, and the ids lease holder ``holder`` took or
+        reserved (a job whose checkpoints were all discarded never repeats one)."""
+        used = [*self.checkpoint_ids(completed_only=False),
+                *(m.checkpoint_id for m in self.savepoints())]
+        floor = max(holder.first_id or 1, holder.id_limit or 1) if holder else 1
+        return max([floor - 1, *used]) + 1
+
     def completed_among(self, ids: Iterable[int]) -> list[int]:
         """Of the checkpoint ``ids``, those completed and counting under the current lease
         (one HEAD each, and the lease once): the cheap check for a few candidates, the

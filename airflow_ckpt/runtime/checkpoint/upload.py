@@ -75,6 +75,14 @@ class UploadTarget:
         so whichever marker lands first names files nobody else wrote."""
         return cls(checkpoint_id, f"savepoints/sp-{savepoint_id}/{checkpoint_id}/", False)
 
+    @classmethod
+    def imported(cls, checkpoint_id: int, savepoint_id: str, token: str) -> UploadTarget:
+        """An imported Spark checkpoint's (``airflow-ckpt import``): a savepoint's, in a
+        directory named by a random ``token`` too. An importer holds no lease and
+        reserves no ids, so its ``checkpoint_id`` may be another writer's as well; the
+        token alone keeps their objects apart."""
+        return cls(checkpoint_id, f"savepoints/sp-{savepoint_id}/import-{token}/", False)
+
     def merges(self, f: CapturedFile) -> bool:
         return f.size < min(MERGE_FILES_BELOW, self.merged_file_size)
 

@@ -395,12 +395,8 @@ class CheckpointedJob:
         checkpoints (judged by ``previous``'s record), and its first id (past every id
         ever used, also by a job whose checkpoints were discarded)."""
         catalog = CheckpointCatalog(self.lease.storage, self.job)
-        used = [
-            *catalog.checkpoint_ids(completed_only=False),
-            *(m.checkpoint_id for m in catalog.savepoints()),
-        ]
-        floor = max(previous.first_id or 1, previous.id_limit or 1) if previous else 1
-        return tuple(catalog.checkpoint_ids(lease=previous)), max([floor - 1, *used]) + 1
+        first = catalog.first_free_id(previous)
+        return tuple(catalog.checkpoint_ids(lease=previous)), first
 
     def _rescale(self, restored: RestoreResult) -> bool:
         """Repartition the restored state to ``state_partitions`` (Flink's rescaling).
