@@ -9,6 +9,8 @@
     airflow-ckpt --storage ... history <job> [--type T] [--limit N] [--json]  # wraps, never cuts
     airflow-ckpt --storage ... dispose <savepoint path> [--yes] [--force]
     airflow-ckpt --storage ... state <savepoint path> [--json]   # needs pyspark
+    airflow-ckpt --storage ... import <spark checkpoint dir> --job J [--savepoint-name N]
+    airflow-ckpt --storage ... export <checkpoint or savepoint> <dir> [--job J]
     airflow-ckpt [--storage ...] examples <dags folder> [--jobs-dir D] [--create-bucket]
     airflow-ckpt --storage ... check-storage     # probe the guarantees the runtime needs
     airflow-ckpt --version
@@ -49,6 +51,9 @@ from airflow_ckpt.driver_output import root_cause
 from airflow_ckpt.errors import AirflowCkptError, StorageAccessDeniedError
 from airflow_ckpt.formatting import human_bytes, human_ms
 from airflow_ckpt.jobnames import unknown_job_hint
+from airflow_ckpt.runtime.adopt.exporter import export_checkpoint
+from airflow_ckpt.runtime.adopt.importer import import_spark_checkpoint
+from airflow_ckpt.runtime.adopt.spark_dir import local_path, open_spark_checkpoint
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog, CompletedRef
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
 from airflow_ckpt.runtime.control.savepoints import (
@@ -265,6 +270,7 @@ _HISTORY_LEAD = {
     ev.RESTART: ("restart", "delay_s", "attempt", "level", "strategy", "cause"),
     ev.FAILURE: ("level", "cause", "exit_code", "attempt"),
     ev.RESTORED: ("kind", "checkpoint_id", "savepoint_id", "batch_id", "from_job", "path"),
+    ev.SAVEPOINT_COMPLETED: ("savepoint_id", "batch_id", "imported_from", "path"),
 }
 
 
@@ -389,6 +395,35 @@ def cmd_state(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO)
     return 0
 
 
+def cmd_import(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:
+    """A stopped Spark query's checkpoint directory becomes a savepoint of ``--job``."""
+    done = import_spark_checkpoint(storage, args.job, open_spark_checkpoint(args.source),
+                                   args.savepoint_name,
+                                   allow_uncommitted=args.allow_uncommitted_batch)
+    m = done.manifest
+    if _structured(args):
+        _print_json({"uri": done.uri, "imported_from": done.source, "savepoint_id":
+                     m.savepoint_id, "batch_id": m.batch_id, "files": len(m.files),
+                     "state_size": m.state_size}, out, args.output)
+        return 0
+    out.write(f"imported batch {m.batch_id} of {done.source} as {done.uri} "
+              f"({len(m.files)} files, {human_bytes(m.state_size)})\n"
+              f"restore it with restore={done.uri} (the query's next batch is "
+              f"{m.batch_id + 1})\n")
+    return 0
+
+
+def cmd_export(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:
+    """A checkpoint or savepoint as a plain Spark checkpoint directory."""
+    ref = resolve_snapshot(storage, args.path, args.job)
+    catalog, manifest = _read(storage, ref)
+    done = export_checkpoint(storage, manifest, local_path(args.target, "export to"))
+    out.write(f"exported {catalog.uri_of(ref)} (batch {done.batch_id}, {done.num_files} "
+              f"files) to {done.path}\nplain Spark resumes from it with "
+              f"checkpointLocation={done.path} (its next batch is {done.batch_id + 1})\n")
+    return 0
+
+
 def cmd_examples(args: argparse.Namespace, out: TextIO) -> int:
     """Check the storage, copy the example DAGs and jobs, print the settings to make."""
     uri = parse_storage_uri(args.storage or examples.DEFAULT_STORAGE).uri
@@ -464,6 +499,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", metavar="DIR",
                    help="materialise into DIR and keep it (default: a temporary directory)")
     add_output(p, "print JSON")
+    p = add("import", cmd_import,
+            "turn a stopped Spark query's checkpoint directory (its checkpointLocation) "
+            "into a savepoint of a job; the job restores it with no batch run again")
+    p.add_argument("source", help="the Spark checkpoint directory: a local path or file://")
+    p.add_argument("--job", required=True, help="the job the savepoint belongs to")
+    p.add_argument("--savepoint-name", metavar="N",
+                   help="the savepoint id (default: spark-<query id>-b<batch>)")
+    p.add_argument("--allow-uncommitted-batch", action="store_true",
+                   help="the query is stopped for sure although a batch was planned and "
+                        "not committed (it was killed inside it): import the last "
+                        "committed batch")
+    add_output(p, "print JSON")
+    p = add("export", cmd_export,
+            "write a checkpoint or savepoint as a plain Spark checkpoint directory that "
+            "Spark resumes from without airflow-ckpt")
+    p.add_argument("path", help="full URI, <job>/chk-<n>, <job>/savepoints/sp-<id>; or with "
+                                "--job: <n>, chk-<n>, sp-<id>")
+    p.add_argument("target", help="a new (or empty) local directory")
+    p.add_argument("--job", help="the job, when PATH is short")
     add("check-storage", cmd_check_storage,
         "probe the storage for what the runtime relies on (create-only and "
         "compare-and-swap writes, listings, ETags, ranged reads) in a scratch prefix "

@@ -66,7 +66,7 @@ _ENTRY_FIELDS = (
     "trigger_timestamp", "latest_ack_timestamp", "failure_timestamp", "state_size",
     "checkpointed_size", "end_to_end_duration", "start_delay", "sync_duration",
     "async_duration", "num_subtasks", "num_acknowledged_subtasks", "external_path",
-    "discarded", "failure_message", "request_id",
+    "discarded", "failure_message", "request_id", "imported_from",
 )
 
 
@@ -212,7 +212,9 @@ def _from_event(event: HistoryEvent) -> dict[str, Any]:
 
 
 def _from_manifest(manifest: Manifest, path: str) -> dict[str, Any]:
-    return _entry({**manifest.history_entry(), "external_path": path})
+    # an imported savepoint names the Spark checkpoint directory it came from
+    return _entry({**manifest.history_entry(), "external_path": path,
+                   "imported_from": manifest.extra.get("imported_from")})
 
 
 def _retained(

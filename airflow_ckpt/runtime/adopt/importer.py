@@ -67,6 +67,12 @@ class ImportedSavepoint:
     source: str
 
 
+def default_savepoint_id(query_id: str, batch_id: int) -> str:
+    """``spark-<first 8 of the query id>-b<batch>``: the same for the same batch of the
+    same query, so importing it twice is refused instead of storing it twice."""
+    return f"spark-{query_id.replace('-', '')[:8]}-b{batch_id}"
+
+
 def refuse_running(source: SparkCheckpointDir, logs: SparkLogs) -> None:
     """Raise ``SparkQueryRunningError`` when a batch is planned and not committed (see
     :mod:`airflow_ckpt.runtime.adopt.spark_dir`: the files cannot tell a running query
@@ -88,7 +94,7 @@ def import_spark_checkpoint(
     storage: CheckpointStorage,
     job: str,
     source: SparkCheckpointDir,
-    savepoint_id: str,
+    savepoint_id: str | None = None,
     *,
     allow_uncommitted: bool = False,
     history: JobHistory | None = None,
@@ -97,7 +103,8 @@ def import_spark_checkpoint(
     clock: Clock = SYSTEM_CLOCK,
     ids: IdSource = random_id,
 ) -> ImportedSavepoint:
-    """Turn ``source``'s last committed batch into savepoint ``savepoint_id`` of ``job``.
+    """Turn ``source``'s last committed batch into savepoint ``savepoint_id`` of ``job``
+    (default: :func:`default_savepoint_id`).
 
     Durable on return: the savepoint's files, verified against its manifest, its
     ``_metadata`` and the ``savepoint_completed`` event (see the module doc for the
@@ -112,7 +119,8 @@ def import_spark_checkpoint(
         files gone)
     """
     layout = JobLayout(job)
-    marker_key = layout.savepoint_metadata(validate_savepoint_id(savepoint_id))
+    if savepoint_id is not None:
+        validate_savepoint_id(savepoint_id)
     logs = source.logs()
     if logs.committed is None:
         raise NotASparkCheckpointError(
@@ -120,6 +128,8 @@ def import_spark_checkpoint(
             "state to import; start the job from scratch instead")
     if not allow_uncommitted:
         refuse_running(source, logs)
+    savepoint_id = savepoint_id or default_savepoint_id(logs.query_id, logs.committed)
+    marker_key = layout.savepoint_metadata(savepoint_id)
     if storage.exists(marker_key):
         raise SavepointError(_exists(job, savepoint_id))
     catalog = CheckpointCatalog(storage, job)
@@ -185,8 +195,8 @@ def _upload_and_verify(storage: CheckpointStorage, layout: JobLayout, savepoint_
 
 
 def _manifest(job: str, savepoint_id: str, target: UploadTarget, snap: CapturedSnapshot,
-              result: UploadResult, logs: SparkLogs, acked: int, source: str, *, trigger_ts: float, sync_ms: int,
-              async_ms: int, clock: Clock) -> Manifest:
+              result: UploadResult, logs: SparkLogs, acked: int, source: str, *,
+              trigger_ts: float, sync_ms: int, async_ms: int, clock: Clock) -> Manifest:
     completed = clock.time()
     return Manifest(
         job=job,

@@ -130,18 +130,25 @@ class LocalSparkCheckpoint:
         return snap
 
 
-def open_spark_checkpoint(location: str) -> SparkCheckpointDir:
-    """The Spark checkpoint at ``location``: a local path or ``file://`` URI.
+def local_path(location: str, what: str) -> Path:
+    """``location`` (a path or ``file://`` URI) as a local path.
 
-    :raises SparkCheckpointError: a scheme this build cannot capture from (``hdfs://``
-        needs the runtime's HDFS capture of the working directory)
+    :raises SparkCheckpointError: another scheme (``hdfs://`` needs the runtime's capture
+        of that filesystem, which this build does not have; ``what`` says what failed)
     """
     parsed = urlparse(location)
     if parsed.scheme in ("", "file"):
-        path = unquote(parsed.path) if parsed.scheme else location
-        return LocalSparkCheckpoint(Path(os.path.expanduser(path)))
+        return Path(os.path.expanduser(unquote(parsed.path) if parsed.scheme else location))
     raise SparkCheckpointError(
-        f"cannot import from {location!r}: {parsed.scheme}:// checkpoints need the "
-        "runtime's capture of that filesystem, which this build does not have. Copy the "
-        "stopped query's checkpoint to a local disk (hdfs dfs -get <dir> <local>) and "
-        "import that")
+        f"cannot {what} {location!r}: {parsed.scheme}:// needs the runtime's capture of "
+        "that filesystem, which this build does not have. Go through a local disk "
+        "(hdfs dfs -get / -put) instead")
+
+
+def open_spark_checkpoint(location: str) -> SparkCheckpointDir:
+    """The Spark checkpoint at ``location``: a local path or ``file://`` URI (the place
+    where an ``hdfs://`` implementation plugs in).
+
+    :raises SparkCheckpointError: another scheme (see :func:`local_path`)
+    """
+    return LocalSparkCheckpoint(local_path(location, "import from"))
