@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -137,9 +138,38 @@ def batch_ids(rows: list[list[int]]) -> list[int]:
     return sorted({row[0] for row in rows})
 
 
+#: Spark confs of each state store: the default (HDFS-backed: ``.delta``/``.snapshot``
+#: files) and RocksDB with changelog checkpointing (``.changelog`` files; ``.zip`` and
+#: ``SSTs/`` once maintenance uploaded a snapshot)
+STATE_STORES = {
+    "hdfs": {},
+    "rocksdb": {
+        "spark.sql.streaming.stateStore.providerClass":
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    },
+}
+
+
+@pytest.fixture(params=sorted(STATE_STORES))
+def state_store(spark: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The session's state store for one test (Spark pins it in the checkpoint's first
+    offset log entry; every later query on the checkpoint reads it from there)."""
+    confs = STATE_STORES[request.param]
+    for key, value in confs.items():
+        spark.conf.set(key, value)
+    yield request.param
+    for key in confs:
+        spark.conf.unset(key)
+
+
+def state_files(checkpoint: Path) -> set[str]:
+    return {p.suffix for p in (checkpoint / "state").rglob("*") if p.is_file()}
+
+
 def test_plain_spark_to_checkpointed_job_and_back_is_exact(
         spark: Any, s3_endpoint: S3Endpoint, s3_storage: CheckpointStorage, aws_env: None,
-        tmp_path: Path) -> None:
+        tmp_path: Path, state_store: str) -> None:
     input_dir, plain_out = tmp_path / "in", tmp_path / "plain-out"
     # 1. plain Spark: batches 0..2
     add_files(input_dir, 3, 0)
@@ -147,6 +177,7 @@ def test_plain_spark_to_checkpointed_job_and_back_is_exact(
     plain_spark(spark, input_dir, own, plain_out)
     assert batch_ids(plain_rows(plain_out)) == [0, 1, 2]
     assert last_sums(plain_rows(plain_out)) == ground_truth(3)
+    assert (".changelog" if state_store == "rocksdb" else ".delta") in state_files(own)
 
     # 2. import: a savepoint of JOB; the checkpointed job restores it: batches 3..5
     code, out = cli(s3_endpoint, s3_storage, "import", str(own), "--job", JOB,
