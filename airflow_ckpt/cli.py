@@ -216,6 +216,7 @@ def cmd_describe(storage: CheckpointStorage, args: argparse.Namespace, out: Text
         ("mode", m.mode),
         ("spark", m.spark_version),
         ("restored from", m.restored_from or "-"),
+        ("imported from", m.extra.get("imported_from") or "-"),
         ("triggered", iso(t.trigger_ts)),
         ("completed", iso(t.completed_ts)),
         ("end-to-end", human_ms(t.end_to_end_duration_ms)),

@@ -4,10 +4,13 @@ tests/integration/test_import_export.py."""
 
 from __future__ import annotations
 
+import io
+import re
 from pathlib import Path
 
 import pytest
 
+from airflow_ckpt.cli import main as cli_main
 from airflow_ckpt.errors import (
     CorruptCheckpointError,
     NotASparkCheckpointError,
@@ -149,3 +152,27 @@ def test_export_writes_a_plain_spark_directory_and_refuses_a_used_target(
     with pytest.raises(SparkCheckpointError, match="covers no batch"):
         export_checkpoint(file_storage, empty, tmp_path / "nothing")
     assert not (tmp_path / "nothing").exists()
+
+
+def test_the_cli_imports_describes_and_exports(file_storage: CheckpointStorage, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    own = make_workdir(tmp_path, batches=2, running=False)
+    (tmp_path / "store").mkdir(exist_ok=True)  # file_storage's root: the CLI wants it
+
+    def cli(*argv: str) -> tuple[int, str]:
+        out = io.StringIO()
+        code = cli_main(["--storage", file_storage.uri, *argv], out=out)
+        return code, out.getvalue()
+
+    code, out = cli("import", str(own), "--job", JOB)
+    assert code == 0 and "imported batch 1" in out and "next batch is 2" in out
+    code, out = cli("describe", f"{JOB}/sp-spark-q1-b1")
+    assert code == 0 and re.search(rf"imported from +{own.as_uri()}\n", out)
+    code, out = cli("history", JOB, "--type", ev.SAVEPOINT_COMPLETED)
+    assert code == 0 and f'imported_from="{own.as_uri()}"' in out
+    assert cli("import", str(own), "--job", JOB)[0] == 1
+    assert "never replaced" in capsys.readouterr().err
+    code, out = cli("export", f"{JOB}/sp-spark-q1-b1", str(tmp_path / "back"))
+    assert code == 0 and "next batch is 2" in out
+    assert cli("export", f"{JOB}/sp-spark-q1-b1", str(tmp_path / "back"))[0] == 1
+    assert "not an empty directory" in capsys.readouterr().err
