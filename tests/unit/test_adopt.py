@@ -18,6 +18,7 @@ from airflow_ckpt.errors import (
     SparkCheckpointError,
     SparkQueryRunningError,
 )
+from airflow_ckpt.plugins import overview
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.adopt.exporter import export_checkpoint
 from airflow_ckpt.runtime.adopt.importer import import_spark_checkpoint
@@ -53,6 +54,10 @@ def test_the_last_committed_batch_becomes_a_savepoint_restored_as_it_was(
     assert not list(tmp_path.glob(".work.import-*"))  # the staging links are gone
     (event,) = JobHistory(file_storage, JOB).events([ev.SAVEPOINT_COMPLETED])
     assert event.data["imported_from"] == own.as_uri() and event.data["batch_id"] == 3
+    stats = overview.checkpoint_stats(file_storage, JOB, overview.read_history(
+        file_storage, JOB, 100))  # what the UI's job page shows
+    (shown,) = [e for e in stats["history"] if e["savepoint_id"] == "first"]
+    assert shown["imported_from"] == own.as_uri() and not shown["discarded"]
     # a job restores it: exactly Spark's files of batch 3 (state version 4)
     work = tmp_path / "restored"
     restored = restore(file_storage, JOB, "savepoints/sp-first", work, JobHistory(
