@@ -31,7 +31,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from airflow_ckpt.errors import NotASparkCheckpointError, SavepointError, SparkQueryRunningError
+from airflow_ckpt.errors import (
+    NotASparkCheckpointError,
+    SavepointError,
+    SparkQueryRunningError,
+    StorageError,
+)
 from airflow_ckpt.runtime.adopt.spark_dir import SparkCheckpointDir, SparkLogs
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
@@ -159,9 +164,13 @@ def import_spark_checkpoint(
         raise failure.error
     log.info("imported %s batch %d as %s (%d files, %d bytes)", source.uri, manifest.batch_id,
              uri, len(manifest.files), manifest.state_size)
-    (history or JobHistory(storage, job)).append_when_reachable(
-        ev.SAVEPOINT_COMPLETED, path=uri, **{IMPORTED_FROM: source.uri},
-        **manifest.history_entry())
+    try:
+        (history or JobHistory(storage, job)).append(
+            ev.SAVEPOINT_COMPLETED, path=uri, **{IMPORTED_FROM: source.uri},
+            **manifest.history_entry())
+    except StorageError as exc:
+        raise StorageError(f"the savepoint {uri} is complete and restorable, but its "
+                           f"savepoint_completed event could not be recorded: {exc}") from exc
     return ImportedSavepoint(manifest, uri, source.uri)
 
 
