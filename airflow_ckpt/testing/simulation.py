@@ -95,7 +95,7 @@ from airflow_ckpt.supervision import (
     Verdict,
     resubmit_restore,
 )
-from airflow_ckpt.testing.sim import savepoints, sinks
+from airflow_ckpt.testing.sim import job, savepoints, sinks
 from airflow_ckpt.testing.sim.flink import (
     ExponentialDelay,
     FailureRate,
@@ -566,6 +566,7 @@ WORLDS: dict[str, tuple[tuple[str, ...], tuple[str, ...],
     "history": (HISTORY_PLANTS, HISTORY_INVARIANTS, run_seed),
     "sinks": (sinks.PLANTS, sinks.INVARIANTS, sinks.run_sink_seed),
     "savepoints": (savepoints.PLANTS, savepoints.INVARIANTS, savepoints.run_savepoint_seed),
+    "job": (job.PLANTS, job.INVARIANTS, job.run_job_seed),
 }
 PLANTS = tuple(p for plants, _, _ in WORLDS.values() for p in plants)
 INVARIANTS = tuple(i for _, invariants, _ in WORLDS.values() for i in invariants)

@@ -159,6 +159,9 @@ class Scheduler:
         if actor.pause_p and self.rng.random() < actor.pause_p:
             actor.wake_at = self.now + self.rng.uniform(*actor.pause_s)
             self.log(f"pauses until t+{actor.wake_at - 1_800_000_000.0:.3f} before {what}")
+            for thread in self.actors:  # the whole process stops: its threads too
+                if thread.parent is actor and thread.alive:
+                    thread.wake_at = max(thread.wake_at, actor.wake_at)
         self._back.release()
         actor.go.acquire()
         if actor.killed:
