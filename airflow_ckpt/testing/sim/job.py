@@ -105,7 +105,6 @@ from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest, parse_manifest
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest
 from airflow_ckpt.runtime.control.savepoints import expire_request
-from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.job import checkpointed_job as job_module
 from airflow_ckpt.runtime.lease.holder import JobLease
@@ -378,6 +377,7 @@ class SimJob(CheckpointedJob):
     world: JobWorld
     life: str
     restores = 0
+    alive = True  # its ``run`` has not returned
 
     def _start_coordinator(self, restored: RestoreResult, *, initial: bool = False) -> Any:
         target = self.restore_target if self.restores == 0 else "latest"
@@ -616,7 +616,6 @@ class JobWorld(Judged):
                      restore=restore, workdir=self.tmp / life, run_id=RUN_ID,
                      threaded=False)
         job.world, job.life = self, life
-        job.alive = True  # type: ignore[attr-defined]
         lease = job.lease
         lease.clock, lease.wall_clock, lease.sleep = sched.monotonic, sched.wall_clock, sched.sleep
         lease.ttl_s, lease.heartbeat_s, lease.max_write_s = TTL_S, HEARTBEAT_S, MAX_WRITE_S
@@ -675,7 +674,7 @@ class JobWorld(Judged):
             if not isinstance(ending, ALLOWED_ENDINGS) and job.lease.failure is not None:
                 ending = job.lease.failure  # e.g. the checkpoint it awaited failed for it
         finally:
-            job.alive = False  # type: ignore[attr-defined]
+            job.alive = False
             if job.outage.outages:
                 self.coverage["outage-ridden" if job.outage.ridden_out else "outage-met"] += 1
         self.endings.append((life, ending))
