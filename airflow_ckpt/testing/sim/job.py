@@ -40,8 +40,9 @@ can fail, see docs/architecture.md "Deterministic simulation"):
 
 * ``job-output`` (at the end, against the ground truth): after recovery every record
   is published exactly once (EXACTLY_ONCE; at least once in AT_LEAST_ONCE) with its
-  right running sum, or the documented refusal happened (``restore=latest`` found no
-  restorable checkpoint because the vandal damaged every one);
+  right running sum, or a documented refusal happened (``restore=latest`` found no
+  restorable checkpoint because the vandal damaged every one, or the restored snapshot
+  lists a sink transaction a later run aborted: ``SinkTransactionAbortedError``);
 * ``job-uncovered-commit`` (EXACTLY_ONCE): no batch is committed (a sink decision
   exists) unless a checkpoint or savepoint whose batch covers it completed;
 * ``job-checkpoint-changed``: a completed checkpoint's or savepoint's ``_metadata``,
@@ -55,8 +56,9 @@ can fail, see docs/architecture.md "Deterministic simulation"):
 * ``job-older-state``: ``restore=latest`` resumes the newest checkpoint that counts
   and restores (at or above the run's floor), never an older one nor a fresh start,
   unless every newer one is damaged; an explicit target is taken as asked;
-* ``job-control``: every control request is answered, exactly once (the answer never
-  changes), by the end; the request from a newer version is answered "failed" by the
+* ``job-control``: every control request whose write the client saw succeed is
+  answered, exactly once (the answer never changes), by the end (one whose write
+  failed may land later unseen: nobody waits for it, it expires by its own clock); the request from a newer version is answered "failed" by the
   driver that reads it (unless its requester expired it first), never stuck;
 * ``job-driver-error``: a driver life ends finished, stopped, or of a lost lease, an
   unreachable storage, spent restarts or a documented refusal - never of anything else
@@ -99,6 +101,7 @@ from airflow_ckpt.errors import (
     ObjectAlreadyExistsError,
     RestartsExhaustedError,
     RestoreError,
+    SinkTransactionAbortedError,
     StorageError,
 )
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
@@ -690,6 +693,9 @@ class JobWorld(Judged):
                 and "can be restored" in str(ending) and self.vandalized:
             self.coverage["refusal"] += 1  # judged again at the end (check_refusal)
             return
+        if isinstance(ending, SinkTransactionAbortedError):
+            self.coverage["aborted-transaction-refused"] += 1  # documented, final
+            return
         if isinstance(ending, RestoreError) and explicit:
             self.coverage["explicit-refused"] += 1  # documented: a damaged or gone target
             return
@@ -831,6 +837,9 @@ class JobWorld(Judged):
         """Whether the recovery's failure is the documented refusal: no checkpoint that
         counts is intact (the vandal damaged each)."""
         last = self.endings[-1][1] if self.endings else None
+        if isinstance(last, SinkTransactionAbortedError):
+            self.coverage["documented-refusal"] += 1
+            return True
         if not isinstance(last, RestoreError) or isinstance(last, CorruptCheckpointError):
             return False
         for number in self.counting():
@@ -870,6 +879,9 @@ class JobWorld(Judged):
                     and k.endswith(".json") and not k.endswith(".result.json")]:
             request_id = key[len(LAYOUT.control_prefix):-len(".json")]
             result = objects.get(LAYOUT.control_result(request_id))
+            if result is None and request_id not in self.requests:
+                self.coverage["request-outcome-unknown"] += 1  # its requester never knew
+                continue
             if result is None:
                 self.violate(CONTROL, f"request {request_id} "
                              f"({self.requests.get(request_id, '?')}) was never answered")
