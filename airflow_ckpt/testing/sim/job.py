@@ -59,7 +59,8 @@ can fail, see docs/architecture.md "Deterministic simulation"):
 * ``job-control``: every control request whose write the client saw succeed is
   answered, exactly once (the answer never changes), by the end (one whose write
   failed may land later unseen: nobody waits for it, it expires by its own clock); the
-  request from a newer version is answered "failed" by the driver that reads it (unless its requester expired it first), never stuck;
+  request from a newer version is answered "failed" by the driver that reads it
+  (unless its requester expired it first), never stuck;
 * ``job-driver-error``: a driver life ends finished, stopped, or of a lost lease, an
   unreachable storage, spent restarts or a documented refusal - never of anything else
   (e.g. ``CorruptCheckpointError`` from its sink: a wedged job);
