@@ -67,7 +67,7 @@ can fail, see docs/architecture.md "Deterministic simulation"):
 * ``job-cut-off``: no schedule is cut off at the step limit (a driver stuck on
   something; counted and reported);
 * ``job-marker-resurrected``: a checkpoint's ``_metadata``, once deleted (subsumed),
-  never appears again. **Broken today** (:data:`KNOWN_DEFECTS`, seed 3): a marker PUT
+  never appears again. **Broken today** (:data:`KNOWN_DEFECTS`, seed 45): a marker PUT
   whose answer was lost is repeated by the outage wrapper (create-only, equal bytes:
   success), the checkpoint is later subsumed (marker, then files deleted), and the
   first PUT, still in the network, lands on the absent key: a checkpoint that counts
@@ -140,6 +140,8 @@ PAUSE_S = (5.0, 40.0)
 REQUEST_TIMEOUT_S = 1e6
 RESTART = {"type": "fixed-delay", "fixed-delay.attempts": 4, "fixed-delay.delay": "0 s"}
 SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
+#: monotonic clock rates: most hosts' run true, some drift far (liveness only)
+RATES = (1.0, 1.0, 1.0, 0.5, 2.0)
 #: request kinds the control client sends
 SAVEPOINT, STOP, NEWER = "savepoint", "stop", "newer-version"
 
@@ -174,6 +176,7 @@ class JobSetup:
     drivers: int
     together: bool  # all drivers start at once (a double-triggered DAG)
     skews: tuple[float, ...]
+    rates: tuple[float, ...]  # each driver host's monotonic clock rate (drift)
     lives: int  # lives per driver process (a retried task)
     sink: str  # "jsonl" | "parquet"
     mode: str
@@ -195,6 +198,7 @@ class JobSetup:
             drivers=drivers,
             together=rng.random() < 0.5,
             skews=tuple(rng.choice(SKEWS) for _ in range(drivers)),
+            rates=tuple(rng.choice(RATES) for _ in range(drivers)),
             lives=rng.choice((1, 2, 3)),
             sink=rng.choice(("jsonl", "parquet")),
             mode="EXACTLY_ONCE" if rng.random() < 0.7 else "AT_LEAST_ONCE",
@@ -214,11 +218,12 @@ class JobSetup:
 
     @property
     def skewed(self) -> bool:
-        return len(set(self.skews)) > 1
+        return len(set(self.skews)) > 1 or set(self.rates) != {1.0}
 
     def describe(self) -> str:
         return (f"{self.drivers} drivers ({'together' if self.together else 'staggered'}, "
-                f"clocks {list(self.skews)}, {self.lives} lives each), {self.sink} sink "
+                f"clocks {list(self.skews)} at rates {list(self.rates)}, {self.lives} lives "
+                f"each), {self.sink} sink "
                 f"{self.mode}, num-retained {self.num_retained}, "
                 f"{'incremental' if self.incremental else 'full'} checkpoints, "
                 f"{self.batches} batches of {self.per_batch}, faults {self.faults}, crash p "
@@ -707,7 +712,7 @@ class JobWorld(Judged):
 
     def driver(self, number: int) -> Callable[[], None]:
         setup, sched = self.setup, self.scheduler
-        host = Host(f"driver-{number}", setup.skews[number - 1])
+        host = Host(f"driver-{number}", setup.skews[number - 1], setup.rates[number - 1])
         storage = SimStorage(self.objects, sched, faults=setup.faults, tag=f"driver-{number}")
 
         def program() -> None:
@@ -748,7 +753,7 @@ class JobWorld(Judged):
             except StorageError:
                 continue
             self.requests[request_id] = kind
-            patience = self.rng.uniform(20.0, 200.0)
+            patience = self.rng.uniform(5.0, 120.0)  # often racing the job's answer
             while patience > 0:
                 sched.sleep(5.0)
                 patience -= 5.0
@@ -941,7 +946,8 @@ class JobWorld(Judged):
         try:
             for number in range(1, self.setup.drivers + 1):
                 sched.spawn(f"driver-{number}",
-                            Host(f"driver-{number}", self.setup.skews[number - 1]),
+                            Host(f"driver-{number}", self.setup.skews[number - 1],
+                                 self.setup.rates[number - 1]),
                             self.driver(number), crash_p=self.setup.crash_p,
                             pause_p=self.setup.pause_p, pause_s=PAUSE_S)
             sched.spawn("client", Host("airflow"), self.control_client)
