@@ -50,7 +50,11 @@ That is the **history** world (:class:`World`). Every seed also runs in the **si
 world (:mod:`airflow_ckpt.testing.sim.sinks`: exactly-once output under deposed drivers
 and older restores, issue 19 items 1 and 2) and the **savepoints** world
 (:mod:`airflow_ckpt.testing.sim.savepoints`: a savepoint request answered by drivers
-deposed mid-way, item 6); :data:`WORLDS` lists them with their plants and invariants.
+deposed mid-way, item 6) and the **job** world (:mod:`airflow_ckpt.testing.sim.job`:
+real ``CheckpointedJob`` drivers of one job against a ground truth, issue 25);
+:data:`WORLDS` lists them with their plants and invariants. The run prints, per world,
+the schedules cut off at the step limit and in how many schedules each of the world's
+coverage counters fired.
 
 ``python -m airflow_ckpt.testing.simulation --seeds N`` explores N seeds in every world
 and prints ``M simulated schedules explored, K violations`` and, for the first failing
@@ -95,7 +99,7 @@ from airflow_ckpt.supervision import (
     Verdict,
     resubmit_restore,
 )
-from airflow_ckpt.testing.sim import savepoints, sinks
+from airflow_ckpt.testing.sim import job, savepoints, sinks
 from airflow_ckpt.testing.sim.flink import (
     ExponentialDelay,
     FailureRate,
@@ -566,6 +570,7 @@ WORLDS: dict[str, tuple[tuple[str, ...], tuple[str, ...],
     "history": (HISTORY_PLANTS, HISTORY_INVARIANTS, run_seed),
     "sinks": (sinks.PLANTS, sinks.INVARIANTS, sinks.run_sink_seed),
     "savepoints": (savepoints.PLANTS, savepoints.INVARIANTS, savepoints.run_savepoint_seed),
+    "job": (job.PLANTS, job.INVARIANTS, job.run_job_seed),
 }
 PLANTS = tuple(p for plants, _, _ in WORLDS.values() for p in plants)
 INVARIANTS = tuple(i for _, invariants, _ in WORLDS.values() for i in invariants)
@@ -590,6 +595,22 @@ class Exploration:
     first: dict[str, Outcome] = field(default_factory=dict)
     first_unskewed: dict[str, Outcome] = field(default_factory=dict)  # all clocks agree
     failing_seeds: list[int] = field(default_factory=list)
+    #: world -> coverage counter -> schedules in which it was non-zero
+    coverage: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: world -> schedules cut off at the step limit
+    cut_off: dict[str, int] = field(default_factory=dict)
+    #: world -> schedules run
+    per_world: dict[str, int] = field(default_factory=dict)
+
+    def coverage_lines(self) -> list[str]:
+        """Per world: schedules cut off, and in how many schedules each counter fired."""
+        lines = []
+        for world, runs in self.per_world.items():
+            counters = self.coverage.get(world, {})
+            shown = ", ".join(f"{name} {n}" for name, n in sorted(counters.items()))
+            lines.append(f"coverage [{world}] of {runs} schedules: cut off "
+                         f"{self.cut_off.get(world, 0)}" + (f"; {shown}" if shown else ""))
+        return lines
 
 
 def explore(seeds: Iterable[int], plants: Iterable[str] = (),
@@ -609,6 +630,12 @@ def explore(seeds: Iterable[int], plants: Iterable[str] = (),
             own, _, run = WORLDS[name]
             outcome = run(seed, [p for p in plants if p in own])
             result.schedules += 1
+            result.per_world[name] = result.per_world.get(name, 0) + 1
+            result.cut_off[name] = result.cut_off.get(name, 0) + outcome.cut_off
+            counters = result.coverage.setdefault(name, {})
+            for counter, value in outcome.coverage.items():
+                if value:
+                    counters[counter] = counters.get(counter, 0) + 1
             if outcome.violations:
                 result.violations += 1
                 if seed not in result.failing_seeds:
@@ -671,6 +698,8 @@ def main(argv: list[str] | None = None) -> int:
         if unskewed is not None:
             print(f"first {invariant} with every clock right: seed {unskewed.seed} "
                   f"({unskewed.seed - args.start + 1} seeds)")
+    for line in result.coverage_lines():
+        print(line)
     print(f"{result.schedules} simulated schedules explored ({result.seeds} seeds x "
           f"{len(worlds)} worlds: {', '.join(worlds)}), {result.violations} violations "
           f"({real_time.monotonic() - started:.0f} s)")

@@ -90,3 +90,17 @@ def test_the_restored_checkpoint_is_pinned_until_the_run_has_its_own(tmp_path: P
     store.add(put_checkpoint(storage, 6, ["cc1"]))  # the run's own: the pin is released
     assert [m.checkpoint_id for m in store.retained] == [6]
     assert not storage.exists(L.shared_file("aa1"))
+
+
+def test_a_damaged_marker_is_not_retained_and_fails_no_driver(tmp_path: Path) -> None:
+    """Found by the job world of the simulation (seed 6): a vandalised ``_metadata``
+    made ``recover`` raise ``MetadataError`` in every later driver (the job wedged for
+    good) although ``restore`` had fallen back past it to an intact checkpoint."""
+    storage = open_storage((tmp_path / "s").as_uri())
+    put_checkpoint(storage, 1, ["aa1"])
+    put_checkpoint(storage, 2, ["aa1", "bb1"])
+    storage.put_bytes(L.checkpoint_metadata(1), b"\x00garbage")
+    store = CompletedCheckpointStore(storage, "j", num_retained=2)
+    assert store.recover() == 3  # ids still never repeat
+    assert [m.checkpoint_id for m in store.retained] == [2]
+    assert storage.exists(L.shared_file("bb1"))  # the intact one's files stay pinned

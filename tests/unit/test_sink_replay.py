@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.errors import SinkReplayMismatchError
+from airflow_ckpt.errors import SinkReplayMismatchError, SinkTransactionAbortedError
 from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
 from airflow_ckpt.runtime.sinks.offsets import (
     BatchOffsets,
@@ -377,3 +377,22 @@ def test_a_replay_from_the_same_start_is_the_same_batch_and_old_records_still_ma
     legacy = {k: v for k, v in committed.to_dict().items() if k != "starts"}
     legacy["digest"] = BatchOffsets(committed.sources, committed.files).digest
     assert check_replay("s", 1, legacy, replay)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_restoring_a_snapshot_whose_transaction_was_aborted_since_is_refused(
+        kind: str, storage: CheckpointStorage, tmp_path: Path) -> None:
+    """Found by the job world of the simulation (seed 201646): a savepoint listed batch
+    0's staged transaction; the next run found no checkpoint (a savepoint is no
+    ``latest``), started afresh and its recovery aborted the transaction; a later
+    run restored the savepoint, whose recovery "committed" the aborted transaction as a
+    no-op, and the restored state never replayed batch 0: its rows were lost silently.
+    Now that recovery is refused (a documented, final refusal)."""
+    log = OffsetsLog(tmp_path / "work")
+    sink = tracked_sink(kind, storage, log)
+    run_batch(sink, log, 0, 0, 3, commit=False)  # listed by the savepoint, not committed
+    tracked_sink(kind, storage, log).recover([])  # a fresh start aborts it
+    restored = tracked_sink(kind, storage, log)
+    with pytest.raises(SinkTransactionAbortedError, match="batch 0"):
+        restored.recover([0])  # the savepoint's transactions
+    assert published_numbers(restored) == []  # nothing half-published either

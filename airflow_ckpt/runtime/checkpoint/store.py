@@ -29,6 +29,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
+from airflow_ckpt.errors import MetadataError
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest
@@ -146,14 +147,26 @@ class CompletedCheckpointStore:
         for n in sorted(set(every) - set(completed)):
             log.info("removing abandoned checkpoint chk-%d (no _metadata)", n)
             self.storage.delete_prefix(self.layout.checkpoint_dir(n))
+        readable = [m for n in completed if (m := self._readable(n)) is not None]
         with self._lock:
-            self._retained = [self.catalog.checkpoint(n) for n in completed]
+            self._retained = readable
         stored = self.storage.list(self.layout.shared_prefix)
         bad = set(distrust)
         self.shared = SharedFileRegistry(i.key for i in stored if i.key not in bad)
         self.subsume_and_collect()
         savepoint_ids = [m.checkpoint_id for m in self.catalog.savepoints()]
         return max([0, *every, *savepoint_ids]) + 1
+
+    def _readable(self, checkpoint_id: int) -> Manifest | None:
+        """The manifest of a completed checkpoint, or None when its ``_metadata`` is
+        damaged: such a checkpoint cannot be restored (``restore`` falls back past it)
+        and pins nothing; one damaged marker must not fail every later driver."""
+        try:
+            return self.catalog.checkpoint(checkpoint_id)
+        except MetadataError as exc:
+            log.warning("checkpoint chk-%d is not retained: its _metadata is damaged (%s)",
+                        checkpoint_id, exc)
+            return None
 
     def add(self, manifest: Manifest) -> list[int]:
         """Register a completed checkpoint (its ``_metadata`` is durable); subsume old ones.

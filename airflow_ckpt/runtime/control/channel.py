@@ -39,6 +39,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
@@ -197,11 +198,17 @@ class ControlChannel:
 
     :param doorbell: the driver's :class:`Doorbell` (the driver's channel only): lets
         :meth:`due` say "list now" as soon as a ring was heard
+    :param clock: the requester's wall clock (a request's ``created_ts``, its id)
+    :param ids: fresh random ids (a request's id)
     """
 
     def __init__(self, storage: CheckpointStorage, job: str, *,
-                 doorbell: Doorbell | None = None) -> None:
+                 doorbell: Doorbell | None = None,
+                 clock: Callable[[], float] = time.time,
+                 ids: Callable[[], uuid.UUID] = uuid.uuid4) -> None:
         self.storage = storage
+        self.clock = clock
+        self.ids = ids
         self.layout = JobLayout(job)
         self.doorbell = doorbell
         #: when (the caller's clock) the newest listing of ``control/`` began
@@ -223,8 +230,8 @@ class ControlChannel:
         requested_by: str = "",
     ) -> ControlRequest:
         """Write a savepoint request. Durable (visible to the job) when this returns."""
-        now = time.time()
-        request_id = f"{int(now * 1000):013d}-{uuid.uuid4().hex[:8]}"
+        now = self.clock()
+        request_id = f"{int(now * 1000):013d}-{self.ids().hex[:8]}"
         request = ControlRequest(
             request_id=request_id,
             type="savepoint",

@@ -189,9 +189,12 @@ class CheckpointedJob:
         #: False: the coordinator runs no threads and is ticked by the run loop (one
         #: deterministic order of storage mutations, for crash-point enumeration)
         self.threaded = threaded
-        #: the coordinator's clock for when periodic checkpoints are due (a test that
-        #: needs one order of events injects a clock that always says "due")
+        #: the driver's monotonic clock: when periodic checkpoints and control polls are
+        #: due (a test that needs one order of events injects a clock that always says
+        #: "due"; the simulation its virtual clock)
         self.clock: Callable[[], float] = time.monotonic
+        #: how the driver waits out a restart delay (the simulation's virtual sleep)
+        self.sleep: Callable[[float], None] = time.sleep
         self.coordinator: CheckpointCoordinator | None = None  # of the running attempt
 
     def on_checkpoint(self, listener: Callable[[Manifest], None]) -> None:
@@ -388,7 +391,7 @@ class CheckpointedJob:
                 f"job {self.job}: the restart strategy declined to restart after: {cause}"
             ) from failure
         log.warning("restarting the query in %.3f s after: %s", decision.delay_s, cause)
-        time.sleep(decision.delay_s)
+        self.sleep(decision.delay_s)
 
     def _adopt(self, previous: LeaseRecord | None) -> tuple[tuple[int, ...], int]:
         """What this driver takes over from ``previous`` holder: the completed
@@ -479,7 +482,7 @@ class CheckpointedJob:
                 if self._cancel.is_set():
                     return self.ending.cancelled(query, coordinator)
                 stop = None
-                now = time.monotonic()
+                now = self.clock()
                 if not looked or self.control.due(now, CONTROL_POLL_S):
                     looked, stop = True, self.savepoint_requests.poll(coordinator, requests, now)
                 if not coordinator.threaded:
@@ -495,7 +498,7 @@ class CheckpointedJob:
                 # instead of twenty (each costs driver CPU on cores the batches use). A
                 # failure, a lost lease, a cancel or a doorbell is seen within a second.
                 wake = min(now + CONTROL_WAKE_S, self.control.next_due(CONTROL_POLL_S))
-                wait = max(wake - time.monotonic(), 0.05)
+                wait = max(wake - self.clock(), 0.05)
                 if query.awaitTermination(wait):  # type: ignore[arg-type]  # float s is fine
                     break
             error = query.exception()

@@ -444,8 +444,11 @@ class ParquetSink(TwoPhaseCommitSink):
         return self.transactions.staged()
 
     def recover(self, commit: Iterable[int]) -> None:
-        """As the base class, and abort the staging a crash left without a record."""
-        super().recover(commit)
+        """As the base class, and abort the staging a crash left without a record;
+        refuse a restored transaction aborted since (``SinkTransactionAbortedError``)."""
+        keep = set(commit)
+        self.transactions.require_committable(keep)
+        super().recover(keep)
         pending = set(self.pending())
         for name in self.storage.list_dirs("_staging/"):
             if name.isdigit() and int(name) not in pending:

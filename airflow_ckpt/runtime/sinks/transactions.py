@@ -58,7 +58,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -66,6 +66,7 @@ from airflow_ckpt.errors import (
     ObjectAlreadyExistsError,
     ObjectNotFoundError,
     PreconditionFailedError,
+    SinkTransactionAbortedError,
 )
 from airflow_ckpt.runtime.sinks.offsets import REFUSE, BatchOffsets, ReplayPolicy, ReplayVerdict
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
@@ -195,6 +196,16 @@ class SinkTransactions:
         publication of it): the pending transactions, ascending."""
         return sorted({b for b, replay in self._records("_txn/")
                        if (t := self.current(b, replay)) is not None and t.state == "staged"})
+
+    def require_committable(self, batches: Iterable[int]) -> None:
+        """Raise :class:`~airflow_ckpt.errors.SinkTransactionAbortedError` for the first
+        of ``batches`` (a restored snapshot's transactions, about to be committed) whose
+        record was aborted and that has no decision: its output is gone, and the
+        restored state will not replay it."""
+        for batch_id in sorted(set(batches)):
+            txn = self.current(batch_id)
+            if txn is not None and txn.state == "aborted" and self.decision(batch_id) is None:
+                raise SinkTransactionAbortedError(batch_id, self.name)
 
     def replays(self, batch_id: int) -> list[str]:
         """Tags of the batch's extra publications that have a transaction record."""

@@ -56,6 +56,9 @@ class Host:
 
     name: str
     skew_s: float = 0.0
+    #: how fast its monotonic clock (and its timers) run against true time: a drifting
+    #: clock, which no guarantee may rest on (1.0: the true rate)
+    rate: float = 1.0
 
 
 @dataclass(eq=False)
@@ -109,6 +112,7 @@ class Scheduler:
         self.rng = random.Random(seed)
         self.ids = random.Random(seed ^ 0x5EED)
         self.now = start
+        self.start = start
         self.max_steps = max_steps
         self.deliver_p = deliver_p
         self.step = 0
@@ -136,8 +140,11 @@ class Scheduler:
         return self.now + (host.skew_s if host is not None else 0.0)
 
     def monotonic(self) -> float:
-        """A monotonic clock (each host's runs at the true rate: skew does not matter)."""
-        return self.now
+        """The calling actor's host's monotonic clock: it runs at the host's ``rate``
+        (skew does not matter; the harness reads true time)."""
+        actor = self.current()
+        rate = actor.host.rate if actor is not None else 1.0
+        return self.start + (self.now - self.start) * rate
 
     def uuid4(self) -> real_uuid.UUID:
         """A random id drawn from the seed (the simulation's id source)."""
@@ -159,6 +166,9 @@ class Scheduler:
         if actor.pause_p and self.rng.random() < actor.pause_p:
             actor.wake_at = self.now + self.rng.uniform(*actor.pause_s)
             self.log(f"pauses until t+{actor.wake_at - 1_800_000_000.0:.3f} before {what}")
+            for thread in self.actors:  # the whole process stops: its threads too
+                if thread.parent is actor and thread.alive:
+                    thread.wake_at = max(thread.wake_at, actor.wake_at)
         self._back.release()
         actor.go.acquire()
         if actor.killed:
@@ -169,7 +179,7 @@ class Scheduler:
         actor = self.current()
         if actor is None:
             raise RuntimeError("only actors sleep")
-        actor.wake_at = self.now + max(seconds, 0.0)
+        actor.wake_at = self.now + max(seconds, 0.0) / actor.host.rate
         self.yield_point(f"sleep {seconds:g}")
 
     def spawn(self, name: str, host: Host, program: Callable[[], None], *,

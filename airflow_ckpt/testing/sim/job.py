@@ -1,0 +1,1002 @@
+"""The job world of the simulation: real ``CheckpointedJob`` drivers of one job, fighting
+over it, against a ground truth (issue 25 items A and C).
+
+2-4 drivers of one job (each on its own host, clocks skewed), started together or late,
+each a process that may run 1-3 *lives* (a retried Airflow task: a driver that met
+another holder tries again a while later). Every life is the real
+:class:`~airflow_ckpt.runtime.job.checkpointed_job.CheckpointedJob` over
+:class:`JobSpark` (:mod:`airflow_ckpt.testing.simquery`: a deterministic micro-batch
+query, no JVM) and the simulated storage, with everything it brings: lease acquire with
+adoption (``valid_checkpoint_ids``) and its heartbeat (an actor: a thread of the
+driver's process, paused with it), the unthreaded coordinator
+(``InlineExecutor(deferred=True)``: an async phase runs at the next tick), retention
+``num-retained`` 1-3 with subsumption and shared-file GC on incremental checkpoints,
+``restore`` with fallback and the catalog's reads, the control channel and its doorbell,
+the outage wrapper (``tolerable-storage-outage`` 30 s: 503s are waited through on the
+virtual clock), and a sink: :class:`~airflow_ckpt.runtime.sinks.jsonl.JsonLinesSink` or
+:class:`SimParquetSink` (the real ``ParquetSink`` whose executor side - the staged files
+a ``mapInArrow`` task would upload - is simulated), in EXACTLY_ONCE or AT_LEAST_ONCE
+mode. Clocks and ids are the scheduler's (set on the collaborators' public attributes
+after construction); the history's background compaction is off.
+
+**Ground truth.** The input is a fixed sequence of records ``(i, key, value)``; batch
+``b`` reads records ``b*P .. b*P+P-1``. The query's state is the running sum per key
+(two state partitions, one version per batch, older versions purged as Spark does), and
+each output row is ``(i, key, running sum of key up to i)``: a restore of another state
+than the one the offsets say shows as wrong sums.
+
+**Faults.** A driver's storage calls meet 503s, lost answers and writes landing up to
+:data:`HOLD_S` after their caller gave up; a driver may crash at any yield point, or
+pause (its whole process) for up to :data:`PAUSE_S` in the middle of anything - after
+its lease gate, say: a deposed writer. A vandal damages or deletes a shared file, a
+checkpoint file or a ``_metadata`` at random. A control client sends savepoint and
+stop-with-savepoint requests through the real :class:`ControlChannel` (and one request
+from a *newer* version, with a field this one does not know), waits for the answer and
+expires its request when it gives up (``expire_request``). After the chaos, a faultless
+*recovery* driver runs the job to its end (``restore=latest``; again after a stop).
+
+Invariants (checked after every step unless said; each with the mutant that shows it
+can fail, see docs/architecture.md "Deterministic simulation"):
+
+* ``job-output`` (at the end, against the ground truth): after recovery every record
+  is published exactly once (EXACTLY_ONCE; at least once in AT_LEAST_ONCE) with its
+  right running sum, or a documented refusal happened (``restore=latest`` found no
+  restorable checkpoint because the vandal damaged every one, or the restored snapshot
+  lists a sink transaction a later run aborted: ``SinkTransactionAbortedError``);
+* ``job-uncovered-commit`` (EXACTLY_ONCE): no batch is committed (a sink decision
+  exists) unless a checkpoint or savepoint whose batch covers it completed;
+* ``job-checkpoint-changed``: a completed checkpoint's or savepoint's ``_metadata``,
+  and every object it references, never changes once written (but by the vandal);
+* ``job-checkpoint-verifies``: every retained checkpoint that counts, and every
+  savepoint, has every object it references (every step) and restores - its files
+  verify by size and checksum, ``materialize`` (at the end) - unless the vandal
+  touched one of its objects;
+* ``job-damaged-reference``: a checkpoint completed by a driver after its restore found
+  objects damaged never references one of them while it is still damaged;
+* ``job-older-state``: ``restore=latest`` resumes the newest checkpoint that counts
+  and restores (at or above the run's floor), never an older one nor a fresh start,
+  unless every newer one is damaged; an explicit target is taken as asked;
+* ``job-control``: every control request whose write the client saw succeed is
+  answered, exactly once (the answer never changes), by the end (one whose write
+  failed may land later unseen: nobody waits for it, it expires by its own clock); the
+  request from a newer version is answered "failed" by the driver that reads it
+  (unless its requester expired it first), never stuck;
+* ``job-driver-error``: a driver life ends finished, stopped, or of a lost lease, an
+  unreachable storage, spent restarts or a documented refusal - never of anything else
+  (e.g. ``CorruptCheckpointError`` from its sink: a wedged job);
+* ``job-cut-off``: no schedule is cut off at the step limit (a driver stuck on
+  something; counted and reported);
+* ``job-marker-resurrected``: a checkpoint's ``_metadata``, once deleted (subsumed),
+  never appears again. **Broken today** (:data:`KNOWN_DEFECTS`, seed 45): a marker PUT
+  whose answer was lost is repeated by the outage wrapper (create-only, equal bytes:
+  success), the checkpoint is later subsumed (marker, then files deleted), and the
+  first PUT, still in the network, lands on the absent key: a checkpoint that counts
+  reappears with its files gone (a later driver retains it; restore falls back past
+  it). The resurrected marker is judged as damaged by the other invariants.
+
+:class:`~airflow_ckpt.testing.sim.outcome.Outcome.coverage` counts what each schedule
+exercised (GC over a non-empty set, adoption filtering a marker, a restore fallback,
+control answers, the outage wrapper riding out an outage, the Parquet sink, contention:
+a second lease holder, and a holder deposed while alive).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from airflow_ckpt.errors import (
+    AirflowCkptError,
+    ConcurrentDriverError,
+    CorruptCheckpointError,
+    LeaseExpiredError,
+    MetadataError,
+    ObjectAlreadyExistsError,
+    RestartsExhaustedError,
+    RestoreError,
+    SinkTransactionAbortedError,
+    StorageError,
+)
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest, parse_manifest
+from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest
+from airflow_ckpt.runtime.control.savepoints import expire_request
+from airflow_ckpt.runtime.job import CheckpointedJob
+from airflow_ckpt.runtime.job import checkpointed_job as job_module
+from airflow_ckpt.runtime.lease.holder import JobLease
+from airflow_ckpt.runtime.lease.record import read_lease, valid_checkpoint_ids
+from airflow_ckpt.runtime.restore.choose import RestoreResult
+from airflow_ckpt.runtime.restore.materialize import materialize
+from airflow_ckpt.runtime.sinks import JsonLinesSink, TwoPhaseCommitSink
+from airflow_ckpt.runtime.sinks.parquet import ParquetSink
+from airflow_ckpt.runtime.sinks.transactions import SinkTransactions
+from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.runtime.storage.layout import JobLayout
+from airflow_ckpt.testing import simquery
+from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
+from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
+from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
+from airflow_ckpt.testing.simquery import SimulatedQuery, write_file
+
+JOB = "simjob"
+RUN_ID = "dag/run-1/task"
+SINK_PREFIX = "_out/simjob"
+LAYOUT = JobLayout(JOB)
+KEYS = ("a", "b", "c")
+#: the lease on the virtual clock (heartbeat < ttl - max write)
+TTL_S, HEARTBEAT_S, MAX_WRITE_S = 20.0, 3.0, 4.0
+#: a late write is held up to this long: past a successor's takeover
+HOLD_S = 40.0
+PAUSE_S = (5.0, 40.0)
+#: a request's timeout: it never expires on the job's side in a schedule
+REQUEST_TIMEOUT_S = 1e6
+RESTART = {"type": "fixed-delay", "fixed-delay.attempts": 4, "fixed-delay.delay": "0 s"}
+SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
+#: monotonic clock rates: most hosts' run true, some drift far (liveness only)
+RATES = (1.0, 1.0, 1.0, 0.5, 2.0)
+#: request kinds the control client sends
+SAVEPOINT, STOP, NEWER = "savepoint", "stop", "newer-version"
+
+JOB_OUTPUT = "job-output"
+UNCOVERED_COMMIT = "job-uncovered-commit"
+CHECKPOINT_CHANGED = "job-checkpoint-changed"
+CHECKPOINT_VERIFIES = "job-checkpoint-verifies"
+DAMAGED_REFERENCE = "job-damaged-reference"
+OLDER_STATE = "job-older-state"
+CONTROL = "job-control"
+DRIVER_ERROR = "job-driver-error"
+CUT_OFF = "job-cut-off"
+MARKER_RESURRECTED = "job-marker-resurrected"
+INVARIANTS = (JOB_OUTPUT, UNCOVERED_COMMIT, CHECKPOINT_CHANGED, CHECKPOINT_VERIFIES,
+              DAMAGED_REFERENCE, OLDER_STATE, CONTROL, DRIVER_ERROR, CUT_OFF,
+              MARKER_RESURRECTED)
+#: invariants the runtime still breaks (a defect found, not fixed yet): reported by every
+#: run, not failed on by the seeds of ``make test`` (see docs/architecture.md)
+KNOWN_DEFECTS = frozenset({MARKER_RESURRECTED})
+PLANTS: tuple[str, ...] = ()
+
+#: how a driver life may end without breaking ``job-driver-error`` (the documented
+#: refusals are judged apart: see JobWorld.check_refusal)
+ALLOWED_ENDINGS = (ConcurrentDriverError, LeaseExpiredError, StorageError,
+                   RestartsExhaustedError)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSetup:
+    """One seed's system (drawn from the seed)."""
+
+    drivers: int
+    together: bool  # all drivers start at once (a double-triggered DAG)
+    skews: tuple[float, ...]
+    rates: tuple[float, ...]  # each driver host's monotonic clock rate (drift)
+    lives: int  # lives per driver process (a retried task)
+    sink: str  # "jsonl" | "parquet"
+    mode: str
+    num_retained: int
+    incremental: bool
+    batches: int
+    per_batch: int
+    faults: Faults
+    crash_p: float
+    pause_p: float
+    damages: int  # objects the vandal damages or deletes
+    requests: tuple[str, ...]
+    explicit_p: float  # chance a late life restores an explicit older checkpoint
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> JobSetup:
+        drivers = rng.choice((2, 2, 3, 4))
+        return cls(
+            drivers=drivers,
+            together=rng.random() < 0.5,
+            skews=tuple(rng.choice(SKEWS) for _ in range(drivers)),
+            rates=tuple(rng.choice(RATES) for _ in range(drivers)),
+            lives=rng.choice((1, 2, 3)),
+            sink=rng.choice(("jsonl", "parquet")),
+            mode="EXACTLY_ONCE" if rng.random() < 0.7 else "AT_LEAST_ONCE",
+            num_retained=rng.choice((1, 2, 3)),
+            incremental=rng.random() < 0.75,
+            batches=rng.randint(4, 9),
+            per_batch=rng.choice((2, 3)),
+            faults=rng.choice((Faults(hold_s=HOLD_S), Faults(0.01, 0.02, 0.01, HOLD_S),
+                               Faults(0.03, 0.03, 0.02, HOLD_S))),
+            crash_p=rng.choice((0.0, 0.003, 0.01)),
+            pause_p=rng.choice((0.0, 0.005, 0.02)),
+            damages=rng.choice((0, 0, 0, 1, 2)),
+            requests=tuple(rng.choice((SAVEPOINT, SAVEPOINT, STOP, NEWER))
+                           for _ in range(rng.randint(0, 3))),
+            explicit_p=rng.choice((0.0, 0.3)),
+        )
+
+    @property
+    def skewed(self) -> bool:
+        return len(set(self.skews)) > 1 or set(self.rates) != {1.0}
+
+    def describe(self) -> str:
+        return (f"{self.drivers} drivers ({'together' if self.together else 'staggered'}, "
+                f"clocks {list(self.skews)} at rates {list(self.rates)}, {self.lives} lives "
+                f"each), {self.sink} sink "
+                f"{self.mode}, num-retained {self.num_retained}, "
+                f"{'incremental' if self.incremental else 'full'} checkpoints, "
+                f"{self.batches} batches of {self.per_batch}, faults {self.faults}, crash p "
+                f"{self.crash_p}, pause p {self.pause_p}, {self.damages} damaged object(s), "
+                f"requests {list(self.requests)}, explicit restore p {self.explicit_p}")
+
+
+class SimLock:
+    """A lock for actors: waiting for it is a yield point (a thread blocked on a real
+    lock would keep the baton)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.held = False
+
+    def __enter__(self) -> SimLock:
+        while self.held:
+            self.scheduler.sleep(0.01)
+        self.held = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.held = False
+
+
+class SimCondition:
+    """The lease's ``_beating`` condition for actors: ``wait_for`` sleeps on the
+    virtual clock until the predicate holds or the timeout passed."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def __enter__(self) -> SimCondition:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
+        deadline = self.scheduler.now + (timeout or 0.0)
+        while not predicate() and self.scheduler.now < deadline:
+            self.scheduler.sleep(min(0.1, deadline - self.scheduler.now))
+        return predicate()
+
+    def notify_all(self) -> None:
+        return None
+
+
+class SimThread:
+    """An actor as the lease's ``_thread``: ``release`` joins it (waits on the virtual
+    clock for its beat in flight to end) before it lets go of the record."""
+
+    def __init__(self, scheduler: Scheduler, actor: Actor) -> None:
+        self.scheduler, self.actor = scheduler, actor
+
+    def join(self) -> None:
+        while self.actor.alive:
+            self.scheduler.sleep(0.05)
+
+
+class JobQuery(SimulatedQuery):
+    """The ground truth's query: batch ``b`` reads ``per_batch`` records, keeps the
+    running sum per key in two state partitions and emits ``(i, key, running)``."""
+
+    def __init__(self, world: JobWorld, workdir: Path, fn: simquery.BatchFn,
+                 on_batch: Callable[[int], None]) -> None:
+        super().__init__(workdir, fn, on_batch)
+        self.world = world
+        self.sums: dict[str, int] = {}
+        if not (workdir / "metadata").exists():
+            write_file(workdir / "metadata", json.dumps({"id": "simjob-query"}))
+            write_file(workdir / "state" / "0" / "_metadata" / "metadata",
+                       'v1\n{"stateStoreInfo":[{"storeName":"default","numPartitions":2}]}')
+
+    def _next(self) -> int:
+        done = [int(p.name) for p in (self.workdir / "commits").glob("*") if p.name.isdigit()]
+        return max(done, default=-1) + 1
+
+    def _plan(self) -> int | None:
+        batch = self._next()
+        return batch if batch < self.world.setup.batches else None
+
+    def _input(self, batch: int) -> list[dict[str, Any]]:
+        start, end = self.world.span(batch)
+        write_file(self.workdir / "offsets" / str(batch),
+                   'v1\n{"conf":{"spark.sql.shuffle.partitions":"2"}}\n'
+                   + json.dumps({"start": start, "end": end}))
+        self.sums = {}
+        if batch > 0:
+            for part in (0, 1):
+                path = self.workdir / "state" / "0" / str(part) / f"{batch}.delta"
+                if not path.exists():  # restored state is missing: fail, never guess
+                    raise RuntimeError(f"state version {batch} of partition {part} is missing")
+                self.sums.update(json.loads(path.read_text()))
+        rows = []
+        for i in range(start, end):
+            key, value = self.world.records[i]
+            self.sums[key] = self.sums.get(key, 0) + value
+            rows.append({"i": i, "key": key, "running": self.sums[key]})
+        return rows
+
+    def _finish(self, batch: int) -> None:
+        for part in (0, 1):
+            mine = {k: v for k, v in self.sums.items() if KEYS.index(k) % 2 == part}
+            write_file(self.workdir / "state" / "0" / str(part) / f"{batch + 1}.delta",
+                       json.dumps(mine, sort_keys=True))
+        write_file(self.workdir / "commits" / str(batch), "v1\n{}")
+        for log_dir in ("offsets", "commits"):
+            for old in (self.workdir / log_dir).glob("*"):
+                if old.name.isdigit() and int(old.name) < batch - 3:
+                    old.unlink()
+        for part in (0, 1):
+            for old in (self.workdir / "state" / "0" / str(part)).glob("*.delta"):
+                if int(old.name.split(".")[0]) < batch - 3:
+                    old.unlink()
+
+
+class JobSpark(simquery.SimulatedSpark):
+    """A session whose query is :class:`JobQuery`; each batch first takes a while of
+    virtual time."""
+
+    def __init__(self, world: JobWorld) -> None:
+        super().__init__(lambda batch: world.scheduler.sleep(world.rng.uniform(0.2, 3.0)))
+        self.world = world
+
+    def query(self, workdir: Path, fn: simquery.BatchFn) -> JobQuery:
+        return JobQuery(self.world, workdir, fn, self.on_batch)
+
+
+class SimParquetSink(ParquetSink):
+    """The real ``ParquetSink`` over a simulated table bucket; its executor side (the
+    tasks writing staged files, returning name, size and rows) is simulated: 1-2 files
+    of JSON lines per attempt, written through the executors' own (unfenced) view."""
+
+    def __init__(self, table: CheckpointStorage, executors: CheckpointStorage,
+                 ids: Callable[[], Any], scratch: Path) -> None:
+        super().__init__(scratch.as_uri(), max_workers=1)
+        self.storage = table
+        self.transactions = SinkTransactions(table, name=repr(self))
+        self.executors = executors
+        self.ids = ids
+
+    def stage(self, df: Any, batch_id: int) -> None:
+        rows = [row.asDict() for row in df.collect()]
+        attempt = self.ids().hex[:16]
+        files = []
+        for n, part in enumerate((rows[: len(rows) // 2 + 1], rows[len(rows) // 2 + 1:])):
+            if not part:
+                continue
+            name = f"part-{n:05d}.parquet"
+            body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in part).encode()
+            self.executors.put_bytes(f"{self._staging_prefix(batch_id, attempt)}{name}", body)
+            files.append({"name": name, "size": len(body), "rows": len(part)})
+        self._record(batch_id, attempt, files)
+
+
+class SimJob(CheckpointedJob):
+    """The real job, telling the world what each restore chose (observation only)."""
+
+    world: JobWorld
+    life: str
+    restores = 0
+    alive = True  # its ``run`` has not returned
+
+    def _start_coordinator(self, restored: RestoreResult, *, initial: bool = False) -> Any:
+        target = self.restore_target if self.restores == 0 else "latest"
+        self.restores += 1
+        self.world.on_restored(self, restored, target)
+        return super()._start_coordinator(restored, initial=initial)
+
+
+class JobWorld(Judged):
+    """The job world of one seed (see the module doc)."""
+
+    def __init__(self, seed: int, max_steps: int = 12000) -> None:
+        self.scheduler = Scheduler(seed, max_steps=max_steps)
+        self.rng = self.scheduler.rng
+        self.setup = JobSetup.draw(self.rng)
+        self.violations: list[Violation] = []
+        self.objects = SimObjects()
+        self.table = SimObjects()  # the Parquet table's bucket
+        self.oracle = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True)
+        self.table_oracle = SimStorage(self.table, self.scheduler, tag="oracle", oracle=True)
+        self.records = [(self.rng.choice(KEYS), self.rng.randint(1, 9))
+                        for _ in range(self.setup.batches * self.setup.per_batch)]
+        running: dict[str, int] = {}
+        self.expected: list[int] = []
+        for key, value in self.records:
+            running[key] = running.get(key, 0) + value
+            self.expected.append(running[key])
+        self.config = {
+            "execution.checkpointing.interval": "1 s",
+            "execution.checkpointing.min-pause": "0 ms",
+            "execution.checkpointing.num-retained": self.setup.num_retained,
+            "execution.checkpointing.incremental": self.setup.incremental,
+            "execution.checkpointing.mode": self.setup.mode,
+            "execution.checkpointing.tolerable-failed-checkpoints": 1000,
+            "execution.checkpointing.tolerable-storage-outage": "30 s",
+        }
+        self.tmp = Path(tempfile.mkdtemp(prefix="simjob-", dir=_scratch_dir()))
+        self.coverage: Counter[str] = Counter()
+        #: key -> ETag after the vandal's damage (None: deleted)
+        self.vandalized: dict[str, str | None] = {}
+        self.jobs: list[SimJob] = []
+        self.endings: list[tuple[str, BaseException | str]] = []
+        self._version = -1
+        self._markers: dict[str, bytes] = {}  # _metadata key -> its first bytes
+        self._deleted_markers: set[str] = set()
+        self._referenced: dict[str, dict[str, str]] = {}  # marker -> key -> first ETag
+        self._manifests: dict[tuple[str, str], Manifest | None] = {}
+        self._results: dict[str, bytes] = {}  # control result key -> its first bytes
+        self._covered = -1  # the newest batch a completed checkpoint or savepoint covers
+        self._present_before: set[str] = set()
+        self._epochs_seen: set[int] = set()
+        self._damaged_known: dict[str, frozenset[str]] = {}  # life -> keys its restore found
+        self._life_epochs: dict[str, int] = {}  # life -> its lease epoch when it restored
+        self.scheduler.observers.append(self.check)
+
+    # ------------------------------------------------------------------ ground truth
+
+    def span(self, batch: int) -> tuple[int, int]:
+        return batch * self.setup.per_batch, (batch + 1) * self.setup.per_batch
+
+    def manifest(self, key: str, store: SimObjects | None = None) -> Manifest | None:
+        stored = (store or self.objects).objects.get(key)
+        if stored is None:
+            return None
+        cached = (key, stored.etag)
+        if cached not in self._manifests:
+            try:
+                self._manifests[cached] = parse_manifest(stored.data, where=key)
+            except MetadataError:
+                self._manifests[cached] = None
+        return self._manifests[cached]
+
+    def counting(self) -> list[int]:
+        """Ids of the checkpoints that count under the current lease (with a marker)."""
+        ids = sorted({n for key in self.objects.objects
+                      if (n := _checkpoint_of(key)) is not None})
+        if not ids:
+            return []
+        return valid_checkpoint_ids(ids, read_lease(self.oracle, JOB))
+
+    def damaged(self, manifest: Manifest, marker: str) -> bool:
+        """Whether the vandal touched the marker or an object it references."""
+        return marker in self.vandalized or any(
+            f"{JOB}/{f.key}" in self.vandalized for f in manifest.files)
+
+    # ------------------------------------------------------------------ invariants
+
+    def check(self) -> None:
+        """The per-step invariants (see the module doc)."""
+        if self.objects.version + self.table.version == self._version:
+            return
+        self._version = self.objects.version + self.table.version
+        objects = self.objects.objects
+        present = set(objects)
+        gone = self._present_before - present
+        if any(k.startswith(f"{JOB}/shared/") and k not in self.vandalized for k in gone):
+            self.coverage["gc-shared-files"] += 1
+        if any(_checkpoint_of(k) is not None and k not in self.vandalized for k in gone):
+            self.coverage["subsumed"] += 1
+        self._present_before = present
+        for key in present:
+            if key.startswith(LAYOUT.lease_prefix) and key.endswith(".json"):
+                epoch = int(key[len(LAYOUT.lease_prefix):-5])
+                if epoch not in self._epochs_seen:
+                    self._epochs_seen.add(epoch)
+                    self._new_holder(epoch)
+        markers = [k for k in present if k.endswith("/_metadata")]
+        counting = set(self.counting())
+        if any(_checkpoint_of(k) not in counting for k in markers if _checkpoint_of(k)):
+            self.coverage["adoption-filtered"] += 1
+        for key in sorted(set(self._markers) - present):
+            self._deleted_markers.add(key)
+        for key in markers:
+            if key in self._deleted_markers and key not in self.vandalized:
+                self.vandalized[key] = objects[key].etag  # judged as damaged from now on
+                self.violate(MARKER_RESURRECTED, f"{key} was deleted (subsumed) and "
+                             "created again by a late write: a completed checkpoint whose "
+                             "files are gone")
+            data = objects[key].data
+            first = self._markers.setdefault(key, data)
+            if first != data and key not in self.vandalized:
+                self.violate(CHECKPOINT_CHANGED, f"{key} changed after it completed")
+            manifest = self.manifest(key)
+            if manifest is None:
+                continue
+            number = _checkpoint_of(key)
+            if number is not None and number not in counting:
+                continue
+            self._covered = max(self._covered, manifest.batch_id)
+            if key not in self.vandalized:
+                self._check_references(key, manifest)
+        self._check_commits()
+        for key in present:
+            if key.startswith(LAYOUT.control_prefix) and key.endswith(".result.json"):
+                first = self._results.setdefault(key, objects[key].data)
+                if first != objects[key].data:
+                    self.violate(CONTROL, f"the answer {key} changed")
+
+    def _check_references(self, marker: str, manifest: Manifest) -> None:
+        objects = self.objects.objects
+        first = self._referenced.get(marker)
+        if first is None:
+            first = self._referenced[marker] = {
+                f"{JOB}/{f.key}": objects[f"{JOB}/{f.key}"].etag for f in manifest.files
+                if f"{JOB}/{f.key}" in objects}
+        for entry in manifest.files:
+            key = f"{JOB}/{entry.key}"
+            if key in self.vandalized:
+                continue
+            stored = objects.get(key)
+            if stored is None:
+                self.violate(CHECKPOINT_VERIFIES, f"{marker} counts, but {key} it "
+                             "references is gone")
+            elif key in first and stored.etag != first[key]:
+                self.violate(CHECKPOINT_CHANGED, f"{key} of {marker} changed")
+            elif len(stored.data) != entry.size and entry.offset is None:
+                self.violate(CHECKPOINT_VERIFIES, f"{key} of {marker} has "
+                             f"{len(stored.data)} bytes, not {entry.size}")
+
+    def _check_commits(self) -> None:
+        if self.setup.mode != "EXACTLY_ONCE":
+            return
+        prefix, store = (f"{SINK_PREFIX}/_committed/", self.objects) \
+            if self.setup.sink == "jsonl" else ("_committed/", self.table)
+        for key in store.objects:
+            if key.startswith(prefix):
+                name = key[len(prefix):].split(".")[0]
+                if name.isdigit() and int(name) > self._covered:
+                    self.violate(UNCOVERED_COMMIT, f"batch {int(name)} is committed "
+                                 f"({key}); the newest completed snapshot covers "
+                                 f"batch {self._covered}")
+
+    def _new_holder(self, epoch: int) -> None:
+        if len(self._epochs_seen) >= 2 and not self.recovering:
+            self.coverage["second-holder"] += 1
+        for job in self.jobs:
+            record = job.lease.record
+            if record is not None and record.epoch < epoch and job.lease.failure is None \
+                    and job.alive:
+                self.coverage["holder-deposed-alive"] += 1
+
+    def on_restored(self, job: SimJob, restored: RestoreResult, target: str) -> None:
+        """``job-older-state`` at each restore; the damaged keys it learnt."""
+        self._damaged_known[job.life] = restored.damaged_keys
+        if job.lease.record is not None:
+            self._life_epochs[job.life] = job.lease.record.epoch
+        if restored.damaged_keys:
+            self.coverage["restore-fallback"] += 1
+        record = job.lease.record
+        epochs = sorted(self._epochs_seen)
+        if target != "latest" or record is None or not epochs or epochs[-1] != record.epoch:
+            return  # asked for, or deposed already: a successor decides
+        floor = job._run_floor
+        restored_id = restored.manifest.checkpoint_id \
+            if restored.manifest and not restored.manifest.is_savepoint else None
+        for number in self.counting():
+            if (restored_id is not None and number <= restored_id) or \
+                    (floor is not None and number < floor):
+                continue
+            key = LAYOUT.checkpoint_metadata(number)
+            manifest = self.manifest(key)
+            if manifest is not None and not self.damaged(manifest, key):
+                self.violate(OLDER_STATE, f"{job.life} restored "
+                             f"{restored.path or 'nothing'} with restore=latest, but "
+                             f"checkpoint {number} counts and is intact")
+                return
+
+    def check_damaged_references(self) -> None:
+        """``job-damaged-reference``: no checkpoint completed after its driver's restore
+        learnt of damaged keys references one still damaged."""
+        for key in self._markers:
+            manifest = self.manifest(key)
+            stored = self.objects.objects.get(key)
+            if manifest is None or stored is None:
+                continue
+            for life, keys in self._damaged_known.items():
+                if not keys or manifest.lease_epoch is None or \
+                        self._life_epochs.get(life) != manifest.lease_epoch:
+                    continue
+                for entry in manifest.files:
+                    full = f"{JOB}/{entry.key}"
+                    if full in keys and self.objects.objects.get(full) is not None and \
+                            self.objects.objects[full].etag == self.vandalized.get(full):
+                        self.violate(DAMAGED_REFERENCE, f"{key} references {full}, which "
+                                     f"{life}'s restore found damaged")
+
+    # ------------------------------------------------------------------ actors
+
+    recovering = False
+
+    def make_job(self, number: int, life: str, restore: str, storage: SimStorage,
+                 host: Host) -> tuple[SimJob, TwoPhaseCommitSink]:
+        sched = self.scheduler
+        job = SimJob(JobSpark(self), job=JOB, storage=storage,  # type: ignore[arg-type]
+                     checkpoint_config=self.config, restart_strategy=RESTART,
+                     restore=restore, workdir=self.tmp / life, run_id=RUN_ID,
+                     threaded=False)
+        job.world, job.life = self, life
+        lease = job.lease
+        lease.clock, lease.wall_clock, lease.sleep = sched.monotonic, sched.wall_clock, sched.sleep
+        lease.ttl_s, lease.heartbeat_s, lease.max_write_s = TTL_S, HEARTBEAT_S, MAX_WRITE_S
+        lease._beating = SimCondition(sched)  # type: ignore[assignment]
+        lease._swapping = SimLock(sched)  # type: ignore[assignment]
+        lease._start_heartbeat = lambda: self.heartbeat(  # type: ignore[method-assign]
+            lease, life, host)
+        job.outage.clock, job.outage.sleep = sched.monotonic, sched.sleep
+        job.history.clock, job.history.ids = sched.wall_clock, sched.uuid4
+        job.history.compaction = None
+        job.clock, job.sleep = sched.monotonic, sched.sleep
+        sink: TwoPhaseCommitSink
+        if self.setup.sink == "jsonl":
+            sink = JsonLinesSink(job.storage, SINK_PREFIX, ids=sched.uuid4)
+        else:
+            faults = Faults() if self.recovering else self.setup.faults
+            sink = SimParquetSink(
+                SimStorage(self.table, sched, faults=faults, tag=f"{life}-table"),
+                SimStorage(self.table, sched, faults=faults, tag=f"{life}-executors"),
+                sched.uuid4, self.tmp / f"{life}-scratch")
+            self.coverage["parquet-sink"] = 1
+        self.jobs.append(job)
+        return job, sink
+
+    def heartbeat(self, lease: JobLease, life: str, host: Host) -> None:
+        """The lease's heartbeat thread, as an actor of the driver's process."""
+        sched = self.scheduler
+        lease._stop.clear()
+
+        def beat() -> None:
+            while True:
+                sched.sleep(lease.heartbeat_s)
+                if lease._stop.is_set() or lease.record is None:
+                    return
+                try:
+                    lease.beat()
+                except (ConcurrentDriverError, LeaseExpiredError):
+                    return
+                except AirflowCkptError:
+                    continue
+
+        lease._thread = SimThread(  # type: ignore[assignment]
+            sched, sched.spawn(f"{life}-heartbeat", host, beat, parent=sched.current()))
+
+    def run_life(self, number: int, life: str, restore: str, storage: SimStorage,
+                 host: Host) -> str:
+        """One driver life; how it ended."""
+        job, sink = self.make_job(number, life, restore, storage, host)
+        self.scheduler.log(f"{life} starts, restore={restore}")
+        try:
+            result = job.run(lambda: job.spark.writer(  # type: ignore[attr-defined]
+                job.exactly_once(sink)))
+            ending: BaseException | str = result.outcome
+        except AirflowCkptError as exc:
+            ending = exc
+            if not isinstance(ending, ALLOWED_ENDINGS) and job.lease.failure is not None:
+                ending = job.lease.failure  # e.g. the checkpoint it awaited failed for it
+        finally:
+            job.alive = False
+            if job.outage.outages:
+                self.coverage["outage-ridden" if job.outage.ridden_out else "outage-met"] += 1
+        self.endings.append((life, ending))
+        self.scheduler.log(f"{life} ended: {ending!r}")
+        self.judge_ending(life, ending, explicit=restore != "latest")
+        return ending if isinstance(ending, str) else type(ending).__name__
+
+    def judge_ending(self, life: str, ending: BaseException | str, explicit: bool) -> None:
+        if isinstance(ending, str):
+            self.coverage[f"life-{ending}"] += 1
+            return
+        if isinstance(ending, RestoreError) and not isinstance(ending, CorruptCheckpointError) \
+                and "can be restored" in str(ending) and self.vandalized:
+            self.coverage["refusal"] += 1  # judged again at the end (check_refusal)
+            return
+        if isinstance(ending, SinkTransactionAbortedError):
+            self.coverage["aborted-transaction-refused"] += 1  # documented, final
+            return
+        if isinstance(ending, RestoreError) and explicit:
+            self.coverage["explicit-refused"] += 1  # documented: a damaged or gone target
+            return
+        if isinstance(ending, ALLOWED_ENDINGS):
+            self.coverage[f"life-{type(ending).__name__}"] += 1
+            return
+        self.violate(DRIVER_ERROR, f"{life} died of {type(ending).__name__}: {ending}")
+
+    def driver(self, number: int) -> Callable[[], None]:
+        setup, sched = self.setup, self.scheduler
+        host = Host(f"driver-{number}", setup.skews[number - 1], setup.rates[number - 1])
+        storage = SimStorage(self.objects, sched, faults=setup.faults, tag=f"driver-{number}")
+
+        def program() -> None:
+            if not setup.together:
+                sched.sleep(self.rng.uniform(0.0, 60.0))
+            for life in range(1, setup.lives + 1):
+                restore = self.explicit_target() if life > 1 or not setup.together \
+                    else "latest"
+                ended = self.run_life(number, f"driver-{number}.{life}", restore, storage,
+                                      host)
+                if ended == "finished":
+                    return
+                sched.sleep(self.rng.uniform(1.0, 30.0))
+        return program
+
+    def explicit_target(self) -> str:
+        """``latest``, or with ``explicit_p`` an older retained checkpoint or a savepoint
+        (an operator restoring one on purpose)."""
+        if self.rng.random() >= self.setup.explicit_p:
+            return "latest"
+        catalog = CheckpointCatalog(self.oracle, JOB)
+        choices = [f"chk-{n}" for n in catalog.checkpoint_ids()[:-1]] + \
+            [f"savepoints/sp-{sp}" for sp in catalog.savepoint_ids()]
+        if not choices:
+            return "latest"
+        self.coverage["explicit-restore"] += 1
+        return self.rng.choice(choices)
+
+    def control_client(self) -> None:
+        """Sends the seed's requests, waits for each answer, expires it on giving up."""
+        sched = self.scheduler
+        storage = SimStorage(self.objects, sched, faults=Faults(unavailable=0.02), tag="client")
+        channel = ControlChannel(storage, JOB, clock=sched.wall_clock, ids=sched.uuid4)
+        for kind in self.setup.requests:
+            sched.sleep(self.rng.uniform(2.0, 40.0))
+            try:
+                request_id = self._send(channel, kind)
+            except StorageError:
+                continue
+            self.requests[request_id] = kind
+            patience = self.rng.uniform(5.0, 120.0)  # often racing the job's answer
+            while patience > 0:
+                sched.sleep(5.0)
+                patience -= 5.0
+                try:
+                    if channel.result(request_id) is not None:
+                        break
+                except StorageError:
+                    continue
+            else:
+                self._expire(storage, request_id)
+
+    def _expire(self, storage: SimStorage, request_id: str) -> None:
+        for _ in range(20):
+            try:
+                expire_request(storage, JOB, request_id, "the requester gave up")
+                return
+            except ObjectAlreadyExistsError:
+                return
+            except StorageError:
+                self.scheduler.sleep(2.0)
+
+    def _send(self, channel: ControlChannel, kind: str) -> str:
+        if kind != NEWER:
+            return channel.request_savepoint(stop=kind == STOP, timeout_s=REQUEST_TIMEOUT_S,
+                                             requested_by="sim").request_id
+        # a request from a newer provider: a field this version does not know
+        now = channel.clock()
+        request_id = f"{int(now * 1000):013d}-{channel.ids().hex[:8]}"
+        body = json.loads(ControlRequest(request_id, "savepoint", now,
+                                         now + REQUEST_TIMEOUT_S).to_json())
+        body["priority"] = "high"
+        channel.storage.put_bytes(channel.layout.control_request(request_id),
+                                  json.dumps(body).encode(), create_only=True)
+        channel.storage.put_bytes(channel.layout.doorbell(request_id), b"", create_only=True)
+        return request_id
+
+    def vandal(self) -> None:
+        """Damages (other bytes, same size) or deletes objects the job relies on."""
+        sched = self.scheduler
+        for _ in range(self.setup.damages):
+            sched.sleep(self.rng.uniform(5.0, 80.0))
+            keys = sorted(k for k in self.objects.objects
+                          if k.startswith(f"{JOB}/shared/") or _checkpoint_of(k) is not None
+                          or (k.startswith(f"{JOB}/chk-") and self.rng.random() < 0.3))
+            if not keys:
+                continue
+            key = self.rng.choice(keys)
+            if self.rng.random() < 0.6:
+                data = self.objects.objects[key].data
+                etag = self.objects.put(key, bytes((b + 1) & 0xFF for b in data) or b"x",
+                                        sched.now, create_only=False, if_match=None,
+                                        writer="vandal")
+                self.vandalized[key] = etag
+                sched.log(f"vandal damages {key}")
+            else:
+                self.objects.delete([key])
+                self.vandalized[key] = None
+                sched.log(f"vandal deletes {key}")
+            self.coverage["damaged"] += 1
+
+    def recovery(self) -> None:
+        """The faultless driver that runs the job to its end (again after a stop)."""
+        storage = SimStorage(self.objects, self.scheduler, tag="recovery")
+        for life in range(1, 4):
+            ended = self.run_life(0, f"recovery.{life}", "latest", storage, Host("recovery"))
+            if ended != "stopped":
+                self.recovered = ended
+                return
+
+    requests: dict[str, str]
+    recovered = "never ran"
+
+    # ------------------------------------------------------------------ the end
+
+    def check_end(self) -> None:
+        self.check_damaged_references()
+        self.check_verifies()
+        self.check_control()
+        if self.recovered != "finished":
+            if self.check_refusal():
+                return
+            self.violate(JOB_OUTPUT, f"the recovery ended {self.recovered}")
+            return
+        self.check_output()
+
+    def check_refusal(self) -> bool:
+        """Whether the recovery's failure is the documented refusal: no checkpoint that
+        counts is intact (the vandal damaged each)."""
+        last = self.endings[-1][1] if self.endings else None
+        if isinstance(last, SinkTransactionAbortedError):
+            self.coverage["documented-refusal"] += 1
+            return True
+        if not isinstance(last, RestoreError) or isinstance(last, CorruptCheckpointError):
+            return False
+        for number in self.counting():
+            key = LAYOUT.checkpoint_metadata(number)
+            manifest = self.manifest(key)
+            if manifest is not None and not self.damaged(manifest, key):
+                return False
+        self.coverage["documented-refusal"] += 1
+        return True
+
+    def check_verifies(self) -> None:
+        """``job-checkpoint-verifies`` in full: every intact counting checkpoint and
+        savepoint materialises (sizes and checksums)."""
+        keys = [LAYOUT.checkpoint_metadata(n) for n in self.counting()] + \
+            [k for k in self.objects.objects
+             if k.startswith(LAYOUT.savepoints_prefix) and k.endswith("/_metadata")]
+        for key in keys:
+            manifest = self.manifest(key)
+            if manifest is None:
+                if key not in self.vandalized:
+                    self.violate(CHECKPOINT_VERIFIES, f"{key} cannot be read")
+                continue
+            if self.damaged(manifest, key):
+                continue
+            target = self.tmp / "verify"
+            try:
+                materialize(self.oracle, manifest, LAYOUT.root, target)
+            except AirflowCkptError as exc:
+                self.violate(CHECKPOINT_VERIFIES, f"{key} does not restore: {exc}")
+            finally:
+                shutil.rmtree(target, ignore_errors=True)
+
+    def check_control(self) -> None:
+        """``job-control``: every request answered once; the newer version's "failed"."""
+        objects = self.objects.objects
+        for key in [k for k in objects if k.startswith(LAYOUT.control_prefix)
+                    and k.endswith(".json") and not k.endswith(".result.json")]:
+            request_id = key[len(LAYOUT.control_prefix):-len(".json")]
+            result = objects.get(LAYOUT.control_result(request_id))
+            if result is None and request_id not in self.requests:
+                self.coverage["request-outcome-unknown"] += 1  # its requester never knew
+                continue
+            if result is None:
+                self.violate(CONTROL, f"request {request_id} "
+                             f"({self.requests.get(request_id, '?')}) was never answered")
+                continue
+            body = json.loads(result.data)
+            by_driver = result.writer != "client"
+            if by_driver:
+                self.coverage["control-answered"] += 1
+            if self.requests.get(request_id) == NEWER and by_driver:
+                self.coverage["newer-request-refused"] += 1
+                if body.get("status") != "failed":
+                    self.violate(CONTROL, f"the newer version's request {request_id} was "
+                                 f"answered {body.get('status')}")
+
+    def published(self) -> list[dict[str, Any]]:
+        """Every published row (what a downstream reader sees)."""
+        if self.setup.sink == "jsonl":
+            return JsonLinesSink(self.oracle, SINK_PREFIX).committed_rows()
+        reader = SimParquetSink(self.table_oracle, self.table_oracle, self.scheduler.uuid4,
+                                self.tmp / "reader")
+        rows: list[dict[str, Any]] = []
+        for key in reader.committed_files():
+            stored = self.table.objects.get(key)
+            if stored is None:
+                self.violate(JOB_OUTPUT, f"published file {key} is missing")
+                continue
+            rows += [json.loads(line) for line in stored.data.decode().splitlines() if line]
+        return rows
+
+    def check_output(self) -> None:
+        """``job-output`` against the ground truth."""
+        rows = self.published()
+        seen = Counter(r["i"] for r in rows)
+        exact = self.setup.mode == "EXACTLY_ONCE"
+        lost = [i for i in range(len(self.records)) if not seen[i]]
+        twice = sorted(i for i, c in seen.items() if c > 1)
+        if lost or (exact and twice):
+            self.violate(JOB_OUTPUT, f"published output wrong ({self.setup.mode}): lost "
+                         f"{lost[:10]}, duplicated {twice[:10]}")
+        if twice:
+            self.coverage["at-least-once-duplicates"] += 1
+        wrong = [r for r in rows if r["running"] != self.expected[r["i"]]]
+        if wrong:
+            r = wrong[0]
+            self.violate(JOB_OUTPUT, f"record {r['i']}: running sum {r['running']}, "
+                         f"truth {self.expected[r['i']]} (another state was resumed)")
+
+    # ------------------------------------------------------------------ running
+
+    def run(self) -> Outcome:
+        sched = self.scheduler
+        self.requests = {}
+        sched.log(f"setup: {self.setup.describe()}")
+        previous = job_module.CONTROL_POLL_S
+        job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
+        try:
+            for number in range(1, self.setup.drivers + 1):
+                sched.spawn(f"driver-{number}",
+                            Host(f"driver-{number}", self.setup.skews[number - 1],
+                                 self.setup.rates[number - 1]),
+                            self.driver(number), crash_p=self.setup.crash_p,
+                            pause_p=self.setup.pause_p, pause_s=PAUSE_S)
+            sched.spawn("client", Host("airflow"), self.control_client)
+            sched.spawn("vandal", Host("vandal"), self.vandal)
+            try:
+                sched.run()
+                if not sched.cut_off:
+                    self.recovering = True
+                    recovery = sched.spawn("recovery", Host("recovery"), self.recovery)
+                    sched.run()
+                    if recovery.error is not None:
+                        self.violate(DRIVER_ERROR, f"the recovery died of {recovery.error!r}")
+            finally:
+                sched.shutdown()
+            for actor in sched.actors:
+                if actor.error is not None and actor.name.startswith(("driver", "client")):
+                    self.violate(DRIVER_ERROR, f"{actor.name} died of {actor.error!r}")
+            if sched.cut_off:
+                self.coverage["cut-off"] += 1
+                self.violate(CUT_OFF, f"cut off at step {sched.max_steps}")
+            else:
+                self.check()
+                self.check_end()
+            if len(self._epochs_seen) >= 2:
+                self.coverage["takeover"] += 1
+        finally:
+            job_module.CONTROL_POLL_S = previous
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
+                       sched.cut_off, "job", dict(self.coverage))
+
+
+def _checkpoint_of(key: str) -> int | None:
+    """``simjob/chk-7/_metadata`` -> 7."""
+    head, _, tail = key.partition("/chk-")
+    number, _, rest = tail.partition("/")
+    return int(number) if head == JOB and rest == "_metadata" and number.isdigit() else None
+
+
+def _scratch_dir() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() else None
+
+
+_LOCK = threading.Lock()  # one job world at a time: CONTROL_POLL_S is the module's
+
+
+def run_job_seed(seed: int, plants: Iterable[str] = ()) -> Outcome:
+    """Simulate the job world of one seed (it has no planted defects of its own:
+    ``make mutants`` plants them in the real code)."""
+    with _LOCK:
+        return JobWorld(seed).run()
