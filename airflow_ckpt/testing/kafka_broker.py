@@ -27,6 +27,7 @@ from pathlib import Path
 
 from airflow_ckpt.errors import AirflowCkptError
 from airflow_ckpt.testing.jars import BROKER
+from airflow_ckpt.testing.numbers import GroundTruth
 
 #: liveness only: a broker on 2 busy cores starts in ~15 s
 STARTUP_TIMEOUT_S = 180.0
@@ -167,6 +168,39 @@ def running_broker(directory: Path | None = None, *, port: int | None = None
         broker = start_broker(directory, port=port)
         stack.callback(broker.stop)
         yield broker
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int, **config: str) -> None:
+    """Create ``topic`` with ``partitions`` partitions and one replica (kafka-python)."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=dict(config))])
+    finally:
+        admin.close()
+
+
+def produce_numbers(bootstrap: str, topic: str, count: int, *, partitions: int,
+                    start: int = 1) -> GroundTruth:
+    """Produce the integers ``start..start+count-1`` as records (key ``n % 10``, value
+    ``n``, both text), round-robin over ``partitions``; acknowledged by the broker on
+    return. Returns the ground truth of what was produced: (count, sum) per key."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    totals: dict[str, tuple[int, int]] = {}
+    try:
+        for n in range(start, start + count):
+            key = str(n % 10)
+            producer.send(topic, key=key.encode(), value=str(n).encode(),
+                          partition=n % partitions)
+            before = totals.get(key, (0, 0))
+            totals[key] = (before[0] + 1, before[1] + n)
+        producer.flush()
+    finally:
+        producer.close()
+    return GroundTruth(totals, count)
 
 
 def main(argv: list[str] | None = None) -> int:
