@@ -210,6 +210,25 @@ class SinkReplayMismatchError(RestoreError):
                                        self.replay, restored)
 
 
+class SourceDataLostError(RestoreError):
+    """Records a restore must re-read are gone from the source (Kafka retention or a
+    delete-records call removed them since the restored checkpoint was taken), and the
+    source's ``failOnDataLoss`` is true (Spark's default). The message names each topic,
+    partition and missing offset range."""
+
+    def __init__(self, restored: str | None, ranges: list[str]) -> None:
+        self.restored, self.ranges = restored, ranges
+        super().__init__(
+            f"the restored checkpoint {restored} needs source records that no longer "
+            f"exist: {'; '.join(ranges)}. The topic's retention (retention.ms / "
+            "retention.bytes) or a delete-records call removed them after the checkpoint "
+            "was taken, so restoring it cannot reproduce what it covered. Restore a newer "
+            "checkpoint or savepoint, or set the source's failOnDataLoss=false to go on "
+            "from the earliest offsets the topic still holds (the lost ranges are then "
+            "recorded in the job's history as source_data_lost). See docs/sinks.md, "
+            "\"Kafka\".")
+
+
 class IncompatibleStateError(RestoreError):
     """The restored state does not fit the query (Spark's state schema check failed)."""
 

@@ -72,7 +72,9 @@ BROKER = Closure("org.apache.kafka", f"kafka_{SCALA}", KAFKA_VERSION)
 def connector(spark_version: str | None = None) -> Closure:
     """The Kafka connector matching ``spark_version`` (default: the installed pyspark)."""
     if spark_version is None:
-        from pyspark import __version__ as spark_version
+        from pyspark import __version__
+
+        spark_version = str(__version__)
     return Closure("org.apache.spark", f"spark-sql-kafka-0-10_{SCALA}", spark_version,
                    beside_pyspark=True)
 

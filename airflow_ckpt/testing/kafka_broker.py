@@ -109,8 +109,9 @@ def start_broker(directory: Path, *, port: int | None = None,
     """Format a fresh KRaft log directory under ``directory`` and start a broker on it.
 
     Returns once the broker's client port accepts a TCP connection (KRaft opens it at
-    the end of start-up, when the broker has joined its controller); raises :class:`BrokerStartError` (with the log's tail) if it exits or
-    ``timeout_s`` passes first. The broker leads its own process group.
+    the end of start-up, when the broker has joined its controller); raises
+    :class:`BrokerStartError` (with the log's tail) if it exits or ``timeout_s`` passes
+    first. The broker leads its own process group.
     """
     jars_dir = BROKER.classpath()[0].parent
     directory.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,61 @@
+"""The Kafka retention check's decisions (runtime/sources/kafka.py) and the jar cache's
+naming (testing/jars.py), without a broker: the broker's answers are given."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_ckpt.errors import FinalError, SourceDataLostError
+from airflow_ckpt.runtime.sources.kafka import (
+    KafkaSource,
+    MissingRange,
+    kafka_positions,
+    missing_ranges,
+)
+from airflow_ckpt.testing.jars import artifact_id, connector
+
+
+def test_only_offsets_of_kafkas_shape_are_positions() -> None:
+    offsets = [{"logOffset": 3}, None, "-", {"t": {"0": 5, "1": 7}}, {"t": {}}]
+    assert kafka_positions(offsets) == [{"t": {"0": 5, "1": 7}}]
+
+
+def test_missing_ranges_are_between_the_position_and_the_earliest_offset() -> None:
+    needed = {"t": {"0": 100, "1": 100, "2": 40, "3": -2}}
+    earliest = {("t", 0): 150, ("t", 1): 100, ("t", 2): 0, ("t", 3): 9}
+    assert missing_ranges(needed, earliest) == [MissingRange("t", 0, 100, 150)]
+    assert MissingRange("t", 0, 100, 150).describe() == "t-0: offsets 100..149 (50 records)"
+
+
+def test_a_partition_the_broker_does_not_answer_for_is_not_judged_here() -> None:
+    assert missing_ranges({"t": {"0": 10}}, {}) == []
+
+
+@pytest.mark.parametrize(("options", "topics", "fail"), [
+    ({"kafka.bootstrap.servers": "h:1", "subscribe": "a, b"}, {"a", "b"}, True),
+    ({"kafka.bootstrap.servers": "h:1", "assign": '{"a": [0, 1]}',
+      "failOnDataLoss": "false"}, {"a"}, False),
+    ({"kafka.bootstrap.servers": "h:1", "subscribePattern": "a.*",
+      "FAILONDATALOSS": "False"}, None, False),
+])
+def test_source_options(options: dict[str, str], topics: set[str] | None, fail: bool) -> None:
+    source = KafkaSource.from_options(options)
+    assert source.client == {"bootstrap.servers": "h:1"}
+    assert source.topics == (frozenset(topics) if topics is not None else None)
+    assert source.fail_on_data_loss is fail
+    assert source.reads(["a"]) and not source.reads(["c"])
+
+
+def test_the_refusal_is_final_and_names_every_range() -> None:
+    error = SourceDataLostError("file:///c/chk-3", ["t-0: offsets 1..2 (2 records)",
+                                                     "t-1: offsets 5..5 (1 records)"])
+    assert isinstance(error, FinalError)
+    assert "chk-3" in str(error) and "t-0: offsets 1..2" in str(error)
+    assert "t-1: offsets 5..5" in str(error) and "failOnDataLoss=false" in str(error)
+
+
+def test_jar_names_and_the_connector_follows_spark() -> None:
+    assert artifact_id("zstd-jni-1.5.7-7.jar") == "zstd-jni"
+    assert artifact_id("spark-tags_2.13-4.2.0.jar") == "spark-tags_2.13"
+    assert artifact_id("commons-pool2-2.13.1.jar") == "commons-pool2"
+    assert connector("4.1.1").coordinate == "org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1"
