@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import os
 import random
 import signal
@@ -22,6 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
+from airflow_ckpt.cli import main as cli_main
 from airflow_ckpt.examples import JOBS_DIR
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.history import events as ev
@@ -144,6 +146,12 @@ def test_random_kills_of_the_driver_group_jvm_and_python_then_exact_output(
     assert latest is not None
     assert latest.source_offsets == [{topic: {str(p): RECORDS // PARTITIONS
                                               for p in range(PARTITIONS)}}]
+    # ... and the CLI shows them per topic-partition
+    out = io.StringIO()
+    assert cli_main(["describe", f"{spec.storage_uri}/{spec.job}/chk-{latest.checkpoint_id}"],
+                    out=out) == 0
+    for p in range(PARTITIONS):
+        assert f"{topic}-{p}  next offset {RECORDS // PARTITIONS}" in out.getvalue()
 
 
 def _history(storage_uri: str, job: str) -> list[Any]:

@@ -11,6 +11,7 @@ from airflow_ckpt.runtime.sources.kafka import (
     MissingRange,
     kafka_positions,
     missing_ranges,
+    position_lines,
 )
 from airflow_ckpt.testing.jars import artifact_id, connector
 
@@ -59,3 +60,9 @@ def test_jar_names_and_the_connector_follows_spark() -> None:
     assert artifact_id("spark-tags_2.13-4.2.0.jar") == "spark-tags_2.13"
     assert artifact_id("commons-pool2-2.13.1.jar") == "commons-pool2"
     assert connector("4.1.1").coordinate == "org.apache.spark:spark-sql-kafka-0-10_2.13:4.1.1"
+
+
+def test_positions_per_topic_partition_for_a_person() -> None:
+    assert position_lines({"t": {"10": 3, "2": 7}, "a": {"0": 1}}) == [
+        "a-0  next offset 1", "t-2  next offset 7", "t-10  next offset 3"]
+    assert position_lines({"logOffset": 4}) is None

@@ -104,6 +104,17 @@ def kafka_positions(source_offsets: Iterable[Any]) -> list[dict[str, dict[str, i
     return found
 
 
+def position_lines(offset: Any) -> list[str] | None:
+    """A Kafka position as one line per topic-partition, ``"clicks-0  next offset 1250"``
+    (what a restore of it re-reads from); None for another source's offset."""
+    positions = kafka_positions([offset])
+    if not positions:
+        return None
+    return [f"{topic}-{partition}  next offset {n}"
+            for topic, parts in sorted(positions[0].items())
+            for partition, n in sorted(parts.items(), key=lambda p: int(p[0]))]
+
+
 def missing_ranges(needed: KafkaPositions, earliest: Mapping[tuple[str, int], int]
                    ) -> list[MissingRange]:
     """The ranges between each needed position and the partition's earliest offset, for
