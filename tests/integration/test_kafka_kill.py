@@ -148,7 +148,8 @@ def test_random_kills_of_the_driver_group_jvm_and_python_then_exact_output(
                                               for p in range(PARTITIONS)}}]
     # ... and the CLI shows them per topic-partition
     out = io.StringIO()
-    assert cli_main(["describe", f"{spec.storage_uri}/{spec.job}/chk-{latest.checkpoint_id}"],
+    assert cli_main(["--storage", spec.storage_uri, "describe",
+                     f"{spec.storage_uri}/{spec.job}/chk-{latest.checkpoint_id}"],
                     out=out) == 0
     for p in range(PARTITIONS):
         assert f"{topic}-{p}  next offset {RECORDS // PARTITIONS}" in out.getvalue()
