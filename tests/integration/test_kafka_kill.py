@@ -223,3 +223,45 @@ def produce_truth(values: Iterable[int]) -> GroundTruth:
         totals[str(n % 10)] = (before[0] + 1, before[1] + n)
         count += 1
     return GroundTruth(totals, count)
+
+
+@pytest.mark.timeout(1800)
+def test_an_older_restore_rereads_exactly_from_its_kafka_offsets(
+    kafka_broker: KafkaBroker, kafka_topic: Callable[..., str], kafka_jars: list[Path],
+    tmp_path: Path,
+) -> None:
+    """The first life reads 2 x 150 records in batches of 100 (0..2, a checkpoint each)
+    and finishes. Restoring the checkpoint of batch 0 with batches of 150 replays batch
+    1 over other offsets of each partition: the sink refuses it (Kafka per-partition
+    start and end offsets compared) and nothing committed changes. Restoring it with the
+    batch size it had replays batches 1 and 2 over exactly their committed offsets: both
+    are skipped and the output still equals what was produced, once."""
+    topic = kafka_topic(2)
+    truth = produce_numbers(kafka_broker.bootstrap, topic, 300, partitions=2)
+    base = kafka_spec("kafka-older", tmp_path, kafka_broker, topic, kafka_jars)
+    spec = dataclasses.replace(
+        base, checkpoint_config={**base.checkpoint_config,
+                                 "execution.checkpointing.num-retained": 10},
+        extra_args=[*base.extra_args, "--max-offsets-per-trigger", "100"])
+    log = tmp_path / "driver.log"
+    assert start_job(spec, {}, log).wait(timeout=900) == 0, log.read_text()[-3000:]
+    storage = open_storage(spec.storage_uri)
+    sink = JsonLinesSink(open_storage(spec.output_uri), "")
+    assert sink.committed_batches() == [0, 1, 2]
+    older = next(m for m in CheckpointCatalog(storage, spec.job).completed_checkpoints()
+                 if m.batch_id == 0)
+    path = f"{spec.storage_uri}/{spec.job}/chk-{older.checkpoint_id}"
+
+    wider = dataclasses.replace(spec, extra_args=[*spec.extra_args,
+                                                  "--max-offsets-per-trigger", "150"])
+    assert start_job(wider, {}, log, restore=path).wait(timeout=900) != 0
+    failed = [e for e in _history(spec.storage_uri, spec.job) if e.type == ev.JOB_FAILED]
+    assert [e.data["error"] for e in failed] == ["SinkReplayMismatchError"], failed
+    assert f'"{topic}"' in failed[0].data["cause"], failed[0].data["cause"]
+    assert sink.committed_batches() == [0, 1, 2]
+
+    assert start_job(spec, {}, log, restore=path).wait(timeout=900) == 0, \
+        log.read_text()[-3000:]
+    verdict = verify_output(sink, truth, finished=True)
+    assert verdict.ok, verdict.problems
+    assert sink.committed_batches() == [0, 1, 2]
