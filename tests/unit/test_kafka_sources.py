@@ -3,6 +3,8 @@ naming (testing/jars.py), without a broker: the broker's answers are given."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from airflow_ckpt.errors import FinalError, SourceDataLostError
@@ -13,7 +15,7 @@ from airflow_ckpt.runtime.sources.kafka import (
     missing_ranges,
     position_lines,
 )
-from airflow_ckpt.testing.jars import artifact_id, connector
+from airflow_ckpt.testing.jars import BROKER, JarFetchError, artifact_id, connector, fetch
 
 
 def test_only_offsets_of_kafkas_shape_are_positions() -> None:
@@ -66,3 +68,27 @@ def test_positions_per_topic_partition_for_a_person() -> None:
     assert position_lines({"t": {"10": 3, "2": 7}, "a": {"0": 1}}) == [
         "a-0  next offset 1", "t-2  next offset 7", "t-10  next offset 3"]
     assert position_lines({"logOffset": 4}) is None
+
+
+def test_without_maven_an_uncached_closure_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no mvn on it
+    with pytest.raises(JarFetchError,
+                       match=r"kafka_2\.13:4\.4\.0 is not in .* Maven \('mvn'\) is not"):
+        fetch(BROKER, tmp_path / "jars")
+    assert not (tmp_path / "jars").exists() or not any((tmp_path / "jars").iterdir())
+
+
+def test_a_failing_maven_leaves_nothing_half_made(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Maven that cannot reach the repository: the error carries its last lines, the
+    cache holds no directory for the version (the next run fetches again)."""
+    mvn = tmp_path / "bin" / "mvn"
+    mvn.parent.mkdir()
+    mvn.write_text("#!/bin/sh\necho 'Could not transfer artifact: Network is unreachable'\n"
+                   "exit 1\n")
+    mvn.chmod(0o755)
+    monkeypatch.setenv("PATH", str(mvn.parent))
+    with pytest.raises(JarFetchError, match="Network is unreachable"):
+        fetch(BROKER, tmp_path / "jars")
+    assert not BROKER.directory(tmp_path / "jars").exists()
