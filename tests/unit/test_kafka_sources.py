@@ -3,6 +3,7 @@ naming (testing/jars.py), without a broker: the broker's answers are given."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,9 @@ from airflow_ckpt.runtime.sources.kafka import (
     missing_ranges,
     position_lines,
 )
+from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing.jars import BROKER, JarFetchError, artifact_id, connector, fetch
+from tests.fixtures.snapshots import write_snapshot
 
 
 def test_only_offsets_of_kafkas_shape_are_positions() -> None:
@@ -92,3 +95,14 @@ def test_a_failing_maven_leaves_nothing_half_made(tmp_path: Path,
     with pytest.raises(JarFetchError, match="Network is unreachable"):
         fetch(BROKER, tmp_path / "jars")
     assert not BROKER.directory(tmp_path / "jars").exists()
+
+
+def test_the_history_page_entry_shows_kafka_positions(file_storage: CheckpointStorage) -> None:
+    from airflow_ckpt.plugins.overview import _from_manifest
+
+    manifest = write_snapshot(file_storage, "clicks", 1)
+    kafka = dataclasses.replace(manifest, source_offsets=[{"t": {"1": 9, "0": 5}}])
+    assert _from_manifest(kafka, "p")["source_positions"] == [
+        "t-0  next offset 5", "t-1  next offset 9"]
+    files = dataclasses.replace(manifest, source_offsets=[{"logOffset": 2}])
+    assert _from_manifest(files, "p")["source_positions"] == []
