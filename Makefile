@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-seaweedfs lint unit unit-matrix demo bench bench-scale clean chromium crash-points soak simulate faults
+.PHONY: venv jars kafka test test-seaweedfs lint unit unit-matrix demo bench bench-scale clean chromium crash-points soak simulate faults
 
 venv: $(STAMP)
 
@@ -21,6 +21,26 @@ $(STAMP): pyproject.toml
 	$(PY) -c 'from airflow_ckpt.runtime.job.spark_features import check_pyspark_install as c; c()'
 	touch $(STAMP)
 
+# The Kafka broker's and the Spark Kafka connector's jars (the Kafka tests, make kafka),
+# fetched once with Maven into ~/.cache/airflow-ckpt/jars/<artifact>/<version>/ (~18 s
+# and ~55 MB from an empty cache, nothing afterwards); Maven is installed with apt-get
+# when missing. Versions: airflow_ckpt/testing/jars.py.
+jars: venv
+	@if ! command -v mvn >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing maven to fetch the Kafka jars"; \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
+	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq maven >/dev/null; } \
+	  || echo "WARNING: maven could not be installed" >&2; \
+	fi
+	@bash scripts/fetch_jars.sh $(PY)
+
+# A real single-node Kafka broker (KRaft) on 127.0.0.1:$(KAFKA_PORT) until Ctrl-C, to try
+# the Kafka example (airflow_ckpt/examples/spark_jobs/kafka_counts.py) against.
+KAFKA_PORT ?= 9092
+kafka: jars
+	$(PY) -m airflow_ckpt.testing.kafka_broker --port $(KAFKA_PORT)
+
 lint: venv
 	$(VENV)/bin/ruff check airflow_ckpt dags spark_jobs tests bench
 	$(VENV)/bin/mypy
@@ -30,7 +50,7 @@ lint: venv
 # (the long e2e and integration modules first, the many short unit modules fill the end).
 # PYTEST_WORKERS=0 runs it in this process, serially.
 PYTEST_WORKERS ?= 2
-test: venv lint chromium
+test: venv jars lint chromium
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The S3 legs again on a second real S3-compatible server, SeaweedFS (`weed mini` on

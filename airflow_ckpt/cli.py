@@ -65,6 +65,7 @@ from airflow_ckpt.runtime.control.savepoints import (
 from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.reader import HistoryReader
 from airflow_ckpt.runtime.restore.materialize import materialize
+from airflow_ckpt.runtime.sources.kafka import position_lines
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.check import check_storage
 from airflow_ckpt.runtime.storage.factory import parse_storage_uri
@@ -236,9 +237,14 @@ def cmd_describe(storage: CheckpointStorage, args: argparse.Namespace, out: Text
         table([[o.operator_id, o.num_partitions, ", ".join(o.store_names)] for o in m.operators],
               ("operator", "partitions", "stores"), out)
     if m.source_offsets:
-        out.write("\nsource offsets:\n")
-        for offset in m.source_offsets:
-            out.write(f"  {json.dumps(offset, sort_keys=True)}\n")
+        out.write("\nsource offsets (what a restore re-reads from):\n")
+        for i, offset in enumerate(m.source_offsets):
+            partitions = position_lines(offset)
+            if partitions is None:
+                out.write(f"  {json.dumps(offset, sort_keys=True)}\n")
+                continue
+            out.write(f"  source {i} (kafka):\n")
+            out.writelines(f"    {line}\n" for line in partitions)
     return 0
 
 

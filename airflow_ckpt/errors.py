@@ -210,6 +210,7 @@ class SinkReplayMismatchError(RestoreError):
                                        self.replay, restored)
 
 
+<<<<<<< HEAD
 class SinkTransactionAbortedError(RestoreError):
     """The restored checkpoint or savepoint lists a sink transaction that was aborted
     since, and never committed: a run that did not restore this snapshot recovered the
@@ -225,6 +226,25 @@ class SinkTransactionAbortedError(RestoreError):
             "nobody committed; restoring it would lose that batch's output. Restore a "
             "newer checkpoint or savepoint (restore=latest), or one that does not list "
             "this batch. See docs/sinks.md.")
+=======
+class SourceDataLostError(RestoreError):
+    """Records a restore must re-read are gone from the source (Kafka retention or a
+    delete-records call removed them since the restored checkpoint was taken), and the
+    source's ``failOnDataLoss`` is true (Spark's default). The message names each topic,
+    partition and missing offset range."""
+
+    def __init__(self, restored: str | None, ranges: list[str]) -> None:
+        self.restored, self.ranges = restored, ranges
+        super().__init__(
+            f"the restored checkpoint {restored} needs source records that no longer "
+            f"exist: {'; '.join(ranges)}. The topic's retention (retention.ms / "
+            "retention.bytes) or a delete-records call removed them after the checkpoint "
+            "was taken, so restoring it cannot reproduce what it covered. Restore a newer "
+            "checkpoint or savepoint, or set the source's failOnDataLoss=false to go on "
+            "from the earliest offsets the topic still holds (the lost ranges are then "
+            "recorded in the job's history as source_data_lost). See docs/sinks.md, "
+            "\"Kafka\".")
+>>>>>>> s10/kafka
 
 
 class IncompatibleStateError(RestoreError):

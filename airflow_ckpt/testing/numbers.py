@@ -77,7 +77,8 @@ class JobSpec:
 
     job: str
     storage_uri: str
-    input_dir: Path
+    #: the file source's directory (``--input``); None for a job with another source
+    input_dir: Path | None
     output_uri: str
     checkpoint_config: Mapping[str, Any] = field(default_factory=dict)
     confs: Mapping[str, Any] = field(default_factory=dict)
@@ -85,6 +86,9 @@ class JobSpec:
     workdir: Path | None = None
     #: Spark master (default: the job's own ``local[2]``), e.g. ``spark://host:port``
     master: str | None = None
+    #: the driver's script (an example job taking ``--output`` and, with ``input_dir``,
+    #: ``--input``)
+    script: Path = JOB_SCRIPT
 
     def spark_confs(self, restore: str) -> dict[str, str]:
         settings: dict[str, Any] = {
@@ -102,8 +106,9 @@ class JobSpec:
 def start_job(spec: JobSpec, env: Mapping[str, str], log_path: Path, *,
               restore: str = "latest") -> subprocess.Popen[bytes]:
     """Start the driver in its own process group (so a kill takes its JVM along)."""
-    argv = [sys.executable, str(JOB_SCRIPT), "--input", str(spec.input_dir),
-            "--output", spec.output_uri, *spec.extra_args]
+    argv = [sys.executable, str(spec.script), "--output", spec.output_uri, *spec.extra_args]
+    if spec.input_dir is not None:
+        argv += ["--input", str(spec.input_dir)]
     if spec.master:
         argv += ["--master", spec.master]
     submit = " ".join(

@@ -27,7 +27,7 @@ COMPOSE = REPO / "docker-compose.yaml"
 AIRFLOW = ("airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
            "airflow-triggerer")
 REQUIRED = (*AIRFLOW, "airflow-init", "postgres", "spark-master", "spark-worker", "minio",
-            "minio-init")
+            "minio-init", "kafka")
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
 
 
@@ -295,3 +295,13 @@ def test_airflow_image_installs_the_extras_without_a_reinstall_step() -> None:
 def test_deployment_defers_by_default(services: dict[str, dict[str, Any]]) -> None:
     for name in AIRFLOW:
         assert env(services[name])["AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"] == "true"
+
+
+def test_the_kafka_example_reads_the_kafka_service(services: dict[str, dict[str, Any]]) -> None:
+    """The Kafka example DAG's broker (AIRFLOW_CKPT_KAFKA) is the kafka service's
+    advertised listener, a single-node KRaft broker and controller."""
+    kafka = services["kafka"]["environment"]
+    assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    advertised = kafka["KAFKA_ADVERTISED_LISTENERS"].removeprefix("PLAINTEXT://")
+    for name in AIRFLOW:
+        assert services[name]["environment"]["AIRFLOW_CKPT_KAFKA"] == advertised

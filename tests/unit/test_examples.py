@@ -39,7 +39,7 @@ def targets(dags: Path, jobs: Path) -> list[Path]:
 def test_the_package_ships_the_main_example() -> None:
     names = {p.name for p in SHIPPED}
     assert {"streaming_rate_counts.py", "savepoint_examples.py", "rate_counts.py",
-            "odd_even_sums.py", "checkpointed_streaming_job.py"} <= names
+            "odd_even_sums.py", "checkpointed_streaming_job.py", "kafka_counts.py"} <= names
 
 
 def test_copies_then_leaves_identical_files_alone(tmp_path: Path) -> None:
@@ -162,7 +162,7 @@ def test_every_example_dag_that_runs_a_job_allows_one_run_at_a_time() -> None:
     running = [dag for dag in bag.dags.values()
                if any(isinstance(t, CheckpointedSparkSubmitOperator) for t in dag.tasks)]
     assert {dag.dag_id for dag in running} == {
-        MAIN_DAG, "checkpointed_streaming_job", "savepoint_restore"}
+        MAIN_DAG, "checkpointed_streaming_job", "savepoint_restore", "kafka_counts"}
     assert {dag.dag_id: dag.max_active_runs for dag in running} == {
         dag.dag_id: 1 for dag in running}
 
@@ -173,3 +173,17 @@ def test_expected_row_is_the_sum_of_every_value_of_the_key() -> None:
             values = [v for v in range(last + 1) if v % 10 == key]
             assert expected_row(key, last) == {"key": key, "count": len(values),
                                                "sum": sum(values), "max": last}
+
+
+def test_the_kafka_dag_hands_the_connector_to_spark_submit() -> None:
+    """The connector goes to spark-submit as users hand it: ``packages`` at the Spark
+    version the extra pins; the job gets the broker, topic and table from confs."""
+    from pyspark import __version__ as spark_version
+
+    bag = DagBag(dag_folder=str(DAGS_DIR / "kafka_counts.py"))
+    assert bag.import_errors == {}
+    op = bag.dags["kafka_counts"].task_dict["run_job"]
+    assert isinstance(op, CheckpointedSparkSubmitOperator)
+    assert op.application == str(JOBS_DIR / "kafka_counts.py")
+    assert op.packages == f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark_version}"
+    assert op.conf["spark.airflow_ckpt.demo.topic"] == "{{ params.topic }}"

@@ -21,6 +21,8 @@ RESTORE_FALLBACK = "restore_fallback"  # driver: newest was damaged, fell back (
 SINK_AHEAD = "sink_ahead"  # driver: a sink committed batches after the restored one
 #: driver, AT_LEAST_ONCE: a replay of a committed batch read other offsets, published extra
 SINK_REPLAY_PUBLISHED = "sink_replay_published"
+#: driver: a restore found source records gone and failOnDataLoss=false (ranges, path)
+SOURCE_DATA_LOST = "source_data_lost"
 CHECKPOINT_COMPLETED = "checkpoint_completed"  # Flink history entry fields
 CHECKPOINT_FAILED = "checkpoint_failed"  # id, failure_message
 SAVEPOINT_COMPLETED = "savepoint_completed"
@@ -36,6 +38,7 @@ EVENT_TYPES = frozenset(
         JOB_SUBMITTED, JOB_STARTED, RESTORED, RESTORE_FALLBACK, CHECKPOINT_COMPLETED,
         CHECKPOINT_FAILED, SAVEPOINT_COMPLETED, SAVEPOINT_FAILED, FAILURE, RESTART,
         JOB_FINISHED, JOB_STOPPED, JOB_FAILED, SINK_AHEAD, SINK_REPLAY_PUBLISHED,
+        SOURCE_DATA_LOST,
     }
 )
 #: events that end every supervision of the job

@@ -32,6 +32,7 @@ from airflow_ckpt.errors import (
     LeaseExpiredError,
     OutcomeUnknownError,
     RestartsExhaustedError,
+    SourceDataLostError,
     StorageError,
     StorageOutageError,
 )
@@ -59,6 +60,7 @@ from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.record import LeaseRecord
 from airflow_ckpt.runtime.restore.choose import RestoreResult, restore
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
+from airflow_ckpt.runtime.sources import kafka
 from airflow_ckpt.runtime.sparkconf import JobSettings
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
@@ -196,6 +198,9 @@ class CheckpointedJob:
         #: how the driver waits out a restart delay (the simulation's virtual sleep)
         self.sleep: Callable[[float], None] = time.sleep
         self.coordinator: CheckpointCoordinator | None = None  # of the running attempt
+        #: the restore whose source positions the next query start checks against the
+        #: sources' retention (once per restore)
+        self._unchecked_restore: RestoreResult | None = None
 
     def on_checkpoint(self, listener: Callable[[Manifest], None]) -> None:
         """Call ``listener`` with the manifest of every checkpoint and savepoint this job
@@ -300,6 +305,7 @@ class CheckpointedJob:
                                self._digests, by={"run_id": self.run_id, "attempt": self.attempt},
                                floor=self._run_floor if target == "latest" else None)
             rescaled = target == self.restore_target and self._rescale(restored)
+            self._unchecked_restore = restored if restored.manifest is not None else None
             coordinator = self._start_coordinator(restored, initial=rescaled)
             try:
                 result = self._run_once(build, coordinator)
@@ -519,4 +525,28 @@ class CheckpointedJob:
             writer = build().option("checkpointLocation", str(self.workdir))
         finally:
             self.sinks.building = False
+        restored, self._unchecked_restore = self._unchecked_restore, None
+        if restored is not None:
+            self._check_retention(writer, restored)
         return writer.start()
+
+    def _check_retention(self, writer: DataStreamWriter, restored: RestoreResult) -> None:
+        """Before the query re-reads the restored checkpoint's source positions: ask the
+        Kafka brokers whether those records still exist (runtime/sources/kafka.py).
+        Gone with ``failOnDataLoss`` true: ``SourceDataLostError`` (final); with false:
+        a ``source_data_lost`` event naming the ranges, then the query starts."""
+        assert restored.manifest is not None
+        if not kafka.kafka_positions(restored.manifest.source_offsets):
+            return
+        lost = kafka.lost_records(self.spark._jvm, kafka.kafka_sources(writer),
+                                  restored.manifest.source_offsets)
+        refused = [r.describe() for source, gone in lost if source.fail_on_data_loss
+                   for r in gone]
+        if refused:
+            raise SourceDataLostError(restored.path, refused)
+        for _source, gone in lost:
+            log.warning("restoring %s: source records are gone (failOnDataLoss=false, the "
+                        "query goes on from the earliest offsets): %s", restored.path,
+                        "; ".join(r.describe() for r in gone))
+            self.history.append(ev.SOURCE_DATA_LOST, run_id=self.run_id,
+                                restored=restored.path, ranges=[r.to_dict() for r in gone])
