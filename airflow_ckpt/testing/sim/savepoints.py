@@ -72,7 +72,20 @@ from airflow_ckpt.runtime.lease.record import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S
 from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
-from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
+from airflow_ckpt.testing.sim.buggify import (
+    ACTORS_MORE,
+    ACTORS_TOGETHER,
+    SCHED_CLOCK_JUMP,
+    SCHED_CRASH,
+    SCHED_PAUSE,
+    STORAGE_503,
+    STORAGE_HANG,
+    STORAGE_LATE,
+    STORAGE_LOST_ANSWER,
+    Swarm,
+    driver_count,
+)
+from airflow_ckpt.testing.sim.outcome import Coverage, Judged, Outcome, Violation
 from airflow_ckpt.testing.sim.scheduler import (
     Host,
     Scheduler,
@@ -98,6 +111,11 @@ HOLD_S = 2 * (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S)
 PAUSE_S = (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S, HOLD_S + 10.0)
 EXPECTED = (ConcurrentDriverError, LeaseExpiredError, EndpointUnreachableError)
 BATCHES = 3
+#: the savepoint world's fault sites (sim/buggify.py)
+SITES = (STORAGE_503, STORAGE_LOST_ANSWER, STORAGE_LATE, STORAGE_HANG, SCHED_PAUSE,
+         SCHED_CRASH, SCHED_CLOCK_JUMP, ACTORS_MORE, ACTORS_TOGETHER)
+#: base chance per turn of a host's clock stepping (when the seed enables it)
+CLOCK_JUMP_P = 0.002
 #: savepoint attempts per driver while the request is open (the requester's retries)
 ATTEMPTS = 4
 #: working directories live in memory where the machine offers it (many small files)
@@ -146,9 +164,10 @@ class SavepointSetup:
     plants: frozenset[str] = frozenset()
 
     @classmethod
-    def draw(cls, rng: random.Random, plants: Iterable[str] = ()) -> SavepointSetup:
+    def draw(cls, rng: random.Random, plants: Iterable[str] = (),
+             swarm: Swarm | None = None) -> SavepointSetup:
         return cls(
-            drivers=rng.randint(2, 4),
+            drivers=driver_count(rng, swarm),
             faults=rng.choice((Faults(0.005, 0.01, 0.005, HOLD_S),
                                Faults(0.01, 0.03, 0.01, HOLD_S))),
             pause_p=rng.choice((0.0, 0.01, 0.03)),
@@ -170,9 +189,10 @@ class SavepointWorld(Judged):
     """The simulated savepoint system of one seed (see the module doc)."""
 
     def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 6000) -> None:
-        self.scheduler = Scheduler(seed, max_steps=max_steps)
+        self.scheduler = Scheduler(seed, max_steps=max_steps, sites=SITES,
+                                   clock_jump_p=CLOCK_JUMP_P)
         self.rng = self.scheduler.rng
-        self.setup = SavepointSetup.draw(self.rng, plants)
+        self.setup = SavepointSetup.draw(self.rng, plants, self.scheduler.swarm)
         self.objects = SimObjects()
         self.base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True,
                                alias=_shared_dir if PLANT_SHARED_DIR in self.setup.plants
@@ -261,7 +281,7 @@ class SavepointWorld(Judged):
         # the runtime's own adoption, on the two attributes it reads
         adopt = partial(CheckpointedJob._adopt,
                         SimpleNamespace(lease=lease, job=JOB))  # type: ignore[arg-type]
-        record = lease.acquire(adopt=adopt)
+        record = self.acquire(lease, adopt)
         storage = FencedStorage(view, lease.gate)
         config = CheckpointConfig.from_dict({
             "execution.checkpointing.interval": "1 h",  # nothing periodic: requests only
@@ -310,15 +330,10 @@ class SavepointWorld(Judged):
 
     def supervisor(self) -> None:
         """Starts the drivers: the next one when the last ended, or earlier."""
-        sched = self.scheduler
-        for number in range(1, self.setup.drivers + 1):
-            actor = sched.spawn(f"driver-{number}", Host(f"driver-{number}"),
-                                self.driver(number), crash_p=self.setup.crash_p,
-                                pause_p=self.setup.pause_p, pause_s=PAUSE_S)
-            patience = self.rng.uniform(5.0, 150.0)
-            while actor.alive and patience > 0:
-                sched.sleep(2.0)
-                patience -= 2.0
+        setup = self.setup
+        self.start_drivers(setup.drivers, lambda number: self.scheduler.spawn(
+            f"driver-{number}", Host(f"driver-{number}"), self.driver(number),
+            crash_p=setup.crash_p, pause_p=setup.pause_p, pause_s=PAUSE_S))
 
     def run(self) -> Outcome:
         sched = self.scheduler
@@ -329,7 +344,7 @@ class SavepointWorld(Judged):
         finally:
             shutil.rmtree(self.scratch, ignore_errors=True)
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
-                       sched.cut_off, "savepoints")
+                       sched.cut_off, "savepoints", Coverage.of(sched, self.objects))
 
 
 def run_savepoint_seed(seed: int, plants: Iterable[str] = ()) -> Outcome:
