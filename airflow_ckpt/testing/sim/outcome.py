@@ -13,7 +13,7 @@ from airflow_ckpt.testing.sim.buggify import ACTORS_TOGETHER
 #: how often a driver tries to take the lease before it gives up (the retries of its
 #: Airflow task): a successor waits out a holder that stalls, and a storage hiccup
 #: while it takes the lease does not end it
-ACQUIRE_TRIES = 8
+ACQUIRE_TRIES = 20
 
 if TYPE_CHECKING:
     from airflow_ckpt.runtime.lease.holder import Adopt, JobLease
@@ -85,7 +85,7 @@ class Judged:
                 if attempt == ACQUIRE_TRIES:
                     raise
                 self.scheduler.log(f"no lease ({type(exc).__name__}): tries again later")
-                self.scheduler.sleep(self.scheduler.rng.uniform(2.0, 15.0))
+                self.scheduler.sleep(self.scheduler.rng.uniform(1.0, 5.0))
         raise AssertionError("unreachable")
 
     def supervise(self, host: Host, program: Callable[[], None], died: str) -> None:

@@ -121,6 +121,9 @@ SITES = (STORAGE_503, STORAGE_LOST_ANSWER, STORAGE_LATE, STORAGE_HANG, STORAGE_D
          ACTORS_TOGETHER)
 #: base chance per turn of a host's clock stepping (when the seed enables it)
 CLOCK_JUMP_P = 0.002
+#: base chance, per gated write, that it hangs in the network past the lease (a deposed
+#: driver's write that passed its gate in time; see sim/storage.py)
+HANG_P = 0.08
 #: base chance, per checkpoint a restore looks at, that it is damaged (half: missing)
 DAMAGED_P = 0.15
 
@@ -166,10 +169,11 @@ class SinkSetup:
         return cls(
             drivers=drivers,
             skews=tuple(rng.choice(SKEWS) for _ in range(drivers)),
-            faults=rng.choice((Faults(0.01, 0.03, 0.01, HOLD_S), Faults(0.02, 0.06, 0.02, HOLD_S),
-                               Faults(0.02, 0.12, 0.02, HOLD_S))),
+            faults=rng.choice((Faults(0.01, 0.03, 0.01, HOLD_S, HANG_P),
+                               Faults(0.02, 0.06, 0.02, HOLD_S, HANG_P),
+                               Faults(0.02, 0.12, 0.02, HOLD_S, HANG_P))),
             crash_p=rng.choice((0.0, 0.01, 0.03)),
-            stall_p=rng.choice((0.1, 0.2, 0.4)),
+            stall_p=rng.choice((0.02, 0.05, 0.1)),
             older_restore_p=rng.choice((0.0, 0.3, 0.6)),
             same_offsets_p=rng.choice((0.3, 0.7, 1.0)),
             new_start_p=rng.choice((0.0, 0.5, 1.0)),
@@ -424,7 +428,7 @@ class SinkWorld(Judged):
                                           if restored is not None else (-1, initial, initial))
             ).checkpoint_id
         batch, start = (0, initial) if restored is None else (restored.batch + 1, restored.end)
-        for _ in range(rng.randint(2, 8)):
+        for _ in range(rng.randint(3, 16)):
             sched.sleep(rng.uniform(0.5, 4.0))
             if self.scheduler.chance(SCHED_PAUSE, setup.stall_p):
                 sched.log("stalls past its lease")
@@ -453,7 +457,7 @@ class SinkWorld(Judged):
         setup = self.setup
         self.start_drivers(setup.drivers, lambda number: self.scheduler.spawn(
             f"driver-{number}", Host(f"driver-{number}", setup.skews[number - 1]),
-            self.driver(number), crash_p=setup.crash_p, pause_p=setup.stall_p / 40,
+            self.driver(number), crash_p=setup.crash_p, pause_p=setup.stall_p / 10,
             pause_s=(DEFAULT_TTL_S, HOLD_S)))
 
     def run(self) -> Outcome:

@@ -20,9 +20,10 @@ may meet:
   successor took over);
 * ``unknown``: the write was applied, but its answer was lost and the read-back failed
   (``OutcomeUnknownError``);
-* a *hang* (at half the ``late`` chance): the write, past its caller's lease gate,
-  stays in the network up to ``hold_s`` (default 30 s) with its caller waiting, then
-  applies and answers (a deposed driver's write that was gated in time).
+* a *hang* (``hang``, default the ``late`` chance; not of the lease's own writes):
+  the write, past its caller's lease gate, stays in the network for half ``hold_s`` to
+  ``hold_s`` (default 30 s) with its caller waiting, then applies and answers (a
+  deposed driver's write that was gated in time).
 
 Each fault is a fault site (:mod:`~airflow_ckpt.testing.sim.buggify`): asked through
 :meth:`~.scheduler.Scheduler.chance`, so it fires only when the seed's swarm enables it.
@@ -91,6 +92,11 @@ class Faults:
     late: float = 0.0
     unknown: float = 0.0
     hold_s: float = 0.0  # a late write is held up to this long (uniform) before it lands
+    hang: float = -1.0  # chance of a hang (see the module doc); negative: ``late``
+
+    @property
+    def hang_p(self) -> float:
+        return self.late if self.hang < 0 else self.hang
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,8 +256,9 @@ class SimStorage(CheckpointStorage):
             if sched.chance(STORAGE_LOST_ANSWER, self.faults.unknown):
                 self._log(op, key, f"applied, answer lost ({_outcome(apply)})")
                 raise OutcomeUnknownError(f"sim: {op} {key}: answer lost, read-back failed")
-            if sched.chance(STORAGE_HANG, self.faults.late / 2):
-                hang = sched.rng.uniform(0.0, self.faults.hold_s or HANG_S)
+            if write_kind(key, op) != "lease" and sched.chance(STORAGE_HANG, self.faults.hang_p):
+                hold = self.faults.hold_s or HANG_S
+                hang = sched.rng.uniform(hold / 2, hold)
                 self._log(op, key, f"hangs {hang:.1f} s in the network")
                 sched.sleep(hang)
         try:
