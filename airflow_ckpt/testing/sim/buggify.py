@@ -30,6 +30,7 @@ STORAGE_MISSING = "storage.missing-object"
 SCHED_PAUSE = "scheduler.pause"
 SCHED_CRASH = "scheduler.crash"
 SCHED_CLOCK_JUMP = "scheduler.clock-jump"
+SCHED_SUSPEND = "scheduler.suspend"
 # actors (the worlds): how many drivers and when they start
 ACTORS_MORE = "actors.more-drivers"
 ACTORS_TOGETHER = "actors.started-together"
@@ -45,6 +46,8 @@ SITES: dict[str, str] = {
     SCHED_PAUSE: "a process pauses mid-operation (a stop-the-world pause)",
     SCHED_CRASH: "a process dies at a yield point",
     SCHED_CLOCK_JUMP: "a host's wall clock jumps (NTP step, VM resume)",
+    SCHED_SUSPEND: "a host is suspended mid-operation; its monotonic clock does not count "
+                   "the suspension (Linux CLOCK_MONOTONIC), so its lease still looks valid",
     ACTORS_MORE: "3-4 drivers of one job instead of 2",
     ACTORS_TOGETHER: "drivers started together (a double trigger), not one after another",
 }

@@ -10,6 +10,10 @@ from typing import TYPE_CHECKING, Protocol
 from airflow_ckpt.errors import ConcurrentDriverError, EndpointUnreachableError
 from airflow_ckpt.testing.sim.buggify import ACTORS_TOGETHER
 
+#: invariant of the worlds whose drivers write through a FencedStorage: every write a
+#: driver starts (but the lease's own) passed the lease's gate first
+UNGATED_WRITE = "ungated-write"
+
 #: how often a driver tries to take the lease before it gives up (the retries of its
 #: Airflow task): a successor waits out a holder that stalls, and a storage hiccup
 #: while it takes the lease does not end it
@@ -19,7 +23,7 @@ if TYPE_CHECKING:
     from airflow_ckpt.runtime.lease.holder import Adopt, JobLease
     from airflow_ckpt.runtime.lease.record import LeaseRecord
     from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
-    from airflow_ckpt.testing.sim.storage import SimObjects
+    from airflow_ckpt.testing.sim.storage import SimObjects, SimStorage
 
 
 class Described(Protocol):
@@ -74,6 +78,26 @@ class Judged:
             while actor.alive and patience > 0:
                 sched.sleep(2.0)
                 patience -= 2.0
+
+    def fence(self, view: SimStorage, gate: Callable[[], None],
+              driver: str) -> tuple[SimStorage, Callable[[], None]]:
+        """The storage view and the gate for a driver's ``FencedStorage(view, gate)``:
+        a write that starts through the view without a pass of the gate since the
+        previous write breaks ``ungated-write`` (the gate is what stops a driver whose
+        lease may have expired from starting writes)."""
+        passed = [False]
+
+        def checked_gate() -> None:
+            gate()
+            passed[0] = True
+
+        def check(op: str, key: str) -> None:
+            if not passed[0]:
+                self.violate(UNGATED_WRITE, f"{driver} started {op} {key} without passing "
+                             "its lease gate")
+            passed[0] = False
+
+        return view.checked_view(check), checked_gate
 
     def acquire(self, lease: JobLease, adopt: Adopt | None = None) -> LeaseRecord:
         """``lease.acquire(adopt=adopt)``, tried again after a seeded wait while another

@@ -78,6 +78,7 @@ from airflow_ckpt.testing.sim.buggify import (
     SCHED_CLOCK_JUMP,
     SCHED_CRASH,
     SCHED_PAUSE,
+    SCHED_SUSPEND,
     STORAGE_503,
     STORAGE_HANG,
     STORAGE_LATE,
@@ -85,7 +86,13 @@ from airflow_ckpt.testing.sim.buggify import (
     Swarm,
     driver_count,
 )
-from airflow_ckpt.testing.sim.outcome import Coverage, Judged, Outcome, Violation
+from airflow_ckpt.testing.sim.outcome import (
+    UNGATED_WRITE,
+    Coverage,
+    Judged,
+    Outcome,
+    Violation,
+)
 from airflow_ckpt.testing.sim.scheduler import (
     Host,
     Scheduler,
@@ -101,7 +108,7 @@ REQUEST_ID = "r"
 SAVEPOINT_VERIFIES = "savepoint-verifies"
 SAVEPOINT_ANSWER = "savepoint-answer"
 SAVEPOINT_ERROR = "savepoint-error"
-INVARIANTS = (SAVEPOINT_VERIFIES, SAVEPOINT_ANSWER, SAVEPOINT_ERROR)
+INVARIANTS = (SAVEPOINT_VERIFIES, SAVEPOINT_ANSWER, SAVEPOINT_ERROR, UNGATED_WRITE)
 
 #: every attempt of a savepoint uploads under ``savepoints/sp-<id>/`` (item 6's old layout)
 PLANT_SHARED_DIR = "shared-savepoint-dir"
@@ -113,7 +120,7 @@ EXPECTED = (ConcurrentDriverError, LeaseExpiredError, EndpointUnreachableError)
 BATCHES = 3
 #: the savepoint world's fault sites (sim/buggify.py)
 SITES = (STORAGE_503, STORAGE_LOST_ANSWER, STORAGE_LATE, STORAGE_HANG, SCHED_PAUSE,
-         SCHED_CRASH, SCHED_CLOCK_JUMP, ACTORS_MORE, ACTORS_TOGETHER)
+         SCHED_CRASH, SCHED_CLOCK_JUMP, SCHED_SUSPEND, ACTORS_MORE, ACTORS_TOGETHER)
 #: base chance per turn of a host's clock stepping (when the seed enables it)
 CLOCK_JUMP_P = 0.002
 #: savepoint attempts per driver while the request is open (the requester's retries)
@@ -282,7 +289,7 @@ class SavepointWorld(Judged):
         adopt = partial(CheckpointedJob._adopt,
                         SimpleNamespace(lease=lease, job=JOB))  # type: ignore[arg-type]
         record = self.acquire(lease, adopt)
-        storage = FencedStorage(view, lease.gate)
+        storage = FencedStorage(*self.fence(view, lease.gate, f"driver-{number}"))
         config = CheckpointConfig.from_dict({
             "execution.checkpointing.interval": "1 h",  # nothing periodic: requests only
             "execution.checkpointing.timeout": "10 min",
@@ -333,7 +340,8 @@ class SavepointWorld(Judged):
         setup = self.setup
         self.start_drivers(setup.drivers, lambda number: self.scheduler.spawn(
             f"driver-{number}", Host(f"driver-{number}"), self.driver(number),
-            crash_p=setup.crash_p, pause_p=setup.pause_p, pause_s=PAUSE_S))
+            crash_p=setup.crash_p, pause_p=setup.pause_p, pause_s=PAUSE_S,
+            suspend_p=setup.pause_p))
 
     def run(self) -> Outcome:
         sched = self.scheduler

@@ -46,6 +46,7 @@ from airflow_ckpt.testing.sim.buggify import (
     SCHED_CLOCK_JUMP,
     SCHED_CRASH,
     SCHED_PAUSE,
+    SCHED_SUSPEND,
     Swarm,
 )
 
@@ -86,6 +87,10 @@ class Actor:
     #: suspended VM) for a time drawn from ``pause_s``, in the middle of what it does
     pause_p: float = 0.0
     pause_s: tuple[float, float] = (0.0, 0.0)
+    #: chance, at each yield point, that its host is suspended for a time drawn from
+    #: ``pause_s``: a pause its monotonic clock does not count (the host runs this
+    #: actor alone)
+    suspend_p: float = 0.0
     go: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
     wake_at: float = 0.0
     killed: bool = False
@@ -130,6 +135,7 @@ class Scheduler:
         self.swarm = Swarm(self.rng, sites) if sites is not None else None
         self.clock_jump_p = clock_jump_p
         self.jumps: dict[str, float] = {}  # host -> how far its clock stepped so far
+        self.suspended: dict[str, float] = {}  # host -> time its monotonic clock missed
         self.ids = random.Random(seed ^ 0x5EED)
         self.now = start
         self.max_steps = max_steps
@@ -172,8 +178,10 @@ class Scheduler:
         return any(a.alive for a in self.actors if a.name == name)
 
     def monotonic(self) -> float:
-        """A monotonic clock (each host's runs at the true rate: skew does not matter)."""
-        return self.now
+        """The calling actor's host's monotonic clock: true time, less the time the host
+        was suspended (skew does not matter)."""
+        actor = self.current()
+        return self.now - (self.suspended.get(actor.host.name, 0.0) if actor else 0.0)
 
     def uuid4(self) -> real_uuid.UUID:
         """A random id drawn from the seed (the simulation's id source)."""
@@ -195,6 +203,13 @@ class Scheduler:
         if actor.pause_p and self.chance(SCHED_PAUSE, actor.pause_p):
             actor.wake_at = self.now + self.rng.uniform(*actor.pause_s)
             self.log(f"pauses until t+{actor.wake_at - 1_800_000_000.0:.3f} before {what}")
+        elif actor.suspend_p and self.chance(SCHED_SUSPEND, actor.suspend_p):
+            gone = self.rng.uniform(*actor.pause_s)
+            actor.wake_at = self.now + gone
+            host = actor.host.name
+            self.suspended[host] = self.suspended.get(host, 0.0) + gone
+            self.log(f"host {host} suspended for {gone:.1f} s (its monotonic clock stops) "
+                     f"before {what}")
         self._back.release()
         actor.go.acquire()
         if actor.killed:
@@ -210,12 +225,12 @@ class Scheduler:
 
     def spawn(self, name: str, host: Host, program: Callable[[], None], *,
               crash_p: float = 0.0, parent: Actor | None = None, pause_p: float = 0.0,
-              pause_s: tuple[float, float] = (0.0, 0.0)) -> Actor:
+              pause_s: tuple[float, float] = (0.0, 0.0), suspend_p: float = 0.0) -> Actor:
         """Start an actor; it first runs when the scheduler picks it. With ``parent``
         it is a thread of that actor's process and ends when the parent does; with
         ``pause_p`` it may pause at any yield point (see :class:`Actor`)."""
         actor = Actor(name, host, program, crash_p, pause_p=pause_p, pause_s=pause_s,
-                      wake_at=self.now, parent=parent)
+                      suspend_p=suspend_p, wake_at=self.now, parent=parent)
 
         def body() -> None:
             self._local.actor = actor

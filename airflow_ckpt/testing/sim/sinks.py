@@ -75,6 +75,7 @@ from airflow_ckpt.testing.sim.buggify import (
     SCHED_CLOCK_JUMP,
     SCHED_CRASH,
     SCHED_PAUSE,
+    SCHED_SUSPEND,
     STORAGE_503,
     STORAGE_DAMAGED,
     STORAGE_HANG,
@@ -84,7 +85,13 @@ from airflow_ckpt.testing.sim.buggify import (
     Swarm,
     driver_count,
 )
-from airflow_ckpt.testing.sim.outcome import Coverage, Judged, Outcome, Violation
+from airflow_ckpt.testing.sim.outcome import (
+    UNGATED_WRITE,
+    Coverage,
+    Judged,
+    Outcome,
+    Violation,
+)
 from airflow_ckpt.testing.sim.scheduler import Host, Scheduler
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
 
@@ -96,7 +103,8 @@ SINK_DUPLICATE = "sink-duplicate"
 DECISION_CHANGED = "decision-changed"
 SINK_REPLAY = "sink-replay"
 SINK_ERROR = "sink-error"
-INVARIANTS = (SINK_LOST, SINK_DUPLICATE, DECISION_CHANGED, SINK_REPLAY, SINK_ERROR)
+INVARIANTS = (SINK_LOST, SINK_DUPLICATE, DECISION_CHANGED, SINK_REPLAY, SINK_ERROR,
+              UNGATED_WRITE)
 
 #: the drivers' ``_txn/`` records are written by plain overwrite (item 1's old code)
 PLANT_PLAIN_TXN = "plain-txn-writes"
@@ -117,7 +125,7 @@ EXPECTED = (ConcurrentDriverError, LeaseExpiredError, EndpointUnreachableError)
 SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
 #: the sink world's fault sites (sim/buggify.py)
 SITES = (STORAGE_503, STORAGE_LOST_ANSWER, STORAGE_LATE, STORAGE_HANG, STORAGE_DAMAGED,
-         STORAGE_MISSING, SCHED_PAUSE, SCHED_CRASH, SCHED_CLOCK_JUMP, ACTORS_MORE,
+         STORAGE_MISSING, SCHED_PAUSE, SCHED_CRASH, SCHED_CLOCK_JUMP, SCHED_SUSPEND, ACTORS_MORE,
          ACTORS_TOGETHER)
 #: base chance per turn of a host's clock stepping (when the seed enables it)
 CLOCK_JUMP_P = 0.002
@@ -372,7 +380,7 @@ class SinkWorld(Judged):
         lease = _ManualLease(view, JOB, owner=f"driver-{number}", clock=sched.monotonic,
                              wall_clock=sched.wall_clock, sleep=sched.sleep)
         self.acquire(lease)
-        storage = FencedStorage(view, lease.gate)
+        storage = FencedStorage(*self.fence(view, lease.gate, f"driver-{number}"))
         sink = JsonLinesSink(storage, SINK, ids=sched.uuid4)
         sink.fence(lease.gate, lease.confirm)
         if PLANT_NO_OFFSETS not in setup.plants:
@@ -458,7 +466,7 @@ class SinkWorld(Judged):
         self.start_drivers(setup.drivers, lambda number: self.scheduler.spawn(
             f"driver-{number}", Host(f"driver-{number}", setup.skews[number - 1]),
             self.driver(number), crash_p=setup.crash_p, pause_p=setup.stall_p / 10,
-            pause_s=(DEFAULT_TTL_S, HOLD_S)))
+            pause_s=(DEFAULT_TTL_S, HOLD_S), suspend_p=setup.stall_p / 10))
 
     def run(self) -> Outcome:
         sched = self.scheduler

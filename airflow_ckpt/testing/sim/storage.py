@@ -209,6 +209,18 @@ class SimStorage(CheckpointStorage):
         self.unconditional = unconditional
         self.alias = alias
         self.uri = "sim://bucket/root"
+        #: called with (operation, key) when a write starts (before any fault): the
+        #: harness's check that a driver's write passed its lease gate first
+        self.checked: Callable[[str, str], None] | None = None
+
+    def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
+        """This view again (same faults, tag and plants) with ``check`` called at the
+        start of every write."""
+        view = SimStorage(self.store, self.scheduler, faults=self.faults, tag=self.tag,
+                          hidden=self.hidden, dropped=self.dropped,
+                          unconditional=self.unconditional, alias=self.alias)
+        view.checked = check
+        return view
 
     def view(self, faults: Faults, tag: str, *, hidden: Hidden | None = None,
              dropped: str | None = None, unconditional: str | None = None) -> SimStorage:
@@ -244,6 +256,8 @@ class SimStorage(CheckpointStorage):
 
     def _write(self, op: str, key: str, apply: Callable[[], str]) -> str:
         """Run a mutation with the write faults; returns what ``apply`` returns."""
+        if self.checked is not None:
+            self.checked(op, key)
         self._enter(op, key)
         sched = self.scheduler
         apply = self._tracked(op, key, apply)
