@@ -34,7 +34,7 @@ def test_a_mutant_whose_text_moved_fails_loudly() -> None:
 
 
 def test_a_planted_bug_is_killed_and_the_package_is_left_alone() -> None:
-    mutant = next(m for m in MUTANTS if m.name == "txn-record-overwrite")
+    mutant = next(m for m in MUTANTS if m.name == "gate-never-expires")
     before = (PACKAGE / mutant.file).read_text()
     verdict = judge(mutant, seeds=200)
     assert verdict.killed, verdict.line()

@@ -32,8 +32,12 @@ Invariants, checked when a driver's attempt settles and at the end:
 * ``savepoint-answer``: a driver answers the request completed only with the savepoint
   storage counts, and does not fail an attempt whose own savepoint storage counts
   (unless it stops without answering: its marker's fate is a successor's to judge);
+* ``savepoint-changed`` (after every step): the savepoint's ``_metadata``, once
+  written, never changes nor disappears;
 * ``savepoint-error``: a driver dies of nothing but a lost lease or an unreachable
-  storage.
+  storage;
+* ``ungated-write``: every write a driver starts through its ``FencedStorage`` passed
+  the lease's gate first.
 
 Planted defect (``--plant shared-savepoint-dir``): every attempt of a savepoint uploads
 under ``savepoints/sp-<id>/`` itself, not under its own checkpoint id (the layout before
@@ -108,7 +112,9 @@ REQUEST_ID = "r"
 SAVEPOINT_VERIFIES = "savepoint-verifies"
 SAVEPOINT_ANSWER = "savepoint-answer"
 SAVEPOINT_ERROR = "savepoint-error"
-INVARIANTS = (SAVEPOINT_VERIFIES, SAVEPOINT_ANSWER, SAVEPOINT_ERROR, UNGATED_WRITE)
+SAVEPOINT_CHANGED = "savepoint-changed"
+INVARIANTS = (SAVEPOINT_VERIFIES, SAVEPOINT_ANSWER, SAVEPOINT_CHANGED, SAVEPOINT_ERROR,
+              UNGATED_WRITE)
 
 #: every attempt of a savepoint uploads under ``savepoints/sp-<id>/`` (item 6's old layout)
 PLANT_SHARED_DIR = "shared-savepoint-dir"
@@ -208,6 +214,8 @@ class SavepointWorld(Judged):
         self.scratch = Path(tempfile.mkdtemp(prefix="airflow-ckpt-sim-", dir=SCRATCH))
         self.answered: list[int] = []  # drivers that answered the request completed
         self.noted = False  # a late marker that counts was traced
+        self.marker_etag: str | None = None  # of the savepoint's marker when first seen
+        self.scheduler.observers.append(self.check_marker)
         self.violations: list[Violation] = []
 
     # ------------------------------------------------------------------ ground truth
@@ -233,6 +241,17 @@ class SavepointWorld(Judged):
             self.violate(SAVEPOINT_VERIFIES, f"savepoint {SAVEPOINT_ID} restores a mix of "
                          f"snapshots: {sorted(writers)}")
         return manifest.checkpoint_id
+
+    def check_marker(self) -> None:
+        """``savepoint-changed``: once written, the savepoint's ``_metadata`` never gets
+        other bytes nor disappears (a reader that found it complete keeps it so)."""
+        stored = self.objects.objects.get(JobLayout(JOB).savepoint_metadata(SAVEPOINT_ID))
+        if self.marker_etag is None:
+            self.marker_etag = stored.etag if stored is not None else None
+        elif stored is None or stored.etag != self.marker_etag:
+            self.violate(SAVEPOINT_CHANGED, f"savepoint {SAVEPOINT_ID}'s _metadata was "
+                         + ("deleted" if stored is None else "written again with other bytes")
+                         + " after it completed")
 
     def note_late_marker(self, writer_epoch: int | None) -> None:
         """Trace (once) a counted marker that landed after a successor of its writer

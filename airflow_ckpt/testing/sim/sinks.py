@@ -43,7 +43,9 @@ batch ``b`` planned from ``start`` to ``end`` holds exactly those numbers):
   committed batch's offsets, and refused (``SinkReplayMismatchError``) only if it read
   others, never silently dropped;
 * ``sink-error``: a driver dies of nothing but a lost lease, an unreachable storage or
-  a refused replay (not, e.g., ``CorruptCheckpointError``: a wedged sink).
+  a refused replay (not, e.g., ``CorruptCheckpointError``: a wedged sink);
+* ``ungated-write``: every write a driver starts through its ``FencedStorage`` passed
+  the lease's gate first.
 
 Planted defects (``--plant``) restore the old behaviour of items 1 and 2:
 ``plain-txn-writes`` (the ``_txn/`` record written by plain overwrite, not create-only /
