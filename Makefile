@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv jars kafka test test-seaweedfs lint unit unit-matrix demo bench bench-scale clean chromium crash-points soak simulate faults
+.PHONY: venv jars kafka test test-seaweedfs lint unit unit-matrix demo bench bench-scale clean chromium crash-points soak simulate faults mutants
 
 venv: $(STAMP)
 
@@ -102,11 +102,21 @@ crash-points: venv
 # simulation"): SIM_SEEDS seeds, each a schedule in every world (history, sinks,
 # savepoints; make test runs 200 in tests/unit/test_simulation.py); prints "N simulated
 # schedules explored, K violations", the first failing seed of each invariant and its
-# trace. Replay one: $(PY) -m airflow_ckpt.testing.simulation --seed S --world W --trace
+# trace, then its coverage per world (fault sites fired, schedules with a second lease
+# holder, writes of deposed drivers, cut-offs). Replay one:
+# $(PY) -m airflow_ckpt.testing.simulation --seed S --world W --trace
 SIM_SEEDS ?= 2000
 SIM_START ?= 0
 simulate: venv
-	$(PY) -m airflow_ckpt.testing.simulation --seeds $(SIM_SEEDS) --start $(SIM_START)
+	$(PY) -m airflow_ckpt.testing.simulation --seeds $(SIM_SEEDS) --start $(SIM_START) --coverage
+
+# The mutation score of the simulation (docs/architecture.md, "Mutation score"): plants
+# one-line bugs in the real runtime, one at a time, in a temporary copy of the package,
+# runs make test's 200 seeds in every world against each (2 niced processes) and prints
+# killed/survived per mutant and "N of M mutants killed". MUTANTS_ARGS="--only NAME" runs one.
+MUTANTS_ARGS ?=
+mutants: venv
+	$(PY) -m airflow_ckpt.testing.mutants $(MUTANTS_ARGS)
 
 # Real drivers of the example job through a fault-injecting S3 proxy at 2 %, 10 % and
 # 30 % faulty requests and through a 2-minute outage (each run: a SIGKILL, a restore, to

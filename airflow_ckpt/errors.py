@@ -210,7 +210,6 @@ class SinkReplayMismatchError(RestoreError):
                                        self.replay, restored)
 
 
-<<<<<<< HEAD
 class SinkTransactionAbortedError(RestoreError):
     """The restored checkpoint or savepoint lists a sink transaction that was aborted
     since, and never committed: a run that did not restore this snapshot recovered the
@@ -226,7 +225,8 @@ class SinkTransactionAbortedError(RestoreError):
             "nobody committed; restoring it would lose that batch's output. Restore a "
             "newer checkpoint or savepoint (restore=latest), or one that does not list "
             "this batch. See docs/sinks.md.")
-=======
+
+
 class SourceDataLostError(RestoreError):
     """Records a restore must re-read are gone from the source (Kafka retention or a
     delete-records call removed them since the restored checkpoint was taken), and the
@@ -244,7 +244,6 @@ class SourceDataLostError(RestoreError):
             "from the earliest offsets the topic still holds (the lost ranges are then "
             "recorded in the job's history as source_data_lost). See docs/sinks.md, "
             "\"Kafka\".")
->>>>>>> s10/kafka
 
 
 class IncompatibleStateError(RestoreError):

@@ -67,11 +67,7 @@ _ENTRY_FIELDS = (
     "trigger_timestamp", "latest_ack_timestamp", "failure_timestamp", "state_size",
     "checkpointed_size", "end_to_end_duration", "start_delay", "sync_duration",
     "async_duration", "num_subtasks", "num_acknowledged_subtasks", "external_path",
-<<<<<<< HEAD
-    "discarded", "failure_message", "request_id", "imported_from",
-=======
-    "discarded", "failure_message", "request_id", "source_positions",
->>>>>>> s10/kafka
+    "discarded", "failure_message", "request_id", "imported_from", "source_positions",
 )
 
 
@@ -217,18 +213,14 @@ def _from_event(event: HistoryEvent) -> dict[str, Any]:
 
 
 def _from_manifest(manifest: Manifest, path: str) -> dict[str, Any]:
-<<<<<<< HEAD
-    # an imported savepoint names the Spark checkpoint directory it came from
-    return _entry({**manifest.history_entry(), "external_path": path,
-                   "imported_from": manifest.extra.get("imported_from")})
-=======
     """A retained checkpoint's entry, with its Kafka source positions per
-    topic-partition (what a restore of it re-reads from)."""
+    topic-partition (what a restore of it re-reads from) and, for an imported savepoint,
+    the Spark checkpoint directory it came from."""
     positions = [line for offset in manifest.source_offsets
                  for line in position_lines(offset) or []]
     return _entry({**manifest.history_entry(), "external_path": path,
+                   "imported_from": manifest.extra.get("imported_from"),
                    "source_positions": positions})
->>>>>>> s10/kafka
 
 
 def _retained(

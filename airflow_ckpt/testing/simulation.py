@@ -69,6 +69,7 @@ import logging
 import random
 import sys
 import time as real_time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +101,15 @@ from airflow_ckpt.supervision import (
     resubmit_restore,
 )
 from airflow_ckpt.testing.sim import job, savepoints, sinks
+from airflow_ckpt.testing.sim.buggify import (
+    SCHED_CLOCK_JUMP,
+    SCHED_CRASH,
+    SCHED_PAUSE,
+    STORAGE_503,
+    STORAGE_HANG,
+    STORAGE_LATE,
+    STORAGE_LOST_ANSWER,
+)
 from airflow_ckpt.testing.sim.flink import (
     ExponentialDelay,
     FailureRate,
@@ -107,7 +117,7 @@ from airflow_ckpt.testing.sim.flink import (
     Strategy,
     expected_decisions,
 )
-from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
+from airflow_ckpt.testing.sim.outcome import Coverage, Judged, Outcome, Violation
 from airflow_ckpt.testing.sim.scheduler import (
     Crash,
     Host,
@@ -155,6 +165,14 @@ STRATEGIES: tuple[Strategy, ...] = (
                      attempts=4),
 )
 SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
+#: the history world's fault sites (sim/buggify.py): no actor-count sites, the
+#: supervisor starts one driver per submission
+SITES = (STORAGE_503, STORAGE_LOST_ANSWER, STORAGE_LATE, STORAGE_HANG, SCHED_PAUSE,
+         SCHED_CRASH, SCHED_CLOCK_JUMP)
+#: base chance per turn of a host's clock stepping (when the seed enables it)
+CLOCK_JUMP_P = 0.002
+#: how long a driver's stop-the-world pause lasts (up to past its lease's expiry)
+PAUSE_S = (1.0, 60.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +189,7 @@ class Setup:
     compactors: int  # compacting processes besides the driver (the UI, the CLI, ...)
     driver_faults: Faults
     driver_crash_p: float
+    driver_pause_p: float
     plants: frozenset[str] = frozenset()
 
     @classmethod
@@ -187,6 +206,7 @@ class Setup:
             driver_faults=rng.choice((Faults(), Faults(0.01, 0.02, 0.01),
                                       Faults(0.02, 0.05, 0.02))),
             driver_crash_p=rng.choice((0.0, 0.005, 0.02)),
+            driver_pause_p=rng.choice((0.0, 0.005, 0.02)),
             plants=frozenset(plants),
         )
 
@@ -202,7 +222,8 @@ class Setup:
                 f"restore {self.first_restore}, driver "
                 f"{'local' if self.driver_local else 'remote'}, segments of "
                 f"{self.segment_events}, {self.compactors} compactor(s) besides the driver, "
-                f"driver faults {self.driver_faults}, crash p {self.driver_crash_p}"
+                f"driver faults {self.driver_faults}, crash p {self.driver_crash_p}, "
+                f"pause p {self.driver_pause_p}"
                 + (f", planted {sorted(self.plants)}" if self.plants else ""))
 
 
@@ -231,13 +252,13 @@ class World(Judged):
     """The simulated system of one seed: actors, storage, ground truth and invariants."""
 
     def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 6000) -> None:
-        self.scheduler = Scheduler(seed, max_steps=max_steps)
+        self.scheduler = Scheduler(seed, max_steps=max_steps, sites=SITES,
+                                   clock_jump_p=CLOCK_JUMP_P)
         self.rng = self.scheduler.rng
         self.setup = Setup.draw(self.rng, plants)
         self.objects = SimObjects()
-        base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True)
+        base = self.base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True)
         plants = self.setup.plants
-        self.driver_storage = base.view(self.setup.driver_faults, "driver")
         self.compactor_storage = base.view(
             Faults(unavailable=0.02, late=0.02), "compactor",
             dropped=SEGMENTS if PLANT_LOSE_SEGMENTS in plants else None)
@@ -363,7 +384,7 @@ class World(Judged):
         start = self.scheduler.now
         self.scheduler.now = start - 7200
         history.append(JOB_SUBMITTED, run_id=OLD_RUN_ID, attempt=1, restore=RESTORE_NONE)
-        lease = _ManualLease(self.supervisor_storage, JOB, owner=OLD_RUN_ID,
+        lease = _ManualLease(self.base.view(Faults(), "old-driver"), JOB, owner=OLD_RUN_ID,
                              clock=self.scheduler.monotonic,
                              wall_clock=self.scheduler.wall_clock, sleep=self.scheduler.sleep)
         lease.acquire()
@@ -401,7 +422,7 @@ class World(Judged):
 
     def _drive(self, attempt: int, restore: str) -> int:
         rng, sched = self.rng, self.scheduler
-        storage = self.driver_storage
+        storage = self.base.view(self.setup.driver_faults, f"driver-{attempt}")
         lease = _ManualLease(storage, JOB, owner=RUN_ID, clock=sched.monotonic,
                              wall_clock=sched.wall_clock, sleep=sched.sleep)
         lease.acquire()
@@ -465,7 +486,8 @@ class World(Judged):
             submitted = history.append(JOB_SUBMITTED, run_id=RUN_ID, attempt=attempt,
                                        restore=restore)
             sched.spawn(f"driver-{attempt}", self.hosts["driver"],
-                        self.driver(attempt, restore), crash_p=setup.driver_crash_p)
+                        self.driver(attempt, restore), crash_p=setup.driver_crash_p,
+                        pause_p=setup.driver_pause_p, pause_s=PAUSE_S)
             verdict = self._watch(submitted, epochs[-1] if epochs else 0, attempt)
             if verdict.kind in ("finished", "failed"):
                 return
@@ -543,7 +565,7 @@ class World(Judged):
                          f"{type(supervisor.error).__name__}: {supervisor.error}")
         self.check_events()
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
-                       sched.cut_off)
+                       sched.cut_off, coverage=Coverage.of(sched, self.objects))
 
 
 def _hidden(plants: frozenset[str]) -> Hidden | None:
@@ -585,9 +607,58 @@ def worlds_for(plants: Iterable[str]) -> list[str]:
 
 
 @dataclass
+class WorldCoverage:
+    """What one world's schedules reached (``--coverage``): per fault site, per kind of
+    write applied for a deposed driver, the schedules in which it happened; the
+    schedules with contention (a second driver held the lease), those where the lease
+    was taken from a live holder, and those cut off at the step limit."""
+
+    schedules: int = 0
+    sites: tuple[str, ...] = ()
+    fired: Counter[str] = field(default_factory=Counter)
+    deposed: Counter[str] = field(default_factory=Counter)
+    contended: int = 0
+    taken_live: int = 0
+    cut_off: int = 0
+    components: Counter[str] = field(default_factory=Counter)
+
+    def add(self, outcome: Outcome) -> None:
+        covered = outcome.coverage
+        self.schedules += 1
+        self.sites = tuple(dict.fromkeys((*self.sites, *covered.sites)))
+        self.fired.update(covered.fired.keys())
+        self.deposed.update(covered.deposed.keys())
+        self.contended += covered.holders > 1
+        self.taken_live += covered.contended > 0
+        self.cut_off += outcome.cut_off
+        self.components.update(k for k, v in covered.components.items() if v)
+
+    def describe(self, world: str) -> str:
+        def share(n: int) -> str:
+            return f"{n} ({n / self.schedules:.0%})" if self.schedules else "0"
+
+        never = [s for s in self.sites if not self.fired[s]]
+        lines = [f"  {world}: {self.schedules} schedules; contention (a second lease holder) "
+                 f"in {share(self.contended)}, taken from a live holder in "
+                 f"{share(self.taken_live)}; {self.cut_off} cut off at the step limit",
+                 "    fault sites fired (schedules): " + (", ".join(
+                     f"{s} {self.fired[s]}" for s in self.sites if self.fired[s]) or "none")]
+        if never:
+            lines.append("    fault sites NEVER fired: " + ", ".join(never))
+        if self.deposed:
+            lines.append("    writes applied for a deposed driver (schedules): " + ", ".join(
+                f"{kind} {n}" for kind, n in sorted(self.deposed.items())))
+        if self.components:
+            lines.append("    components and cases reached (schedules): " + ", ".join(
+                f"{name} {n}" for name, n in sorted(self.components.items())))
+        return "\n".join(lines)
+
+
+@dataclass
 class Exploration:
     """What :func:`explore` found: seeds and schedules run (one per seed and world),
-    failing schedules, the first failing schedule of each invariant."""
+    failing schedules, the first failing schedule of each invariant, and each world's
+    coverage."""
 
     seeds: int = 0
     schedules: int = 0
@@ -595,22 +666,7 @@ class Exploration:
     first: dict[str, Outcome] = field(default_factory=dict)
     first_unskewed: dict[str, Outcome] = field(default_factory=dict)  # all clocks agree
     failing_seeds: list[int] = field(default_factory=list)
-    #: world -> coverage counter -> schedules in which it was non-zero
-    coverage: dict[str, dict[str, int]] = field(default_factory=dict)
-    #: world -> schedules cut off at the step limit
-    cut_off: dict[str, int] = field(default_factory=dict)
-    #: world -> schedules run
-    per_world: dict[str, int] = field(default_factory=dict)
-
-    def coverage_lines(self) -> list[str]:
-        """Per world: schedules cut off, and in how many schedules each counter fired."""
-        lines = []
-        for world, runs in self.per_world.items():
-            counters = self.coverage.get(world, {})
-            shown = ", ".join(f"{name} {n}" for name, n in sorted(counters.items()))
-            lines.append(f"coverage [{world}] of {runs} schedules: cut off "
-                         f"{self.cut_off.get(world, 0)}" + (f"; {shown}" if shown else ""))
-        return lines
+    coverage: dict[str, WorldCoverage] = field(default_factory=dict)
 
 
 def explore(seeds: Iterable[int], plants: Iterable[str] = (),
@@ -630,12 +686,7 @@ def explore(seeds: Iterable[int], plants: Iterable[str] = (),
             own, _, run = WORLDS[name]
             outcome = run(seed, [p for p in plants if p in own])
             result.schedules += 1
-            result.per_world[name] = result.per_world.get(name, 0) + 1
-            result.cut_off[name] = result.cut_off.get(name, 0) + outcome.cut_off
-            counters = result.coverage.setdefault(name, {})
-            for counter, value in outcome.coverage.items():
-                if value:
-                    counters[counter] = counters.get(counter, 0) + 1
+            result.coverage.setdefault(name, WorldCoverage()).add(outcome)
             if outcome.violations:
                 result.violations += 1
                 if seed not in result.failing_seeds:
@@ -673,6 +724,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world", action="append", choices=list(WORLDS),
                         help="explore only this world (default: every world, or with "
                              "--plant the worlds of the planted defects)")
+    parser.add_argument("--coverage", action="store_true",
+                        help="print what the schedules reached: fault sites fired, "
+                             "contention, writes of deposed drivers, cut-offs")
     args = parser.parse_args(argv)
     worlds = args.world or worlds_for(args.plant)
     logging.disable(logging.CRITICAL)  # the runtime's warnings about injected faults
@@ -698,13 +752,15 @@ def main(argv: list[str] | None = None) -> int:
         if unskewed is not None:
             print(f"first {invariant} with every clock right: seed {unskewed.seed} "
                   f"({unskewed.seed - args.start + 1} seeds)")
-    for line in result.coverage_lines():
-        print(line)
     print(f"{result.schedules} simulated schedules explored ({result.seeds} seeds x "
           f"{len(worlds)} worlds: {', '.join(worlds)}), {result.violations} violations "
           f"({real_time.monotonic() - started:.0f} s)")
     if result.failing_seeds:
         print(f"failing seeds: {result.failing_seeds[:50]}")
+    if args.coverage:
+        print(f"coverage of seeds {args.start}-{args.start + result.seeds - 1}:")
+        for name, covered in result.coverage.items():
+            print(covered.describe(name))
     return 1 if result.violations else 0
 
 

@@ -68,7 +68,7 @@ SEEDS = int(os.environ.get("SIM_TEST_SEEDS", "200"))
 @pytest.mark.parametrize("run", [run_seed, run_sink_seed, run_savepoint_seed, run_job_seed],
                          ids=["history", "sinks", "savepoints", "job"])
 def test_one_seed_replays_one_schedule(run: Callable[[int], Outcome]) -> None:
-    first, again, other = run(17), run(17), run(18)
+    first, again, other = run(19), run(19), run(16)
     assert len(first.trace) > 50
     assert first.trace == again.trace
     assert first.violations == again.violations
@@ -263,14 +263,15 @@ def test_a_seed_that_found_a_defect_now_keeps_every_invariant(seed: int, invaria
 
 
 def test_a_savepoint_whose_lease_confirmation_fails_is_never_answered_failed() -> None:
-    """Found by the savepoint world (seed 219 of 0..1999): a savepoint's marker was
+    """Found by the savepoint world (seed 219 of 0..1999, before the fault sites of issue
+    25 B redrew the schedules; seed 18 now has the same story): a savepoint's marker was
     durable, the lease confirmation after it met a 503 (the listing of ``lease/``), and
     the coordinator failed the savepoint (``savepoint_failed``, the request answered
     failed) although the catalog counted it and it restored. Now such a checkpoint or
     savepoint is abandoned like a marker of unknown outcome (neither failed nor
     completed; the driver stops and a new epoch settles it). Replay:
-    ``python -m airflow_ckpt.testing.simulation --world savepoints --seed 219 --trace``."""
-    outcome = run_savepoint_seed(219)
+    ``python -m airflow_ckpt.testing.simulation --world savepoints --seed 18 --trace``."""
+    outcome = run_savepoint_seed(18)
     assert outcome.violations == [], "\n".join(str(v) for v in outcome.violations)
     assert any("503" in line and "lease" in line for line in outcome.trace), outcome.trace[-40:]
 
@@ -281,9 +282,21 @@ def test_random_schedules_break_no_invariant() -> None:
     found = "\n".join(format_outcome(o, 40) for o in unexpected.values())
     assert not unexpected, found
     assert result.schedules == len(WORLDS) * SEEDS  # every world
-    assert result.cut_off.get("job", 0) == 0
-    print("\n".join(result.coverage_lines()))
+    assert result.coverage["job"].cut_off == 0
     print(f"{result.schedules} simulated schedules explored, 0 violations")
+    # rare made common (issue 25 B): every fault site of every world fired, a second
+    # driver held the lease in most schedules of the worlds about deposed drivers, their
+    # deposed drivers' writes landed, and a cut-off is counted, never silent
+    for name, covered in result.coverage.items():
+        assert covered.schedules == SEEDS
+        never = [s for s in covered.sites if not covered.fired[s]]
+        assert not never, f"{name}: fault sites never fired: {never}"
+    for name in ("sinks", "savepoints"):
+        covered = result.coverage[name]
+        assert covered.contended > SEEDS // 2, covered.describe(name)
+        assert covered.taken_live and covered.deposed, covered.describe(name)
+    assert {"marker", "txn-record", "commit-decision", "outcome", "staged", "delete"} \
+        <= set(result.coverage["sinks"].deposed), result.coverage["sinks"].describe("sinks")
 
 
 def test_no_module_is_patched_the_simulated_classes_take_their_clocks() -> None:

@@ -121,7 +121,7 @@ from airflow_ckpt.runtime.sinks.transactions import SinkTransactions
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing import simquery
-from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
+from airflow_ckpt.testing.sim.outcome import Coverage, Judged, Outcome, Violation
 from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
 from airflow_ckpt.testing.simquery import SimulatedQuery, write_file
@@ -977,7 +977,8 @@ class JobWorld(Judged):
             job_module.CONTROL_POLL_S = previous
             shutil.rmtree(self.tmp, ignore_errors=True)
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
-                       sched.cut_off, "job", dict(self.coverage))
+                       sched.cut_off, "job",
+                       Coverage.of(sched, self.objects, dict(self.coverage)))
 
 
 def _checkpoint_of(key: str) -> int | None:

@@ -32,8 +32,12 @@ Invariants, checked when a driver's attempt settles and at the end:
 * ``savepoint-answer``: a driver answers the request completed only with the savepoint
   storage counts, and does not fail an attempt whose own savepoint storage counts
   (unless it stops without answering: its marker's fate is a successor's to judge);
+* ``savepoint-changed`` (after every step): the savepoint's ``_metadata``, once
+  written, never changes nor disappears;
 * ``savepoint-error``: a driver dies of nothing but a lost lease or an unreachable
-  storage.
+  storage;
+* ``ungated-write``: every write a driver starts through its ``FencedStorage`` passed
+  the lease's gate first.
 
 Planted defect (``--plant shared-savepoint-dir``): every attempt of a savepoint uploads
 under ``savepoints/sp-<id>/`` itself, not under its own checkpoint id (the layout before
@@ -72,7 +76,27 @@ from airflow_ckpt.runtime.lease.record import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S
 from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
-from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
+from airflow_ckpt.testing.sim.buggify import (
+    ACTORS_MORE,
+    ACTORS_TOGETHER,
+    SCHED_CLOCK_JUMP,
+    SCHED_CRASH,
+    SCHED_PAUSE,
+    SCHED_SUSPEND,
+    STORAGE_503,
+    STORAGE_HANG,
+    STORAGE_LATE,
+    STORAGE_LOST_ANSWER,
+    Swarm,
+    driver_count,
+)
+from airflow_ckpt.testing.sim.outcome import (
+    UNGATED_WRITE,
+    Coverage,
+    Judged,
+    Outcome,
+    Violation,
+)
 from airflow_ckpt.testing.sim.scheduler import (
     Host,
     Scheduler,
@@ -88,7 +112,9 @@ REQUEST_ID = "r"
 SAVEPOINT_VERIFIES = "savepoint-verifies"
 SAVEPOINT_ANSWER = "savepoint-answer"
 SAVEPOINT_ERROR = "savepoint-error"
-INVARIANTS = (SAVEPOINT_VERIFIES, SAVEPOINT_ANSWER, SAVEPOINT_ERROR)
+SAVEPOINT_CHANGED = "savepoint-changed"
+INVARIANTS = (SAVEPOINT_VERIFIES, SAVEPOINT_ANSWER, SAVEPOINT_CHANGED, SAVEPOINT_ERROR,
+              UNGATED_WRITE)
 
 #: every attempt of a savepoint uploads under ``savepoints/sp-<id>/`` (item 6's old layout)
 PLANT_SHARED_DIR = "shared-savepoint-dir"
@@ -98,6 +124,11 @@ HOLD_S = 2 * (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S)
 PAUSE_S = (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S, HOLD_S + 10.0)
 EXPECTED = (ConcurrentDriverError, LeaseExpiredError, EndpointUnreachableError)
 BATCHES = 3
+#: the savepoint world's fault sites (sim/buggify.py)
+SITES = (STORAGE_503, STORAGE_LOST_ANSWER, STORAGE_LATE, STORAGE_HANG, SCHED_PAUSE,
+         SCHED_CRASH, SCHED_CLOCK_JUMP, SCHED_SUSPEND, ACTORS_MORE, ACTORS_TOGETHER)
+#: base chance per turn of a host's clock stepping (when the seed enables it)
+CLOCK_JUMP_P = 0.002
 #: savepoint attempts per driver while the request is open (the requester's retries)
 ATTEMPTS = 4
 #: working directories live in memory where the machine offers it (many small files)
@@ -146,9 +177,10 @@ class SavepointSetup:
     plants: frozenset[str] = frozenset()
 
     @classmethod
-    def draw(cls, rng: random.Random, plants: Iterable[str] = ()) -> SavepointSetup:
+    def draw(cls, rng: random.Random, plants: Iterable[str] = (),
+             swarm: Swarm | None = None) -> SavepointSetup:
         return cls(
-            drivers=rng.randint(2, 4),
+            drivers=driver_count(rng, swarm),
             faults=rng.choice((Faults(0.005, 0.01, 0.005, HOLD_S),
                                Faults(0.01, 0.03, 0.01, HOLD_S))),
             pause_p=rng.choice((0.0, 0.01, 0.03)),
@@ -170,9 +202,10 @@ class SavepointWorld(Judged):
     """The simulated savepoint system of one seed (see the module doc)."""
 
     def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 6000) -> None:
-        self.scheduler = Scheduler(seed, max_steps=max_steps)
+        self.scheduler = Scheduler(seed, max_steps=max_steps, sites=SITES,
+                                   clock_jump_p=CLOCK_JUMP_P)
         self.rng = self.scheduler.rng
-        self.setup = SavepointSetup.draw(self.rng, plants)
+        self.setup = SavepointSetup.draw(self.rng, plants, self.scheduler.swarm)
         self.objects = SimObjects()
         self.base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True,
                                alias=_shared_dir if PLANT_SHARED_DIR in self.setup.plants
@@ -181,6 +214,8 @@ class SavepointWorld(Judged):
         self.scratch = Path(tempfile.mkdtemp(prefix="airflow-ckpt-sim-", dir=SCRATCH))
         self.answered: list[int] = []  # drivers that answered the request completed
         self.noted = False  # a late marker that counts was traced
+        self.marker_etag: str | None = None  # of the savepoint's marker when first seen
+        self.scheduler.observers.append(self.check_marker)
         self.violations: list[Violation] = []
 
     # ------------------------------------------------------------------ ground truth
@@ -206,6 +241,17 @@ class SavepointWorld(Judged):
             self.violate(SAVEPOINT_VERIFIES, f"savepoint {SAVEPOINT_ID} restores a mix of "
                          f"snapshots: {sorted(writers)}")
         return manifest.checkpoint_id
+
+    def check_marker(self) -> None:
+        """``savepoint-changed``: once written, the savepoint's ``_metadata`` never gets
+        other bytes nor disappears (a reader that found it complete keeps it so)."""
+        stored = self.objects.objects.get(JobLayout(JOB).savepoint_metadata(SAVEPOINT_ID))
+        if self.marker_etag is None:
+            self.marker_etag = stored.etag if stored is not None else None
+        elif stored is None or stored.etag != self.marker_etag:
+            self.violate(SAVEPOINT_CHANGED, f"savepoint {SAVEPOINT_ID}'s _metadata was "
+                         + ("deleted" if stored is None else "written again with other bytes")
+                         + " after it completed")
 
     def note_late_marker(self, writer_epoch: int | None) -> None:
         """Trace (once) a counted marker that landed after a successor of its writer
@@ -261,8 +307,8 @@ class SavepointWorld(Judged):
         # the runtime's own adoption, on the two attributes it reads
         adopt = partial(CheckpointedJob._adopt,
                         SimpleNamespace(lease=lease, job=JOB))  # type: ignore[arg-type]
-        record = lease.acquire(adopt=adopt)
-        storage = FencedStorage(view, lease.gate)
+        record = self.acquire(lease, adopt)
+        storage = FencedStorage(*self.fence(view, lease.gate, f"driver-{number}"))
         config = CheckpointConfig.from_dict({
             "execution.checkpointing.interval": "1 h",  # nothing periodic: requests only
             "execution.checkpointing.timeout": "10 min",
@@ -310,15 +356,11 @@ class SavepointWorld(Judged):
 
     def supervisor(self) -> None:
         """Starts the drivers: the next one when the last ended, or earlier."""
-        sched = self.scheduler
-        for number in range(1, self.setup.drivers + 1):
-            actor = sched.spawn(f"driver-{number}", Host(f"driver-{number}"),
-                                self.driver(number), crash_p=self.setup.crash_p,
-                                pause_p=self.setup.pause_p, pause_s=PAUSE_S)
-            patience = self.rng.uniform(5.0, 150.0)
-            while actor.alive and patience > 0:
-                sched.sleep(2.0)
-                patience -= 2.0
+        setup = self.setup
+        self.start_drivers(setup.drivers, lambda number: self.scheduler.spawn(
+            f"driver-{number}", Host(f"driver-{number}"), self.driver(number),
+            crash_p=setup.crash_p, pause_p=setup.pause_p, pause_s=PAUSE_S,
+            suspend_p=setup.pause_p))
 
     def run(self) -> Outcome:
         sched = self.scheduler
@@ -329,7 +371,7 @@ class SavepointWorld(Judged):
         finally:
             shutil.rmtree(self.scratch, ignore_errors=True)
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
-                       sched.cut_off, "savepoints")
+                       sched.cut_off, "savepoints", Coverage.of(sched, self.objects))
 
 
 def run_savepoint_seed(seed: int, plants: Iterable[str] = ()) -> Outcome:

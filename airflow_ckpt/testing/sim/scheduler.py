@@ -24,6 +24,13 @@ what it was doing (e.g. a write that passed its lease gate) and goes on when it 
 ``BaseException``, which no runtime handler swallows) is raised there, and raised again
 at every later yield point of that actor, so its leftover ``finally`` code touches
 nothing. A process that dies leaves what it wrote and nothing else.
+
+**Fault sites.** With ``sites`` the scheduler draws the seed's
+:class:`~airflow_ckpt.testing.sim.buggify.Swarm` first: pauses, crashes and clock jumps
+(a host's wall clock stepping by up to an hour, at ``clock_jump_p`` per turn) then fire
+only when the seed enables their site, and :meth:`Scheduler.chance` is how every other
+part of the simulation (storage faults, the worlds) asks whether a site fires. Without
+``sites`` every chance is a plain draw (the building blocks' own tests).
 """
 
 from __future__ import annotations
@@ -35,11 +42,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_ckpt.testing.sim.buggify import (
+    SCHED_CLOCK_JUMP,
+    SCHED_CRASH,
+    SCHED_PAUSE,
+    SCHED_SUSPEND,
+    Swarm,
+)
+
 #: how long the scheduler waits for an actor to give the baton back before it calls the
 #: simulation stuck (an actor blocked on something that is no yield point)
 BATON_TIMEOUT_S = 60.0
 #: the time steps (seconds) the true clock moves by between two turns
 TICKS = (0.0, 0.001, 0.005, 0.02, 0.1, 0.3)
+#: how far a host's wall clock steps when a clock jump fires (seconds)
+JUMPS = (-3600.0, -30.0, -0.5, 0.5, 30.0, 3600.0)
 
 
 class Crash(BaseException):
@@ -73,6 +90,10 @@ class Actor:
     #: suspended VM) for a time drawn from ``pause_s``, in the middle of what it does
     pause_p: float = 0.0
     pause_s: tuple[float, float] = (0.0, 0.0)
+    #: chance, at each yield point, that its host is suspended for a time drawn from
+    #: ``pause_s``: a pause its monotonic clock does not count (the host runs this
+    #: actor alone)
+    suspend_p: float = 0.0
     go: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
     wake_at: float = 0.0
     killed: bool = False
@@ -104,12 +125,20 @@ class Scheduler:
     :param start: true time at the start (epoch seconds)
     :param max_steps: turns before the run is cut off (reported, not a violation)
     :param deliver_p: chance, per turn, of delivering a held write when there is one
+    :param sites: the fault sites of the world (its swarm is drawn from them first)
+    :param clock_jump_p: base chance, per turn, that the running actor's host clock
+        steps (site ``scheduler.clock-jump``)
     """
 
     def __init__(self, seed: int, *, start: float = 1_800_000_000.0, max_steps: int = 4000,
-                 deliver_p: float = 0.15) -> None:
+                 deliver_p: float = 0.15, sites: tuple[str, ...] | None = None,
+                 clock_jump_p: float = 0.0) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
+        self.swarm = Swarm(self.rng, sites) if sites is not None else None
+        self.clock_jump_p = clock_jump_p
+        self.jumps: dict[str, float] = {}  # host -> how far its clock stepped so far
+        self.suspended: dict[str, float] = {}  # host -> time its monotonic clock missed
         self.ids = random.Random(seed ^ 0x5EED)
         self.now = start
         self.start = start
@@ -137,14 +166,30 @@ class Scheduler:
         if host is None:
             actor = self.current()
             host = actor.host if actor is not None else None
-        return self.now + (host.skew_s if host is not None else 0.0)
+        if host is None:
+            return self.now
+        return self.now + host.skew_s + self.jumps.get(host.name, 0.0)
+
+    def chance(self, site: str, p: float) -> bool:
+        """Whether fault site ``site`` fires now, at base chance ``p`` (see the module
+        doc): through the seed's swarm, or a plain draw without one."""
+        if self.swarm is not None:
+            return self.swarm.fire(site, p)
+        return p > 0.0 and self.rng.random() < p
+
+    def alive(self, name: str) -> bool:
+        """Whether an actor called ``name`` still runs."""
+        return any(a.alive for a in self.actors if a.name == name)
 
     def monotonic(self) -> float:
         """The calling actor's host's monotonic clock: it runs at the host's ``rate``
-        (skew does not matter; the harness reads true time)."""
+        (drift), less the time the host was suspended (skew does not matter; the harness
+        reads true time)."""
         actor = self.current()
-        rate = actor.host.rate if actor is not None else 1.0
-        return self.start + (self.now - self.start) * rate
+        if actor is None:
+            return self.now
+        return (self.start + (self.now - self.start) * actor.host.rate
+                - self.suspended.get(actor.host.name, 0.0))
 
     def uuid4(self) -> real_uuid.UUID:
         """A random id drawn from the seed (the simulation's id source)."""
@@ -163,12 +208,19 @@ class Scheduler:
             return
         if actor.killed:
             raise Crash(what)
-        if actor.pause_p and self.rng.random() < actor.pause_p:
+        if actor.pause_p and self.chance(SCHED_PAUSE, actor.pause_p):
             actor.wake_at = self.now + self.rng.uniform(*actor.pause_s)
             self.log(f"pauses until t+{actor.wake_at - 1_800_000_000.0:.3f} before {what}")
             for thread in self.actors:  # the whole process stops: its threads too
                 if thread.parent is actor and thread.alive:
                     thread.wake_at = max(thread.wake_at, actor.wake_at)
+        elif actor.suspend_p and self.chance(SCHED_SUSPEND, actor.suspend_p):
+            gone = self.rng.uniform(*actor.pause_s)
+            actor.wake_at = self.now + gone
+            host = actor.host.name
+            self.suspended[host] = self.suspended.get(host, 0.0) + gone
+            self.log(f"host {host} suspended for {gone:.1f} s (its monotonic clock stops) "
+                     f"before {what}")
         self._back.release()
         actor.go.acquire()
         if actor.killed:
@@ -184,12 +236,12 @@ class Scheduler:
 
     def spawn(self, name: str, host: Host, program: Callable[[], None], *,
               crash_p: float = 0.0, parent: Actor | None = None, pause_p: float = 0.0,
-              pause_s: tuple[float, float] = (0.0, 0.0)) -> Actor:
+              pause_s: tuple[float, float] = (0.0, 0.0), suspend_p: float = 0.0) -> Actor:
         """Start an actor; it first runs when the scheduler picks it. With ``parent``
         it is a thread of that actor's process and ends when the parent does; with
         ``pause_p`` it may pause at any yield point (see :class:`Actor`)."""
         actor = Actor(name, host, program, crash_p, pause_p=pause_p, pause_s=pause_s,
-                      wake_at=self.now, parent=parent)
+                      suspend_p=suspend_p, wake_at=self.now, parent=parent)
 
         def body() -> None:
             self._local.actor = actor
@@ -245,9 +297,13 @@ class Scheduler:
                 continue
             self.now += self.rng.choice(TICKS)
             actor = self.rng.choice(ready)
-            if actor.crash_p and self.rng.random() < actor.crash_p:
+            if actor.crash_p and self.chance(SCHED_CRASH, actor.crash_p):
                 actor.killed = True
                 self.log(f"crash {actor.name}")
+            if self.clock_jump_p and self.chance(SCHED_CLOCK_JUMP, self.clock_jump_p):
+                jump = self.rng.choice(JUMPS)
+                self.jumps[actor.host.name] = self.jumps.get(actor.host.name, 0.0) + jump
+                self.log(f"the clock of {actor.host.name} jumps {jump:+g} s")
             self._hand(actor)
             if actor.done:
                 how = "crashed" if actor.crashed else (

@@ -43,7 +43,9 @@ batch ``b`` planned from ``start`` to ``end`` holds exactly those numbers):
   committed batch's offsets, and refused (``SinkReplayMismatchError``) only if it read
   others, never silently dropped;
 * ``sink-error``: a driver dies of nothing but a lost lease, an unreachable storage or
-  a refused replay (not, e.g., ``CorruptCheckpointError``: a wedged sink).
+  a refused replay (not, e.g., ``CorruptCheckpointError``: a wedged sink);
+* ``ungated-write``: every write a driver starts through its ``FencedStorage`` passed
+  the lease's gate first.
 
 Planted defects (``--plant``) restore the old behaviour of items 1 and 2:
 ``plain-txn-writes`` (the ``_txn/`` record written by plain overwrite, not create-only /
@@ -69,7 +71,29 @@ from airflow_ckpt.runtime.sinks.jsonl import JsonLinesSink
 from airflow_ckpt.runtime.sinks.offsets import BatchOffsets
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
-from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
+from airflow_ckpt.testing.sim.buggify import (
+    ACTORS_MORE,
+    ACTORS_TOGETHER,
+    SCHED_CLOCK_JUMP,
+    SCHED_CRASH,
+    SCHED_PAUSE,
+    SCHED_SUSPEND,
+    STORAGE_503,
+    STORAGE_DAMAGED,
+    STORAGE_HANG,
+    STORAGE_LATE,
+    STORAGE_LOST_ANSWER,
+    STORAGE_MISSING,
+    Swarm,
+    driver_count,
+)
+from airflow_ckpt.testing.sim.outcome import (
+    UNGATED_WRITE,
+    Coverage,
+    Judged,
+    Outcome,
+    Violation,
+)
 from airflow_ckpt.testing.sim.scheduler import Host, Scheduler
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
 
@@ -81,7 +105,8 @@ SINK_DUPLICATE = "sink-duplicate"
 DECISION_CHANGED = "decision-changed"
 SINK_REPLAY = "sink-replay"
 SINK_ERROR = "sink-error"
-INVARIANTS = (SINK_LOST, SINK_DUPLICATE, DECISION_CHANGED, SINK_REPLAY, SINK_ERROR)
+INVARIANTS = (SINK_LOST, SINK_DUPLICATE, DECISION_CHANGED, SINK_REPLAY, SINK_ERROR,
+              UNGATED_WRITE)
 
 #: the drivers' ``_txn/`` records are written by plain overwrite (item 1's old code)
 PLANT_PLAIN_TXN = "plain-txn-writes"
@@ -100,6 +125,17 @@ HOLD_S = 2 * (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S)
 QUERY_LIVES = 3
 EXPECTED = (ConcurrentDriverError, LeaseExpiredError, EndpointUnreachableError)
 SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
+#: the sink world's fault sites (sim/buggify.py)
+SITES = (STORAGE_503, STORAGE_LOST_ANSWER, STORAGE_LATE, STORAGE_HANG, STORAGE_DAMAGED,
+         STORAGE_MISSING, SCHED_PAUSE, SCHED_CRASH, SCHED_CLOCK_JUMP, SCHED_SUSPEND, ACTORS_MORE,
+         ACTORS_TOGETHER)
+#: base chance per turn of a host's clock stepping (when the seed enables it)
+CLOCK_JUMP_P = 0.002
+#: base chance, per gated write, that it hangs in the network past the lease (a deposed
+#: driver's write that passed its gate in time; see sim/storage.py)
+HANG_P = 0.08
+#: base chance, per checkpoint a restore looks at, that it is damaged (half: missing)
+DAMAGED_P = 0.15
 
 
 class _ManualLease(JobLease):
@@ -137,15 +173,17 @@ class SinkSetup:
     plants: frozenset[str] = frozenset()
 
     @classmethod
-    def draw(cls, rng: random.Random, plants: Iterable[str] = ()) -> SinkSetup:
-        drivers = rng.randint(2, 4)
+    def draw(cls, rng: random.Random, plants: Iterable[str] = (),
+             swarm: Swarm | None = None) -> SinkSetup:
+        drivers = driver_count(rng, swarm)
         return cls(
             drivers=drivers,
             skews=tuple(rng.choice(SKEWS) for _ in range(drivers)),
-            faults=rng.choice((Faults(0.01, 0.03, 0.01, HOLD_S), Faults(0.02, 0.06, 0.02, HOLD_S),
-                               Faults(0.02, 0.12, 0.02, HOLD_S))),
+            faults=rng.choice((Faults(0.01, 0.03, 0.01, HOLD_S, HANG_P),
+                               Faults(0.02, 0.06, 0.02, HOLD_S, HANG_P),
+                               Faults(0.02, 0.12, 0.02, HOLD_S, HANG_P))),
             crash_p=rng.choice((0.0, 0.01, 0.03)),
-            stall_p=rng.choice((0.0, 0.05, 0.15)),
+            stall_p=rng.choice((0.02, 0.05, 0.1)),
             older_restore_p=rng.choice((0.0, 0.3, 0.6)),
             same_offsets_p=rng.choice((0.3, 0.7, 1.0)),
             new_start_p=rng.choice((0.0, 0.5, 1.0)),
@@ -168,9 +206,10 @@ class SinkWorld(Judged):
     """The simulated sink system of one seed (see the module doc)."""
 
     def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 6000) -> None:
-        self.scheduler = Scheduler(seed, max_steps=max_steps)
+        self.scheduler = Scheduler(seed, max_steps=max_steps, sites=SITES,
+                                   clock_jump_p=CLOCK_JUMP_P)
         self.rng = self.scheduler.rng
-        self.setup = SinkSetup.draw(self.rng, plants)
+        self.setup = SinkSetup.draw(self.rng, plants, self.scheduler.swarm)
         self.objects = SimObjects()
         self.base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True)
         self.truth = JsonLinesSink(self.base, SINK)  # the harness's faultless reader
@@ -301,9 +340,15 @@ class SinkWorld(Judged):
                   and (floor is None or c.checkpoint_id >= floor)]
         if explicit and len(usable) > 1 and self.rng.random() < self.setup.older_restore_p:
             return self.rng.choice(usable[:-1]), True
-        while len(usable) > 1 and self.rng.random() < self.setup.older_restore_p / 4:
+        while len(usable) > 1:
+            if self.scheduler.chance(STORAGE_DAMAGED, DAMAGED_P):
+                how = "damaged"
+            elif self.scheduler.chance(STORAGE_MISSING, DAMAGED_P / 2):
+                how = "missing an object"
+            else:
+                break
             self.damaged.add(usable[-1].checkpoint_id)
-            self.scheduler.log(f"checkpoint {usable[-1].checkpoint_id} is damaged: fallback")
+            self.scheduler.log(f"checkpoint {usable[-1].checkpoint_id} is {how}: fallback")
             usable.pop()
         return (usable[-1] if usable else None), False
 
@@ -336,8 +381,8 @@ class SinkWorld(Judged):
             "/_txn/" if PLANT_PLAIN_TXN in setup.plants else None))
         lease = _ManualLease(view, JOB, owner=f"driver-{number}", clock=sched.monotonic,
                              wall_clock=sched.wall_clock, sleep=sched.sleep)
-        lease.acquire()
-        storage = FencedStorage(view, lease.gate)
+        self.acquire(lease)
+        storage = FencedStorage(*self.fence(view, lease.gate, f"driver-{number}"))
         sink = JsonLinesSink(storage, SINK, ids=sched.uuid4)
         sink.fence(lease.gate, lease.confirm)
         if PLANT_NO_OFFSETS not in setup.plants:
@@ -393,9 +438,9 @@ class SinkWorld(Judged):
                                           if restored is not None else (-1, initial, initial))
             ).checkpoint_id
         batch, start = (0, initial) if restored is None else (restored.batch + 1, restored.end)
-        for _ in range(rng.randint(2, 8)):
+        for _ in range(rng.randint(3, 16)):
             sched.sleep(rng.uniform(0.5, 4.0))
-            if rng.random() < setup.stall_p:
+            if self.scheduler.chance(SCHED_PAUSE, setup.stall_p):
                 sched.log("stalls past its lease")
                 sched.sleep(rng.uniform(DEFAULT_TTL_S, HOLD_S))
             lease.beat()
@@ -419,15 +464,11 @@ class SinkWorld(Judged):
     def supervisor(self) -> None:
         """Starts the drivers: the next one when the last ended, or earlier (it then
         waits for the lease, or gives up if the holder is alive)."""
-        sched = self.scheduler
-        for number in range(1, self.setup.drivers + 1):
-            actor = sched.spawn(f"driver-{number}",
-                                Host(f"driver-{number}", self.setup.skews[number - 1]),
-                                self.driver(number), crash_p=self.setup.crash_p)
-            patience = self.rng.uniform(5.0, 150.0)
-            while actor.alive and patience > 0:
-                sched.sleep(2.0)
-                patience -= 2.0
+        setup = self.setup
+        self.start_drivers(setup.drivers, lambda number: self.scheduler.spawn(
+            f"driver-{number}", Host(f"driver-{number}", setup.skews[number - 1]),
+            self.driver(number), crash_p=setup.crash_p, pause_p=setup.stall_p / 10,
+            pause_s=(DEFAULT_TTL_S, HOLD_S), suspend_p=setup.stall_p / 10))
 
     def run(self) -> Outcome:
         sched = self.scheduler
@@ -435,7 +476,7 @@ class SinkWorld(Judged):
         self.supervise(Host("airflow"), self.supervisor, SINK_ERROR)
         self.check_storage()
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
-                       sched.cut_off, "sinks")
+                       sched.cut_off, "sinks", Coverage.of(sched, self.objects))
 
 
 def _span(rows: list[int]) -> str:

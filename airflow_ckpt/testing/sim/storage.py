@@ -19,7 +19,20 @@ may meet:
   it for up to that many seconds of true time first (a request that lands after a
   successor took over);
 * ``unknown``: the write was applied, but its answer was lost and the read-back failed
-  (``OutcomeUnknownError``).
+  (``OutcomeUnknownError``);
+* a *hang* (``hang``, default the ``late`` chance; not of the lease's own writes):
+  the write, past its caller's lease gate, stays in the network for half ``hold_s`` to
+  ``hold_s`` (default 30 s) with its caller waiting, then applies and answers (a
+  deposed driver's write that was gated in time).
+
+Each fault is a fault site (:mod:`~airflow_ckpt.testing.sim.buggify`): asked through
+:meth:`~.scheduler.Scheduler.chance`, so it fires only when the seed's swarm enables it.
+
+For the coverage report the objects remember every lease claim (epoch -> the view that
+made it) and which actors claimed (two or more: a second lease holder), count the
+claims made while the previous epoch's holder still ran (a takeover from a live,
+deposed driver), and the kinds of writes applied for a driver that a newer epoch had
+deposed by then (:func:`write_kind`).
 
 Each storage call appends one line to the scheduler's trace. :meth:`SimStorage.objects`
 is the ground truth (no yield, no fault) for the invariants.
@@ -28,6 +41,8 @@ is the ground truth (no yield, no fault) for the invariants.
 from __future__ import annotations
 
 import builtins
+import re
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,10 +57,31 @@ from airflow_ckpt.errors import (
 from airflow_ckpt.runtime.history.events import STREAM_EVENTS
 from airflow_ckpt.runtime.history.segments import SEGMENTS_DIR, HistoryListing
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned, etag_of
+from airflow_ckpt.testing.sim.buggify import (
+    STORAGE_503,
+    STORAGE_HANG,
+    STORAGE_LATE,
+    STORAGE_LOST_ANSWER,
+)
 from airflow_ckpt.testing.sim.scheduler import Scheduler
 
 #: a planted reader defect: which stored objects a view leaves out of its listings
 Hidden = Callable[[str, "Stored"], bool]
+#: how long a hung write stays in the network when its view has no ``hold_s``
+HANG_S = 30.0
+_LEASE_KEY = re.compile(r"/lease/(\d+)\.json$")
+#: key fragment -> the kind of write (first match wins), for the coverage report
+_KINDS = (("/_metadata", "marker"), ("/_txn/", "txn-record"),
+          ("/_committed/", "commit-decision"), ("/_outcome/", "outcome"),
+          ("/_pending/", "staged"), ("/part-", "publish"), ("/shared/", "shared-file"),
+          ("/history/", "history"), ("/control/", "control"), ("/lease/", "lease"))
+
+
+def write_kind(key: str, op: str = "put") -> str:
+    """What a write to ``key`` is, as the coverage report names it."""
+    if op == "delete":
+        return "delete"
+    return next((kind for part, kind in _KINDS if part in key), "checkpoint-file")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +92,11 @@ class Faults:
     late: float = 0.0
     unknown: float = 0.0
     hold_s: float = 0.0  # a late write is held up to this long (uniform) before it lands
+    hang: float = -1.0  # chance of a hang (see the module doc); negative: ``late``
+
+    @property
+    def hang_p(self) -> float:
+        return self.late if self.hang < 0 else self.hang
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +135,15 @@ class SimObjects:
         self.changed = 0  # writes that gave a key other bytes than it had (or last had)
         self.rewritten: set[str] = set()  # keys deleted and created again, other bytes
         self.version = 0  # bumped by every mutation (a cheap "did anything change")
+        self.claims: dict[int, str] = {}  # lease epoch -> the view (tag) that claimed it
+        self.holders: set[str] = set()  # the actors' views that claimed an epoch
+        self.contended = 0  # claims made while the previous holder's process still ran
+        self.deposed: Counter[str] = Counter()  # kinds of writes applied for a deposed view
+
+    def deposed_writer(self, tag: str) -> bool:
+        """Whether ``tag`` claimed an epoch and a newer epoch was claimed by another."""
+        return bool(self.claims) and tag in self.claims.values() \
+            and self.claims[max(self.claims)] != tag
 
     def put(self, key: str, data: bytes, now: float, *, create_only: bool,
             if_match: str | None, writer: str = "") -> str:
@@ -159,6 +209,18 @@ class SimStorage(CheckpointStorage):
         self.unconditional = unconditional
         self.alias = alias
         self.uri = "sim://bucket/root"
+        #: called with (operation, key) when a write starts (before any fault): the
+        #: harness's check that a driver's write passed its lease gate first
+        self.checked: Callable[[str, str], None] | None = None
+
+    def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
+        """This view again (same faults, tag and plants) with ``check`` called at the
+        start of every write."""
+        view = SimStorage(self.store, self.scheduler, faults=self.faults, tag=self.tag,
+                          hidden=self.hidden, dropped=self.dropped,
+                          unconditional=self.unconditional, alias=self.alias)
+        view.checked = check
+        return view
 
     def view(self, faults: Faults, tag: str, *, hidden: Hidden | None = None,
              dropped: str | None = None, unconditional: str | None = None) -> SimStorage:
@@ -183,8 +245,8 @@ class SimStorage(CheckpointStorage):
         if self.oracle:
             return
         self.scheduler.yield_point(f"{op} {key}")
-        if self.scheduler.current() is not None and self.faults.unavailable \
-                and self.scheduler.rng.random() < self.faults.unavailable:
+        if self.scheduler.current() is not None \
+                and self.scheduler.chance(STORAGE_503, self.faults.unavailable):
             self._log(op, key, "503")
             raise EndpointUnreachableError(f"sim: {op} {key}: 503 Slow Down (retries spent)")
 
@@ -194,19 +256,25 @@ class SimStorage(CheckpointStorage):
 
     def _write(self, op: str, key: str, apply: Callable[[], str]) -> str:
         """Run a mutation with the write faults; returns what ``apply`` returns."""
+        if self.checked is not None:
+            self.checked(op, key)
         self._enter(op, key)
-        if self.scheduler.current() is not None and not self.oracle:
-            draw = self.scheduler.rng.random()
-            if draw < self.faults.late:
-                hold = self.scheduler.rng.uniform(0.0, self.faults.hold_s) \
-                    if self.faults.hold_s else 0.0
-                self.scheduler.defer(f"late {op} {key}", lambda: _outcome(apply),
-                                     self.scheduler.now + hold)
+        sched = self.scheduler
+        apply = self._tracked(op, key, apply)
+        if sched.current() is not None and not self.oracle:
+            if sched.chance(STORAGE_LATE, self.faults.late):
+                hold = sched.rng.uniform(0.0, self.faults.hold_s) if self.faults.hold_s else 0.0
+                sched.defer(f"late {op} {key}", lambda: _outcome(apply), sched.now + hold)
                 self._log(op, key, "timeout (still in flight)")
                 raise OutcomeUnknownError(f"sim: {op} {key}: no answer (it may land later)")
-            if draw < self.faults.late + self.faults.unknown:
+            if sched.chance(STORAGE_LOST_ANSWER, self.faults.unknown):
                 self._log(op, key, f"applied, answer lost ({_outcome(apply)})")
                 raise OutcomeUnknownError(f"sim: {op} {key}: answer lost, read-back failed")
+            if write_kind(key, op) != "lease" and sched.chance(STORAGE_HANG, self.faults.hang_p):
+                hold = self.faults.hold_s or HANG_S
+                hang = sched.rng.uniform(hold / 2, hold)
+                self._log(op, key, f"hangs {hang:.1f} s in the network")
+                sched.sleep(hang)
         try:
             result = apply()
         except Exception as exc:
@@ -214,6 +282,28 @@ class SimStorage(CheckpointStorage):
             raise
         self._log(op, key, "ok")
         return result
+
+    def _tracked(self, op: str, key: str, apply: Callable[[], str]) -> Callable[[], str]:
+        """``apply`` that, once it succeeded, records lease claims and deposed writes
+        (see the module doc)."""
+        store, tag = self.store, self.tag
+
+        def tracked() -> str:
+            result = apply()
+            claim = _LEASE_KEY.search(key) if op.startswith("put create-only") else None
+            if claim is not None and int(claim.group(1)) not in store.claims:
+                previous = store.claims[max(store.claims)] if store.claims else None
+                store.claims[int(claim.group(1))] = tag
+                if self.scheduler.current() is not None:
+                    store.holders.add(tag)
+                if previous is not None and previous != tag and self.scheduler.alive(previous):
+                    store.contended += 1
+                    self.scheduler.log(f"contention: {tag} claims epoch {claim.group(1)} "
+                                       f"while {previous} still runs")
+            elif store.deposed_writer(tag):
+                store.deposed[write_kind(key, op)] += 1
+            return result
+        return tracked
 
     def _get(self, key: str) -> Stored:
         found = self.store.objects.get(key)
