@@ -165,7 +165,7 @@ def test_the_job_world_reaches_its_cases() -> None:
     """The real CheckpointedJob's components run in the job world, over non-empty
     sets, and most schedules have a second lease holder."""
     result = explore(range(60), worlds=["job"])
-    seen = result.coverage["job"]
+    seen = result.coverage["job"].components
     for case in ("gc-shared-files", "subsumed", "outage-ridden", "parquet-sink",
                  "control-answered", "newer-request-refused", "holder-deposed-alive",
                  "documented-refusal", "explicit-restore", "life-stopped"):
