@@ -16,7 +16,11 @@ from typing import Any
 
 import pytest
 
-from airflow_ckpt.errors import SinkReplayMismatchError, SinkTransactionAbortedError
+from airflow_ckpt.errors import (
+    ConcurrentDriverError,
+    SinkReplayMismatchError,
+    SinkTransactionAbortedError,
+)
 from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
 from airflow_ckpt.runtime.sinks.offsets import (
     BatchOffsets,
@@ -396,3 +400,26 @@ def test_restoring_a_snapshot_whose_transaction_was_aborted_since_is_refused(
     with pytest.raises(SinkTransactionAbortedError, match="batch 0"):
         restored.recover([0])  # the savepoint's transactions
     assert published_numbers(restored) == []  # nothing half-published either
+
+
+def test_a_deposed_drivers_commit_of_an_aborted_attempt_raises(
+        storage: CheckpointStorage) -> None:
+    """Found by the simulation (sinks world, seed 58 once the swarm suspends hosts): a
+    driver whose host was suspended past a takeover commits a batch its completed
+    checkpoint lists; the successor's recovery had aborted it. The commit must not
+    return as if the batch were published: the confirm after reading the aborted
+    record sees the successor's claim."""
+    deposed = [False]
+
+    def confirm() -> None:
+        if deposed[0]:
+            raise ConcurrentDriverError("job 'j': another driver claimed the job")
+
+    txns = SinkTransactions(storage, "t/", confirm)
+    txns.record(Transaction(1, "a1", "staged", {}, BatchOffsets(('{"end": 5}',))))
+    txns.abort(1)  # the successor's recovery (it claimed the lease first)
+    deposed[0] = True
+    with pytest.raises(ConcurrentDriverError):
+        txns.decide(1, lambda txn: {"attempt": txn.attempt})
+    deposed[0] = False  # the holder itself: an aborted attempt has nothing to commit
+    assert txns.decide(1, lambda txn: {"attempt": txn.attempt}) is None

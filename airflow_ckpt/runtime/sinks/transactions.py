@@ -290,11 +290,17 @@ class SinkTransactions:
         if existing is not None:
             return existing
         txn = self.current(batch_id, replay)
-        if txn is None or txn.state != "staged":
+        if txn is None:
             return None
         self.confirm()  # the record read above is not a successor's
-        if self._settle(txn, AttemptOutcome.COMMIT) is AttemptOutcome.ABORT:
-            return None  # a recovery aborted this attempt first: nothing to commit
+        if txn.state != "staged" \
+                or self._settle(txn, AttemptOutcome.COMMIT) is AttemptOutcome.ABORT:
+            # A recovery aborted this attempt first: nothing to commit. Only a holder of
+            # the lease aborts, after its claim: a deposed driver's confirm (a read after
+            # the aborted record's) sees that claim and raises, so its commit never
+            # returns as if the batch were published.
+            self.confirm()
+            return None
         decision = describe(txn)
         if txn.offsets is not None:
             decision["offsets"] = txn.offsets.to_dict()
