@@ -232,9 +232,9 @@ MUTANTS: tuple[Mutant, ...] = (
            "if adopt is not None:\n                    self._adopt_late_markers(",
            "if False:\n                    self._adopt_late_markers(",
            "markers that landed between the first listing and the claim are adopted"),
-    Mutant("first-id-reused", "runtime/job/checkpointed_job.py",
-           "return tuple(catalog.checkpoint_ids(lease=previous)), max([floor - 1, *used]) + 1",
-           "return tuple(catalog.checkpoint_ids(lease=previous)), max([0, *used]) + 1",
+    Mutant("first-id-reused", "runtime/checkpoint/catalog.py",
+           "return max([floor - 1, *used]) + 1",
+           "return max([0, *used]) + 1",
            "a successor's first id is past every id its predecessor reserved"),
     # ---------------------------------------------------------------- sealed mark
     Mutant("append-ignores-seal", JOURNAL,
