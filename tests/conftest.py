@@ -14,4 +14,5 @@ pytest_plugins = [
     "tests.fixtures.airflow_env",
     "tests.fixtures.spark_standalone",
     "tests.fixtures.metrics",
+    "tests.fixtures.hdfs",
 ]

@@ -103,9 +103,11 @@ class HadoopWorkdir:
 
     def snapshot_root(self) -> Any | None:
         """The snapshottable directory holding the working directory (itself or its
-        nearest snapshottable ancestor), as a Hadoop ``Path``; None if there is none."""
+        nearest snapshottable ancestor), as a Hadoop ``Path``; None if there is none.
+        The filesystem root does not count: HDFS marks it snapshottable with a quota of
+        0 snapshots."""
         path = self._fs.makeQualified(self._path(self.location))
-        while path is not None:
+        while path is not None and not path.isRoot():
             try:
                 if self._fs.getFileStatus(path).isSnapshotEnabled():
                     return path
