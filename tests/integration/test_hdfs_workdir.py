@@ -24,7 +24,7 @@ from airflow_ckpt.runtime.workdir import location, read_text, replace_with
 from airflow_ckpt.runtime.workdir.hadoop import SNAPSHOT_PREFIX, HadoopWorkdir
 from airflow_ckpt.testing.numbers import (
     JobSpec,
-    after_seconds,
+    after_checkpoint,
     finished_job_problems,
     killed_run_problems,
     run_with_kills,
@@ -141,7 +141,8 @@ def test_random_kills_with_the_working_directory_on_hdfs_then_exact_result(
         assert not problems, f"seed {seed}, kill {round_ + 1}: {problems}"
 
     kills = run_with_kills(spec, s3_endpoint.env(), tmp_path / "driver.log", kills=2,
-                           moment=after_seconds(8.0, 16.0, rng), after_kill=after_kill)
+                           moment=after_checkpoint(storage, spec.job, rng, within_s=2.0),
+                           after_kill=after_kill)
     assert kills >= 1, f"seed {seed}: the driver finished before the first kill"
     verdict = verify_output(sink, truth, finished=True)
     assert verdict.ok, f"seed {seed}: {verdict.problems}"
