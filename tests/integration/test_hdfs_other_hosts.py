@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from airflow_ckpt.runtime.sinks import JsonLinesSink
+from airflow_ckpt.testing.hdfs_cluster import MiniHdfs, hadoop_fs, make_dir
 from airflow_ckpt.testing.numbers import (
     JobSpec,
     after_checkpoint,
@@ -37,7 +38,6 @@ from airflow_ckpt.testing.numbers import (
     write_numbers,
 )
 from airflow_ckpt.testing.s3_server import S3Endpoint
-from tests.fixtures.hdfs import Hdfs, hadoop_fs, make_dir
 from tests.fixtures.spark_standalone import (
     SparkStandalone,
     mount_namespace_problem,
@@ -69,7 +69,7 @@ def isolated_worker(tmp_path_factory: pytest.TempPathFactory
 
 @pytest.mark.timeout(1200)
 def test_kill_test_on_hdfs_through_a_worker_sharing_no_directory(
-    spark: Any, hdfs: Hdfs, isolated_worker: tuple[SparkStandalone, Path],
+    spark: Any, hdfs: MiniHdfs, isolated_worker: tuple[SparkStandalone, Path],
     s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path,
 ) -> None:
     cluster, driver_local = isolated_worker

@@ -22,6 +22,7 @@ from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.workdir import location, read_text, replace_with
 from airflow_ckpt.runtime.workdir.hadoop import SNAPSHOT_PREFIX, HadoopWorkdir
+from airflow_ckpt.testing.hdfs_cluster import MiniHdfs, hadoop_fs, make_dir
 from airflow_ckpt.testing.numbers import (
     JobSpec,
     after_checkpoint,
@@ -32,7 +33,6 @@ from airflow_ckpt.testing.numbers import (
     write_numbers,
 )
 from airflow_ckpt.testing.s3_server import S3Endpoint
-from tests.fixtures.hdfs import Hdfs, hadoop_fs, make_dir
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +56,7 @@ def _write(spark: Any, uri: str, files: dict[str, str]) -> None:
         out.close()
 
 
-def _workdir(spark: Any, hdfs: Hdfs, name: str, tmp_path: Path, *,
+def _workdir(spark: Any, hdfs: MiniHdfs, name: str, tmp_path: Path, *,
              snapshots: bool) -> HadoopWorkdir:
     base = make_dir(spark, f"{hdfs.uri}/{name}", snapshots=snapshots)
     _write(spark, base + "/work", LAYOUT)
@@ -65,7 +65,7 @@ def _workdir(spark: Any, hdfs: Hdfs, name: str, tmp_path: Path, *,
 
 @pytest.mark.parametrize("snapshots", [True, False], ids=["snapshot", "list-and-copy"])
 def test_capture_pins_files_spark_deletes_meanwhile_only_with_a_snapshot(
-    spark: Any, hdfs: Hdfs, tmp_path: Path, snapshots: bool
+    spark: Any, hdfs: MiniHdfs, tmp_path: Path, snapshots: bool
 ) -> None:
     workdir = _workdir(spark, hdfs, f"pin-{snapshots}", tmp_path, snapshots=snapshots)
     fs, path = hadoop_fs(spark, workdir.location)
@@ -94,7 +94,7 @@ def test_capture_pins_files_spark_deletes_meanwhile_only_with_a_snapshot(
 
 
 def test_restore_replaces_the_hdfs_working_directory_whole(
-    spark: Any, hdfs: Hdfs, tmp_path: Path
+    spark: Any, hdfs: MiniHdfs, tmp_path: Path
 ) -> None:
     workdir = _workdir(spark, hdfs, "restore", tmp_path, snapshots=True)
     restored = tmp_path / "materialised"
@@ -117,7 +117,7 @@ def test_restore_replaces_the_hdfs_working_directory_whole(
 
 @pytest.mark.timeout(900)
 def test_random_kills_with_the_working_directory_on_hdfs_then_exact_result(
-    spark: Any, hdfs: Hdfs, s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path
+    spark: Any, hdfs: MiniHdfs, s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path
 ) -> None:
     seed = int(os.environ.get("KILL_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
