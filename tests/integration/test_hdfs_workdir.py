@@ -140,7 +140,7 @@ def test_random_kills_with_the_working_directory_on_hdfs_then_exact_result(
         problems = killed_run_problems(storage, spec.job, sink, truth)
         assert not problems, f"seed {seed}, kill {round_ + 1}: {problems}"
 
-    kills = run_with_kills(spec, s3_endpoint.env(), tmp_path / "driver.log", kills=2,
+    kills = run_with_kills(spec, s3_endpoint.env(), tmp_path / "driver.log", kills=1,
                            timeout_s=900,  # the last life on 2 loaded cores
                            moment=after_checkpoint(storage, spec.job, rng, within_s=2.0),
                            after_kill=after_kill)
