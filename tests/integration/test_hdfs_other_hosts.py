@@ -97,7 +97,8 @@ def test_kill_test_on_hdfs_through_a_worker_sharing_no_directory(
 
     env = {**s3_endpoint.env(), "TMPDIR": str(driver_local)}
     kills = run_with_kills(spec, env, tmp_path / "driver.log", kills=1, timeout_s=900,
-                           moment=after_checkpoint(storage, spec.job, rng, within_s=1.5),
+                           moment=after_checkpoint(storage, spec.job, rng, within_s=1.5,
+                                                   timeout_s=900),
                            after_kill=after_kill)
     assert kills == 1, f"seed {seed}: the driver finished before the kill"
     verdict = verify_output(sink, truth, finished=True)
