@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv jars kafka test test-seaweedfs lint unit unit-matrix demo bench bench-scale clean chromium crash-points soak simulate faults mutants
+.PHONY: venv jars kafka test test-seaweedfs lint unit unit-matrix demo bench bench-scale bench-hdfs clean chromium crash-points soak simulate faults mutants
 
 venv: $(STAMP)
 
@@ -149,6 +149,11 @@ bench: venv
 
 bench-scale: venv
 	$(PY) -m bench.scale
+
+# Capture and restore with the working directory on HDFS (Hadoop's mini cluster, jars
+# fetched once by scripts/fetch_hadoop_jars.sh) vs on the local disk, as ratios.
+bench-hdfs: venv
+	$(PY) -m bench.hdfs
 
 clean:
 	rm -rf $(VENV) .venv-3.* .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -15,4 +15,5 @@ pytest_plugins = [
     "tests.fixtures.spark_standalone",
     "tests.fixtures.metrics",
     "tests.fixtures.kafka",
+    "tests.fixtures.hdfs",
 ]

@@ -83,7 +83,7 @@ class JobSpec:
     checkpoint_config: Mapping[str, Any] = field(default_factory=dict)
     confs: Mapping[str, Any] = field(default_factory=dict)
     extra_args: Sequence[str] = ()
-    workdir: Path | None = None
+    workdir: Path | str | None = None  # a local path or a URI (hdfs://...)
     #: Spark master (default: the job's own ``local[2]``), e.g. ``spark://host:port``
     master: str | None = None
     #: the driver's script (an example job taking ``--output`` and, with ``input_dir``,

@@ -24,8 +24,6 @@ from __future__ import annotations
 import os
 import random
 import shlex
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,7 +48,11 @@ from airflow_ckpt.testing.numbers import (
     write_numbers,
 )
 from airflow_ckpt.testing.s3_server import S3Endpoint
-from tests.fixtures.spark_standalone import SparkStandalone, standalone_cluster
+from tests.fixtures.spark_standalone import (
+    SparkStandalone,
+    mount_namespace_problem,
+    standalone_cluster,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -70,30 +72,12 @@ class OtherHost:
     private: Path  #: the worker sees its own tmpfs here
 
 
-def _mount_namespace_problem(probe: Path) -> str | None:
-    """Why a private mount namespace with a tmpfs cannot be made here (None if it can)."""
-    if shutil.which("unshare") is None:
-        return "util-linux `unshare` is not installed"
-    try:
-        result = subprocess.run(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-             f"mount -t tmpfs probe {shlex.quote(str(probe))}"],
-            capture_output=True, text=True, timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"`unshare --mount` failed: {exc}"
-    if result.returncode != 0:
-        return (f"`unshare --mount` + `mount -t tmpfs` not permitted (needs root or "
-                f"CAP_SYS_ADMIN; uid {os.getuid()}): {result.stderr.strip()}")
-    return None
-
-
 @pytest.fixture(scope="module")
 def other_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OtherHost]:
     base = tmp_path_factory.mktemp("other_host")
     probe = base / "probe"
     probe.mkdir()
-    problem = _mount_namespace_problem(probe)
+    problem = mount_namespace_problem(probe)
     if problem:
         pytest.skip(f"cannot simulate a second host: {problem}")
     parent = base / "workdirs"  # the working directories' parent: a tmpfs on the worker

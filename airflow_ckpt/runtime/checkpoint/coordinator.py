@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from airflow_ckpt.errors import (
     AirflowCkptError,
@@ -56,6 +55,7 @@ from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
+from airflow_ckpt.runtime.workdir import Workdir, location, staging_root
 
 log = logging.getLogger("airflow_ckpt.checkpoint")
 
@@ -83,7 +83,7 @@ class CheckpointCoordinator:
         *,
         storage: CheckpointStorage,
         job: str,
-        workdir: Path,
+        workdir: Workdir,
         config: CheckpointConfig,
         store: CompletedCheckpointStore,
         history: JobHistory,
@@ -112,7 +112,7 @@ class CheckpointCoordinator:
         self.storage = storage
         self.layout = JobLayout(job)
         self.workdir = workdir
-        self.staging_root = workdir.parent / f".{workdir.name}.staging"
+        self.staging_root = staging_root(workdir)
         self.config = config
         self.store = store
         self.history = history
@@ -318,7 +318,7 @@ class CheckpointCoordinator:
                 snap = CapturedSnapshot(-1, (), (), [], (), staging)
             else:
                 snap = capture(self.workdir, p.barrier_batch or 0, staging)
-                check_captured(self.workdir, snap)  # executors' state on other hosts
+                check_captured(location(self.workdir), snap)  # executors' state on other hosts
         except WorkdirNotSharedError as exc:  # no later checkpoint could see the state
             self._fail(p, Reason.WORKDIR_NOT_SHARED, str(exc), error=exc)
             return

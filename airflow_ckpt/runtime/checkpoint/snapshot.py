@@ -29,6 +29,7 @@ from typing import Any
 from airflow_ckpt.errors import CheckpointDeclinedError
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.metadata import OperatorInfo
+from airflow_ckpt.runtime.workdir import Workdir, names, read_text
 
 _LOG_DIRS = ("offsets", "commits")
 _BATCH_FILE = re.compile(r"^(\d+)(?:\.compact)?$")
@@ -64,17 +65,17 @@ class CapturedSnapshot:
         shutil.rmtree(self.staging_dir, ignore_errors=True)
 
 
-def latest_batch(workdir: Path, log: str) -> int | None:
+def latest_batch(workdir: Workdir, log: str) -> int | None:
     """The highest batch id in ``offsets`` or ``commits`` (None if empty)."""
     try:
-        names = os.listdir(workdir / log)
+        listed = names(workdir, log)
     except FileNotFoundError:
         return None
-    ids = [int(n) for n in names if n.isdigit()]
+    ids = [int(n) for n in listed if n.isdigit()]
     return max(ids) if ids else None
 
 
-def barrier_batch(workdir: Path, *, running: bool) -> int:
+def barrier_batch(workdir: Workdir, *, running: bool) -> int:
     """The batch whose end is the barrier of a checkpoint triggered now; -1 for the
     empty state before batch 0. ``running``: the query runs (a periodic or manual
     trigger): a batch that is running (its offsets written, its commit not) is the
@@ -90,21 +91,21 @@ def barrier_batch(workdir: Path, *, running: bool) -> int:
     return committed
 
 
-def query_id(workdir: Path) -> str:
+def query_id(workdir: Workdir) -> str:
     """The streaming query's id (Spark's ``metadata`` file), or "" if unreadable."""
     try:
-        return str(json.loads((workdir / "metadata").read_text())["id"])
+        return str(json.loads(read_text(workdir, "metadata"))["id"])
     except (OSError, ValueError, KeyError):
         return ""
 
 
-def _hidden(name: str) -> bool:
+def hidden(name: str) -> bool:
     return name.startswith(".") or name.endswith((".tmp", ".crc"))
 
 
-def _wanted(rel: Path, batch_id: int) -> tuple[bool, str, bool]:
-    """(include?, subtask, is_state) for a working-directory relative path."""
-    parts = rel.parts
+def wanted(parts: tuple[str, ...], batch_id: int) -> tuple[bool, str, bool]:
+    """(include?, subtask, is_state) for a working-directory relative path, split into
+    its ``parts``: whether the snapshot of batch ``batch_id`` holds the file."""
     if parts == ("metadata",):
         return True, LOG_SUBTASK, False
     if parts[0] in _LOG_DIRS and len(parts) == 2:
@@ -179,8 +180,9 @@ def _source_offsets(lines: list[str]) -> list[Any]:
     return out
 
 
-def capture(workdir: Path, batch_id: int, staging_dir: Path) -> CapturedSnapshot:
-    """Hard-link every file of the snapshot at batch ``batch_id`` into ``staging_dir``.
+def capture(workdir: Workdir, batch_id: int, staging_dir: Path) -> CapturedSnapshot:
+    """Hard-link every file of the snapshot at batch ``batch_id`` into ``staging_dir``
+    (a remote working directory copies them there instead, see its ``capture``).
 
     Requires ``commits/<batch_id>`` to exist (the batch is durable in the working
     directory). ``staging_dir`` must be on the same filesystem and not exist yet.
@@ -194,6 +196,8 @@ def capture(workdir: Path, batch_id: int, staging_dir: Path) -> CapturedSnapshot
     after linking: if one is gone the checkpoint is declined, the job goes on. On any
     error the staging directory is removed.
     """
+    if not isinstance(workdir, Path):
+        return workdir.capture(batch_id, staging_dir)
     if not (workdir / "commits" / str(batch_id)).exists():
         raise CheckpointDeclinedError(f"batch {batch_id} is not committed")
     staging_dir.mkdir(parents=True)
@@ -207,15 +211,14 @@ def capture(workdir: Path, batch_id: int, staging_dir: Path) -> CapturedSnapshot
 
 def _capture(workdir: Path, batch_id: int, staging_dir: Path) -> CapturedSnapshot:
     files: list[CapturedFile] = []
-    subtasks: set[str] = {LOG_SUBTASK}
     for dirpath, dirnames, filenames in os.walk(workdir):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         for name in filenames:
-            if _hidden(name):
+            if hidden(name):
                 continue
             src = Path(dirpath, name)
             rel = src.relative_to(workdir)
-            include, subtask, is_state = _wanted(rel, batch_id)
+            include, subtask, is_state = wanted(rel.parts, batch_id)
             if not include:
                 continue
             dst = staging_dir / rel
@@ -227,7 +230,16 @@ def _capture(workdir: Path, batch_id: int, staging_dir: Path) -> CapturedSnapsho
                 continue  # purged by Spark's maintenance since the walk listed it
             files.append(CapturedFile(rel.as_posix(), dst, dst.stat().st_size,
                                       subtask, is_state))
-            subtasks.add(subtask)
+    return captured_snapshot(workdir, batch_id, files, staging_dir)
+
+
+def captured_snapshot(workdir: Path, batch_id: int, files: list[CapturedFile],
+                      staging_dir: Path) -> CapturedSnapshot:
+    """The snapshot of batch ``batch_id`` made of ``files`` (staged in ``staging_dir``),
+    its operators and source offsets read from the local directory ``workdir`` (the
+    working directory, or a staged copy of it). Declines it if a file it cannot do
+    without vanished before it was staged."""
+    subtasks = {LOG_SUBTASK} | {f.subtask for f in files}
     paths = {f.path for f in files}
     missing = [p for p in ("metadata", f"offsets/{batch_id}", f"commits/{batch_id}")
                if p not in paths]

@@ -4,10 +4,10 @@ the coordinator's interval and min-pause bookkeeping)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 from airflow_ckpt.runtime.checkpoint.snapshot import latest_batch
+from airflow_ckpt.runtime.workdir import Workdir
 
 
 class PeriodicTrigger:
@@ -17,7 +17,7 @@ class PeriodicTrigger:
     checkpoint's state is still current). Not thread-safe: the coordinator calls it
     under its lock."""
 
-    def __init__(self, config: CheckpointConfig, workdir: Path, clock: Callable[[], float],
+    def __init__(self, config: CheckpointConfig, workdir: Workdir, clock: Callable[[], float],
                  last_checkpointed_batch: int | None) -> None:
         self.config = config
         self.workdir = workdir

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 from airflow_ckpt.errors import WorkdirNotSharedError
 from airflow_ckpt.runtime.checkpoint.metadata import OperatorInfo
@@ -24,11 +23,11 @@ from airflow_ckpt.runtime.checkpoint.snapshot import CapturedSnapshot
 _VERSIONED = re.compile(r"^\d+(?:_[^.]*)?\.(delta|snapshot|changelog|zip)$")
 
 
-def check_captured(workdir: Path, snap: CapturedSnapshot) -> None:
-    """:func:`check_state_visible` on a captured snapshot; discards its staging links
-    before raising."""
+def check_captured(workdir: str, snap: CapturedSnapshot) -> None:
+    """:func:`check_state_visible` on a captured snapshot of ``workdir`` (its location);
+    discards its staging links before raising."""
     try:
-        check_state_visible(str(workdir), (f.path for f in snap.files), snap.operators)
+        check_state_visible(workdir, (f.path for f in snap.files), snap.operators)
     except WorkdirNotSharedError:
         snap.discard()
         raise
@@ -55,7 +54,9 @@ def check_state_visible(workdir: str, paths: Iterable[str],
         raise WorkdirNotSharedError(
             f"the driver's working directory {workdir} holds no state data for {shown}: "
             "the executors wrote their state files on another host. Put the working "
-            "directory on a filesystem every executor and the driver mount at the same "
-            "path (NFS...) and point spark.airflow_ckpt.workdir at it, or run the "
-            "executors on the driver's host (local mode). No checkpoint was completed."
+            "directory on HDFS (spark.airflow_ckpt.workdir=hdfs://<namenode>/<dir>, "
+            "ideally a directory with snapshots allowed), or on a filesystem every "
+            "executor and the driver mount at the same path (NFS...), or run the "
+            "executors on the driver's host (local mode); see docs/deploy.md. No "
+            "checkpoint was completed."
         )

@@ -65,6 +65,8 @@ from airflow_ckpt.runtime.sparkconf import JobSettings
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.outage import OutageBudget, OutageRidingStorage
+from airflow_ckpt.runtime.workdir import Workdir, is_remote, location
+from airflow_ckpt.runtime.workdir.hadoop import HadoopWorkdir
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -168,10 +170,12 @@ class CheckpointedJob:
         self.control = ControlChannel(self.storage, self.job, doorbell=self.doorbell)
         #: triggers the requested savepoints and answers the requests
         self.savepoint_requests = SavepointRequests(self.control)
+        local = Path(tempfile.gettempdir()) / "airflow_ckpt" / self.job
         base = settings.workdir
-        self.workdir = (
-            Path(base) if base else Path(tempfile.gettempdir()) / "airflow_ckpt" / self.job
-        ) / "work"
+        #: Spark's checkpointLocation: local, or on HDFS (a remote one is staged locally)
+        self.workdir: Workdir = (
+            HadoopWorkdir.of(spark, base.rstrip("/") + "/work", local / "hdfs")
+            if base and is_remote(base) else (Path(base) if base else local) / "work")
         self.restart_log = RestartLog(self.history, self.restart_params, self.run_id)
         #: the id of this run's initial checkpoint (taken when it did not resume the
         #: job's latest): an in-process restart's fallback never goes below it
@@ -423,7 +427,7 @@ class CheckpointedJob:
         self.spark.streams.active  # noqa: B018 - starts Spark's StateStoreCoordinator
         manager = require_offline_repartition(self.spark)  # SparkSetupError: final
         try:
-            manager.repartition(str(self.workdir), wanted)
+            manager.repartition(location(self.workdir), wanted)
         except Exception as exc:
             raise IncompatibleStateError(
                 f"cannot rescale the state restored from {restored.path} from "
@@ -522,7 +526,7 @@ class CheckpointedJob:
     def _start_query(self, build: Callable[[], DataStreamWriter]) -> StreamingQuery:
         self.sinks.building = True
         try:
-            writer = build().option("checkpointLocation", str(self.workdir))
+            writer = build().option("checkpointLocation", location(self.workdir))
         finally:
             self.sinks.building = False
         restored, self._unchecked_restore = self._unchecked_restore, None

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_ckpt.errors import CheckpointError, OutcomeUnknownError
@@ -18,6 +17,7 @@ from airflow_ckpt.runtime.control.channel import ControlRequest
 from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job.requests import SavepointRequests
+from airflow_ckpt.runtime.workdir import Workdir
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -43,7 +43,7 @@ class QueryEnding:
     what the drain settles, and a stop's. ``retention`` is the checkpoint config's."""
 
     def __init__(self, *, requests: SavepointRequests, history: JobHistory, run_id: str,
-                 workdir: Path, retention: str) -> None:
+                 workdir: Workdir, retention: str) -> None:
         self.requests = requests
         self.history = history
         self.run_id = run_id

@@ -7,7 +7,6 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_ckpt.errors import SinkReplayMismatchError
@@ -20,6 +19,7 @@ from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
 from airflow_ckpt.runtime.sinks.offsets import ReplayPolicy, read_batch_offsets
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.runtime.storage.outage import OutageRidingStorage
+from airflow_ckpt.runtime.workdir import Workdir
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -35,7 +35,7 @@ class JobSinks:
     """
 
     def __init__(
-        self, *, lease: JobLease, history: JobHistory, run_id: str, workdir: Path,
+        self, *, lease: JobLease, history: JobHistory, run_id: str, workdir: Workdir,
         exactly_once: bool, driver_view: Callable[[CheckpointStorage], CheckpointStorage],
     ) -> None:
         self.lease = lease

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import logging
 import shutil
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from airflow_ckpt.errors import CorruptCheckpointError, MetadataError, RestoreError
+from airflow_ckpt.runtime import workdir as wd
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.digests import DigestCache
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
@@ -22,6 +22,7 @@ from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
+from airflow_ckpt.runtime.workdir import Workdir
 
 log = logging.getLogger("airflow_ckpt.restore")
 
@@ -45,25 +46,21 @@ class RestoreResult:
         return self.manifest.batch_id if self.manifest else None
 
 
-def reset_working_dir(workdir: Path) -> None:
-    """Empty the working directory (the runtime owns it; storage holds the truth)."""
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.parent.mkdir(parents=True, exist_ok=True)
-
-
-def _materialize_into(storage: CheckpointStorage, manifest: Manifest, workdir: Path,
+def _materialize_into(storage: CheckpointStorage, manifest: Manifest, workdir: Workdir,
                       digests: DigestCache | None) -> None:
-    tmp = workdir.parent / f".{workdir.name}.restore-{uuid.uuid4().hex[:6]}"
+    """Materialise and verify locally, then make it the working directory (a rename
+    beside a local one; on a remote one a copy beside it renamed into place)."""
+    tmp = wd.restore_dir(workdir)
     verified: list[tuple[Path, str]] = []
     try:
         materialize(storage, manifest, JobLayout(manifest.job).root, tmp,
                     on_verified=lambda path, sha: verified.append((path.relative_to(tmp), sha)))
-        reset_working_dir(workdir)
-        tmp.rename(workdir)
+        wd.replace_with(workdir, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    # Only a restore that succeeded as a whole (rename keeps the inodes) seeds the cache.
-    if digests is not None:
+    # Only a restore that succeeded as a whole (rename keeps the inodes) seeds the cache;
+    # a remote working directory's captures are fresh local copies, never in it.
+    if digests is not None and isinstance(workdir, Path):
         for rel, sha in verified:
             digests.remember(workdir / rel, sha)
 
@@ -72,7 +69,7 @@ def restore(
     storage: CheckpointStorage,
     job: str,
     target: str,
-    workdir: Path,
+    workdir: Workdir,
     history: JobHistory,
     digests: DigestCache | None = None,
     by: Mapping[str, Any] | None = None,
@@ -99,7 +96,7 @@ def restore(
     checkpoints verifies, ``RestoreError``.
     """
     catalog = CheckpointCatalog(storage, job)
-    reset_working_dir(workdir)
+    wd.reset(workdir)
     target = (target or LATEST).strip()
     if target.lower() == NONE:
         log.info("restore=none: starting %s from scratch", job)

@@ -38,10 +38,10 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from airflow_ckpt.errors import SinkReplayMismatchError
+from airflow_ckpt.runtime.workdir import Workdir, read_bytes, read_text
 
 log = logging.getLogger("airflow_ckpt.sinks")
 
@@ -112,43 +112,45 @@ def _shorten(offset: str) -> str:
     return offset if len(offset) <= _SHOWN else offset[:_SHOWN] + "..."
 
 
-def _file_source_entries(source_log: Path, log_offset: int) -> str:
+def _file_source_entries(checkpoint_dir: Workdir, source_log: str, log_offset: int) -> str:
     """``<count>:<sha256>`` of the paths a file source's log lists for ``log_offset``
     (``""`` if the log has no entry for it)."""
     for name in (str(log_offset), f"{log_offset}.compact"):
-        path = source_log / name
-        if path.is_file():
-            found = []
-            for line in path.read_text().splitlines()[1:]:
-                entry = json.loads(line) if line.strip() else {}
-                if entry.get("batchId") == log_offset:
-                    found.append(str(entry["path"]))
-            listed = "\n".join(sorted(found)).encode()
-            return f"{len(found)}:{hashlib.sha256(listed).hexdigest()}"
+        try:
+            text = read_text(checkpoint_dir, f"{source_log}/{name}")
+        except (FileNotFoundError, IsADirectoryError):
+            continue
+        found = []
+        for line in text.splitlines()[1:]:
+            entry = json.loads(line) if line.strip() else {}
+            if entry.get("batchId") == log_offset:
+                found.append(str(entry["path"]))
+        listed = "\n".join(sorted(found)).encode()
+        return f"{len(found)}:{hashlib.sha256(listed).hexdigest()}"
     return ""
 
 
-def _end_offsets(checkpoint_dir: Path, batch_id: int) -> tuple[str, ...] | None:
+def _end_offsets(checkpoint_dir: Workdir, batch_id: int) -> tuple[str, ...] | None:
     """Each source's end offset in ``offsets/<batch_id>`` (None: no such entry)."""
     try:
-        lines = (checkpoint_dir / "offsets" / str(batch_id)).read_text().splitlines()
+        lines = read_text(checkpoint_dir, f"offsets/{batch_id}").splitlines()
     except FileNotFoundError:
         return None
     return tuple(line.strip() for line in lines[2:])
 
 
-def _initial_offset(checkpoint_dir: Path, source: int) -> str:
+def _initial_offset(checkpoint_dir: Workdir, source: int) -> str:
     """Source ``source``'s initial offset as its metadata log ``sources/<i>/0`` holds it
     (its text after the version line; ``""`` when the source keeps none there)."""
     try:
-        raw = (checkpoint_dir / "sources" / str(source) / "0").read_bytes()
+        raw = read_bytes(checkpoint_dir, f"sources/{source}/0")
     except (FileNotFoundError, IsADirectoryError):
         return ""
     text = raw.lstrip(b"\x00").decode("utf-8", errors="replace")  # Kafka: a 0 byte first
     return "\n".join(line.strip() for line in text.splitlines()[1:])
 
 
-def _start_offsets(checkpoint_dir: Path, batch_id: int, count: int) -> tuple[str, ...]:
+def _start_offsets(checkpoint_dir: Workdir, batch_id: int, count: int) -> tuple[str, ...]:
     """Where ``batch_id`` started: the previous batch's end offsets, or for batch 0 the
     sources' initial offsets; ``()`` when unknown (the previous entry was purged)."""
     if batch_id == 0:
@@ -156,7 +158,7 @@ def _start_offsets(checkpoint_dir: Path, batch_id: int, count: int) -> tuple[str
     return _end_offsets(checkpoint_dir, batch_id - 1) or ()
 
 
-def read_batch_offsets(checkpoint_dir: Path, batch_id: int) -> BatchOffsets | None:
+def read_batch_offsets(checkpoint_dir: Workdir, batch_id: int) -> BatchOffsets | None:
     """The offsets of ``batch_id`` from the query's checkpoint directory (its ends, the
     files it read and where it started), or None if its offsets log has no such entry
     (the batch is not Spark's, e.g. a sink driven directly)."""
@@ -169,7 +171,7 @@ def read_batch_offsets(checkpoint_dir: Path, batch_id: int) -> BatchOffsets | No
         if offset.startswith("{"):
             parsed = json.loads(offset)
             if isinstance(parsed, dict) and set(parsed) == {"logOffset"}:
-                listed = _file_source_entries(checkpoint_dir / "sources" / str(i),
+                listed = _file_source_entries(checkpoint_dir, f"sources/{i}",
                                               int(parsed["logOffset"]))
         files.append(listed)
     return BatchOffsets(sources, tuple(files) if any(files) else (),

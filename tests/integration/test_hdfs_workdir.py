@@ -1,0 +1,155 @@
+"""Spark's working directory on a real HDFS (Hadoop's mini cluster, tests/fixtures/hdfs.py).
+
+* The capture through the driver JVM's ``FileSystem``: with snapshots allowed, a file
+  Spark deletes during the capture is still captured (the snapshot pins it, the analogue
+  of a hard link); without, it is skipped, like a vanished link. No snapshot is left.
+* Restore materialises into HDFS, whole.
+* kill -9 of a real driver (local Spark, RocksDB, keyed) whose checkpointLocation is on
+  ``hdfs://``: the output after restores equals the ground truth.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_ckpt.runtime import interleave
+from airflow_ckpt.runtime.sinks import JsonLinesSink
+from airflow_ckpt.runtime.workdir import location, read_text, replace_with
+from airflow_ckpt.runtime.workdir.hadoop import SNAPSHOT_PREFIX, HadoopWorkdir
+from airflow_ckpt.testing.hdfs_cluster import MiniHdfs, hadoop_fs, make_dir
+from airflow_ckpt.testing.numbers import (
+    JobSpec,
+    after_checkpoint,
+    finished_job_problems,
+    killed_run_problems,
+    run_with_kills,
+    verify_output,
+    write_numbers,
+)
+from airflow_ckpt.testing.s3_server import S3Endpoint
+
+pytestmark = pytest.mark.integration
+
+#: a working directory as Spark leaves it after batch 1 committed, batch 2 running
+LAYOUT = {
+    "metadata": '{"id":"q-1"}',
+    "offsets/0": 'v1\n{"conf":{"spark.sql.shuffle.partitions":"2"}}\n{"logOffset":0}',
+    "offsets/1": 'v1\n{"conf":{"spark.sql.shuffle.partitions":"2"}}\n{"logOffset":1}',
+    "offsets/2": 'v1\n{"conf":{"spark.sql.shuffle.partitions":"2"}}\n{"logOffset":2}',
+    "commits/0": "v1\n{}", "commits/1": "v1\n{}",
+    "state/0/0/1.delta": "p0v1", "state/0/0/2.delta": "p0v2", "state/0/0/3.delta": "next",
+    "state/0/1/1.delta": "p1v1", "state/0/1/2.delta": "p1v2",
+}
+
+
+def _write(spark: Any, uri: str, files: dict[str, str]) -> None:
+    fs, path = hadoop_fs(spark, uri)
+    for rel, text in files.items():
+        out = fs.create(path(f"{uri}/{rel}"), True)
+        out.write(bytearray(text.encode()))
+        out.close()
+
+
+def _workdir(spark: Any, hdfs: MiniHdfs, name: str, tmp_path: Path, *,
+             snapshots: bool) -> HadoopWorkdir:
+    base = make_dir(spark, f"{hdfs.uri}/{name}", snapshots=snapshots)
+    _write(spark, base + "/work", LAYOUT)
+    return HadoopWorkdir.of(spark, base + "/work", tmp_path / "local")
+
+
+@pytest.mark.parametrize("snapshots", [True, False], ids=["snapshot", "list-and-copy"])
+def test_capture_pins_files_spark_deletes_meanwhile_only_with_a_snapshot(
+    spark: Any, hdfs: MiniHdfs, tmp_path: Path, snapshots: bool
+) -> None:
+    workdir = _workdir(spark, hdfs, f"pin-{snapshots}", tmp_path, snapshots=snapshots)
+    fs, path = hadoop_fs(spark, workdir.location)
+    purged = f"{workdir.location}/state/0/1/1.delta"
+
+    def maintenance() -> None:  # Spark deletes an old version while the capture runs
+        fs.delete(path(purged), False)
+
+    with interleave.installed(interleave.CAPTURE_BEFORE_LINK, maintenance):
+        snap = workdir.capture(1, tmp_path / "staging" / "chk-1")
+    captured = {f.path: f.staged.read_text() for f in snap.files}
+    # batch 1's files (state versions <= 2); batch 2's offsets and version 3 are not
+    expected = {k: v for k, v in LAYOUT.items()
+                if k not in ("offsets/2", "state/0/0/3.delta")}
+    if not snapshots:
+        del expected["state/0/1/1.delta"]  # deleted before its copy: skipped
+    assert captured == expected
+    assert snap.batch_id == 1 and snap.source_offsets == [{"logOffset": 1}]
+    assert [(o.operator_id, o.num_partitions) for o in snap.operators] == [(0, 2)]
+    assert not fs.exists(path(purged))
+    if snapshots:
+        root = path(workdir.location).getParent()
+        assert fs.getFileStatus(root).isSnapshotEnabled()
+        left = [s.getPath().getName() for s in fs.listStatus(path(f"{root}/.snapshot"))]
+        assert not [n for n in left if n.startswith(SNAPSHOT_PREFIX)], left
+
+
+def test_restore_replaces_the_hdfs_working_directory_whole(
+    spark: Any, hdfs: MiniHdfs, tmp_path: Path
+) -> None:
+    workdir = _workdir(spark, hdfs, "restore", tmp_path, snapshots=True)
+    restored = tmp_path / "materialised"
+    (restored / "commits").mkdir(parents=True)
+    (restored / "commits" / "0").write_text("v1\n{}")
+    (restored / "metadata").write_text('{"id":"q-2"}')
+    replace_with(workdir, restored)
+    assert sorted(workdir.names("")) == ["commits", "metadata"]
+    assert read_text(workdir, "metadata") == '{"id":"q-2"}'
+    assert workdir.names("commits") == ["0"]
+    assert not restored.exists()
+    with pytest.raises(FileNotFoundError):
+        workdir.read_bytes("offsets/0")
+    with pytest.raises(FileNotFoundError):
+        workdir.names("offsets")
+    parent = location(workdir).rsplit("/", 1)[0]
+    fs, path = hadoop_fs(spark, parent)
+    assert [s.getPath().getName() for s in fs.listStatus(path(parent))] == ["work"]
+
+
+@pytest.mark.timeout(900)
+def test_random_kills_with_the_working_directory_on_hdfs_then_exact_result(
+    spark: Any, hdfs: MiniHdfs, s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path
+) -> None:
+    seed = int(os.environ.get("KILL_SEED", time.time_ns() % 100_000))
+    rng = random.Random(seed)
+    print(f"KILL_SEED={seed}")
+    base = make_dir(spark, f"{hdfs.uri}/jobs/kill", snapshots=True)
+    truth = write_numbers(tmp_path / "in", files=8, per_file=50, keyed=True)
+    spec = JobSpec(
+        job="hdfs-kill", storage_uri=s3_uri, input_dir=tmp_path / "in",
+        output_uri=s3_uri + "-out",
+        checkpoint_config={"execution.checkpointing.interval": "300 ms",
+                           "execution.checkpointing.num-retained": 2,
+                           "execution.checkpointing.incremental": True},
+        confs={"spark.airflow_ckpt.demo.batch_delay_s": "0.3"},
+        extra_args=["--state-store", "rocksdb", "--keyed"], workdir=base,
+    )
+    storage = s3_endpoint.storage(s3_uri)
+    sink = JsonLinesSink(s3_endpoint.storage(spec.output_uri), "")
+
+    def after_kill(round_: int) -> None:
+        problems = killed_run_problems(storage, spec.job, sink, truth)
+        assert not problems, f"seed {seed}, kill {round_ + 1}: {problems}"
+
+    kills = run_with_kills(spec, s3_endpoint.env(), tmp_path / "driver.log", kills=1,
+                           timeout_s=900,  # the last life on 2 loaded cores
+                           moment=after_checkpoint(storage, spec.job, rng, within_s=2.0),
+                           after_kill=after_kill)
+    assert kills >= 1, f"seed {seed}: the driver finished before the first kill"
+    verdict = verify_output(sink, truth, finished=True)
+    assert verdict.ok, f"seed {seed}: {verdict.problems}"
+    assert not finished_job_problems(storage, spec.job, num_retained=2)
+    # Spark's state lived on HDFS, and every capture's snapshot is gone again
+    fs, path = hadoop_fs(spark, base)
+    assert fs.exists(path(f"{base}/work/state/0"))
+    left = [s.getPath().getName() for s in fs.listStatus(path(f"{base}/.snapshot"))]
+    assert left == []
