@@ -21,19 +21,22 @@ $(STAMP): pyproject.toml
 	$(PY) -c 'from airflow_ckpt.runtime.job.spark_features import check_pyspark_install as c; c()'
 	touch $(STAMP)
 
-# The Kafka broker's and the Spark Kafka connector's jars (the Kafka tests, make kafka),
-# fetched once with Maven into ~/.cache/airflow-ckpt/jars/<artifact>/<version>/ (~18 s
-# and ~55 MB from an empty cache, nothing afterwards); Maven is installed with apt-get
-# when missing. Versions: airflow_ckpt/testing/jars.py.
+# The JVM parts the tests run, fetched once with Maven into
+# ~/.cache/airflow-ckpt/jars/<artifact>/<version>/ (nothing afterwards; Maven is installed
+# with apt-get when missing): the Kafka broker's and the Spark Kafka connector's jars (the
+# Kafka tests, make kafka; ~18 s and ~55 MB; versions in airflow_ckpt/testing/jars.py)
+# and Hadoop's mini cluster (the HDFS tests, make bench-hdfs; ~14 s and ~104 MB; versions
+# in scripts/fetch_hadoop_jars.sh, matched to the Hadoop client pyspark ships).
 jars: venv
 	@if ! command -v mvn >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
-	  echo "installing maven to fetch the Kafka jars"; \
+	  echo "installing maven to fetch the Kafka and Hadoop jars"; \
 	  sudo=$$([ "$$(id -u)" = 0 ] || echo "sudo -n"); \
 	  { $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq maven >/dev/null; } \
 	  || echo "WARNING: maven could not be installed" >&2; \
 	fi
 	@bash scripts/fetch_jars.sh $(PY)
+	@bash scripts/fetch_hadoop_jars.sh >/dev/null
 
 # A real single-node Kafka broker (KRaft) on 127.0.0.1:$(KAFKA_PORT) until Ctrl-C, to try
 # the Kafka example (airflow_ckpt/examples/spark_jobs/kafka_counts.py) against.
