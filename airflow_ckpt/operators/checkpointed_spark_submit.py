@@ -58,6 +58,7 @@ from airflow.configuration import conf
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 from airflow.sdk import Context
+from airflow.triggers.base import BaseTrigger
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_ckpt.detached import LOCAL_PROCESSES, HostProcesses
@@ -319,9 +320,12 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         if isinstance(step, Done):
             return step.result
         if step.delay_s > 0:
-            self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=step.delay_s)),
-                       method_name="resubmit")
+            self.defer(trigger=self._delay_trigger(step.delay_s), method_name="resubmit")
         self._submit_and_defer(context, sup, step.attempt)
+
+    def _delay_trigger(self, delay_s: float) -> BaseTrigger:
+        """The trigger that fires after a restart delay (the simulation's: virtual time)."""
+        return TimeDeltaTrigger(timedelta(seconds=delay_s))
 
     # ================================================================ submission
 

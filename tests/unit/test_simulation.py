@@ -24,6 +24,19 @@ from airflow_ckpt.errors import (
 )
 from airflow_ckpt.restart import restart_strategy_from_params
 from airflow_ckpt.testing.sim.flink import expected_decisions
+from airflow_ckpt.testing.sim.history import (
+    EVENT_LOST,
+    HISTORY_REWRITTEN,
+    OWN_CHECKPOINT,
+    PLANT_HIDE_OWN,
+    PLANT_HIDE_SEGMENTS,
+    PLANT_LOSE_SEGMENTS,
+    RESTART_DECISION,
+    STRATEGIES,
+    SUPERVISOR_ERROR,
+    TERMINAL_RESTARTED,
+    run_seed,
+)
 from airflow_ckpt.testing.sim.outcome import Outcome
 from airflow_ckpt.testing.sim.savepoints import (
     PLANT_SHARED_DIR,
@@ -43,21 +56,7 @@ from airflow_ckpt.testing.sim.sinks import (
     run_sink_seed,
 )
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
-from airflow_ckpt.testing.simulation import (
-    EVENT_LOST,
-    HISTORY_REWRITTEN,
-    OWN_CHECKPOINT,
-    PLANT_HIDE_OWN,
-    PLANT_HIDE_SEGMENTS,
-    PLANT_LOSE_SEGMENTS,
-    RESTART_DECISION,
-    STRATEGIES,
-    SUPERVISOR_ERROR,
-    TERMINAL_RESTARTED,
-    explore,
-    format_outcome,
-    run_seed,
-)
+from airflow_ckpt.testing.simulation import explore, format_outcome
 
 SEEDS = int(os.environ.get("SIM_TEST_SEEDS", "200"))
 

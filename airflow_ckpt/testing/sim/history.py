@@ -1,76 +1,80 @@
-"""Deterministic whole-system simulation of a supervised job (as FoundationDB and
-TigerBeetle test themselves): one seed, one schedule, replayed exactly.
+"""The history world of the simulation: one supervised run of one job, the *real*
+Airflow supervision over a history that drivers, compactors and late writes share.
 
-The real classes run as actors (:mod:`airflow_ckpt.testing.sim.scheduler`) over a
-simulated storage that enforces the storage contract and injects faults
+Actors (:mod:`airflow_ckpt.testing.sim.scheduler`) over the simulated storage
 (:mod:`airflow_ckpt.testing.sim.storage`), on hosts whose clocks disagree:
 
-* **the driver** (host ``driver``): takes the :class:`~airflow_ckpt.runtime.lease.holder.JobLease`
-  (heartbeats driven explicitly), appends ``job_started``, ``checkpoint_completed``,
-  query-level failures through its :class:`~airflow_ckpt.runtime.history.restart_log.RestartLog`
+* **Airflow** (hosts ``airflow``, the worker, and ``triggerer``): the real
+  :class:`~airflow_ckpt.operators.CheckpointedSparkSubmitOperator` (a subclass that opens
+  the simulated storage and submits simulated drivers, :class:`SimOperator`), so the real
+  :class:`~airflow_ckpt.operators.supervisor.Supervisor` decides everything. **Blocking**:
+  one task try runs ``execute`` (``run_blocking``: submit, wait for the exit code, decide,
+  wait the delay on virtual time, resubmit). **Deferred**: ``execute`` raises
+  ``TaskDeferred``; the real :class:`~airflow_ckpt.triggers.supervision.DriverSupervisionTrigger`,
+  rebuilt from its serialized kwargs as a triggerer does, runs its ``run`` loop as an actor
+  on the triggerer host (its :class:`~airflow_ckpt.triggers.supervision.TriggerRuntime`
+  is the simulation's: storage, drivers, virtual time); its event resumes a *new* operator
+  in ``execute_complete``, a restart delay (``TimeDeltaTrigger``) resumes one in
+  ``resubmit``. Each task try is a process that may die at any step (a worker restart:
+  Airflow retries the task, which runs ``execute`` again: ``reattach`` or the next
+  attempt); each trigger may die (a triggerer restart: a fresh trigger from the same
+  kwargs, which waits a full lease expiry again). The trigger reads the driver's exit
+  code only when the driver runs on its host.
+* **the driver** (host ``driver``), spawned by each submission: takes the
+  :class:`~airflow_ckpt.runtime.lease.holder.JobLease` (heartbeats driven explicitly),
+  appends ``job_started``, ``restored``, ``checkpoint_completed``, query-level failures
+  through its :class:`~airflow_ckpt.runtime.history.restart_log.RestartLog`
   (``job_failed`` when its strategy declines) and ends with ``job_finished`` /
   ``job_stopped``, an exit without terminal event, or a crash at any step. Its writes
-  may time out and land later, get 503s or lose their answers. Its process compacts
-  its own history (:meth:`JobHistory.compact` on the driver's instance, as the
-  background thread does), and so may 0-2 other processes on a third host (the UI, the
-  CLI), whose writes also meet 503s and late landings.
-* **the supervisor** (host ``airflow``): the operator's steps - the restore target of
-  each submission (:class:`~airflow_ckpt.supervision.RunCheckpoints`), ``job_submitted``,
-  a :class:`~airflow_ckpt.supervision.SupervisionProbe` polled until a verdict (its reads
-  get 503s; the triggerer may restart, i.e. a fresh probe), the driver-level decision
-  (:meth:`RestartLog.record_failure`, unless a terminal event of the run follows the
-  submission, :attr:`RunState.attempt_end`, looked for before and after it as
-  ``Supervisor._decide`` does), the delay, the next submission. Blocking (one
-  restart log kept) or deferrable (everything rebuilt at each resume). Its own storage
-  calls are delayed and reordered but never fail: an error there fails the Airflow task,
-  whose retry is not modelled.
+  may time out and land later, get 503s or lose their answers. It compacts its own
+  history, and so may 0-2 other processes on a third host.
 
-Invariants, checked after every step (:class:`World`):
+Invariants, checked after every step (:class:`World`), against the history storage holds:
 
-* ``event-lost``: every event whose ``append`` returned is read back by
-  :meth:`JobHistory.events` (issue 19 item 5); ``history-rewritten``: no history key is
-  deleted and later created again with other bytes (readers cache objects by name;
-  item 5's cause), but for a *void* write at or below the sealed mark, which no reader
-  reads;
-* ``restart-decision``: each restart decision equals Flink's
-  (:mod:`airflow_ckpt.testing.sim.flink`) over the run's ``restart`` events that storage
-  held when the decision was taken (item 3);
+* ``event-lost``: every event whose ``append`` or ``append_if_head`` returned (restart
+  decisions included) is read back by :meth:`JobHistory.events` with the same type,
+  timestamp and payload; ``history-rewritten``: no history key is deleted and created
+  again with other bytes, but for a *void* write at or below the sealed mark;
+* ``restart-decision``: every ``restart`` event of the run, query or driver level, first
+  included, equals Flink's decision (:mod:`airflow_ckpt.testing.sim.flink`) over the
+  run's ``restart`` events before it (history order) and its own failure time;
 * ``own-checkpoint``: a resubmission restores ``latest`` once the run completed a
-  checkpoint of its own (item 4), and ``foreign-state``: never before that unless the
-  operator asked for ``latest``;
-* ``terminal-restarted``: a driver whose job finished, stopped or failed for good (its
-  terminal event's append returned before it exited) is never declared dead (and so
-  restarted);
-* ``supervisor-error``: the supervisor never dies of an error.
+  checkpoint of its own before the failure that led to it; ``foreign-state``: the first
+  submission restores what the operator asked, a later one ``latest`` only when the
+  operator asked for it or the run had a checkpoint of its own when it was submitted;
+* ``terminal-resubmitted``: no resubmission follows a decision taken on top of a
+  terminal event (finished, stopped, failed) of the submission before it (the seed-100948
+  shape); ``terminal-restarted``: a trigger never declares dead a driver whose terminal
+  event was acknowledged before;
+* ``supervisor-error``: no task try and no trigger dies of an unexpected error (the
+  strategy declining is ``CheckpointedJobFailedError``, the task's normal failure).
 
-Planted defects (:data:`HISTORY_PLANTS`, ``--plant``) are faults of a storage *view* the
+Planted defects (:data:`PLANTS`, ``--plant``) are faults of a storage *view* the
 simulation must find whatever the history layer looks like.
-
-That is the **history** world (:class:`World`). Every seed also runs in the **sinks**
-world (:mod:`airflow_ckpt.testing.sim.sinks`: exactly-once output under deposed drivers
-and older restores, issue 19 items 1 and 2) and the **savepoints** world
-(:mod:`airflow_ckpt.testing.sim.savepoints`: a savepoint request answered by drivers
-deposed mid-way, item 6); :data:`WORLDS` lists them with their plants and invariants.
-
-``python -m airflow_ckpt.testing.simulation --seeds N`` explores N seeds in every world
-and prints ``M simulated schedules explored, K violations`` and, for the first failing
-seed of each invariant, the seed and its trace (``--seed S [--world W] --trace`` replays
-one).
 """
 
 from __future__ import annotations
 
-import argparse
+import json
 import logging
 import random
-import sys
-import time as real_time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from airflow.sdk.exceptions import TaskDeferred
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_ckpt.detached import DetachedDriver, HostProcesses, exit_path_of
 from airflow_ckpt.errors import AirflowCkptError
-from airflow_ckpt.restart import RestartDecision
+from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
+from airflow_ckpt.operators.checkpointed_spark_submit import CheckpointedSparkSubmitOperator
+from airflow_ckpt.operators.supervisor import CheckpointedJobFailedError, Supervisor
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     JOB_FAILED,
@@ -86,16 +90,8 @@ from airflow_ckpt.runtime.history.journal import CompactionPolicy, JobHistory
 from airflow_ckpt.runtime.history.reader import EventCache, HistoryReader
 from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.lease.holder import JobLease
-from airflow_ckpt.runtime.lease.record import lease_epochs
-from airflow_ckpt.supervision import (
-    RESTORE_LATEST,
-    RESTORE_NONE,
-    RunCheckpoints,
-    SupervisionProbe,
-    Verdict,
-    resubmit_restore,
-)
-from airflow_ckpt.testing.sim import savepoints, sinks
+from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.supervision import RESTORE_LATEST, RESTORE_NONE, DriverFailure, Verdict
 from airflow_ckpt.testing.sim.flink import (
     ExponentialDelay,
     FailureRate,
@@ -104,30 +100,32 @@ from airflow_ckpt.testing.sim.flink import (
     expected_decisions,
 )
 from airflow_ckpt.testing.sim.outcome import Judged, Outcome, Violation
-from airflow_ckpt.testing.sim.scheduler import (
-    Crash,
-    Host,
-    Scheduler,
-)
+from airflow_ckpt.testing.sim.scheduler import Actor, Crash, Host, Scheduler
 from airflow_ckpt.testing.sim.storage import Faults, Hidden, SimObjects, SimStorage, Stored
+from airflow_ckpt.triggers.supervision import DriverSupervisionTrigger, TriggerRuntime
 
 JOB = "simjob"
-RUN_ID = "dag/run-2/task"
+STORAGE_URI = "s3://bucket/root"
+DAG, DAG_RUN, TASK = "dag", "run-2", "task"
+RUN_ID = f"{DAG}/{DAG_RUN}/{TASK}"  # supervision_id of the task
 OLD_RUN_ID = "dag/run-1/task"
-SAVEPOINT = "sim://bucket/root/simjob/savepoints/sp-old"
+SAVEPOINT = f"{STORAGE_URI}/{JOB}/savepoints/sp-old"
 TERMINAL = frozenset({JOB_FINISHED, JOB_STOPPED, JOB_FAILED})
 SEGMENTS = "/history/segments/"
+WORKER, TRIGGERER = "airflow", "triggerer"
+_TASK_LOG = logging.getLogger("airflow_ckpt.testing.sim.task")
 
-#: invariant names (see the module doc) and the issue 19 item each one found
+#: invariant names (see the module doc)
 EVENT_LOST = "event-lost"
 RESTART_DECISION = "restart-decision"
 OWN_CHECKPOINT = "own-checkpoint"
 FOREIGN_STATE = "foreign-state"
+TERMINAL_RESUBMITTED = "terminal-resubmitted"
 TERMINAL_RESTARTED = "terminal-restarted"
 HISTORY_REWRITTEN = "history-rewritten"
 SUPERVISOR_ERROR = "supervisor-error"
-HISTORY_INVARIANTS = (EVENT_LOST, HISTORY_REWRITTEN, RESTART_DECISION, OWN_CHECKPOINT,
-                      FOREIGN_STATE, TERMINAL_RESTARTED, SUPERVISOR_ERROR)
+INVARIANTS = (EVENT_LOST, HISTORY_REWRITTEN, RESTART_DECISION, OWN_CHECKPOINT,
+              FOREIGN_STATE, TERMINAL_RESUBMITTED, TERMINAL_RESTARTED, SUPERVISOR_ERROR)
 
 #: Planted defects: faults of a *reader's or writer's view of storage*, so they keep
 #: working whatever the history layer looks like; the simulation must find each.
@@ -137,12 +135,14 @@ PLANT_HIDE_OWN = "hide-own-writes"
 PLANT_HIDE_SEGMENTS = "hide-segments"
 #: a compactor's segment writes are acknowledged and lost (item 5)
 PLANT_LOSE_SEGMENTS = "lose-segments"
-HISTORY_PLANTS = (PLANT_HIDE_OWN, PLANT_HIDE_SEGMENTS, PLANT_LOSE_SEGMENTS)
+PLANTS = (PLANT_HIDE_OWN, PLANT_HIDE_SEGMENTS, PLANT_LOSE_SEGMENTS)
 
-#: submissions after which the supervisor gives up (a bound, not a verdict)
-MAX_SUBMISSIONS = 8
-#: triggerer restarts per run (each makes a new probe wait a full expiry again)
-MAX_TRIGGERER_RESTARTS = 2
+#: Airflow task retries after a worker death (the operator's ``retries``)
+TASK_RETRIES = 3
+#: triggerer restarts per run beyond which triggers no longer die
+MAX_TRIGGERER_RESTARTS = 4
+#: the operator's deferred settings
+POLL_INTERVAL_S, STARTUP_TIMEOUT_S = 5.0, 120.0
 
 STRATEGIES: tuple[Strategy, ...] = (
     FixedDelay(attempts=3, delay_ms=1000),
@@ -150,23 +150,28 @@ STRATEGIES: tuple[Strategy, ...] = (
     ExponentialDelay(initial_ms=1000, max_ms=8000, multiplier=2.0, reset_ms=600_000,
                      attempts=4),
 )
-SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
+SKEWS = (0.0, 0.5, -0.5, 30.0, 3600.0, -3600.0)
 
 
 @dataclass(frozen=True, slots=True)
 class Setup:
-    """One seed's system: strategy, clocks, modes, faults (drawn from the seed)."""
+    """One seed's system: strategy, clocks, modes, faults (drawn from the seed; each
+    kind of contention is switched on or off per seed, as swarm testing does)."""
 
     strategy: Strategy
     driver_skew_s: float
+    worker_skew_s: float
+    triggerer_skew_s: float
     compactor_skew_s: float
-    blocking: bool  # blocking supervisor (one restart log) or deferrable (rebuilt)
+    blocking: bool  # blocking supervisor or deferred (everything rebuilt at each resume)
     first_restore: str
-    driver_local: bool  # the supervisor sees the driver's exit code
+    driver_local: bool  # the driver runs on the triggerer's host: it reads the exit code
     segment_events: int
     compactors: int  # compacting processes besides the driver (the UI, the CLI, ...)
     driver_faults: Faults
     driver_crash_p: float
+    worker_crash_p: float  # per turn of a task try: a worker restart (task retry)
+    triggerer_crash_p: float  # per turn of a trigger: a triggerer restart
     plants: frozenset[str] = frozenset()
 
     @classmethod
@@ -174,31 +179,38 @@ class Setup:
         return cls(
             strategy=rng.choice(STRATEGIES),
             driver_skew_s=rng.choice(SKEWS),
+            worker_skew_s=rng.choice(SKEWS),
+            triggerer_skew_s=rng.choice(SKEWS),
             compactor_skew_s=rng.choice(SKEWS),
-            blocking=rng.random() < 0.5,
+            blocking=rng.random() < 0.4,
             first_restore=rng.choice((RESTORE_LATEST, RESTORE_NONE, SAVEPOINT)),
             driver_local=rng.random() < 0.5,
             segment_events=rng.choice((2, 3, 4, 1000)),
             compactors=rng.choice((0, 1, 2)),
             driver_faults=rng.choice((Faults(), Faults(0.01, 0.02, 0.01),
-                                      Faults(0.02, 0.05, 0.02))),
+                                      Faults(0.02, 0.05, 0.02), Faults(0.02, 0.1, 0.02))),
             driver_crash_p=rng.choice((0.0, 0.005, 0.02)),
+            worker_crash_p=rng.choice((0.0, 0.01, 0.04)),
+            triggerer_crash_p=rng.choice((0.0, 0.02, 0.08)),
             plants=frozenset(plants),
         )
 
     @property
     def skewed(self) -> bool:
         """Whether any two hosts' clocks disagree."""
-        return bool(self.driver_skew_s or self.compactor_skew_s)
+        return len({self.driver_skew_s, self.worker_skew_s, self.triggerer_skew_s,
+                    self.compactor_skew_s}) > 1
 
     def describe(self) -> str:
-        return (f"strategy {self.strategy}, driver clock {self.driver_skew_s:+g} s, "
-                f"compactor clock {self.compactor_skew_s:+g} s, "
-                f"{'blocking' if self.blocking else 'deferrable'} supervisor, "
+        return (f"strategy {self.strategy}, clocks driver {self.driver_skew_s:+g} s, "
+                f"worker {self.worker_skew_s:+g} s, triggerer {self.triggerer_skew_s:+g} s, "
+                f"compactor {self.compactor_skew_s:+g} s, "
+                f"{'blocking' if self.blocking else 'deferred'} supervisor, "
                 f"restore {self.first_restore}, driver "
-                f"{'local' if self.driver_local else 'remote'}, segments of "
+                f"{'on the triggerer host' if self.driver_local else 'remote'}, segments of "
                 f"{self.segment_events}, {self.compactors} compactor(s) besides the driver, "
-                f"driver faults {self.driver_faults}, crash p {self.driver_crash_p}"
+                f"driver faults {self.driver_faults}, crash p driver {self.driver_crash_p} "
+                f"worker {self.worker_crash_p} triggerer {self.triggerer_crash_p}"
                 + (f", planted {sorted(self.plants)}" if self.plants else ""))
 
 
@@ -209,24 +221,196 @@ class _ManualLease(JobLease):
         return None
 
 
+def _content(event: HistoryEvent) -> str:
+    """An event's type, timestamp and payload as storage holds them (JSON)."""
+    return json.dumps({"type": event.type, "ts": event.ts, "data": event.data},
+                      sort_keys=True, default=str)
+
+
 class TrackedHistory(JobHistory):
-    """A job history that tells the world which appends returned (durable by contract)."""
+    """A job history that tells the world which appends returned (durable by contract)
+    and what they wrote."""
 
     def __init__(self, storage: SimStorage, world: World, **kwargs: Any) -> None:
         super().__init__(storage, JOB, **kwargs)
         self.world = world
 
     def append(self, event_type: str, **data: Any) -> HistoryEvent:
-        event = super().append(event_type, **data)
-        self.world.appended[event.key] = event_type
-        self.world.scheduler.log(f"appended {event_type} {event.key.rsplit('/', 1)[-1]}")
-        return event
+        return self.world.acknowledged(super().append(event_type, **data))
+
+    def append_if_head(self, head: int, event_type: str, **data: Any) -> HistoryEvent:
+        return self.world.acknowledged(super().append_if_head(head, event_type, **data))
+
+
+class SimStore(CheckpointStoreHook):
+    """The checkpoint store hook over one simulated storage view, with the world's
+    tracked histories (clocks and ids of the simulation)."""
+
+    def __init__(self, world: World, storage: SimStorage) -> None:
+        super().__init__(STORAGE_URI, conn_id=None)
+        self.world = world
+        self.sim_storage = storage
+
+    @cached_property
+    def storage(self) -> CheckpointStorage:
+        return self.sim_storage
+
+    def history(self, job: str) -> JobHistory:
+        return self.world.history(self.sim_storage)
+
+
+class SimProcesses(HostProcesses):
+    """The simulated drivers as host ``name`` sees them: exit codes are readable (and
+    logs empty) only for drivers on that host."""
+
+    def __init__(self, world: World, name: str) -> None:
+        self.world = world
+        self.name = name
+
+    def hostname(self) -> str:
+        return self.name
+
+    def exit_code(self, exit_path: str | None) -> int | None:
+        return self.world.exit_codes.get(exit_path or "")
+
+    def alive(self, pid: int) -> bool:
+        driver = self.world.drivers.get(pid)
+        return driver is not None and driver.alive
+
+    def kill(self, pid: int | None) -> None:
+        driver = self.world.drivers.get(pid or -1)
+        if driver is not None and driver.alive:
+            driver.killed = True  # it dies at its next step
+            self.world.scheduler.log(f"kill driver pid {pid}")
+
+    def log_tail(self, path: str | None) -> list[str]:
+        return []
+
+
+class SimTriggerRuntime(TriggerRuntime):
+    """The triggerer of the simulation: its storage view, drivers, virtual time; calls
+    run in the trigger's actor (they never suspend, so the trigger's coroutine runs
+    to its event without an event loop)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.processes = SimProcesses(world, world.triggerer_name)
+
+    def store(self, storage_uri: str, conn_id: str | None) -> CheckpointStoreHook:
+        return SimStore(self.world, self.world.probe_storage)
+
+    def clock(self) -> float:
+        return self.world.scheduler.monotonic()
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        return fn()
+
+    async def sleep(self, seconds: float) -> None:
+        self.world.scheduler.sleep(seconds)
+
+
+class VirtualKillSwitch:
+    """A task's ``on_kill`` switch whose waits pass on virtual time (never set: the
+    simulation does not kill tasks)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def set(self) -> None:
+        raise NotImplementedError("the simulation kills no task")
+
+    def is_set(self) -> bool:
+        return False
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.scheduler.sleep(timeout or 0.0)
+        return False
+
+
+class SimSubmitter:
+    """One attempt's submission: spawns the simulated driver (the detached launcher's
+    pid and exit file are the world's)."""
+
+    master = "sim"
+    deploy_mode = "client"
+
+    def __init__(self, world: World, attempt: int, restore: str) -> None:
+        self.world, self.attempt, self.restore = world, attempt, restore
+
+    def submit_detached(self, application: str, log_path: Any) -> DetachedDriver:
+        pid, exit_path = self.world.submit(self.attempt, self.restore, str(log_path))
+        return DetachedDriver(pid, str(log_path), exit_path)
+
+
+class SimDelay(BaseTrigger):
+    """A restart delay on virtual time (the operator's ``TimeDeltaTrigger`` reads the
+    real clock)."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{type(self).__module__}.{type(self).__qualname__}", {"delay_s": self.delay_s}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        raise NotImplementedError("the simulation's scheduler waits the delay")
+        yield  # an async generator, as triggers are
+
+
+class QuietTrigger(DriverSupervisionTrigger):
+    """The real supervision trigger, logging to the stdlib (``logging.disable``
+    silences it)."""
+
+    @property
+    def log(self) -> logging.Logger:
+        return _TASK_LOG
+
+
+class SimOperator(CheckpointedSparkSubmitOperator):
+    """The real operator over the simulated storage; it submits simulated drivers.
+
+    Everything between (the :class:`Supervisor`, its restart log, the trigger it defers
+    on, ``execute_complete`` and ``resubmit``) is the real code."""
+
+    def __init__(self, *, world: World, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.world = world
+        self._killed = VirtualKillSwitch(world.scheduler)
+        self._processes = SimProcesses(world, WORKER)
+
+    @property
+    def log(self) -> logging.Logger:
+        return _TASK_LOG  # the stdlib logger: ``logging.disable`` silences it
+
+    def _delay_trigger(self, delay_s: float) -> BaseTrigger:
+        return SimDelay(delay_s)
+
+    def _store(self, args: Any) -> CheckpointStoreHook:
+        return SimStore(self.world, self.world.supervisor_storage)
+
+    def _check_restore_target(self, catalog: CheckpointCatalog, restore: str) -> str:
+        return restore  # the simulated savepoint is a name, not a stored savepoint
+
+    def _prepare(self, sup: Supervisor, attempt: int, restore: str) -> Any:
+        return SimSubmitter(self.world, attempt, restore)
+
+    def _submit_blocking(self, context: Any, sup: Supervisor, attempt: int,
+                         restore: str) -> DriverFailure | None:
+        """spark-submit in client mode: record the submission, run the driver, wait."""
+        sup.record_submit(SimSubmitter(self.world, attempt, restore), attempt, restore,
+                          **self._submit_fields(context))
+        log = f"/sim/blocking-{attempt}.log"
+        pid, exit_path = self.world.submit(attempt, restore, log)
+        while (code := self.world.exit_codes.get(exit_path)) is None:
+            self.world.scheduler.sleep(1.0)
+        return None if code == 0 else DriverFailure.of_output(attempt, code, [])
 
 
 class World(Judged):
     """The simulated system of one seed: actors, storage, ground truth and invariants."""
 
-    def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 6000) -> None:
+    def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 12000) -> None:
         self.scheduler = Scheduler(seed, max_steps=max_steps)
         self.rng = self.scheduler.rng
         self.setup = Setup.draw(self.rng, plants)
@@ -241,109 +425,162 @@ class World(Judged):
         self.probe_storage = base.view(Faults(unavailable=0.05), "probe",
                                        hidden=_hidden(plants))
         self.oracle = HistoryReader(base, JOB, cache=EventCache())
+        setup = self.setup
+        self.triggerer_name = WORKER if setup.driver_local else TRIGGERER
         self.hosts = {
-            "driver": Host("driver", self.setup.driver_skew_s),
-            "airflow": Host("airflow", 0.0),
-            "other": Host("other", self.setup.compactor_skew_s),
+            "driver": Host(WORKER if setup.driver_local else "driver", setup.driver_skew_s),
+            WORKER: Host(WORKER, setup.worker_skew_s),
+            TRIGGERER: Host(TRIGGERER, setup.triggerer_skew_s),
+            "other": Host("other", setup.compactor_skew_s),
         }
-        self.policy = CompactionPolicy(every=0,
-                                       segment_events=self.setup.segment_events,
+        self.policy = CompactionPolicy(every=0, segment_events=setup.segment_events,
                                        retain_checkpoint_events=None)
-        self.appended: dict[str, str] = {}  # key -> type of every append that returned
-        self.exit_codes: dict[int, int] = {}  # submission attempt -> driver exit code
+        self.appended: dict[str, str] = {}  # key -> content of every append that returned
+        self.exit_codes: dict[str, int] = {}  # exit file -> the driver's exit code
+        self.drivers: dict[int, Actor] = {}  # pid -> the driver's process
+        self.coverage: Counter[str] = Counter()
         self.violations: list[Violation] = []
         self.checkpoint_id = 0
         self.triggerer_restarts = 0
         self._truth_version = -1
         self._truth: list[HistoryEvent] = []
         self._changed_seen = 0
-        self.scheduler.observers.append(self.check_events)
+        self._judged_version = -1
+        self.scheduler.observers.append(self.check)
 
     # ------------------------------------------------------------------ ground truth
 
     def truth(self) -> list[HistoryEvent]:
-        """Every event storage holds (the public reader over a faultless view), in the
-        order their keys were first created. The reader's cache is dropped whenever an
-        object got other bytes (the ``history-rewritten`` invariant reports that)."""
+        """Every event storage holds (the public reader over a faultless view), in
+        history order. The reader's cache is dropped whenever an object got other bytes
+        (the ``history-rewritten`` invariant reports that)."""
         if self.objects.version != self._truth_version:
             if self.objects.changed != self._changed_seen:  # its cache trusts names
                 self._changed_seen = self.objects.changed
                 self.oracle = HistoryReader(self.oracle.storage, JOB, cache=EventCache())
-            events = self.oracle.events()
-            born = self.objects.born
-            self._truth = sorted(events, key=lambda e: born.get(e.key, 0))
+            self._truth = sorted(self.oracle.events(), key=lambda e: e.seq)
             self._truth_version = self.objects.version
         return self._truth
 
-    def born(self, event: HistoryEvent) -> int:
-        return self.objects.born.get(event.key, 0)
+    def acknowledged(self, event: HistoryEvent) -> HistoryEvent:
+        """An append returned: ``event`` is durable by contract."""
+        self.appended[event.key] = _content(event)
+        self.scheduler.log(f"appended {event.type} {event.key.rsplit('/', 1)[-1]}")
+        return event
 
     # ------------------------------------------------------------------ invariants
 
+    def check(self) -> None:
+        """Every invariant over what storage holds now (after every step)."""
+        if self.objects.version == self._judged_version:
+            return
+        self._judged_version = self.objects.version
+        self.check_events()
+        run = self.run_events()
+        self.check_decisions(run)
+        self.check_submissions(run)
+
     def check_events(self) -> None:
-        """``event-lost``: every append that returned is read back;
-        ``history-rewritten``: no history key is deleted and created again with other
-        bytes."""
+        """``event-lost`` (by content) and ``history-rewritten``."""
         rewritten = sorted(k for k in self.objects.rewritten if "/history/" in k)
         if rewritten:
             self.violate(HISTORY_REWRITTEN, "deleted, then written again with other content "
                          "(a reader that caches it by name misses events): "
                          + ", ".join(k.rsplit("/", 1)[-1] for k in rewritten))
-        held = {e.key for e in self.truth()}
+        held = {e.key: _content(e) for e in self.truth()}
         lost = [k for k in self.appended if k not in held]
         if lost:
             self.violate(EVENT_LOST, "appended and acknowledged, no longer in the history: "
-                         + ", ".join(f"{self.appended[k]} {k.rsplit('/', 1)[-1]}"
+                         + ", ".join(f"{k.rsplit('/', 1)[-1]} {self.appended[k][:80]}"
                                      for k in lost))
+        changed = [k for k, content in self.appended.items()
+                   if k in held and held[k] != content]
+        if changed:
+            key = changed[0]
+            self.violate(EVENT_LOST, f"acknowledged {self.appended[key]}, read back "
+                         f"{held[key]} ({key.rsplit('/', 1)[-1]})")
 
-    def restarts(self) -> list[HistoryEvent]:
-        return [e for e in self.truth() if e.type == RESTART
-                and e.data.get("run_id") == RUN_ID]
+    def run_events(self) -> list[HistoryEvent]:
+        """The current supervision's events, in history order (from its newest first
+        submission: a task that starts the run again starts a new supervision)."""
+        events = [e for e in self.truth() if e.data.get("run_id") == RUN_ID]
+        firsts = [i for i, e in enumerate(events) if e.type == JOB_SUBMITTED
+                  and int(e.data.get("attempt") or 0) <= 1]
+        return events[firsts[-1]:] if firsts else []
 
-    def check_decision(self, level: str, now: float, decision: RestartDecision,
-                       before: list[HistoryEvent]) -> None:
-        """``restart-decision``: Flink's answer over the restarts storage held when the
-        decision began, or (for writes that landed meanwhile) when it ended."""
-        got = (decision.restart, decision.attempt, round(decision.delay_s * 1000))
-        after = [e for e in self.restarts()
-                 if not (e.data.get("failure_ts") == now and e.data.get("level") == level)]
-        candidates = []
-        for held in (before, after):
-            stamps = [float(e.data["failure_ts"]) for e in held] + [now]
-            candidates.append(expected_decisions(self.setup.strategy, stamps)[-1])
-        self.scheduler.log(f"{level} decision {got}, Flink's {candidates[0]} over "
-                           f"{len(before)} recorded restart(s)")
-        if got not in candidates:
-            self.violate(RESTART_DECISION, f"{level}-level decision (restart, attempt, "
-                         f"delay ms) = {got}, Flink's over the {len(before)} restart(s) "
-                         f"recorded = {candidates[0]}")
+    def check_decisions(self, run: list[HistoryEvent]) -> None:
+        """``restart-decision``: each of the run's decisions is Flink's over the failures
+        decided before it, in history order (every decision, the first included)."""
+        restarts = [e for e in run if e.type == RESTART]
+        if not restarts:
+            return
+        expected = expected_decisions(self.setup.strategy,
+                                      [float(e.data["failure_ts"]) for e in restarts])
+        for n, (event, want) in enumerate(zip(restarts, expected, strict=True), start=1):
+            got = (bool(event.data["restart"]), int(event.data["attempt"]),
+                   round(float(event.data["delay_s"]) * 1000))
+            if got != want:
+                self.violate(RESTART_DECISION, f"decision {n} ({event.data.get('level')} "
+                             f"level, {event.key.rsplit('/', 1)[-1]}): (restart, attempt, "
+                             f"delay ms) = {got}, Flink's over the {n - 1} before it = {want}")
+                return
 
-    def own_checkpoint(self) -> bool:
-        """Whether storage holds a checkpoint completed after the run's first submit."""
-        events = self.truth()
-        firsts = [self.born(e) for e in events if e.type == JOB_SUBMITTED
-                  and e.data.get("run_id") == RUN_ID]
-        return bool(firsts) and any(e.type == CHECKPOINT_COMPLETED and self.born(e) > firsts[0]
-                                    for e in events)
+    def check_submissions(self, run: list[HistoryEvent]) -> None:
+        """``foreign-state`` / ``own-checkpoint`` for every submission, and
+        ``terminal-resubmitted``."""
+        first = self.setup.first_restore
+        all_events = self.truth()
+        submits = [e for e in run if e.type == JOB_SUBMITTED]
+        if not submits:
+            return
+        floor = submits[0].seq
 
-    def check_restore(self, restore: str, own_before: bool) -> None:
-        """``own-checkpoint`` / ``foreign-state`` for one resubmission's target."""
-        own_after = self.own_checkpoint()
-        if restore != RESTORE_LATEST and own_before and own_after:
-            self.violate(OWN_CHECKPOINT, f"resubmitted with restore={restore} although the "
-                         "run completed a checkpoint of its own (it goes back in time)")
-        if restore == RESTORE_LATEST and self.setup.first_restore != RESTORE_LATEST \
-                and not own_before and not own_after:
-            self.violate(FOREIGN_STATE, "resubmitted with restore=latest before the run had "
-                         "a checkpoint of its own (it resumes another run's state)")
+        def own_before(seq: int) -> bool:
+            return any(e.type == CHECKPOINT_COMPLETED and floor < e.seq < seq
+                       for e in all_events)
 
-    def terminal_of(self, submitted: HistoryEvent) -> HistoryEvent | None:
-        """A terminal event of the run newer than ``submitted`` that storage holds and
-        whose append returned: the driver wrote it before it exited, released its lease
-        or died, so any verdict about that driver comes after it."""
-        floor = self.born(submitted)
-        return next((e for e in self.truth() if e.type in TERMINAL and self.born(e) > floor
-                     and e.data.get("run_id") == RUN_ID and e.key in self.appended), None)
+        previous: HistoryEvent | None = None
+        for submit in submits:
+            attempt, restore = int(submit.data["attempt"]), str(submit.data["restore"])
+            tag = f"attempt {attempt} ({submit.key.rsplit('/', 1)[-1]})"
+            if attempt <= 1 and restore != first:
+                self.violate(FOREIGN_STATE, f"{tag} restores {restore}, the operator asked "
+                             f"for {first}")
+            if attempt > 1 and restore == RESTORE_LATEST and first != RESTORE_LATEST \
+                    and not own_before(submit.seq):
+                self.violate(FOREIGN_STATE, f"{tag} resubmitted with restore=latest before "
+                             "the run had a checkpoint of its own (another run's state)")
+            if previous is not None:
+                between = [e for e in run if previous.seq < e.seq < submit.seq]
+                decisions = [e for e in between if e.type == RESTART
+                             and e.data.get("level") == "driver"]
+                if decisions and attempt > 1:
+                    decided = decisions[-1].seq
+                    if restore != RESTORE_LATEST and own_before(decisions[0].seq):
+                        self.violate(OWN_CHECKPOINT, f"{tag} resubmitted with restore="
+                                     f"{restore} although the run completed a checkpoint of "
+                                     "its own before the failure (it goes back in time)")
+                    ended = [e for e in between if e.type in TERMINAL and e.seq < decided]
+                    if ended:
+                        self.violate(TERMINAL_RESUBMITTED, f"{tag} resubmitted after the "
+                                     f"run's {ended[0].type} "
+                                     f"{ended[0].key.rsplit('/', 1)[-1]} (the decision "
+                                     "was taken on top of it)")
+            previous = submit
+
+    def check_verdict(self, submitted_key: str, verdict: Verdict) -> None:
+        """``terminal-restarted``: a driver whose terminal event was acknowledged before
+        the verdict is never declared dead."""
+        if not verdict.needs_restart_decision:
+            return
+        floor = HistoryEvent(JOB_SUBMITTED, 0.0, submitted_key, {}).seq
+        terminal = next((e for e in self.truth() if e.type in TERMINAL and e.seq > floor
+                         and e.data.get("run_id") == RUN_ID and e.key in self.appended),
+                        None)
+        if terminal is not None:
+            self.violate(TERMINAL_RESTARTED, f"the driver was declared dead "
+                         f"({verdict.cause}) after its {terminal.type} "
+                         f"{terminal.key.rsplit('/', 1)[-1]}")
 
     # ------------------------------------------------------------------ actors
 
@@ -383,17 +620,26 @@ class World(Judged):
                                    f"{result.segments_written} segment(s)")
         return program
 
-    def driver(self, attempt: int, restore: str) -> Callable[[], None]:
+    def submit(self, attempt: int, restore: str, log_path: str) -> tuple[int, str]:
+        """Start the driver of ``attempt`` (a process of its own: it outlives the task);
+        its pid and exit file."""
+        pid = 1000 + len(self.drivers)
+        exit_path = exit_path_of(Path(log_path))
+        self.coverage["drivers"] += 1
+
         def program() -> None:
-            code = 137
+            code = 137  # killed: the launcher reports the signal
             try:
                 code = self._drive(attempt, restore)
             except Exception:
                 code = 1
                 raise
             finally:
-                self.exit_codes[attempt] = code
-        return program
+                self.exit_codes[exit_path] = code
+        self.drivers[pid] = self.scheduler.spawn(
+            f"driver-{attempt}-pid{pid}", self.hosts["driver"], program,
+            crash_p=self.setup.driver_crash_p)
+        return pid, exit_path
 
     def _drive(self, attempt: int, restore: str) -> int:
         rng, sched = self.rng, self.scheduler
@@ -417,11 +663,9 @@ class World(Judged):
                 history.append(CHECKPOINT_COMPLETED, checkpoint_id=self.checkpoint_id,
                                batch_id=self.checkpoint_id)
             elif draw < 0.72:
-                before = self.restarts()
-                now = sched.wall_clock()
-                decision = restart_log.record_failure("query", "query died", now=now,
-                                                      attempt=attempt)
-                self.check_decision("query", now, decision, before)
+                decision = restart_log.record_failure("query", "query died",
+                                                      now=sched.wall_clock(), attempt=attempt)
+                self.coverage["query decisions"] += 1
                 if not decision.restart:
                     history.append(JOB_FAILED, run_id=RUN_ID, cause="query died")
                     lease.release()
@@ -434,90 +678,111 @@ class World(Judged):
         lease.release()
         return 0
 
-    def supervisor(self) -> None:
-        """The operator's supervision loop (see the module doc)."""
-        sched, setup = self.scheduler, self.setup
-        history = self.history(self.supervisor_storage)
-        restart_log = RestartLog(history, setup.strategy.params(), RUN_ID)
-        checkpoints = RunCheckpoints(history, RUN_ID)
-        attempt = 1
-        for submission in range(MAX_SUBMISSIONS):
-            if not setup.blocking:  # the deferrable path rebuilds at every resume
-                restart_log = RestartLog(history, setup.strategy.params(), RUN_ID)
-                checkpoints = RunCheckpoints(history, RUN_ID)
-                if submission == 0:
-                    attempt = restart_log.next_attempt()
-                elif restart_log.refresh().attempt_end is not None:
-                    return  # Supervisor.resume: the last submission ended meanwhile
-                else:
-                    attempt = restart_log.last_submit_attempt() + 1
-            restore = setup.first_restore
-            if attempt > 1:
-                own_before = self.own_checkpoint()
-                restore = resubmit_restore(setup.first_restore, checkpoints.progress())
-                sched.log(f"attempt {attempt}: restore={restore}")
-                self.check_restore(restore, own_before)
-            epochs = lease_epochs(self.supervisor_storage, JOB)
-            submitted = history.append(JOB_SUBMITTED, run_id=RUN_ID, attempt=attempt,
-                                       restore=restore)
-            sched.spawn(f"driver-{attempt}", self.hosts["driver"],
-                        self.driver(attempt, restore), crash_p=setup.driver_crash_p)
-            verdict = self._watch(submitted, epochs[-1] if epochs else 0, attempt)
-            if verdict.kind in ("finished", "failed"):
-                return
-            if not setup.blocking:
-                restart_log = RestartLog(history, setup.strategy.params(), RUN_ID)
-            # Supervisor._decide: a terminal event after the submission ends it (looked
-            # for before the FAILURE and again on top of the decision)
-            state = restart_log.refresh()
-            if state.attempt_end is not None or state.in_process_gave_up is not None:
-                return
-            before = self.restarts()
-            now = sched.wall_clock()
-            decision = restart_log.record_failure("driver", verdict.cause, now=now,
-                                                  submit_attempt=attempt)
-            self.check_decision("driver", now, decision, before)
-            if restart_log.refresh().attempt_end is not None:
-                return
-            if not decision.restart:
-                history.append(JOB_FAILED, run_id=RUN_ID, cause=verdict.cause)
-                return
-            sched.sleep(decision.delay_s)
-            attempt += 1
+    # ------------------------------------------------------------------ Airflow
 
-    def _watch(self, submitted: HistoryEvent, epoch_before: int, attempt: int) -> Verdict:
-        """Poll a probe (the trigger) until a verdict; the triggerer may restart."""
+    def operator(self) -> SimOperator:
+        """The task, built anew (a worker builds it from the DAG at every entry)."""
+        setup = self.setup
+        return SimOperator(
+            world=self, task_id=TASK, application="job.py", job_name=JOB,
+            checkpoint_storage=STORAGE_URI, restart_strategy=setup.strategy.params(),
+            restore=setup.first_restore, deferrable=not setup.blocking,
+            poll_interval=POLL_INTERVAL_S, startup_timeout_s=STARTUP_TIMEOUT_S)
+
+    def airflow(self) -> None:
+        """The scheduler's side: task tries (a retry after a worker death runs
+        ``execute`` again), deferrals to the triggerer, resumes on new workers."""
         sched = self.scheduler
-        local = self.setup.driver_local
-
-        def probe() -> SupervisionProbe:
-            return SupervisionProbe(
-                self.history(self.probe_storage), RUN_ID, submitted_key=submitted.key,
-                lease_epoch_before=epoch_before,
-                exit_code=lambda: self.exit_codes.get(attempt) if local else None,
-                startup_timeout_s=120.0, clock=sched.monotonic)
-
-        current = probe()
+        call: tuple[str, Any] = ("execute", None)
+        tries = 0
         while True:
-            sched.sleep(5.0)
-            if self.triggerer_restarts < MAX_TRIGGERER_RESTARTS and self.rng.random() < 0.02:
-                self.triggerer_restarts += 1
-                sched.log("triggerer restart: a new probe")
-                current = probe()
+            tries += 1
+            result: list[Any] = []
+            task = sched.spawn(f"task-{tries}", self.hosts[WORKER], self.task(call, result),
+                               crash_p=self.setup.worker_crash_p)
+            while task.alive:
+                sched.sleep(1.0)
+            if task.crashed:
+                self.coverage["worker restarts"] += 1
+                if self.coverage["worker restarts"] > TASK_RETRIES:
+                    return
+                sched.sleep(self.rng.uniform(1.0, 30.0))  # the retry delay
+                call = ("execute", None)
+                continue
+            if task.error is not None:
+                if not isinstance(task.error, CheckpointedJobFailedError):
+                    self.violate(SUPERVISOR_ERROR, f"task {call[0]} died of "
+                                 f"{type(task.error).__name__}: {task.error}")
+                else:
+                    self.coverage["gave up"] += 1
+                return
+            if not result:  # the task returned: its XCom
+                self.coverage["finished"] += 1
+                return
+            deferral: TaskDeferred = result[0]
+            call = (str(deferral.method_name), self.await_trigger(deferral.trigger))
+
+    def task(self, call: tuple[str, Any], result: list[Any]) -> Callable[[], None]:
+        """One task try: ``call`` on a new operator; a deferral goes into ``result``."""
+        def program() -> None:
+            method, event = call
+            context: Any = {"ti": SimpleNamespace(dag_id=DAG, run_id=DAG_RUN, task_id=TASK,
+                                                  map_index=-1, try_number=1)}
+            operator = self.operator()
+            self.coverage[f"{'blocking' if self.setup.blocking else 'deferred'} {method}"] += 1
             try:
-                verdict = current.poll()
-            except AirflowCkptError as exc:
-                sched.log(f"poll failed: {type(exc).__name__}")
-                continue
-            if verdict is None:
-                continue
-            sched.log(f"verdict {verdict.kind}: {verdict.cause}")
-            terminal = self.terminal_of(submitted)
-            if verdict.needs_restart_decision and terminal is not None:
-                self.violate(TERMINAL_RESTARTED, f"the driver was declared dead "
-                             f"({verdict.cause}) after its {terminal.type} "
-                             f"{terminal.key.rsplit('/', 1)[-1]}")
-            return verdict
+                if method == "execute":
+                    operator.execute(context)
+                else:
+                    getattr(operator, method)(context, event=event)
+            except TaskDeferred as deferral:
+                result.append(deferral)
+        return program
+
+    def await_trigger(self, trigger: Any) -> Any:
+        """Run ``trigger`` on the triggerer until its event (a restart delay: the
+        ``TimeDeltaTrigger``'s time passes; the supervision trigger: its real ``run``
+        loop, restarted anew whenever the triggerer dies)."""
+        sched = self.scheduler
+        if isinstance(trigger, SimDelay):
+            sched.sleep(trigger.delay_s)
+            return None
+        _, kwargs = trigger.serialize()
+        while True:
+            box: list[dict[str, Any]] = []
+            crash_p = self.setup.triggerer_crash_p \
+                if self.triggerer_restarts < MAX_TRIGGERER_RESTARTS else 0.0
+            fresh = QuietTrigger(**kwargs, runtime=SimTriggerRuntime(self))
+            actor = sched.spawn("trigger", self.hosts[TRIGGERER],
+                                self.trigger(fresh, box), crash_p=crash_p)
+            while actor.alive:
+                sched.sleep(1.0)
+            if box:
+                return box[0]
+            if actor.error is not None:
+                self.violate(SUPERVISOR_ERROR, f"the trigger died of "
+                             f"{type(actor.error).__name__}: {actor.error}")
+                raise Crash("the trigger failed")
+            self.triggerer_restarts += 1
+            self.coverage["triggerer restarts"] += 1
+
+    def trigger(self, trigger: DriverSupervisionTrigger,
+                box: list[dict[str, Any]]) -> Callable[[], None]:
+        def program() -> None:
+            run = trigger.run()
+            step = run.__anext__()
+            try:
+                step.send(None)
+            except StopIteration as stop:
+                payload = stop.value.payload
+            else:
+                raise RuntimeError("the trigger awaited what the simulation does not run")
+            verdict = Verdict.from_payload(payload)
+            self.scheduler.log(f"trigger event {verdict.kind}: {verdict.cause}")
+            self.coverage[f"verdict {verdict.kind}"] += 1
+            self.check_verdict(trigger.submitted_key, verdict)
+            box.append(payload)
+        return program
 
     # ------------------------------------------------------------------ running
 
@@ -525,21 +790,29 @@ class World(Judged):
         sched = self.scheduler
         self.seed_old_run()
         sched.log(f"setup: {self.setup.describe()}")
-        supervisor = sched.spawn("supervisor", self.hosts["airflow"], self.supervisor)
+        airflow = sched.spawn("airflow", Host("scheduler"), self.airflow)
         for n in range(1, self.setup.compactors + 1):
             sched.spawn(f"compactor-{n}", self.hosts["other"],
                         self.compactor(self.history(self.compactor_storage), (0.2, 3.0)),
-                        parent=supervisor)
+                        parent=airflow)
         try:
             sched.run()
         finally:
             sched.shutdown()
-        if supervisor.error is not None and not isinstance(supervisor.error, Crash):
-            self.violate(SUPERVISOR_ERROR, f"the supervisor died of "
-                         f"{type(supervisor.error).__name__}: {supervisor.error}")
-        self.check_events()
+        if airflow.error is not None and not isinstance(airflow.error, Crash):
+            self.violate(SUPERVISOR_ERROR, f"the scheduler died of "
+                         f"{type(airflow.error).__name__}: {airflow.error}")
+        self._judged_version = -1
+        self.check()
+        run = self.run_events()
+        self.coverage["driver decisions"] = sum(
+            1 for e in run if e.type == RESTART and e.data.get("level") == "driver")
+        self.coverage["resubmissions"] = sum(
+            1 for e in run if e.type == JOB_SUBMITTED and int(e.data["attempt"]) > 1)
+        self.coverage["late landings"] = sum(1 for line in sched.trace if "deliver late" in line)
+        self.coverage["cut off"] = int(sched.cut_off)
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
-                       sched.cut_off)
+                       sched.cut_off, coverage=dict(self.coverage))
 
 
 def _hidden(plants: frozenset[str]) -> Hidden | None:
@@ -556,128 +829,5 @@ def _hidden(plants: frozenset[str]) -> Hidden | None:
 
 def run_seed(seed: int, plants: Iterable[str] = ()) -> Outcome:
     """Simulate one seed of the history world (with ``plants``: planted defects, see
-    :data:`HISTORY_PLANTS`)."""
+    :data:`PLANTS`)."""
     return World(seed, plants).run()
-
-
-#: the worlds of the simulation: name -> (its planted defects, its invariants, one run)
-WORLDS: dict[str, tuple[tuple[str, ...], tuple[str, ...],
-                        Callable[[int, Iterable[str]], Outcome]]] = {
-    "history": (HISTORY_PLANTS, HISTORY_INVARIANTS, run_seed),
-    "sinks": (sinks.PLANTS, sinks.INVARIANTS, sinks.run_sink_seed),
-    "savepoints": (savepoints.PLANTS, savepoints.INVARIANTS, savepoints.run_savepoint_seed),
-}
-PLANTS = tuple(p for plants, _, _ in WORLDS.values() for p in plants)
-INVARIANTS = tuple(i for _, invariants, _ in WORLDS.values() for i in invariants)
-
-
-def worlds_for(plants: Iterable[str]) -> list[str]:
-    """The worlds a run explores: all of them, or with ``plants`` those they belong to."""
-    wanted = set(plants)
-    if not wanted:
-        return list(WORLDS)
-    return [name for name, (own, _, _) in WORLDS.items() if wanted & set(own)]
-
-
-@dataclass
-class Exploration:
-    """What :func:`explore` found: seeds and schedules run (one per seed and world),
-    failing schedules, the first failing schedule of each invariant."""
-
-    seeds: int = 0
-    schedules: int = 0
-    violations: int = 0
-    first: dict[str, Outcome] = field(default_factory=dict)
-    first_unskewed: dict[str, Outcome] = field(default_factory=dict)  # all clocks agree
-    failing_seeds: list[int] = field(default_factory=list)
-
-
-def explore(seeds: Iterable[int], plants: Iterable[str] = (),
-            stop_when_found: Iterable[str] = (), stop_on_violation: bool = False,
-            worlds: Iterable[str] | None = None, stop_when_any: Iterable[str] = ()
-            ) -> Exploration:
-    """Run ``seeds`` in each of ``worlds`` (default: :func:`worlds_for` the plants);
-    stop early once every invariant of ``stop_when_found`` broke, or one of
-    ``stop_when_any`` (or, with ``stop_on_violation``, at the first violation)."""
-    wanted, some = set(stop_when_found), set(stop_when_any)
-    plants = list(plants)
-    chosen = list(worlds) if worlds is not None else worlds_for(plants)
-    result = Exploration()
-    for seed in seeds:
-        result.seeds += 1
-        for name in chosen:
-            own, _, run = WORLDS[name]
-            outcome = run(seed, [p for p in plants if p in own])
-            result.schedules += 1
-            if outcome.violations:
-                result.violations += 1
-                if seed not in result.failing_seeds:
-                    result.failing_seeds.append(seed)
-            for violation in outcome.violations:
-                result.first.setdefault(violation.invariant, outcome)
-                if not outcome.setup.skewed:
-                    result.first_unskewed.setdefault(violation.invariant, outcome)
-        if (wanted and wanted <= set(result.first)) or (some & set(result.first)) \
-                or (stop_on_violation and result.first):
-            break
-    return result
-
-
-def format_outcome(outcome: Outcome, tail: int = 120) -> str:
-    """A failing seed, readably: setup, violations and the end of its trace."""
-    lines = [f"seed {outcome.seed}: {outcome.setup.describe()}"]
-    lines += [f"  {v}" for v in outcome.violations]
-    lines.append(f"  trace (last {tail} of {len(outcome.trace)} lines):")
-    lines += [f"    {line}" for line in outcome.trace[-tail:]]
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m airflow_ckpt.testing.simulation [--seeds N] [--start S] [--seed S
-    --trace] [--plant NAME] [--world NAME]``: explore seeds, report, exit 1 on any
-    violation."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=200, help="how many seeds to explore")
-    parser.add_argument("--start", type=int, default=0, help="the first seed")
-    parser.add_argument("--seed", type=int, help="replay one seed and print its trace")
-    parser.add_argument("--trace", action="store_true", help="print the whole trace")
-    parser.add_argument("--plant", action="append", choices=PLANTS, default=[],
-                        help="plant a defect (the simulation must find it)")
-    parser.add_argument("--world", action="append", choices=list(WORLDS),
-                        help="explore only this world (default: every world, or with "
-                             "--plant the worlds of the planted defects)")
-    args = parser.parse_args(argv)
-    worlds = args.world or worlds_for(args.plant)
-    logging.disable(logging.CRITICAL)  # the runtime's warnings about injected faults
-    if args.seed is not None:
-        failed = False
-        for name in worlds:
-            own, _, run = WORLDS[name]
-            outcome = run(args.seed, [p for p in args.plant if p in own])
-            print(f"[{name}] " + format_outcome(
-                outcome, len(outcome.trace) if args.trace else 120))
-            failed = failed or bool(outcome.violations)
-        return 1 if failed else 0
-    started = real_time.monotonic()
-    result = explore(range(args.start, args.start + args.seeds), args.plant, worlds=worlds)
-    for invariant in INVARIANTS:
-        first = result.first.get(invariant)
-        if first is not None:
-            print(f"FIRST {invariant}: seed {first.seed} "
-                  f"({first.seed - args.start + 1} seeds, world {first.world})\n"
-                  + format_outcome(first, 60))
-    for invariant in INVARIANTS:
-        unskewed = result.first_unskewed.get(invariant)
-        if unskewed is not None:
-            print(f"first {invariant} with every clock right: seed {unskewed.seed} "
-                  f"({unskewed.seed - args.start + 1} seeds)")
-    print(f"{result.schedules} simulated schedules explored ({result.seeds} seeds x "
-          f"{len(worlds)} worlds: {', '.join(worlds)}), {result.violations} violations "
-          f"({real_time.monotonic() - started:.0f} s)")
-    if result.failing_seeds:
-        print(f"failing seeds: {result.failing_seeds[:50]}")
-    return 1 if result.violations else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

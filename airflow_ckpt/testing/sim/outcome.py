@@ -4,7 +4,7 @@ of :mod:`airflow_ckpt.testing.simulation`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -72,3 +72,5 @@ class Outcome:
     steps: int
     cut_off: bool
     world: str = "history"  # which world of the simulation ran
+    #: what the schedule exercised (e.g. ``triggerer restarts``: 2), summed per world
+    coverage: dict[str, int] = field(default_factory=dict)
