@@ -58,8 +58,8 @@ from airflow.configuration import conf
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 from airflow.sdk import Context
-from airflow.triggers.base import BaseTrigger
 from airflow.sdk.exceptions import AirflowException
+from airflow.triggers.base import BaseTrigger
 
 from airflow_ckpt.detached import LOCAL_PROCESSES, HostProcesses
 from airflow_ckpt.guard import (

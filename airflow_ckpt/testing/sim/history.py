@@ -59,12 +59,12 @@ import json
 import logging
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from airflow.sdk.exceptions import TaskDeferred
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -363,7 +363,7 @@ class QuietTrigger(DriverSupervisionTrigger):
     silences it)."""
 
     @property
-    def log(self) -> logging.Logger:
+    def log(self) -> logging.Logger:  # type: ignore[override]
         return _TASK_LOG
 
 
@@ -380,7 +380,7 @@ class SimOperator(CheckpointedSparkSubmitOperator):
         self._processes = SimProcesses(world, WORKER)
 
     @property
-    def log(self) -> logging.Logger:
+    def log(self) -> logging.Logger:  # type: ignore[override]
         return _TASK_LOG  # the stdlib logger: ``logging.disable`` silences it
 
     def _delay_trigger(self, delay_s: float) -> BaseTrigger:
@@ -401,7 +401,7 @@ class SimOperator(CheckpointedSparkSubmitOperator):
         sup.record_submit(SimSubmitter(self.world, attempt, restore), attempt, restore,
                           **self._submit_fields(context))
         log = f"/sim/blocking-{attempt}.log"
-        pid, exit_path = self.world.submit(attempt, restore, log)
+        _, exit_path = self.world.submit(attempt, restore, log)
         while (code := self.world.exit_codes.get(exit_path)) is None:
             self.world.scheduler.sleep(1.0)
         return None if code == 0 else DriverFailure.of_output(attempt, code, [])
@@ -769,8 +769,7 @@ class World(Judged):
     def trigger(self, trigger: DriverSupervisionTrigger,
                 box: list[dict[str, Any]]) -> Callable[[], None]:
         def program() -> None:
-            run = trigger.run()
-            step = run.__anext__()
+            step = cast("Coroutine[Any, Any, TriggerEvent]", trigger.run().__anext__())
             try:
                 step.send(None)
             except StopIteration as stop:
