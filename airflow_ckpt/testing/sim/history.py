@@ -139,6 +139,9 @@ PLANTS = (PLANT_HIDE_OWN, PLANT_HIDE_SEGMENTS, PLANT_LOSE_SEGMENTS)
 
 #: Airflow task retries after a worker death (the operator's ``retries``)
 TASK_RETRIES = 3
+#: drivers after which the task's ``execution_timeout`` ends it (a bound, not a
+#: verdict: failure-rate restarts failures spaced beyond its interval for ever)
+MAX_DRIVERS = 10
 #: triggerer restarts per run beyond which triggers no longer die
 MAX_TRIGGERER_RESTARTS = 4
 #: the operator's deferred settings
@@ -696,6 +699,9 @@ class World(Judged):
         call: tuple[str, Any] = ("execute", None)
         tries = 0
         while True:
+            if len(self.drivers) >= MAX_DRIVERS:
+                self.coverage["timed out (driver bound)"] += 1
+                return
             tries += 1
             result: list[Any] = []
             task = sched.spawn(f"task-{tries}", self.hosts[WORKER], self.task(call, result),
