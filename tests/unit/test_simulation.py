@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections import Counter
 from collections.abc import Callable
 
 import pytest
@@ -155,6 +156,22 @@ def test_the_sink_world_reaches_its_cases() -> None:
     assert any("refused: " in t for t in texts)  # SinkReplayMismatchError
     assert any("restarts in-process" in t for t in texts)
     assert any(_late_over_a_takeover(o.trace) for o in outcomes)
+
+
+def test_the_history_world_runs_the_real_supervision_on_both_paths() -> None:
+    """The real operator / Supervisor / trigger run blocking and deferred, resume,
+    survive worker and triggerer restarts, decide restarts and resubmit; and every
+    schedule ends by itself (none cut off at the step limit)."""
+    outcomes = [run_seed(seed) for seed in range(40)]
+    total: Counter[str] = Counter()
+    for outcome in outcomes:
+        total.update(outcome.coverage)
+    for counter in ("blocking execute", "deferred execute", "deferred execute_complete",
+                    "deferred resubmit", "worker restarts", "triggerer restarts",
+                    "driver decisions", "query decisions", "resubmissions", "late landings",
+                    "verdict driver_died", "gave up", "finished"):
+        assert total[counter] > 0, (counter, dict(total))
+    assert total["cut off"] == 0
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=lambda s: type(s).__name__)

@@ -24,14 +24,16 @@ Besides the storage faults (late writes held up to 80 s, 503s, lost answers) a d
 may pause at any yield point for 40-90 s (a stop-the-world pause: a write that passed
 its lease gate lands after a successor took over) or crash.
 
-Invariants, checked when a driver's attempt settles and at the end:
+Invariants, checked when a driver's attempt settles and at the end (the answer also
+after every step):
 
 * ``savepoint-verifies``: a savepoint the catalog counts (``savepoints/sp-v/_metadata``)
   restores: :func:`~airflow_ckpt.runtime.restore.materialize.materialize` verifies every file
   it names (hashes match) and the files are one driver's snapshot, not a mix;
 * ``savepoint-answer``: a driver answers the request completed only with the savepoint
   storage counts, and does not fail an attempt whose own savepoint storage counts
-  (unless it stops without answering: its marker's fate is a successor's to judge);
+  (unless it stops without answering: its marker's fate is a successor's to judge),
+  and once answered that savepoint's marker stays, unchanged, after every step;
 * ``savepoint-error``: a driver dies of nothing but a lost lease or an unreachable
   storage.
 
@@ -182,6 +184,8 @@ class SavepointWorld(Judged):
         self.answered: list[int] = []  # drivers that answered the request completed
         self.noted = False  # a late marker that counts was traced
         self.violations: list[Violation] = []
+        self.answer: bytes | None = None  # the marker the first completed answer named
+        self.scheduler.observers.append(self.check_answer)
 
     # ------------------------------------------------------------------ ground truth
 
@@ -232,6 +236,9 @@ class SavepointWorld(Judged):
         counted = self.counted()
         if completed:
             self.answered.append(number)
+            marker = self.objects.objects.get(JobLayout(JOB).savepoint_metadata(SAVEPOINT_ID))
+            if self.answer is None and marker is not None and counted == checkpoint_id:
+                self.answer = marker.data
             if counted != checkpoint_id:
                 self.violate(SAVEPOINT_ANSWER, f"driver-{number} answered with checkpoint "
                              f"{checkpoint_id}; storage counts {counted}")
@@ -239,6 +246,16 @@ class SavepointWorld(Judged):
             self.violate(SAVEPOINT_ANSWER, f"driver-{number} failed the request ({why}) "
                          f"although its own savepoint {SAVEPOINT_ID} (checkpoint {counted}) "
                          "counts and answers it")
+
+    def check_answer(self) -> None:
+        """``savepoint-answer``, after every step: the savepoint a completed answer
+        named is still the one storage counts (its marker neither gone nor rewritten)."""
+        if self.answer is None:
+            return
+        marker = self.objects.objects.get(JobLayout(JOB).savepoint_metadata(SAVEPOINT_ID))
+        if marker is None or marker.data != self.answer:
+            self.violate(SAVEPOINT_ANSWER, f"the savepoint {SAVEPOINT_ID} the request was "
+                         "answered with is " + ("gone" if marker is None else "rewritten"))
 
     # ------------------------------------------------------------------ actors
 
