@@ -175,6 +175,7 @@ class Setup:
     driver_crash_p: float
     worker_crash_p: float  # per turn of a task try: a worker restart (task retry)
     triggerer_crash_p: float  # per turn of a trigger: a triggerer restart
+    terminal_late_p: float  # the driver's terminal event lands late (the seed-100948 shape)
     plants: frozenset[str] = frozenset()
 
     @classmethod
@@ -195,6 +196,7 @@ class Setup:
             driver_crash_p=rng.choice((0.0, 0.005, 0.02)),
             worker_crash_p=rng.choice((0.0, 0.01, 0.04)),
             triggerer_crash_p=rng.choice((0.0, 0.02, 0.08)),
+            terminal_late_p=rng.choice((0.0, 0.3)),
             plants=frozenset(plants),
         )
 
@@ -213,7 +215,8 @@ class Setup:
                 f"{'on the triggerer host' if self.driver_local else 'remote'}, segments of "
                 f"{self.segment_events}, {self.compactors} compactor(s) besides the driver, "
                 f"driver faults {self.driver_faults}, crash p driver {self.driver_crash_p} "
-                f"worker {self.worker_crash_p} triggerer {self.triggerer_crash_p}"
+                f"worker {self.worker_crash_p} triggerer {self.triggerer_crash_p}, terminal event "
+                f"late p {self.terminal_late_p}"
                 + (f", planted {sorted(self.plants)}" if self.plants else ""))
 
 
@@ -421,6 +424,9 @@ class World(Judged):
         base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True)
         plants = self.setup.plants
         self.driver_storage = base.view(self.setup.driver_faults, "driver")
+        # the driver's terminal event: held up to 30 s when it lands late
+        self.terminal_storage = base.view(
+            Faults(late=self.setup.terminal_late_p, hold_s=30.0), "driver")
         self.compactor_storage = base.view(
             Faults(unavailable=0.02, late=0.02), "compactor",
             dropped=SEGMENTS if PLANT_LOSE_SEGMENTS in plants else None)
@@ -677,7 +683,12 @@ class World(Judged):
         ending = rng.choice(("finished", "stopped", "exit"))
         if ending == "exit":
             return 1  # e.g. an executor loss the driver does not survive: no terminal event
-        history.append(JOB_FINISHED if ending == "finished" else JOB_STOPPED, run_id=RUN_ID)
+        self.history(self.terminal_storage).append(
+            JOB_FINISHED if ending == "finished" else JOB_STOPPED, run_id=RUN_ID)
+        if rng.random() < 0.2:
+            # killed right after its terminal event (a container reaped at the end):
+            # exits non-zero, its lease expires; the run has ended all the same
+            return 143
         lease.release()
         return 0
 
@@ -815,6 +826,11 @@ class World(Judged):
         self.coverage["resubmissions"] = sum(
             1 for e in run if e.type == JOB_SUBMITTED and int(e.data["attempt"]) > 1)
         self.coverage["late landings"] = sum(1 for line in sched.trace if "deliver late" in line)
+        # a task retry after the run's end starts it again at attempt 1 (by design: a
+        # retry and a cleared task look alike; a new supervision, judged as one)
+        self.coverage["runs started again"] = sum(
+            1 for e in self.truth() if e.type == JOB_SUBMITTED
+            and e.data.get("run_id") == RUN_ID and int(e.data["attempt"]) <= 1) - 1
         self.coverage["cut off"] = int(sched.cut_off)
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
                        sched.cut_off, coverage=dict(self.coverage))
