@@ -685,7 +685,7 @@ class World(Judged):
             return 1  # e.g. an executor loss the driver does not survive: no terminal event
         self.history(self.terminal_storage).append(
             JOB_FINISHED if ending == "finished" else JOB_STOPPED, run_id=RUN_ID)
-        if rng.random() < 0.2:
+        if rng.random() < 0.5:
             # killed right after its terminal event (a container reaped at the end):
             # exits non-zero, its lease expires; the run has ended all the same
             return 143
