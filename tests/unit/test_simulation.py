@@ -218,7 +218,10 @@ def test_the_simulation_finds_a_planted_defect(plant: str, invariants: set[str])
 # defect of the clock-keyed history (main at 9796485, before the history rewrite; the
 # seeds were drawn by that code's schedules, which the rewrite changed). Kept as the
 # record of what the simulation found by itself, and replayed: on today's code each of
-# these schedules keeps every invariant.
+# these schedules keeps every invariant. (Since the history world runs the real
+# operator, Supervisor and trigger, a seed draws another schedule than it did then;
+# the 100948 shape is what terminal-resubmitted and restart-decision judge, and the
+# mutant that reintroduces it is killed: docs/architecture.md.)
 FOUND_BEFORE_THE_FIX = [
     # item 3: driver clock 0.5 s ahead; the blocking supervisor's restart log reads after
     # the driver's newest key and misses its own failure/restart events: fixed-delay
