@@ -110,6 +110,9 @@ def format_outcome(outcome: Outcome, tail: int = 120) -> str:
     """A failing seed, readably: setup, violations and the end of its trace."""
     lines = [f"seed {outcome.seed}: {outcome.setup.describe()}"]
     lines += [f"  {v}" for v in outcome.violations]
+    if outcome.coverage:
+        lines.append("  coverage: " + ", ".join(
+            f"{k} {v}" for k, v in sorted(outcome.coverage.items()) if v))
     lines.append(f"  trace (last {tail} of {len(outcome.trace)} lines):")
     lines += [f"    {line}" for line in outcome.trace[-tail:]]
     return "\n".join(lines)
