@@ -672,8 +672,9 @@ class World(Judged):
                 history.append(CHECKPOINT_COMPLETED, checkpoint_id=self.checkpoint_id,
                                batch_id=self.checkpoint_id)
             elif draw < 0.72:
-                decision = restart_log.record_failure("query", "query died",
-                                                      now=sched.wall_clock(), attempt=attempt)
+                # as the runtime records it (CheckpointedJob._record_failure): the time
+                # storage stored the failure, one clock for both levels
+                decision = restart_log.record_failure("query", "query died", attempt=attempt)
                 self.coverage["query decisions"] += 1
                 if not decision.restart:
                     history.append(JOB_FAILED, run_id=RUN_ID, cause="query died")
