@@ -277,7 +277,7 @@ class SimProcesses(HostProcesses):
         return self.name
 
     def exit_code(self, exit_path: str | None) -> int | None:
-        return self.world.exit_codes.get(exit_path or "")
+        return self.world.exit_code(exit_path or "")
 
     def alive(self, pid: int) -> bool:
         driver = self.world.drivers.get(pid)
@@ -408,7 +408,7 @@ class SimOperator(CheckpointedSparkSubmitOperator):
                           **self._submit_fields(context))
         log = f"/sim/blocking-{attempt}.log"
         _, exit_path = self.world.submit(attempt, restore, log)
-        while (code := self.world.exit_codes.get(exit_path)) is None:
+        while (code := self.world.exit_code(exit_path)) is None:
             self.world.scheduler.sleep(1.0)
         return None if code == 0 else DriverFailure.of_output(attempt, code, [])
 
@@ -447,6 +447,7 @@ class World(Judged):
         self.appended: dict[str, str] = {}  # key -> content of every append that returned
         self.exit_codes: dict[str, int] = {}  # exit file -> the driver's exit code
         self.drivers: dict[int, Actor] = {}  # pid -> the driver's process
+        self.exit_paths: dict[str, Actor] = {}  # exit file -> the driver's process
         self.coverage: Counter[str] = Counter()
         self.violations: list[Violation] = []
         self.checkpoint_id = 0
@@ -629,6 +630,15 @@ class World(Judged):
                                    f"{result.segments_written} segment(s)")
         return program
 
+    def exit_code(self, exit_path: str) -> int | None:
+        """What the launcher wrote to ``exit_path``: the driver's code, 137 when its
+        process died (killed even before it ran), None while it runs."""
+        code = self.exit_codes.get(exit_path)
+        driver = self.exit_paths.get(exit_path)
+        if code is None and driver is not None and not driver.alive:
+            return 137
+        return code
+
     def submit(self, attempt: int, restore: str, log_path: str) -> tuple[int, str]:
         """Start the driver of ``attempt`` (a process of its own: it outlives the task);
         its pid and exit file."""
@@ -645,7 +655,7 @@ class World(Judged):
                 raise
             finally:
                 self.exit_codes[exit_path] = code
-        self.drivers[pid] = self.scheduler.spawn(
+        self.drivers[pid] = self.exit_paths[exit_path] = self.scheduler.spawn(
             f"driver-{attempt}-pid{pid}", self.hosts["driver"], program,
             crash_p=self.setup.driver_crash_p)
         return pid, exit_path
