@@ -839,9 +839,9 @@ class World(Judged):
         self.coverage["late landings"] = sum(1 for line in sched.trace if "deliver late" in line)
         # a task retry after the run's end starts it again at attempt 1 (by design: a
         # retry and a cleared task look alike; a new supervision, judged as one)
-        self.coverage["runs started again"] = sum(
+        self.coverage["runs started again"] = max(0, sum(
             1 for e in self.truth() if e.type == JOB_SUBMITTED
-            and e.data.get("run_id") == RUN_ID and int(e.data["attempt"]) <= 1) - 1
+            and e.data.get("run_id") == RUN_ID and int(e.data["attempt"]) <= 1) - 1)
         self.coverage["cut off"] = int(sched.cut_off)
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
                        sched.cut_off, coverage=dict(self.coverage))
