@@ -13,10 +13,13 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from airflow_ckpt.runtime.driver.process import pid_alive
 
 #: lines of a driver's output kept for the task log and failure reports
 OUTPUT_TAIL_LINES = 400
@@ -94,3 +97,32 @@ def kill_detached(pid: int | None, grace_s: float = 10.0) -> None:
             return
         time.sleep(0.2)
     signal_detached(pid, signal.SIGKILL)
+
+
+class HostProcesses:
+    """The detached drivers as the process that watches them sees them: its host name,
+    a driver's exit code and last log lines (readable on the driver's host only),
+    whether its launcher lives, how to stop it.
+
+    The supervisor and the supervision trigger take one through their constructors
+    (this host's processes by default); the simulation passes its simulated drivers.
+    """
+
+    def hostname(self) -> str:
+        return socket.gethostname()
+
+    def exit_code(self, exit_path: str | None) -> int | None:
+        return read_exit_code(exit_path)
+
+    def alive(self, pid: int) -> bool:
+        return pid_alive(pid)
+
+    def kill(self, pid: int | None) -> None:
+        kill_detached(pid)
+
+    def log_tail(self, path: str | None) -> list[str]:
+        return log_tail(path)
+
+
+#: the processes of this host
+LOCAL_PROCESSES = HostProcesses()

@@ -30,11 +30,10 @@ observers use. So:
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from airflow_ckpt.errors import JobHeldError
 from airflow_ckpt.runtime.history.events import (
@@ -210,8 +209,20 @@ def record_killed(history: JobHistory, run_id: str, *, attempt: int, by: str,
                           cancelled=True, cause=f"task killed ({by})")
 
 
+class KillSwitch(Protocol):
+    """Set by a blocking task's ``on_kill`` (a :class:`threading.Event`; the simulation
+    passes one that waits on virtual time)."""
+
+    def set(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds; True once set."""
+
+
 @contextlib.contextmanager
-def recording_kill(history: JobHistory, run_id: str, killed: threading.Event,
+def recording_kill(history: JobHistory, run_id: str, killed: KillSwitch,
                    attempt: Callable[[], int], log: Any) -> Iterator[None]:
     """Around a blocking supervision: when it ends with an error after ``killed`` was
     set (the task's ``on_kill``), :func:`record_killed` at ``attempt()`` (the last
@@ -224,5 +235,5 @@ def recording_kill(history: JobHistory, run_id: str, killed: threading.Event,
         raise
 
 
-__all__ = ["ON_RUNNING_JOB", "JobClaim", "OnRunningJob", "RunningJobGuard",
+__all__ = ["ON_RUNNING_JOB", "JobClaim", "KillSwitch", "OnRunningJob", "RunningJobGuard",
            "record_killed", "recording_kill", "validate_on_running_job"]

@@ -59,8 +59,11 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.providers.standard.triggers.temporal import TimeDeltaTrigger
 from airflow.sdk import Context
 from airflow.sdk.exceptions import AirflowException
+from airflow.triggers.base import BaseTrigger
 
+from airflow_ckpt.detached import LOCAL_PROCESSES, HostProcesses
 from airflow_ckpt.guard import (
+    KillSwitch,
     RunningJobGuard,
     recording_kill,
     validate_on_running_job,
@@ -157,6 +160,8 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     # per-execution state: never deep-copied (a threading.Event cannot be), see __deepcopy__
     shallow_copy_attrs: Sequence[str] = (*SparkSubmitOperator.shallow_copy_attrs, "_killed",
                                          "_hook")
+    #: the detached drivers as this worker sees them (the simulation's operator: its own)
+    _processes: HostProcesses = LOCAL_PROCESSES
 
     def __init__(
         self,
@@ -202,7 +207,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         if restart_on_stale_checkpoints and checkpoint_progress_multiple is None:
             self.checkpoint_progress_multiple = DEFAULT_MULTIPLE
         self.on_running_job = validate_on_running_job(on_running_job)
-        self._killed = threading.Event()
+        self._killed: KillSwitch = threading.Event()
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CheckpointedSparkSubmitOperator:
         """A copy with its own (fresh) execution state: ``partial_subset`` and similar
@@ -221,14 +226,19 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
             checkpoint_config=self.checkpoint_config, restart_strategy=self.restart_strategy,
             restore=self.restore)
 
+    def _store(self, args: ValidatedArgs) -> CheckpointStoreHook:
+        """The job's storage (the simulation's operator opens its own)."""
+        return CheckpointStoreHook(args.storage_uri, conn_id=self.storage_conn_id)
+
     def _check_restore_target(self, catalog: CheckpointCatalog, restore: str) -> str:
         return check_restore_target(catalog, restore)
 
     def _supervisor(self, context: Context) -> Supervisor:
         """The run's supervisor, rebuilt from the arguments and storage at every entry."""
         args = self.validate_arguments()
-        sup = Supervisor.open(args, conn_id=self.storage_conn_id, run_id=supervision_id(context),
-                              check_restore=self._check_restore_target, log=self.log)
+        sup = Supervisor.open(args, store=self._store(args), run_id=supervision_id(context),
+                              check_restore=self._check_restore_target, log=self.log,
+                              processes=self._processes)
         self.log.info("job %r, storage %s, checkpointing %s, restart strategy %s, restore %s%s",
                       args.job, args.storage_uri, args.checkpoint_config.to_dict(),
                       args.strategy.describe(), args.restore,
@@ -310,9 +320,12 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
         if isinstance(step, Done):
             return step.result
         if step.delay_s > 0:
-            self.defer(trigger=TimeDeltaTrigger(timedelta(seconds=step.delay_s)),
-                       method_name="resubmit")
+            self.defer(trigger=self._delay_trigger(step.delay_s), method_name="resubmit")
         self._submit_and_defer(context, sup, step.attempt)
+
+    def _delay_trigger(self, delay_s: float) -> BaseTrigger:
+        """The trigger that fires after a restart delay (the simulation's: virtual time)."""
+        return TimeDeltaTrigger(timedelta(seconds=delay_s))
 
     # ================================================================ submission
 

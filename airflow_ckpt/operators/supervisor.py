@@ -27,18 +27,22 @@ of its own (:func:`~airflow_ckpt.supervision.resubmit_restore`).
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
-from airflow_ckpt.detached import detached_log_path, exit_path_of, kill_detached, log_tail
+from airflow_ckpt.detached import (
+    LOCAL_PROCESSES,
+    DetachedDriver,
+    HostProcesses,
+    detached_log_path,
+    exit_path_of,
+)
 from airflow_ckpt.errors import RestartsExhaustedError
+from airflow_ckpt.guard import KillSwitch
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
-from airflow_ckpt.hooks.spark_submit import CheckpointedSparkSubmitHook
 from airflow_ckpt.metrics import count_restart, watching
 from airflow_ckpt.operators.arguments import ValidatedArgs
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
@@ -67,6 +71,21 @@ class CheckpointedJobFailedError(RestartsExhaustedError, AirflowFailException):
 
 #: one blocking submission: (attempt, restore) -> None on exit 0, else the failure
 SubmitOnce = Callable[[int, str], DriverFailure | None]
+
+
+class Submitter(Protocol):
+    """What submits a driver (the operator's
+    :class:`~airflow_ckpt.hooks.spark_submit.CheckpointedSparkSubmitHook`; the
+    simulation's drivers)."""
+
+    @property
+    def master(self) -> str | None: ...
+
+    @property
+    def deploy_mode(self) -> str | None: ...
+
+    def submit_detached(self, application: str, log_path: Any) -> DetachedDriver:
+        """Start the driver in its own session; it outlives the caller."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,17 +121,19 @@ class Supervisor:
     run_checkpoints: RunCheckpoints
     first_restore: str
     log: Any  # the operator's logger (stdlib or Airflow's structlog one)
+    processes: HostProcesses = LOCAL_PROCESSES  # the detached drivers as this host sees them
 
     @classmethod
-    def open(cls, args: ValidatedArgs, *, conn_id: str | None, run_id: str,
-             check_restore: Callable[[CheckpointCatalog, str], str],
-             log: Any) -> Supervisor:
-        """Open the job's storage and history; ``check_restore`` resolves ``args.restore``."""
-        store = CheckpointStoreHook(args.storage_uri, conn_id=conn_id)
+    def open(cls, args: ValidatedArgs, *, store: CheckpointStoreHook, run_id: str,
+             check_restore: Callable[[CheckpointCatalog, str], str], log: Any,
+             processes: HostProcesses = LOCAL_PROCESSES) -> Supervisor:
+        """Open the job's history and catalog in ``store``; ``check_restore`` resolves
+        ``args.restore``."""
         history, catalog = store.history(args.job), store.catalog(args.job)
         return cls(args, store, catalog, history, run_id,
                    RestartLog(history, args.restart_params, run_id),
-                   RunCheckpoints(history, run_id), check_restore(catalog, args.restore), log)
+                   RunCheckpoints(history, run_id), check_restore(catalog, args.restore), log,
+                   processes)
 
     # ------------------------------------------------------------------ submissions
 
@@ -133,7 +154,7 @@ class Supervisor:
                           "restore=%s", restore)
         return restore
 
-    def record_submit(self, hook: CheckpointedSparkSubmitHook, attempt: int, restore: str,
+    def record_submit(self, hook: Submitter, attempt: int, restore: str,
                       **extra: Any) -> HistoryEvent:
         """Append this submission's ``JOB_SUBMITTED`` (``extra``: application, airflow
         ids, the detached driver's host, log and exit file); durable when it returns."""
@@ -145,7 +166,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ deferred path
 
-    def submit_detached(self, hook: CheckpointedSparkSubmitHook, attempt: int, restore: str,
+    def submit_detached(self, hook: Submitter, attempt: int, restore: str,
                         *, application: str, log_dir: str | None,
                         settings: Mapping[str, Any], **extra: Any) -> DriverSupervisionTrigger:
         """Submit ``attempt`` of ``application`` detached (its own session and log file,
@@ -156,7 +177,7 @@ class Supervisor:
         log_path = detached_log_path(log_dir, self.args.job, self.run_id, attempt)
         submitted = self.record_submit(
             hook, attempt, restore, driver_log=str(log_path),
-            driver_exit=exit_path_of(log_path), driver_host=socket.gethostname(),
+            driver_exit=exit_path_of(log_path), driver_host=self.processes.hostname(),
             detached=True, application=application, **extra)
         driver = hook.submit_detached(application, log_path)
         self.log.info("job %s attempt %d submitted detached (pid %d, log %s); deferring",
@@ -210,12 +231,12 @@ class Supervisor:
         attempt = int(event.get("attempt") or self.restart_log.last_submit_attempt())
         if verdict.kind == "finished":
             return Done(self.result(attempt))
-        local = event.get("driver_host") == socket.gethostname()
+        local = event.get("driver_host") == self.processes.hostname()
         if verdict.kind == "stale" and local:
             self.log.warning("job %s: %s; killing the stuck driver to restart it",
                              self.args.job, verdict.cause)
-            kill_detached(event.get("driver_pid"))
-        lines = log_tail(event.get("driver_log")) if local else []
+            self.processes.kill(event.get("driver_pid"))
+        lines = self.processes.log_tail(event.get("driver_log")) if local else []
         failure = DriverFailure.of_verdict(attempt, verdict, lines)
         if verdict.kind == "failed":
             self._fail(failure, f"the job failed for good: {verdict.cause}", write=False)
@@ -318,7 +339,7 @@ class Supervisor:
 
     # ------------------------------------------------------------------ blocking path
 
-    def run_blocking(self, submit: SubmitOnce, killed: threading.Event) -> dict[str, Any]:
+    def run_blocking(self, submit: SubmitOnce, killed: KillSwitch) -> dict[str, Any]:
         """Submit, wait, decide, wait the delay, resubmit - until a clean end or a raise.
 
         ``killed`` (set by ``on_kill``) ends the loop with an error instead of a restart.

@@ -24,17 +24,41 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_ckpt.detached import kill_detached, read_exit_code
+from airflow_ckpt.detached import LOCAL_PROCESSES, HostProcesses
 from airflow_ckpt.guard import record_killed
 from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.metrics import EventMetrics
-from airflow_ckpt.runtime.driver.process import pid_alive
 from airflow_ckpt.supervision import HealthRule, SupervisionProbe, Verdict
+
+T = TypeVar("T")
+
+
+class TriggerRuntime:
+    """What a supervision trigger runs on: the job's storage, the triggerer host's
+    processes, a monotonic clock, and how it waits (blocking storage calls in a worker
+    thread, sleeps on the event loop). The triggerer's by default; not serialized (a
+    triggerer builds the trigger from its kwargs alone). The simulation passes its own:
+    its storage, its drivers, virtual time, and calls that never leave the actor."""
+
+    processes: HostProcesses = LOCAL_PROCESSES
+
+    def store(self, storage_uri: str, conn_id: str | None) -> CheckpointStoreHook:
+        return CheckpointStoreHook(storage_uri, conn_id=conn_id)
+
+    def clock(self) -> float:
+        return time.monotonic()
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run the blocking ``fn`` without blocking the event loop."""
+        return await asyncio.to_thread(fn)
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
 
 class DriverSupervisionTrigger(BaseTrigger):
@@ -55,6 +79,7 @@ class DriverSupervisionTrigger(BaseTrigger):
     :param stop_timeout_s: on_kill: how long a graceful stop may take before the kill
     :param attempt: the submission attempt (echoed in the event)
     :param driver_log: the detached driver's log file (echoed in the event)
+    :param runtime: what it runs on (not serialized; see :class:`TriggerRuntime`)
 
     The event payload is :meth:`Verdict.to_payload` plus ``attempt``, ``driver_pid``,
     ``driver_host`` and ``driver_log``: the resumed task needs nothing else.
@@ -78,8 +103,10 @@ class DriverSupervisionTrigger(BaseTrigger):
         stop_timeout_s: float = 120.0,
         attempt: int | None = None,
         driver_log: str | None = None,
+        runtime: TriggerRuntime | None = None,
     ) -> None:
         super().__init__()
+        self.runtime = runtime or TriggerRuntime()
         self.storage_uri = storage_uri
         self.job = job
         self.run_id = run_id
@@ -116,17 +143,16 @@ class DriverSupervisionTrigger(BaseTrigger):
         }
 
     def _local(self) -> bool:
-        import socket
-
-        return self.driver_host is not None and self.driver_host == socket.gethostname()
+        return self.driver_host is not None \
+            and self.driver_host == self.runtime.processes.hostname()
 
     def _exit_code(self) -> int | None:
-        return read_exit_code(self.exit_path) if self._local() else None
+        return self.runtime.processes.exit_code(self.exit_path) if self._local() else None
 
     def _exit_pending(self) -> bool:
         """The detached launcher (on this host) lives: it will write the exit code."""
         return self._local() and self.driver_pid is not None \
-            and pid_alive(int(self.driver_pid))
+            and self.runtime.processes.alive(int(self.driver_pid))
 
     def _probe(self, hook: CheckpointStoreHook) -> SupervisionProbe:
         health = None
@@ -140,18 +166,20 @@ class DriverSupervisionTrigger(BaseTrigger):
             lease_epoch_before=self.lease_epoch_before, exit_code=self._exit_code,
             exit_pending=self._exit_pending,
             health=health, catalog=hook.catalog(self.job) if health else None,
-            startup_timeout_s=self.startup_timeout_s, metrics=EventMetrics.start(history),
+            startup_timeout_s=self.startup_timeout_s, clock=self.runtime.clock,
+            metrics=EventMetrics.start(history),
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        hook = CheckpointStoreHook(self.storage_uri, conn_id=self.conn_id)
+        runtime = self.runtime
+        hook = runtime.store(self.storage_uri, self.conn_id)
         try:
-            probe = await asyncio.to_thread(self._probe, hook)
+            probe = await runtime.call(lambda: self._probe(hook))
             self.log.info("supervising job %s (run %s) from %s", self.job, self.run_id,
                           self.submitted_key)
             while True:
                 try:
-                    verdict = await asyncio.to_thread(probe.poll)
+                    verdict = await runtime.call(probe.poll)
                 except Exception as exc:  # storage hiccup: keep watching
                     self.log.warning("supervision poll failed, will retry: %s", exc)
                     verdict = None
@@ -164,7 +192,7 @@ class DriverSupervisionTrigger(BaseTrigger):
                     self.log.info("job %s: %s (%s)", self.job, verdict.kind, verdict.cause)
                     yield TriggerEvent({**verdict.to_payload(), **self._submission()})
                     return
-                await asyncio.sleep(self.poll_interval)
+                await runtime.sleep(self.poll_interval)
         finally:
             hook.close()
 
@@ -175,26 +203,27 @@ class DriverSupervisionTrigger(BaseTrigger):
 
     async def on_kill(self) -> None:
         """Stop the job: a graceful stop request first, the kill after a timeout."""
-        hook = CheckpointStoreHook(self.storage_uri, conn_id=self.conn_id)
+        runtime = self.runtime
+        hook = runtime.store(self.storage_uri, self.conn_id)
         try:
-            await asyncio.to_thread(
+            await runtime.call(
                 lambda: hook.control(self.job).request_savepoint(
                     stop=True, timeout_s=self.stop_timeout_s,
                     requested_by=f"airflow on_kill {self.run_id}"))
-            probe = await asyncio.to_thread(self._probe, hook)
-            deadline = time.monotonic() + self.stop_timeout_s
-            while time.monotonic() < deadline:
-                verdict = await asyncio.to_thread(probe.poll)
+            probe = await runtime.call(lambda: self._probe(hook))
+            deadline = runtime.clock() + self.stop_timeout_s
+            while runtime.clock() < deadline:
+                verdict = await runtime.call(probe.poll)
                 if verdict is not None and verdict.kind != "stale":
                     return
-                await asyncio.sleep(min(self.poll_interval, 2.0))
+                await runtime.sleep(min(self.poll_interval, 2.0))
             self.log.warning("job %s did not stop within %.0f s: killing the driver",
                              self.job, self.stop_timeout_s)
-            kill_detached(self.driver_pid if self._local() else None)
-            await asyncio.to_thread(record_killed, hook.history(self.job), self.run_id,
-                                    attempt=self.attempt or 0, by="on_kill, after the stop "
-                                    f"request went unanswered for {self.stop_timeout_s:g} s",
-                                    log=self.log)
+            runtime.processes.kill(self.driver_pid if self._local() else None)
+            await runtime.call(lambda: record_killed(
+                hook.history(self.job), self.run_id, attempt=self.attempt or 0,
+                by=f"on_kill, after the stop request went unanswered for "
+                f"{self.stop_timeout_s:g} s", log=self.log))
         finally:
             hook.close()
 

@@ -44,3 +44,25 @@ def test_timestamps_and_uids_come_from_the_injected_clock_and_ids(tmp_path: Path
     assert [(e.ts, e.data["uid"]) for e in read] == [
         (42.5, uuid.UUID(int=1).hex[:16]), (42.5, uuid.UUID(int=2).hex[:16])]
     assert [e.key for e in read] == [first.key, second.key]
+
+
+def test_stored_ts_of_a_compacted_event_is_the_storages_time_not_its_writers(
+        tmp_path: Path) -> None:
+    """Found by the simulation (history world, seed 300254 of 300000..): a driver whose
+    clock is 1 h ahead records a query failure; a compaction moves it into a segment
+    before ``record_failure`` reads its storage time, and ``stored_ts`` fell back to the
+    writer's own clock. Exponential-delay then compared that time with storage times
+    and the supervisor waited an hour before the next restart. A compacted event's time
+    is now the storage's time of an object written after it (a later event or the
+    segment holding it): one clock for every writer."""
+    import time
+
+    from airflow_ckpt.runtime.history.journal import CompactionPolicy
+
+    storage = open_storage(tmp_path.as_uri())
+    ahead = JobHistory(storage, "j", compaction=None, clock=lambda: time.time() + 3600)
+    failure = ahead.append(ev.FAILURE, level="query", run_id="r", cause="boom")
+    JobHistory(storage, "j", compaction=None).compact(
+        CompactionPolicy(every=0, segment_events=1, retain_checkpoint_events=None))
+    assert not (tmp_path / failure.key).exists()  # compacted: no raw object any more
+    assert abs(ahead.stored_ts(failure) - time.time()) < 60

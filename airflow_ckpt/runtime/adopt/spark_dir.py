@@ -38,6 +38,7 @@ from airflow_ckpt.runtime.checkpoint.snapshot import (
 )
 from airflow_ckpt.runtime.checkpoint.workdir_check import check_captured
 from airflow_ckpt.runtime.clock import SYSTEM_CLOCK, Clock
+from airflow_ckpt.runtime.workdir import location
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +125,7 @@ class LocalSparkCheckpoint:
                 f"{staging.parent} ({exc}); the directory beside the checkpoint must be "
                 "writable and on the same filesystem") from exc
         try:
-            check_captured(self.path, snap)  # state written on other hosts' disks
+            check_captured(location(self.path), snap)  # state written on other hosts' disks
         except CheckpointDeclinedError as exc:
             raise SparkCheckpointError(str(exc)) from exc
         return snap

@@ -287,17 +287,19 @@ class HistoryReader:
 
     def stored_ts(self, event: HistoryEvent) -> float:
         """When the storage stored ``event`` (its ``LastModified``: the storage's clock,
-        one clock for every writer), or the writer's ``ts`` if it was compacted since.
+        one clock for every writer). Once it was compacted, the ``LastModified`` of the
+        first object listed after it (a later event or the segment now holding it: both
+        written after it, on the same clock); the writer's ``ts`` only when the listing
+        holds nothing after it.
 
         For rules that compare the times of events written by different hosts (the
-        failure-rate window): those compare storage times, never two hosts' clocks.
+        failure-rate window, exponential-delay's pending restart): those compare storage
+        times, never two hosts' clocks.
         """
         before = self.layout.history_event(event.seq - 1)
         for info in self.storage.list_after(self.layout.history_prefix, before):
-            if info.key == event.key:
+            if info.key >= event.key:
                 return info.last_modified
-            if info.key > event.key:
-                break
         return event.ts
 
     def last(self, event_type: str) -> HistoryEvent | None:

@@ -24,7 +24,8 @@ Besides the storage faults (late writes held up to 80 s, 503s, lost answers) a d
 may pause at any yield point for 40-90 s (a stop-the-world pause: a write that passed
 its lease gate lands after a successor took over) or crash.
 
-Invariants, checked when a driver's attempt settles and at the end:
+Invariants, checked when a driver's attempt settles and at the end (the answer also
+after every step):
 
 * ``savepoint-verifies``: a savepoint the catalog counts (``savepoints/sp-v/_metadata``)
   restores: :func:`~airflow_ckpt.runtime.restore.materialize.materialize` verifies every file
