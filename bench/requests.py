@@ -64,6 +64,8 @@ class Window:
     seconds: float
     counts: Counter[tuple[str, str]]
     checkpoints: int  # completed during the window
+    #: by ``(caller, kind)`` (:func:`~airflow_ckpt.testing.request_count.caller_of`)
+    callers: Counter[tuple[str, str]]
 
     def per_day(self, area: str | None = None) -> Counter[str]:
         """Requests a day by kind, of one area or of all."""
@@ -131,17 +133,20 @@ def measure(counter: RequestCounter, scenario: str, policy: str, seconds: float,
     ``seconds`` later (not counted): it holds whole listing periods, so the rare periodic
     listing is counted exactly, not one more or one less."""
     opened, started = _at_listing(counter, alive)
+    callers = counter.callers()
     first = checkpoints()
     while time.monotonic() - started < seconds:
         alive()
         time.sleep(0.1)
     closed, ended = _at_listing(counter, alive)
     closed.subtract(opened)
+    by_caller = counter.callers()
+    by_caller.subtract(callers)
     done = checkpoints() - first
     elapsed = ended - started
     _log(f"  {scenario}/{policy}: {sum(closed.values())} requests, {done} checkpoints "
          f"in {elapsed:.0f} s")
-    return Window(scenario, policy, elapsed, +closed, done)
+    return Window(scenario, policy, elapsed, +closed, done, +by_caller)
 
 
 def run(window_s: float) -> tuple[list[Window], dict[str, Any]]:
@@ -222,6 +227,24 @@ def _fmt(n: float) -> str:
     return f"{n:,.0f}"
 
 
+def per_checkpoint(w: Window) -> list[str]:
+    """Requests per completed checkpoint of window ``w``, by kind and by caller."""
+    by_kind: Counter[str] = Counter()
+    by_caller: dict[str, Counter[str]] = {}
+    for (caller, kind), n in w.callers.items():
+        by_kind[kind] += n
+        by_caller.setdefault(caller, Counter())[kind] += n
+    total = sum(by_kind.values())
+    lines = [f"per checkpoint, {w.scenario}/{w.policy} ({w.checkpoints} checkpoints): "
+             f"{total / w.checkpoints:.1f} requests: "
+             + ", ".join(f"{k} {by_kind[k] / w.checkpoints:.1f}" for k in KINDS if by_kind[k])]
+    for caller, kinds in sorted(by_caller.items(), key=lambda c: -sum(c[1].values())):
+        lines.append(f"  {sum(kinds.values()) / w.checkpoints:6.1f}  {caller}: "
+                     + ", ".join(f"{k} {kinds[k] / w.checkpoints:.1f}" for k in KINDS
+                                 if kinds[k]))
+    return lines
+
+
 def report(windows: Sequence[Window], info: dict[str, Any]) -> str:
     """The table: requests per day per job by kind, area and window, with cost."""
     lines = [
@@ -255,6 +278,9 @@ def report(windows: Sequence[Window], info: dict[str, Any]) -> str:
                 f"{scenario}, {name}: {_fmt(o)} -> {_fmt(n)} requests/day ({ratio}), USD "
                 f"{cost_per_day(old.per_day(area)):.4f} -> {cost_per_day(new.per_day(area)):.4f}"
                 " a day")
+    for w in windows:
+        if w.scenario == "checkpointing" and w.checkpoints:
+            lines.extend(["", *per_checkpoint(w)])
     lines.append(f"(before = CONTROL_POLL_S {OLD_CONTROL_POLL_S:g} s, the old polling; after = "
                  f"{job_module.CONTROL_POLL_S:g} s + doorbell; Spark {info['spark']}, "
                  f"{info['files']} input files, {info['checkpoints']} checkpoints, "
