@@ -39,7 +39,8 @@ _KIND_OF = {
 }
 _FIRST_KEY = re.compile(rb"<Key>([^<]*)</Key>")
 #: modules a caller is never attributed to: the storage layer and this counter
-_NOT_CALLERS = ("airflow_ckpt.runtime.storage.", "airflow_ckpt.testing.request_count")
+_NOT_CALLERS = ("airflow_ckpt.runtime.storage.", "airflow_ckpt.runtime.lease.record",
+                "airflow_ckpt.testing.request_count")
 
 
 def caller_of(depth: int = 2) -> str:
