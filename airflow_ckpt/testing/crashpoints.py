@@ -27,6 +27,7 @@ docs/architecture.md.
 
 from __future__ import annotations
 
+import base64
 import builtins
 import contextlib
 import json
@@ -48,6 +49,7 @@ from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned
+from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing import simquery
 from airflow_ckpt.testing.simquery import SimulatedQuery, run_to_end, write_file
 
@@ -311,8 +313,16 @@ def prepare(base: Path) -> Path:
     assert outcome == "finished", outcome
     *older, newest = CheckpointCatalog(storage, JOB).completed_checkpoints()
     kept = {f.key for m in older for f in m.files}
-    victim = next(f for f in newest.files if f.key not in kept)  # the newest's alone
-    storage.put_bytes(f"{JOB}/{victim.key}", b"x" * victim.size)  # same size, wrong bytes
+    stored = [f for f in newest.files if not f.is_inline and f.key not in kept]
+    if stored:  # the newest's alone
+        storage.put_bytes(f"{JOB}/{stored[0].key}", b"x" * stored[0].size)  # wrong bytes
+    else:  # small state: every file inline; one entry's bytes changed, its hash kept
+        victim = next(f for f in newest.files if f.is_inline)
+        changed = replace(victim, inline=base64.b64encode(b"x" * victim.size).decode())
+        damaged = replace(newest, files=tuple(changed if f is victim else f
+                                              for f in newest.files))
+        storage.put_bytes(JobLayout(JOB).checkpoint_metadata(newest.checkpoint_id),
+                          damaged.to_json())
     (base / "prepared.damaged").write_text(str(newest.checkpoint_id))
     return root
 
