@@ -83,7 +83,7 @@ def test_a_changed_inline_entry_fails_verification(storage: CountingStorage,
     changed = replace(victim, inline=base64.b64encode(b"e" * victim.size).decode())
     damaged = replace(manifest, files=tuple(changed if f is victim else f
                                             for f in manifest.files))
-    with pytest.raises(CorruptCheckpointError, match="state/0/0/4.delta.*SHA-256"):
+    with pytest.raises(CorruptCheckpointError, match=r"state/0/0/4\.delta.*SHA-256"):
         materialize(storage, parse_manifest(damaged.to_json()), L.root, tmp_path / "r",
                     only_needed=False)
 
@@ -95,10 +95,10 @@ def test_manifest_versions_older_and_newer(storage: CountingStorage, tmp_path: P
     assert parse_manifest(manifest.to_json()).schema_version == 2
     inline = json.loads(_checkpoint(storage, tmp_path, 20 << 10).to_json())
     inline["schema_version"] = 2
-    with pytest.raises(Exception, match="'inline'.*schema version 3"):
+    with pytest.raises(Exception, match=r"'inline'.*schema version 3"):
         parse_manifest(json.dumps(inline).encode())
     inline["schema_version"] = 4
-    with pytest.raises(UnsupportedSchemaVersionError, match="versions 1, 2, 3.*upgrade"):
+    with pytest.raises(UnsupportedSchemaVersionError, match=r"versions 1, 2, 3.*upgrade"):
         parse_manifest(json.dumps(inline).encode())
 
 
