@@ -265,9 +265,9 @@ def checkpoint_requests(endpoint: S3Endpoint, uri: str, workdir: Path, threshold
         threaded=False)
     try:
         for _ in range(2):
-            coordinator.wait(coordinator.trigger("manual"))
+            coordinator.wait(coordinator.trigger("final"))
         before = counter.callers()
-        pending = coordinator.trigger("manual")
+        pending = coordinator.trigger("final")  # at the last committed batch
         coordinator.wait(pending)
         if pending.manifest is None:
             raise RuntimeError(f"the measured checkpoint failed: {pending.failure}")

@@ -274,12 +274,17 @@ class _SnapshotUpload:
         return self._entry(f, key, sha, old.offset)
 
     def _alone(self, f: CapturedFile) -> tuple[list[FileEntry], int]:
+        target = self.target
+        if not target.incremental:
+            # The key does not depend on the bytes: hash them as they are sent (one read).
+            key = self.layout.root + target.dir_key + f.path
+            sha = self.storage.upload_file_hashed(f.staged, key)
+            self.digests.remember(f.staged, sha)
+            return [self._entry(f, key, sha)], f.size
         sha = self.digests.digest(f.staged)
         if (found := self._reuse(f, sha)) is not None:
             return [found], 0
-        target = self.target
-        key = (self.layout.shared_file(sha, target.epoch) if target.incremental
-               else self.layout.root + target.dir_key + f.path)
+        key = self.layout.shared_file(sha, target.epoch)
         return [self._entry(f, key, sha)], f.size if self._store(f.staged, key) else 0
 
     def _merged(self, group: list[CapturedFile], index: int) -> tuple[list[FileEntry], int]:
