@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import sys
 import tempfile
 import threading
@@ -219,6 +220,9 @@ def run(window_s: float) -> tuple[list[Window], dict[str, Any]]:
                         windows.append(measure(counter, scenario, policy, window_s, alive,
                                                lambda: len(completed)))
             feeder.on.clear()
+            measured = root / "measured"  # the state as the job runs (it is gone after)
+            shutil.copytree(root / "work", measured, ignore_dangling_symlinks=True,
+                            dirs_exist_ok=True, copy_function=_copy_if_present)
             request = requester.request_savepoint(savepoint_id="bench-end", stop=True)
             thread.join(timeout=300)
         finally:
@@ -232,7 +236,7 @@ def run(window_s: float) -> tuple[list[Window], dict[str, Any]]:
                 "checkpoints": sum(not m.is_savepoint for m in completed),
                 "stop": answer.status if answer else None,
                 "checkpoint": {policy: checkpoint_requests(endpoint, f"s3://{BUCKET}/one-{policy}",
-                                                           root / "work", threshold)
+                                                           measured, threshold)
                                for policy, threshold in THRESHOLDS.items()}}
         spark.stop()
     return windows, info
@@ -294,6 +298,13 @@ def checkpoint_table(counts: dict[str, Counter[tuple[str, str]]]) -> list[str]:
         for (caller, kind), n in sorted(counted.items()):
             lines.append(f"{'':<10}{n:>3} {kind:<7}{caller}")
     return lines
+
+
+def _copy_if_present(src: str, dst: str) -> None:
+    """Copy one file of a working directory Spark is writing (one it removed meanwhile,
+    a temporary file, is skipped)."""
+    with contextlib.suppress(FileNotFoundError):
+        shutil.copy2(src, dst)
 
 
 def _fmt(n: float) -> str:
