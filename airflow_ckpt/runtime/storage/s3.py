@@ -308,11 +308,12 @@ class S3Storage(CheckpointStorage):
         full = self._full(key)
         with open(path, "rb") as fh:
             body = HashingReader(fh)
+            sent: Any = body  # a binary file object (typeshed's IO is a protocol it lacks)
             with self._errors.translate("upload to", key):
                 if len(body) < self._transfer_config.multipart_threshold:
-                    self._client.put_object(Bucket=self.bucket, Key=full, Body=body)
+                    self._client.put_object(Bucket=self.bucket, Key=full, Body=sent)
                 else:
-                    self._transfer.upload(body, self.bucket, full).result()
+                    self._transfer.upload(sent, self.bucket, full).result()
             try:
                 return body.hexdigest()
             except ValueError as exc:  # the client skipped bytes: never a wrong hash
