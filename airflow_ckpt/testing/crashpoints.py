@@ -27,7 +27,6 @@ docs/architecture.md.
 
 from __future__ import annotations
 
-import base64
 import builtins
 import contextlib
 import json
@@ -49,8 +48,8 @@ from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned
-from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing import simquery
+from airflow_ckpt.testing.damage import damage_one_file
 from airflow_ckpt.testing.simquery import SimulatedQuery, run_to_end, write_file
 
 JOB = "crash"
@@ -313,16 +312,7 @@ def prepare(base: Path) -> Path:
     assert outcome == "finished", outcome
     *older, newest = CheckpointCatalog(storage, JOB).completed_checkpoints()
     kept = {f.key for m in older for f in m.files}
-    stored = [f for f in newest.files if not f.is_inline and f.key not in kept]
-    if stored:  # the newest's alone
-        storage.put_bytes(f"{JOB}/{stored[0].key}", b"x" * stored[0].size)  # wrong bytes
-    else:  # small state: every file inline; one entry's bytes changed, its hash kept
-        victim = next(f for f in newest.files if f.is_inline)
-        changed = replace(victim, inline=base64.b64encode(b"x" * victim.size).decode())
-        damaged = replace(newest, files=tuple(changed if f is victim else f
-                                              for f in newest.files))
-        storage.put_bytes(JobLayout(JOB).checkpoint_metadata(newest.checkpoint_id),
-                          damaged.to_json())
+    damage_one_file(storage, newest, spare=kept)
     (base / "prepared.damaged").write_text(str(newest.checkpoint_id))
     return root
 
