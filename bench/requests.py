@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import shutil
 import sys
 import tempfile
 import threading
@@ -31,11 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
+from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
+from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.control.channel import ControlChannel
+from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.job import checkpointed_job as job_module
 from airflow_ckpt.runtime.job.checkpointed_job import CheckpointedJob, JobResult
+from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.sinks import JsonLinesSink
+from airflow_ckpt.testing import S3Endpoint
 from airflow_ckpt.testing.request_count import AREAS, KINDS, RequestCounter
 from airflow_ckpt.testing.s3_server import s3_server_process
 from bench.harness import JOB, SINK_PREFIX, example_query, spark_session
@@ -48,6 +56,11 @@ PRICE_PER_1000 = {"LIST": 0.005, "GET": 0.0004, "PUT": 0.005, "DELETE": 0.0, "HE
 #: the control channel's listing period before this change
 OLD_CONTROL_POLL_S = 1.0
 FEED_EVERY_S = 2.0
+#: issue 26: a checkpoint of small state costs at most this many requests in all
+CHECKPOINT_GOAL = 15
+#: ``state.storage.fs.memory-threshold`` before inline files (every file an object)
+#: and its default
+THRESHOLDS = {"before": 0, "after": 20 << 10}
 
 
 def cost_per_day(per_day: Counter[str]) -> float:
@@ -64,6 +77,8 @@ class Window:
     seconds: float
     counts: Counter[tuple[str, str]]
     checkpoints: int  # completed during the window
+    #: by ``(caller, kind)`` (:func:`~airflow_ckpt.testing.request_count.caller_of`)
+    callers: Counter[tuple[str, str]]
 
     def per_day(self, area: str | None = None) -> Counter[str]:
         """Requests a day by kind, of one area or of all."""
@@ -131,17 +146,20 @@ def measure(counter: RequestCounter, scenario: str, policy: str, seconds: float,
     ``seconds`` later (not counted): it holds whole listing periods, so the rare periodic
     listing is counted exactly, not one more or one less."""
     opened, started = _at_listing(counter, alive)
+    callers = counter.callers()
     first = checkpoints()
     while time.monotonic() - started < seconds:
         alive()
         time.sleep(0.1)
     closed, ended = _at_listing(counter, alive)
     closed.subtract(opened)
+    by_caller = counter.callers()
+    by_caller.subtract(callers)
     done = checkpoints() - first
     elapsed = ended - started
     _log(f"  {scenario}/{policy}: {sum(closed.values())} requests, {done} checkpoints "
          f"in {elapsed:.0f} s")
-    return Window(scenario, policy, elapsed, +closed, done)
+    return Window(scenario, policy, elapsed, +closed, done, +by_caller)
 
 
 def run(window_s: float) -> tuple[list[Window], dict[str, Any]]:
@@ -202,6 +220,9 @@ def run(window_s: float) -> tuple[list[Window], dict[str, Any]]:
                         windows.append(measure(counter, scenario, policy, window_s, alive,
                                                lambda: len(completed)))
             feeder.on.clear()
+            measured = root / "measured"  # the state as the job runs (it is gone after)
+            shutil.copytree(root / "work", measured, ignore_dangling_symlinks=True,
+                            dirs_exist_ok=True, copy_function=_copy_if_present)
             request = requester.request_savepoint(savepoint_id="bench-end", stop=True)
             thread.join(timeout=300)
         finally:
@@ -213,13 +234,99 @@ def run(window_s: float) -> tuple[list[Window], dict[str, Any]]:
         answer = requester.result(request.request_id)
         info = {"spark": spark.version, "window_s": window_s, "files": feeder.files,
                 "checkpoints": sum(not m.is_savepoint for m in completed),
-                "stop": answer.status if answer else None}
+                "stop": answer.status if answer else None,
+                "checkpoint": {policy: checkpoint_requests(endpoint, f"s3://{BUCKET}/one-{policy}",
+                                                           measured, threshold)
+                               for policy, threshold in THRESHOLDS.items()}}
         spark.stop()
     return windows, info
 
 
+def checkpoint_requests(endpoint: S3Endpoint, uri: str, workdir: Path, threshold: int,
+                        options: dict[str, Any] | None = None) -> Counter[tuple[str, str]]:
+    """The requests of one checkpoint of ``workdir``'s last batch, by ``(caller, kind)``:
+    the real coordinator, store, lease and history on a fresh job root at ``uri``, with
+    ``state.storage.fs.memory-threshold`` ``threshold``. Counted from the trigger to the
+    completion (upload, marker, lease confirmation, retention and collection, history),
+    after two warm-up checkpoints (the lease's id block and the first subsumption are
+    once per run). The sinks' transactions are per batch, not per checkpoint: not here."""
+    storage = endpoint.storage(uri, **(options or {}))
+    counter = RequestCounter()
+    counter.attach(storage)
+    lease = JobLease(storage, JOB, owner="bench", ttl_s=1e6, heartbeat_s=1e5,
+                     max_write_s=10.0)  # beaten by nobody: heartbeats are per time
+    record = lease.acquire()
+    config = CheckpointConfig.from_dict({
+        "execution.checkpointing.interval": "1 h",  # nothing periodic: triggered here
+        "state.storage.fs.memory-threshold": threshold,
+    })
+    store = CompletedCheckpointStore(storage, JOB, config.num_retained, epoch=record.epoch,
+                                     confirm=lease.confirm)
+    coordinator = CheckpointCoordinator(
+        storage=storage, job=JOB, workdir=workdir, config=config, store=store,
+        history=JobHistory(storage, JOB), next_checkpoint_id=store.recover(),
+        spark_version="4.2.0", lease=LeaseView(record.epoch, lease.confirm, lease.reserve_ids),
+        threaded=False)
+    try:
+        for _ in range(2):
+            coordinator.wait(coordinator.trigger("final"))
+        before = counter.callers()
+        pending = coordinator.trigger("final")  # at the last committed batch
+        coordinator.wait(pending)
+        if pending.manifest is None:
+            raise RuntimeError(f"the measured checkpoint failed: {pending.failure}")
+        counted = counter.callers()
+        counted.subtract(before)
+        return +counted
+    finally:
+        coordinator.shutdown()
+        lease.release()
+        storage.close()
+
+
+def checkpoint_table(counts: dict[str, Counter[tuple[str, str]]]) -> list[str]:
+    """Requests of one checkpoint by kind and by caller, ``before`` and ``after``."""
+    lines = [f"requests of one checkpoint of the example job's state (goal <= "
+             f"{CHECKPOINT_GOAL}; before = state.storage.fs.memory-threshold 0, after = "
+             "20 kb)", f"{'':<8}" + "".join(f"{k:>8}" for k in KINDS) + f"{'total':>8}"]
+    for policy, counted in counts.items():
+        kinds = Counter[str]()
+        for (_, kind), n in counted.items():
+            kinds[kind] += n
+        lines.append(f"{policy:<8}" + "".join(f"{kinds[k]:>8}" for k in KINDS)
+                     + f"{sum(kinds.values()):>8}")
+        for (caller, kind), n in sorted(counted.items()):
+            lines.append(f"{'':<10}{n:>3} {kind:<7}{caller}")
+    return lines
+
+
+def _copy_if_present(src: str, dst: str) -> None:
+    """Copy one file of a working directory Spark is writing (one it removed meanwhile,
+    a temporary file, is skipped)."""
+    with contextlib.suppress(FileNotFoundError):
+        shutil.copy2(src, dst)
+
+
 def _fmt(n: float) -> str:
     return f"{n:,.0f}"
+
+
+def per_checkpoint(w: Window) -> list[str]:
+    """Requests per completed checkpoint of window ``w``, by kind and by caller."""
+    by_kind: Counter[str] = Counter()
+    by_caller: dict[str, Counter[str]] = {}
+    for (caller, kind), n in w.callers.items():
+        by_kind[kind] += n
+        by_caller.setdefault(caller, Counter())[kind] += n
+    total = sum(by_kind.values())
+    lines = [f"per checkpoint, {w.scenario}/{w.policy} ({w.checkpoints} checkpoints): "
+             f"{total / w.checkpoints:.1f} requests: "
+             + ", ".join(f"{k} {by_kind[k] / w.checkpoints:.1f}" for k in KINDS if by_kind[k])]
+    for caller, kinds in sorted(by_caller.items(), key=lambda c: -sum(c[1].values())):
+        lines.append(f"  {sum(kinds.values()) / w.checkpoints:6.1f}  {caller}: "
+                     + ", ".join(f"{k} {kinds[k] / w.checkpoints:.1f}" for k in KINDS
+                                 if kinds[k]))
+    return lines
 
 
 def report(windows: Sequence[Window], info: dict[str, Any]) -> str:
@@ -255,6 +362,10 @@ def report(windows: Sequence[Window], info: dict[str, Any]) -> str:
                 f"{scenario}, {name}: {_fmt(o)} -> {_fmt(n)} requests/day ({ratio}), USD "
                 f"{cost_per_day(old.per_day(area)):.4f} -> {cost_per_day(new.per_day(area)):.4f}"
                 " a day")
+    for w in windows:
+        if w.scenario == "checkpointing" and w.checkpoints:
+            lines.extend(["", *per_checkpoint(w)])
+    lines.extend(["", *checkpoint_table(info["checkpoint"])])
     lines.append(f"(before = CONTROL_POLL_S {OLD_CONTROL_POLL_S:g} s, the old polling; after = "
                  f"{job_module.CONTROL_POLL_S:g} s + doorbell; Spark {info['spark']}, "
                  f"{info['files']} input files, {info['checkpoints']} checkpoints, "

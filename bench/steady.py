@@ -636,8 +636,10 @@ def compare_download(endpoint: S3Endpoint, storage: CheckpointStorage, manifest:
 
 
 def compare_upload(endpoint: S3Endpoint, source: Path, repeats: int) -> dict[str, Any]:
-    """The runtime's upload path (``upload_snapshot``: sha256 + ``upload_file``, fresh
-    digests, every file new) vs a raw pool of ``put_object``, same files, same threads."""
+    """The runtime's upload path (``upload_snapshot``, fresh digests, every file new) vs
+    a raw pool of ``put_object``, same files, same threads: incremental (``ours``: the
+    content key needs the SHA-256 before the PUT) and full (``ours_full``: the key is the
+    path, the SHA-256 is computed as the PUT reads the file)."""
     from airflow_ckpt.runtime.checkpoint.digests import DigestCache
     from airflow_ckpt.runtime.checkpoint.snapshot import CapturedFile, CapturedSnapshot
     from airflow_ckpt.runtime.checkpoint.store import SharedFileRegistry
@@ -653,11 +655,11 @@ def compare_upload(endpoint: S3Endpoint, source: Path, repeats: int) -> dict[str
     client = endpoint.client()
     total = sum(c.size for c in captured)
 
-    def ours(r: int) -> None:
-        storage = endpoint.storage(f"s3://{BUCKET}/upload-ours-{r}")
+    def ours(r: int, name: str = "ours", incremental: bool = True) -> None:
+        storage = endpoint.storage(f"s3://{BUCKET}/upload-{name}-{r}")
         with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
             result = upload_snapshot(
-                storage, JobLayout("up"), snapshot, UploadTarget(1, "chk-1/", True),
+                storage, JobLayout("up"), snapshot, UploadTarget(1, "chk-1/", incremental),
                 executor=pool, digests=DigestCache(), shared=SharedFileRegistry(),
                 deadline=time.monotonic() + 3600, on_ack=lambda _s: None,
                 cancelled=threading.Event())
@@ -673,11 +675,14 @@ def compare_upload(endpoint: S3Endpoint, source: Path, repeats: int) -> dict[str
         with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
             list(pool.map(one, zip(rels, files, strict=True)))
 
-    times = alternate({"ours": ours, "raw": raw}, repeats)
+    times = alternate({"ours": ours, "raw": raw,
+                       "ours_full": lambda r: ours(r, "full", incremental=False)}, repeats)
     client.close()
     ours_s, raw_s = _median(times["ours"]), _median(times["raw"])
+    full_s = _median(times["ours_full"])
     return {"files": len(files), "bytes": total, "ours_s": ours_s, "raw_s": raw_s,
-            "ratio": ours_s / raw_s, "runs": times}
+            "ratio": ours_s / raw_s, "full_s": full_s, "full_ratio": full_s / raw_s,
+            "runs": times}
 
 
 # ----------------------------------------------------------------------------- figures

@@ -49,6 +49,7 @@ from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import open_storage
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned
 from airflow_ckpt.testing import simquery
+from airflow_ckpt.testing.damage import damage_one_file
 from airflow_ckpt.testing.simquery import SimulatedQuery, run_to_end, write_file
 
 JOB = "crash"
@@ -311,8 +312,7 @@ def prepare(base: Path) -> Path:
     assert outcome == "finished", outcome
     *older, newest = CheckpointCatalog(storage, JOB).completed_checkpoints()
     kept = {f.key for m in older for f in m.files}
-    victim = next(f for f in newest.files if f.key not in kept)  # the newest's alone
-    storage.put_bytes(f"{JOB}/{victim.key}", b"x" * victim.size)  # same size, wrong bytes
+    damage_one_file(storage, newest, spare=kept)
     (base / "prepared.damaged").write_text(str(newest.checkpoint_id))
     return root
 

@@ -4,12 +4,15 @@
 ``before-send`` event: once per HTTP request actually sent, retries and pages
 included), so what it counts is what the endpoint receives and what AWS bills. Each
 request is filed under a billing *kind* (:data:`KINDS`) and an *area* of the job's
-layout (:data:`AREAS`), read from the request's key or listing prefix.
+layout (:data:`AREAS`), read from the request's key or listing prefix, and under its
+*caller*: the innermost function of the runtime above the storage layer that sent it
+(``module.function``), so a bill says which step of a checkpoint pays for what.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import threading
 from collections import Counter
 from typing import Any
@@ -35,6 +38,27 @@ _KIND_OF = {
     "DeleteObject": "DELETE", "DeleteObjects": "DELETE", "AbortMultipartUpload": "DELETE",
 }
 _FIRST_KEY = re.compile(rb"<Key>([^<]*)</Key>")
+#: modules a caller is never attributed to: the storage layer and this counter
+_NOT_CALLERS = ("airflow_ckpt.runtime.storage.", "airflow_ckpt.runtime.lease.record",
+                "airflow_ckpt.testing.request_count")
+
+
+def caller_of(depth: int = 2) -> str:
+    """Who sent the request being sent on this thread: the two innermost ``airflow_ckpt``
+    (or ``bench``) functions on its stack outside the storage layer, of different
+    modules, as ``module.function < module.function`` (``"?"`` if none: a thread of the
+    transfer manager, say)."""
+    names: list[str] = []
+    modules: list[str] = []
+    frame = sys._getframe(depth)
+    while frame is not None and len(names) < 2:
+        module = str(frame.f_globals.get("__name__", ""))
+        if (module.startswith(("airflow_ckpt.", "bench.")) and not module.startswith(
+                _NOT_CALLERS) and module not in modules):
+            modules.append(module)
+            names.append(f"{module.rsplit('.', 1)[-1]}.{frame.f_code.co_name}")
+        frame = frame.f_back  # type: ignore[assignment]
+    return " < ".join(names) or "?"
 
 
 def area_of(key: str) -> str:
@@ -72,6 +96,7 @@ class RequestCounter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: Counter[tuple[str, str]] = Counter()
+        self._callers: Counter[tuple[str, str]] = Counter()
 
     def attach(self, storage: CheckpointStorage) -> None:
         """Count the requests of ``storage`` (an S3 storage, or a view of one).
@@ -86,13 +111,20 @@ class RequestCounter:
     def _sent(self, request: Any, event_name: str, **_: Any) -> None:
         operation = event_name.rsplit(".", 1)[-1]
         kind = _KIND_OF.get(operation, "OTHER")
+        caller = caller_of()
         with self._lock:
             self._counts[(area_of(_key_of(request)), kind)] += 1
+            self._callers[(caller, kind)] += 1
 
     def counts(self) -> Counter[tuple[str, str]]:
         """A copy of the counts so far."""
         with self._lock:
             return Counter(self._counts)
+
+    def callers(self) -> Counter[tuple[str, str]]:
+        """A copy of the counts so far by ``(caller, kind)`` (see :func:`caller_of`)."""
+        with self._lock:
+            return Counter(self._callers)
 
     def total(self, area: str | None = None) -> int:
         """Requests so far, of one area or of all."""

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, Timings
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore, SharedFileRegistry
@@ -30,12 +33,30 @@ def put_checkpoint(storage: CheckpointStorage, n: int, shared: list[str]) -> Man
     return m
 
 
+def add(store: CompletedCheckpointStore, m: Manifest) -> list[int]:
+    """Register ``m`` as the coordinator completes it (its shared files uploaded by this
+    driver), then let a lease confirmation pass and the next collection run: what the
+    next checkpoint's marker does. Returns the ids ``m`` subsumed."""
+    for f in m.files:
+        if f.shared:
+            store.shared.uploaded(L.root + f.key)
+    subsumed = store.add(m)
+    settle(store)
+    return subsumed
+
+
+def settle(store: CompletedCheckpointStore) -> None:
+    """A lease confirmation, then a collection: the stashed deletes are done."""
+    store.confirmed(store.stashed())
+    store.subsume_and_collect()
+
+
 def test_keeps_newest_n_and_only_referenced_shared_files(tmp_path: Path) -> None:
     storage = open_storage((tmp_path / "s").as_uri())
     store = CompletedCheckpointStore(storage, "j", num_retained=2)
     assert store.recover() == 1
     for n, shared in enumerate([["aa1", "bb1"], ["aa1", "cc1"], ["cc1", "dd1"]], start=1):
-        subsumed = store.add(put_checkpoint(storage, n, shared))
+        subsumed = add(store, put_checkpoint(storage, n, shared))
     assert subsumed == [1]
     assert [m.checkpoint_id for m in store.retained] == [2, 3]
     assert not storage.list(L.checkpoint_dir(1))
@@ -47,14 +68,14 @@ def test_pending_reservations_are_never_collected(tmp_path: Path) -> None:
     storage = open_storage((tmp_path / "s").as_uri())
     store = CompletedCheckpointStore(storage, "j", num_retained=1)
     store.recover()
-    store.add(put_checkpoint(storage, 1, ["aa1"]))
-    store.shared.uploaded(L.shared_file("aa1"))  # as the uploader records it
+    add(store, put_checkpoint(storage, 1, ["aa1"]))
     # Checkpoint 3 is uploading and decided to reuse aa1 (already stored).
     assert store.shared.reserve(3, L.shared_file("aa1")) is False
-    store.add(put_checkpoint(storage, 2, ["bb1"]))  # subsumes 1, which referenced aa1
+    add(store, put_checkpoint(storage, 2, ["bb1"]))  # subsumes 1, which referenced aa1
     assert storage.exists(L.shared_file("aa1")), "a file a pending checkpoint uses was deleted"
     store.shared.release(3)
-    store.subsume_and_collect()
+    store.subsume_and_collect()  # stashes aa1 again
+    settle(store)
     assert not storage.exists(L.shared_file("aa1"))
 
 
@@ -87,7 +108,7 @@ def test_the_restored_checkpoint_is_pinned_until_the_run_has_its_own(tmp_path: P
     store.recover(pinned=4)
     assert [m.checkpoint_id for m in store.retained] == [4, 5]
     assert storage.exists(L.shared_file("aa1"))
-    store.add(put_checkpoint(storage, 6, ["cc1"]))  # the run's own: the pin is released
+    add(store, put_checkpoint(storage, 6, ["cc1"]))  # the run's own: the pin is released
     assert [m.checkpoint_id for m in store.retained] == [6]
     assert not storage.exists(L.shared_file("aa1"))
 
@@ -104,3 +125,48 @@ def test_a_damaged_marker_is_not_retained_and_fails_no_driver(tmp_path: Path) ->
     assert store.recover() == 3  # ids still never repeat
     assert [m.checkpoint_id for m in store.retained] == [2]
     assert storage.exists(L.shared_file("bb1"))  # the intact one's files stay pinned
+
+
+def test_files_are_deleted_only_after_a_confirmation_that_followed_their_markers(
+        tmp_path: Path) -> None:
+    """A subsumed checkpoint's marker goes at once; its files (own and shared) wait for a
+    lease confirmation that started after the marker was deleted (no LIST of ``lease/``
+    per collection: the next marker's confirmation serves), then go in one batch."""
+    storage = open_storage((tmp_path / "s").as_uri())
+    store = CompletedCheckpointStore(storage, "j", num_retained=1)
+    store.recover()
+    add(store, put_checkpoint(storage, 1, ["aa1"]))
+    before = store.stashed()  # a confirmation that started before the collection below
+    store.shared.uploaded(L.shared_file("bb1"))
+    store.add(put_checkpoint(storage, 2, ["bb1"]))
+    assert not storage.exists(L.checkpoint_metadata(1))
+    store.confirmed(before)
+    store.subsume_and_collect()
+    assert storage.exists(L.shared_file("aa1")) and storage.exists(
+        L.checkpoint_file(1, "offsets/0")), "deleted without a confirmation after the marker"
+    settle(store)
+    assert not storage.exists(L.shared_file("aa1"))
+    assert not storage.list(L.checkpoint_dir(1))
+    assert storage.exists(L.shared_file("bb1"))
+
+
+def test_a_marker_gone_since_the_listing_is_not_retained_and_fails_no_driver(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by the job world (seed 57 once issue 26 inlined small files): a marker
+    deleted between ``recover``'s listing and its read (a deposed driver's late
+    retention) raised ``RestoreError`` out of ``recover``: the driver died although it
+    had restored an intact newer checkpoint."""
+    storage = open_storage((tmp_path / "s").as_uri())
+    put_checkpoint(storage, 1, ["aa1"])
+    put_checkpoint(storage, 2, ["aa1", "bb1"])
+    store = CompletedCheckpointStore(storage, "j", num_retained=2)
+    listed = store.catalog.checkpoint_ids
+
+    def listed_then_deleted(*args: Any, **kwargs: Any) -> list[int]:
+        ids = listed(*args, **kwargs)
+        storage.delete_many([L.checkpoint_metadata(1)])
+        return ids
+
+    monkeypatch.setattr(store.catalog, "checkpoint_ids", listed_then_deleted)
+    assert store.recover() == 3
+    assert [m.checkpoint_id for m in store.retained] == [2]

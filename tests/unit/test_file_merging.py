@@ -83,7 +83,9 @@ def _upload(storage: CheckpointStorage, store: CompletedCheckpointStore, snap: C
 def _complete(storage: CheckpointStorage, store: CompletedCheckpointStore, checkpoint_id: int,
               result: UploadResult) -> Manifest:
     manifest = make_manifest(JOB, checkpoint_id, files=result.files, batch_id=checkpoint_id)
+    stashed = store.stashed()
     storage.put_bytes(L.checkpoint_metadata(checkpoint_id), manifest.to_json(), create_only=True)
+    store.confirmed(stashed)  # as the coordinator's confirmation after the marker
     store.add(manifest)
     return manifest
 
@@ -164,7 +166,8 @@ def test_a_merged_object_is_collected_only_when_no_retained_checkpoint_uses_a_se
     keys = []
     # num_retained=2: checkpoint 1's object stays while checkpoint 2 (which reuses
     # batch 0's segments) is retained, and goes once both 1 and 2 are subsumed and
-    # checkpoint 4 no longer holds batch 0 (Spark purged it).
+    # checkpoint 4 no longer holds batch 0 (Spark purged it). A subsumed checkpoint's
+    # files go one confirmation (here: the next checkpoint's) after its marker.
     for n, batches in enumerate([[0], [0, 1], [1, 2], [2, 3]], start=1):
         files: dict[str, bytes] = {}
         for b in batches:
@@ -173,10 +176,14 @@ def test_a_merged_object_is_collected_only_when_no_retained_checkpoint_uses_a_se
         manifest = _complete(storage, store, n, result)
         keys.append({e.key for e in manifest.files})
         stored = {i.key[len(L.root):] for i in storage.list(L.shared_prefix)}
-        referenced = set().union(*(k for k in keys[-2:]))
+        referenced = set().union(*(k for k in keys[-3:]))
         assert stored == referenced
+    store.confirmed(store.stashed())
+    store.subsume_and_collect()
+    stored = {i.key[len(L.root):] for i in storage.list(L.shared_prefix)}
+    assert stored == set().union(*(k for k in keys[-2:]))
     first_object = next(iter(keys[0]))
-    assert first_object not in {i.key[len(L.root):] for i in storage.list(L.shared_prefix)}
+    assert first_object not in stored
 
 
 def test_groups_are_cut_at_the_maximum_merged_size(tmp_path: Path) -> None:

@@ -2,9 +2,9 @@
 
 Each test drives the real :class:`CompletedCheckpointStore` and
 :class:`SharedFileRegistry` and forces one interleaving through a storage wrapper that
-runs a step of "the other thread" at an exact call (the collector's listing of
-``shared/``, its delete). Invariant checked: every file a completed checkpoint
-references exists.
+runs a step of "the other thread" at an exact call (the collector's decision, its
+delete of shared keys). Invariant checked: every file a completed
+checkpoint references exists.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, Timings
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
@@ -26,20 +27,11 @@ L = JobLayout("j")
 
 
 class HookedStorage(FencedStorage):
-    """Runs ``on_list_shared`` / ``on_delete`` once, at the collector's call."""
+    """Runs ``on_delete`` once, at the collector's next delete of shared keys."""
 
     def __init__(self, inner: CheckpointStorage) -> None:
         super().__init__(inner, lambda: None)
-        self.on_list_shared: Callable[[], None] | None = None
         self.on_delete: Callable[[], None] | None = None
-
-    def list(self, prefix: str = "") -> list:  # type: ignore[override]
-        hook, self.on_list_shared = (
-            (self.on_list_shared, None) if prefix == L.shared_prefix else (None,
-                                                                             self.on_list_shared))
-        if hook is not None:
-            hook()
-        return self.inner.list(prefix)
 
     def delete_many(self, keys: Iterable[str]) -> None:
         batch = list(keys)
@@ -61,14 +53,18 @@ def manifest(n: int, digests: list[str]) -> Manifest:
 
 def complete(storage: CheckpointStorage, store: CompletedCheckpointStore, n: int,
              digests: list[str]) -> None:
-    """What a checkpoint does: reserve, upload if needed, write _metadata, add."""
+    """What a checkpoint does: reserve, upload if needed, write _metadata, confirm the
+    lease (which clears what the store stashed before), add."""
     for d in digests:
         key = L.shared_file(d)
         if store.shared.reserve(n, key):
+            store.shared.attempted(key)
             storage.put_bytes(key, b"x")
             store.shared.uploaded(key)
     m = manifest(n, digests)
+    stashed = store.stashed()
     storage.put_bytes(L.checkpoint_metadata(n), m.to_json(), create_only=True)
+    store.confirmed(stashed)
     store.add(m)
 
 
@@ -107,8 +103,9 @@ def test_a_collection_on_a_stale_view_never_deletes_a_newer_checkpoints_files(
         other.append(t)
         wait_until(lambda: 3 in [m.checkpoint_id for m in store.retained])
 
-    storage.on_list_shared = chk3_completes_meanwhile
-    complete(storage, store, 2, ["b2"])  # its collection runs while chk-3 completes
+    once = [chk3_completes_meanwhile]
+    with interleave.installed(interleave.GC_BEFORE_DELETE, lambda: once and once.pop()()):
+        complete(storage, store, 2, ["b2"])  # its collection runs while chk-3 completes
     other[0].join(10)
     assert [m.checkpoint_id for m in store.retained] == [2, 3]
     assert_complete(storage, store)
@@ -117,27 +114,28 @@ def test_a_collection_on_a_stale_view_never_deletes_a_newer_checkpoints_files(
 def test_a_key_judged_garbage_and_reuploaded_before_the_delete_survives(
     storage: HookedStorage,
 ) -> None:
-    """Issue 8 defect 1b: chk-3 reserves and uploads a file between decision and delete."""
+    """Issue 8 defect 1b: chk-4 reserves and uploads a file between decision and delete."""
     store = CompletedCheckpointStore(storage, "j", num_retained=1)
     store.recover()
     complete(storage, store, 1, ["a1"])
+    complete(storage, store, 2, ["b2"])  # subsumes chk-1: a1 waits for a confirmation
     other: list[threading.Thread] = []
 
-    def chk3_reuses_a1_meanwhile() -> None:
-        t = threading.Thread(target=complete, args=(storage, store, 3, ["a1"]))
+    def chk4_reuses_a1_meanwhile() -> None:
+        t = threading.Thread(target=complete, args=(storage, store, 4, ["a1"]))
         t.start()
         other.append(t)
-        # Either chk-3 finished its upload (the old, broken registry) or it waits for
+        # Either chk-4 finished its upload (the old, broken registry) or it waits for
         # this delete (the fixed one): both are states the reservation shows.
         def waiting() -> bool:
             deleting = getattr(store.shared, "_deleting", ())
-            return 3 in store.shared._reserved and L.shared_file("a1") in deleting
+            return 4 in store.shared._reserved and L.shared_file("a1") in deleting
 
         wait_until(lambda: not t.is_alive() or waiting())
 
-    storage.on_delete = chk3_reuses_a1_meanwhile
-    complete(storage, store, 2, ["b2"])  # subsumes chk-1: a1 is garbage
+    storage.on_delete = chk4_reuses_a1_meanwhile
+    complete(storage, store, 3, ["b3"])  # confirmed after chk-1 went: a1 is garbage
     other[0].join(10)
     assert not other[0].is_alive()
-    assert [m.checkpoint_id for m in store.retained] == [3]
+    assert [m.checkpoint_id for m in store.retained] == [4]
     assert_complete(storage, store)

@@ -79,4 +79,4 @@ def test_a_merged_file_entry_round_trips_and_a_bad_offset_is_refused() -> None:
 
 def test_unknown_schema_version_says_upgrade() -> None:
     with pytest.raises(UnsupportedSchemaVersionError, match="upgrade airflow-ckpt"):
-        parse_manifest(_mutate(lambda o: o.update(schema_version=3)))
+        parse_manifest(_mutate(lambda o: o.update(schema_version=4)))

@@ -230,7 +230,10 @@ def test_the_reference_model_agrees_with_the_strategies(strategy: object) -> Non
     (PLANT_SHARED_DIR, {SAVEPOINT_VERIFIES}),
 ])
 def test_the_simulation_finds_a_planted_defect(plant: str, invariants: set[str]) -> None:
-    seeds = range(2000 if plant == PLANT_PLAIN_TXN else 300)
+    # the shared savepoint directory: first found at seed 372 since issue 26 took the
+    # collection's listings and confirmation out of every schedule (it was < 300)
+    seeds = range(2000 if plant == PLANT_PLAIN_TXN else 600 if plant == PLANT_SHARED_DIR
+                  else 300)
     result = explore(seeds, [plant], stop_when_any=invariants)
     assert invariants & set(result.first), f"{plant}: not found in {result.seeds} seeds"
 
@@ -287,8 +290,8 @@ def test_a_savepoint_whose_lease_confirmation_fails_is_never_answered_failed() -
     failed) although the catalog counted it and it restored. Now such a checkpoint or
     savepoint is abandoned like a marker of unknown outcome (neither failed nor
     completed; the driver stops and a new epoch settles it). Replay:
-    ``python -m airflow_ckpt.testing.simulation --world savepoints --seed 18 --trace``."""
-    outcome = run_savepoint_seed(18)
+    ``python -m airflow_ckpt.testing.simulation --world savepoints --seed 1 --trace``."""
+    outcome = run_savepoint_seed(1)  # the schedules were redrawn by issues 25 B and 26
     assert outcome.violations == [], "\n".join(str(v) for v in outcome.violations)
     assert any("503" in line and "lease" in line for line in outcome.trace), outcome.trace[-40:]
 

@@ -35,6 +35,7 @@ from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommi
 from airflow_ckpt.runtime.sinks.offsets import check_replay
 from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.testing.damage import damage_one_file
 from airflow_ckpt.testing.published import published_rows
 from airflow_ckpt.testing.simquery import SimulatedQuery, SimulatedSpark, run_to_end, write_file
 
@@ -241,8 +242,7 @@ def damage_checkpoints_after(storage: CheckpointStorage, batch: int) -> None:
     (kept,) = [m for m in checkpoints if m.batch_id == batch]
     keep = {f.key for f in kept.files}
     for newer in [m for m in checkpoints if m.batch_id > batch]:
-        victim = next(f for f in newer.files if f.key not in keep)
-        storage.put_bytes(f"{JOB}/{victim.key}", b"x" * victim.size)
+        damage_one_file(storage, newer, spare=keep)
 
 
 def restore_target(case: str, storage: CheckpointStorage) -> tuple[str, str]:

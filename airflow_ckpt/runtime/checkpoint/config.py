@@ -8,6 +8,11 @@ defaults to RETAIN_ON_CANCELLATION (checkpoints here are always externalized), a
 ``file-merging.enabled`` defaults to true (small checkpoint files are merged into one
 object per checkpoint; see :mod:`airflow_ckpt.runtime.checkpoint.upload`).
 
+One option keeps Flink's state-backend name: ``state.storage.fs.memory-threshold``
+(default 20 kb, at most 1 mb, as Flink's): a file of a checkpoint or savepoint below it
+travels inside ``_metadata`` instead of in an object of its own (0: never). A checkpoint
+of small state is then one PUT, its marker.
+
 One option is this library's own, named Flink's way beside
 ``tolerable-failed-checkpoints``: ``tolerable-storage-outage`` (default 5 min), how long
 the storage may stay unreachable before the job fails (see
@@ -59,6 +64,22 @@ def _file_size(value: Any) -> int:
     return size
 
 
+#: Flink's cap of ``state.storage.fs.memory-threshold``
+MAX_MEMORY_THRESHOLD = 1 << 20
+
+
+def _memory_threshold(value: Any) -> int:
+    size = parse_memory_size(value)
+    if size > MAX_MEMORY_THRESHOLD:
+        raise ValueError(f"expected a memory size <= 1 mb ({MEMORY_SIZE_FORMS}), got {value!r}")
+    return size
+
+
+#: options outside ``execution.checkpointing.``: full key -> (field name, parser)
+_STATE_OPTIONS: dict[str, tuple[str, Any]] = {
+    "state.storage.fs.memory-threshold": ("memory_threshold", _memory_threshold),
+}
+
 # option suffix -> (field name, parser)
 _OPTIONS: dict[str, tuple[str, Any]] = {
     "interval": ("interval_s", _positive_duration),
@@ -92,6 +113,8 @@ class CheckpointConfig:
     #: small files of a checkpoint travel merged into one object (see upload.py)
     file_merging: bool = True
     file_merging_max_file_size: int = 32 << 20
+    #: files below this many bytes travel inline in ``_metadata`` (0: none do)
+    memory_threshold: int = 20 << 10
     #: how long storage requests wait (capped backoff) for an unreachable storage before
     #: the job fails with the outage's first error; 0: no waiting (liveness only: no
     #: guarantee rests on it, see runtime/storage/outage.py)
@@ -108,11 +131,12 @@ class CheckpointConfig:
         problems: dict[str, str] = {}
         for key, raw in (options or {}).items():
             suffix = key[len(PREFIX):] if key.startswith(PREFIX) else key
-            if suffix not in _OPTIONS:
-                allowed = ", ".join(PREFIX + name for name in _OPTIONS)
+            option = _STATE_OPTIONS.get(key) or _OPTIONS.get(suffix)
+            if option is None:
+                allowed = ", ".join([*(PREFIX + name for name in _OPTIONS), *_STATE_OPTIONS])
                 problems[key] = f"unknown option; allowed: {allowed}"
                 continue
-            field_name, parse = _OPTIONS[suffix]
+            field_name, parse = option
             try:
                 values[field_name] = parse(raw)
             except ValueError as exc:
@@ -124,11 +148,13 @@ class CheckpointConfig:
     def to_dict(self) -> dict[str, Any]:
         """Flink-named options (durations rendered as Flink strings)."""
         out: dict[str, Any] = {}
-        for suffix, (field_name, _) in _OPTIONS.items():
+        named = [*((PREFIX + suffix, o) for suffix, o in _OPTIONS.items()),
+                 *_STATE_OPTIONS.items()]
+        for key, (field_name, _) in named:
             value = getattr(self, field_name)
             if field_name.endswith("_s"):
                 value = format_duration(value)
-            elif field_name.endswith("_size"):
+            elif field_name.endswith(("_size", "_threshold")):
                 value = format_memory_size(value)
-            out[PREFIX + suffix] = value
+            out[key] = value
         return out

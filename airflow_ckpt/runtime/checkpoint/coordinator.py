@@ -371,7 +371,8 @@ class CheckpointCoordinator:
     def _upload(self, p: PendingCheckpoint, snap: CapturedSnapshot) -> UploadResult:
         """Step 2: upload the snapshot's files (durable when this returns); raises
         ``CheckpointDeclinedError`` on a storage error, the deadline or a cancel."""
-        target = (UploadTarget.savepoint(p.checkpoint_id, p.savepoint_id) if p.savepoint_id
+        target = (UploadTarget.savepoint(p.checkpoint_id, p.savepoint_id,
+                                         self.config.memory_threshold) if p.savepoint_id
                   else UploadTarget.checkpoint(p.checkpoint_id, self.config, self.lease.epoch))
         return upload_snapshot(
             self.storage, self.layout, snap, target,
@@ -429,9 +430,13 @@ class CheckpointCoordinator:
         savepoint that landed first, failed (fatal, but for a savepoint whose id names
         another request's savepoint: that request fails alone), or abandoned.
         """
+        stashed = self.store.stashed()
         failure = write_marker(self.storage, self._marker_key(p), manifest.to_json(),
                                job=self.layout.job, confirm=self.lease.confirm)
         if failure is None:
+            # the confirmation after the marker also clears the deletes the store
+            # stashed before it (their markers are gone): see store.py
+            self.store.confirmed(stashed)
             return True
         if failure.reason is Reason.CONCURRENT_DRIVER and p.is_savepoint:
             # Another driver's answer to this very request landed first (it was deposed

@@ -3,19 +3,30 @@
 The manifest is versioned JSON (``schema_version``). The reader is strict: corrupt
 JSON, a missing or mistyped field, or an unknown schema version raise a typed
 :class:`~airflow_ckpt.errors.MetadataError`; it never returns a half-read object.
+
+Versions: 1 (the first), 2 adds merged files (``FileEntry.offset``), 3 adds inline
+files (``FileEntry.inline``: a file below ``state.storage.fs.memory-threshold`` travels
+in the manifest itself, as Flink's ``ByteStreamStateHandle`` in ``_metadata``). A
+manifest is written in the oldest version that holds it (:func:`version_for`), so a
+checkpoint without inline files stays readable by a reader of version 2.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from airflow_ckpt.errors import MetadataError, UnsupportedSchemaVersionError
 
-SCHEMA_VERSION = 2
-#: versions this reader accepts (1: no merged files; 2 adds ``FileEntry.offset``)
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+#: versions this reader accepts (1: no merged files; 2 adds ``FileEntry.offset``; 3 adds
+#: ``FileEntry.inline``)
+READABLE_VERSIONS = (1, 2, 3)
+#: the version of a manifest without inline files (what readers before 3 accept)
+_WITHOUT_INLINE = 2
 
 Kind = Literal["checkpoint", "savepoint"]
 # "initial": the starting point of a run that did not resume from the latest checkpoint
@@ -33,7 +44,10 @@ class FileEntry:
     ``key`` is the storage key relative to the job root (``shared/..``, ``chk-n/..``
     or ``savepoints/sp-x/..``). ``offset`` is None when the object at ``key`` is the
     file; for a file merged with others (file merging) the file is the ``size`` bytes
-    of that object starting at ``offset``.
+    of that object starting at ``offset``. ``inline`` holds the file's bytes (base64)
+    when it travels in the manifest itself (below ``state.storage.fs.memory-threshold``):
+    then ``key`` is empty and no object holds it. Size and SHA-256 are checked on
+    restore for every file, inline ones included.
     """
 
     path: str
@@ -42,10 +56,32 @@ class FileEntry:
     sha256: str
     shared: bool
     offset: int | None = None
+    inline: str | None = None
+
+    @classmethod
+    def inlined(cls, path: str, data: bytes, sha256: str) -> FileEntry:
+        """The entry of a file stored in the manifest: ``data`` are its bytes."""
+        return cls(path, "", len(data), sha256, False, inline=base64.b64encode(data).decode())
 
     @property
     def merged(self) -> bool:
         return self.offset is not None
+
+    @property
+    def is_inline(self) -> bool:
+        return self.inline is not None
+
+    @property
+    def data(self) -> bytes:
+        """The bytes of an inline file (``MetadataError`` if it is not inline or its
+        text is not base64)."""
+        if self.inline is None:
+            raise MetadataError(f"file {self.path!r} is stored at {self.key!r}, not inline")
+        try:
+            return base64.b64decode(self.inline, validate=True)
+        except binascii.Error as exc:
+            raise MetadataError(f"file {self.path!r}: its inline bytes are not base64 "
+                                f"({exc})") from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,15 +131,28 @@ class Manifest:
     restored_from: str | None = None
     #: the writer's lease epoch (absent in manifests written before leases had epochs)
     lease_epoch: int | None = None
-    schema_version: int = SCHEMA_VERSION
+    #: the version read; 0 for a new manifest: the version it is written in
+    #: (:func:`version_for` its files)
+    schema_version: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.schema_version:
+            object.__setattr__(self, "schema_version", version_for(self.files))
 
     @property
     def is_savepoint(self) -> bool:
         return self.kind == "savepoint"
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
+        """The manifest as written, in the version :func:`version_for` its files; a
+        field a version does not know is left out (``inline`` before version 3)."""
+        body = asdict(self)
+        body["schema_version"] = version_for(self.files)
+        for entry in body["files"]:
+            if entry["inline"] is None:
+                del entry["inline"]
+        return json.dumps(body, indent=1, sort_keys=True).encode()
 
     def history_entry(self) -> dict[str, Any]:
         """The Flink REST ``/jobs/:id/checkpoints`` history entry for this manifest."""
@@ -129,6 +178,11 @@ class Manifest:
         }
 
 
+def version_for(files: tuple[FileEntry, ...]) -> int:
+    """The oldest manifest version that holds ``files`` (3 only with an inline file)."""
+    return SCHEMA_VERSION if any(f.is_inline for f in files) else _WITHOUT_INLINE
+
+
 def _require(obj: dict[str, Any], key: str, typ: type | tuple[type, ...], where: str) -> Any:
     if key not in obj:
         raise MetadataError(f"{where}: missing field {key!r}")
@@ -144,17 +198,26 @@ def _require(obj: dict[str, Any], key: str, typ: type | tuple[type, ...], where:
     return value
 
 
-def _file(obj: Any, where: str) -> FileEntry:
+def _file(obj: Any, where: str, version: int) -> FileEntry:
     if not isinstance(obj, dict):
         raise MetadataError(f"{where}: a file entry is not an object")
-    return FileEntry(
+    inline = obj.get("inline")
+    if inline is not None and (version < SCHEMA_VERSION or not isinstance(inline, str)):
+        raise MetadataError(f"{where}: a file entry's 'inline' must be a base64 string "
+                            f"(schema version {SCHEMA_VERSION} and later)")
+    entry = FileEntry(
         path=_require(obj, "path", str, where),
         key=_require(obj, "key", str, where),
         size=_require(obj, "size", int, where),
         sha256=_require(obj, "sha256", str, where),
         shared=_require(obj, "shared", bool, where),
         offset=_offset(obj.get("offset"), where),
+        inline=inline,
     )
+    if entry.is_inline and (entry.key or entry.shared or entry.merged):
+        raise MetadataError(f"{where}: inline file {entry.path!r} also names a stored "
+                            "object")
+    return entry
 
 
 def _offset(value: Any, where: str) -> int | None:
@@ -242,7 +305,7 @@ def parse_manifest(data: bytes, where: str = "_metadata") -> Manifest:
         mode=_require(obj, "mode", str, where),
         source_offsets=_require(obj, "source_offsets", list, where),
         operators=tuple(_operator(o, where) for o in _require(obj, "operators", list, where)),
-        files=tuple(_file(f, where) for f in _require(obj, "files", list, where)),
+        files=tuple(_file(f, where, version) for f in _require(obj, "files", list, where)),
         state_size=_require(obj, "state_size", int, where),
         checkpointed_size=_require(obj, "checkpointed_size", int, where),
         num_subtasks=_require(obj, "num_subtasks", int, where),

@@ -21,6 +21,19 @@ Safety argument (why a crash anywhere in here leaves nothing restorable broken):
 * A key judged garbage is *tombstoned* until its delete has returned: a checkpoint
   that reserves it meanwhile waits for the delete and then uploads it again, so a
   delete never removes a file uploaded after the decision.
+* *A file is deleted one lease confirmation after the markers that named it.* A
+  collection deletes the markers it subsumes at once (it runs after the new marker was
+  confirmed), but the files they named, and any other unreferenced key, only wait in
+  the *stash*: they become deletable when a lease confirmation that started after the
+  stash was taken succeeded (:meth:`CompletedCheckpointStore.confirmed`, the next
+  checkpoint's marker confirmation), and are deleted by the next collection, decided
+  again then against the reservations and the retained manifests. So a successor,
+  whose claim comes after that confirmation, adopts none of the subsumed checkpoints
+  and reuses none of the deleted files: what a confirmation of its own between the
+  marker deletes and the file deletes gave, without a LIST of ``lease/`` per
+  collection. Where a key may be stored is known without listing ``shared/`` either:
+  the listing at :meth:`CompletedCheckpointStore.recover` plus every upload this driver
+  started (:meth:`SharedFileRegistry.attempted`).
 """
 
 from __future__ import annotations
@@ -29,7 +42,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 
-from airflow_ckpt.errors import MetadataError
+from airflow_ckpt.errors import MetadataError, RestoreError
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest
@@ -46,6 +59,8 @@ class SharedFileRegistry:
     def __init__(self, present: Iterable[str] = ()) -> None:
         self._cond = threading.Condition()
         self._present: set[str] = set(present)
+        #: uploads started and not known to have succeeded: maybe stored
+        self._attempted: set[str] = set()
         self._reserved: dict[int, set[str]] = {}
         self._deleting: set[str] = set()
 
@@ -60,9 +75,21 @@ class SharedFileRegistry:
             self._cond.wait_for(lambda: key not in self._deleting)
             return key not in self._present
 
+    def attempted(self, key: str) -> None:
+        """An upload of ``key`` starts: from now on it may be stored (a collection
+        candidate), but it is not reusable until :meth:`uploaded`."""
+        with self._cond:
+            self._attempted.add(key)
+
     def uploaded(self, key: str) -> None:
         with self._cond:
+            self._attempted.discard(key)
             self._present.add(key)
+
+    def stored(self) -> set[str]:
+        """Every key that may be stored: known present, or its upload was started."""
+        with self._cond:
+            return self._present | self._attempted
 
     def release(self, checkpoint_id: int) -> None:
         """The checkpoint completed (its manifest now pins its keys) or was declined."""
@@ -80,6 +107,7 @@ class SharedFileRegistry:
             pinned = referenced.union(*self._reserved.values())
             garbage = [key for key in stored if key not in pinned]
             self._present.difference_update(garbage)
+            self._attempted.difference_update(garbage)
             self._deleting.update(garbage)
             return garbage
 
@@ -110,6 +138,11 @@ class CompletedCheckpointStore:
         self.shared = SharedFileRegistry()
         self._retained: list[Manifest] = []
         self._pinned: int | None = None  # never subsumed: the checkpoint restored from
+        #: keys to delete after a confirmation, by stash number (see the module doc)
+        self._stash: list[tuple[int, list[str]]] = []
+        self._stashes = 0
+        #: stashed keys a confirmation has cleared for deletion
+        self._cleared: list[str] = []
 
     @property
     def retained(self) -> list[Manifest]:
@@ -152,20 +185,22 @@ class CompletedCheckpointStore:
             self._retained = readable
         stored = self.storage.list(self.layout.shared_prefix)
         bad = set(distrust)
-        self.shared = SharedFileRegistry(i.key for i in stored if i.key not in bad)
+        self.shared = SharedFileRegistry(i.key for i in stored if i.key not in bad
+                                         and self._own_epoch_or_older(i.key))
         self.subsume_and_collect()
         savepoint_ids = [m.checkpoint_id for m in self.catalog.savepoints()]
         return max([0, *every, *savepoint_ids]) + 1
 
     def _readable(self, checkpoint_id: int) -> Manifest | None:
         """The manifest of a completed checkpoint, or None when its ``_metadata`` is
-        damaged: such a checkpoint cannot be restored (``restore`` falls back past it)
-        and pins nothing; one damaged marker must not fail every later driver."""
+        damaged or gone since the listing (a deposed driver's late retention, a person):
+        such a checkpoint cannot be restored (``restore`` falls back past it) and pins
+        nothing; one damaged or vanished marker must not fail every later driver."""
         try:
             return self.catalog.checkpoint(checkpoint_id)
-        except MetadataError as exc:
-            log.warning("checkpoint chk-%d is not retained: its _metadata is damaged (%s)",
-                        checkpoint_id, exc)
+        except (MetadataError, RestoreError) as exc:
+            log.warning("checkpoint chk-%d is not retained: its _metadata is damaged or "
+                        "gone (%s)", checkpoint_id, exc)
             return None
 
     def add(self, manifest: Manifest) -> list[int]:
@@ -183,9 +218,27 @@ class CompletedCheckpointStore:
         return self.subsume_and_collect()
 
     def subsume_and_collect(self) -> list[int]:
-        """Delete checkpoints beyond ``num_retained`` and unreferenced shared files."""
+        """Delete checkpoints beyond ``num_retained`` (their markers now, their files
+        after the next confirmation) and unreferenced shared files, in one batched
+        delete (see the module doc)."""
         with self._collecting:
             return self._subsume_and_collect()
+
+    def stashed(self) -> int:
+        """How many stashes were taken so far: pass it to :meth:`confirmed` after a
+        lease confirmation that started after this call."""
+        with self._lock:
+            return self._stashes
+
+    def confirmed(self, stashed: int) -> None:
+        """A lease confirmation that started after :meth:`stashed` returned ``stashed``
+        succeeded: the keys of those stashes may be deleted by the next collection."""
+        with self._lock:
+            self._cleared.extend(k for n, keys in self._stash if n <= stashed for k in keys)
+            self._stash = [(n, keys) for n, keys in self._stash if n > stashed]
+
+    def _own_epoch_or_older(self, key: str) -> bool:
+        return (self.layout.shared_key_epoch(key) or 0) <= (self.epoch or 0)
 
     def _subsume_and_collect(self) -> list[int]:
         with self._lock:
@@ -193,48 +246,61 @@ class CompletedCheckpointStore:
             excess = max(len(keep) - self.num_retained, 0)
             subsumed = keep[:excess]
             self._retained = [m for m in self._retained if m not in subsumed]
-        for manifest in subsumed:
-            # _metadata first: from here on the checkpoint is no longer restorable.
-            self.storage.delete_many([self.layout.checkpoint_metadata(manifest.checkpoint_id)])
-        # Listed before the view is taken: a file uploaded after the listing is not a
-        # candidate at all; one uploaded before it is pinned by its reservation or, once
-        # its checkpoint completed, by the retained manifest (the view below).
-        stored = [i.key for i in self.storage.list(self.layout.shared_prefix)
-                  if (self.layout.shared_key_epoch(i.key) or 0) <= (self.epoch or 0)]
+            cleared, self._cleared = self._cleared, []
+            referenced = {
+                self.layout.root + f.key for m in self._retained for f in m.files if f.shared
+            }
+        maybe_stored = self.shared.stored()
+        shared = sorted({k for k in cleared if k in maybe_stored})
+        own = sorted({k for k in cleared if not k.startswith(self.layout.shared_prefix)})
+        # decided again now: a stashed key reserved or referenced since stays
+        garbage = self.shared.collectable(shared, referenced)
+        # _metadata first: the files of these markers are only stashed below; the files
+        # deleted now were named by markers deleted before the confirmation that
+        # cleared them.
+        markers = [self.layout.checkpoint_metadata(m.checkpoint_id) for m in subsumed]
+        try:
+            interleave.point(interleave.GC_BEFORE_DELETE)
+            if markers or garbage or own:
+                self.storage.delete_many([*markers, *own, *garbage])
+        finally:
+            self.shared.deleted(garbage)
+        self._stash_unreferenced(subsumed)
+        if subsumed or garbage or own:
+            log.info(
+                "subsumed checkpoints %s, deleted %d files of earlier ones and %d "
+                "unreferenced shared files",
+                [m.checkpoint_id for m in subsumed], len(own), len(garbage),
+            )
+        return [m.checkpoint_id for m in subsumed]
+
+    def _stash_unreferenced(self, subsumed: list[Manifest]) -> None:
+        """Stash, for deletion after the next confirmation, the own objects of the
+        ``subsumed`` checkpoints (their markers are deleted) and every shared key that
+        may be stored and no retained manifest names now."""
+        own = [self.layout.root + f.key for m in subsumed for f in m.files
+               if not f.shared and not f.is_inline]
         with self._lock:
             referenced = {
                 self.layout.root + f.key for m in self._retained for f in m.files if f.shared
             }
-            garbage = self.shared.collectable(stored, referenced)
-        try:
-            if garbage or any(not all(f.shared for f in m.files) for m in subsumed):
-                # Confirmed after the markers above are gone and the listing was taken:
-                # a successor claims later, so it adopts none of the subsumed checkpoints
-                # and reuses none of these files; deletes that land late harm nobody.
-                self.confirm()
-            for manifest in subsumed:
-                if not all(f.shared for f in manifest.files):
-                    # An incremental checkpoint's directory holds its _metadata alone:
-                    # only its async phase writes there, and it writes all to shared/.
-                    self.storage.delete_prefix(
-                        self.layout.checkpoint_dir(manifest.checkpoint_id))
-            interleave.point(interleave.GC_BEFORE_DELETE)
-            if garbage:
-                self.storage.delete_many(garbage)
-        finally:
-            self.shared.deleted(garbage)
-        if subsumed or garbage:
-            log.info(
-                "subsumed checkpoints %s, deleted %d unreferenced shared files",
-                [m.checkpoint_id for m in subsumed], len(garbage),
-            )
-        return [m.checkpoint_id for m in subsumed]
+            waiting = set(self._cleared).union(*(keys for _, keys in self._stash))
+            stored = [k for k in self.shared.stored() if k not in referenced
+                      and k not in waiting and self._own_epoch_or_older(k)]
+            keys = sorted(set(own)) + sorted(stored)
+            if keys:
+                self._stashes += 1
+                self._stash.append((self._stashes, keys))
 
     def discard_all(self) -> None:
         """DELETE_ON_CANCELLATION: remove every retained checkpoint and shared file."""
         with self._lock:
             self.num_retained, keep = 0, self.num_retained
         try:
+            self.subsume_and_collect()
+            stashed = self.stashed()
+            self.confirm()
+            self.confirmed(stashed)
             self.subsume_and_collect()
         finally:
             with self._lock:

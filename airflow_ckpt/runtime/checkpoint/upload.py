@@ -14,6 +14,12 @@ the segments back with one ranged GET per merged object. A merged object lives u
 no retained manifest references any of its segments: the files of a micro-batch are
 purged by Spark together, so little space is held by dead segments. Savepoints are
 never merged (they stay self-contained, one object per file).
+
+Inline files (Flink's ``state.storage.fs.memory-threshold``): a file below the threshold
+is not uploaded at all; its bytes travel in the manifest (``FileEntry.inline``), as
+Flink keeps small state handles in ``_metadata``. A checkpoint of small state is then
+one PUT, its marker; restore writes the file from the manifest and checks its size and
+SHA-256 like any other. Savepoints inline too: they stay self-contained.
 """
 
 from __future__ import annotations
@@ -59,21 +65,29 @@ class UploadTarget:
     merged_file_size: int = 0
     #: the lease epoch of the uploading driver: new shared keys carry it
     epoch: int | None = None
+    #: files below this many bytes travel in the manifest (0: none)
+    memory_threshold: int = 0
 
     @classmethod
     def checkpoint(cls, checkpoint_id: int, config: CheckpointConfig,
                    epoch: int | None) -> UploadTarget:
         """A checkpoint's: ``chk-<id>/``, incremental and merged as ``config`` says."""
         return cls(checkpoint_id, f"chk-{checkpoint_id}/", config.incremental,
-                   config.file_merging_max_file_size if config.file_merging else 0, epoch)
+                   config.file_merging_max_file_size if config.file_merging else 0, epoch,
+                   config.memory_threshold)
 
     @classmethod
-    def savepoint(cls, checkpoint_id: int, savepoint_id: str) -> UploadTarget:
+    def savepoint(cls, checkpoint_id: int, savepoint_id: str,
+                  memory_threshold: int = 0) -> UploadTarget:
         """A savepoint's: self-contained, one object per file, never merged. Under a
         directory of its own checkpoint id (ids are never reused, also not across
         drivers): two drivers answering the same request never write the same object,
         so whichever marker lands first names files nobody else wrote."""
-        return cls(checkpoint_id, f"savepoints/sp-{savepoint_id}/{checkpoint_id}/", False)
+        return cls(checkpoint_id, f"savepoints/sp-{savepoint_id}/{checkpoint_id}/", False,
+                   memory_threshold=memory_threshold)
+
+    def inlines(self, f: CapturedFile) -> bool:
+        return f.size < self.memory_threshold
 
     @classmethod
     def imported(cls, checkpoint_id: int, savepoint_id: str, token: str) -> UploadTarget:
@@ -137,7 +151,11 @@ def upload_snapshot(
     (``clock.monotonic()``) passes, or when ``cancelled`` is set; already uploaded files then stay
     as orphans for the garbage collector (shared) or the abandoned-checkpoint sweep.
 
-    The steps: 1. cut the files into upload units (:func:`merge_groups`); 2. upload each
+    Files below ``target.memory_threshold`` are not uploaded: their bytes go in their
+    entries (``FileEntry.inline``), read once.
+
+    The steps: 1. set the inline files apart, cut the others into upload units
+    (:func:`merge_groups`); 2. upload each
     unit in ``executor`` (:meth:`_SnapshotUpload.unit`: a file alone, or a merged
     object), acknowledging a subtask when its last file is durable; 3. collect the
     entries in the snapshot's file order, cancelling the rest at the first error
@@ -145,9 +163,12 @@ def upload_snapshot(
     """
     upload = _SnapshotUpload(storage, layout, snapshot, target, digests, shared, deadline,
                              on_ack, cancelled, reusable or {}, clock)
-    units = merge_groups(snapshot.files, target)
-    result = upload.collect([executor.submit(upload.unit, group, i)
-                             for i, group in enumerate(units)])
+    inline = [f for f in snapshot.files if target.inlines(f)]
+    units = merge_groups([f for f in snapshot.files if not target.inlines(f)], target)
+    futures = [executor.submit(upload.unit, group, i) for i, group in enumerate(units)]
+    if inline:
+        futures.append(executor.submit(upload.inlined, inline))
+    result = upload.collect(futures)
     digests.prune()
     return result
 
@@ -181,6 +202,17 @@ class _SnapshotUpload:
             result = self._merged(group, index)
         self._acknowledge(group)
         return result
+
+    def inlined(self, files: list[CapturedFile]) -> tuple[list[FileEntry], int]:
+        """The entries of files that travel in the manifest (read once, hashed from the
+        bytes read); acknowledge the subtasks whose last files they were."""
+        self._check()
+        entries = []
+        for f in files:
+            data = f.staged.read_bytes()
+            entries.append(FileEntry.inlined(f.path, data, hashlib.sha256(data).hexdigest()))
+        self._acknowledge(files)
+        return entries, sum(e.size for e in entries)
 
     def collect(self, futures: list[Future[tuple[list[FileEntry], int]]]) -> UploadResult:
         """Wait for every unit (until the deadline); the first error cancels the rest
@@ -225,6 +257,8 @@ class _SnapshotUpload:
         incremental = self.target.incremental
         if incremental and not self.shared.reserve(self.target.checkpoint_id, key):
             return False
+        if incremental:
+            self.shared.attempted(key)
         self.storage.upload_file(path, key)
         if incremental:
             self.shared.uploaded(key)
@@ -248,12 +282,17 @@ class _SnapshotUpload:
         return self._entry(f, key, sha, old.offset)
 
     def _alone(self, f: CapturedFile) -> tuple[list[FileEntry], int]:
+        target = self.target
+        if not target.incremental:
+            # The key does not depend on the bytes: hash them as they are sent (one read).
+            key = self.layout.root + target.dir_key + f.path
+            sha = self.storage.upload_file_hashed(f.staged, key)
+            self.digests.remember(f.staged, sha)
+            return [self._entry(f, key, sha)], f.size
         sha = self.digests.digest(f.staged)
         if (found := self._reuse(f, sha)) is not None:
             return [found], 0
-        target = self.target
-        key = (self.layout.shared_file(sha, target.epoch) if target.incremental
-               else self.layout.root + target.dir_key + f.path)
+        key = self.layout.shared_file(sha, target.epoch)
         return [self._entry(f, key, sha)], f.size if self._store(f.staged, key) else 0
 
     def _merged(self, group: list[CapturedFile], index: int) -> tuple[list[FileEntry], int]:

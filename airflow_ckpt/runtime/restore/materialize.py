@@ -5,7 +5,8 @@ Restore (the working directory a query restarts on) and the CLI's ``state`` comm
 manifest laid out as Spark wrote them. :func:`materialize` downloads every
 :class:`~airflow_ckpt.runtime.checkpoint.metadata.FileEntry` that loading the restored state
 version reads to ``dest_dir / entry.path`` (one streamed GET per file, or per merged
-object, in a bounded pool, hashed while written) and verifies its size and SHA-256; a
+object, in a bounded pool, hashed while written; an inline file is written from the
+manifest, no request at all) and verifies its size and SHA-256; a
 missing or damaged file raises :class:`~airflow_ckpt.errors.CorruptCheckpointError`
 naming the file, so nothing is ever restored from a partial copy.
 """
@@ -19,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from airflow_ckpt.errors import CorruptCheckpointError, ObjectNotFoundError
+from airflow_ckpt.errors import CorruptCheckpointError, MetadataError, ObjectNotFoundError
 from airflow_ckpt.runtime.checkpoint.digests import CHUNK, copy_hashed
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest
 from airflow_ckpt.runtime.restore.state_files import needed_state_files
@@ -79,6 +80,21 @@ def _fetch(storage: CheckpointStorage, key: str, targets: list[tuple[Path, FileE
         raise CorruptCheckpointError(
             f"{where}: file {targets[0][1].path!r} (stored at {key}) is missing", key
         ) from exc
+
+
+def _write_inline(target: Path, entry: FileEntry, where: str,
+                  on_verified: OnVerified | None) -> None:
+    """Write an inline file (its bytes are in the manifest) to ``target``, verified like
+    a downloaded one."""
+    try:
+        data = entry.data
+    except MetadataError as exc:
+        raise CorruptCheckpointError(f"{where}: {exc}; the manifest is damaged") from exc
+    _verify(entry, f"{where}/_metadata", len(data), hashlib.sha256(data).hexdigest(), where)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    if on_verified is not None:
+        on_verified(target, entry.sha256)
 
 
 def _skip(src: BinaryIO, count: int) -> None:
@@ -157,6 +173,9 @@ def materialize(
         if target in seen:
             raise CorruptCheckpointError(f"{where}: file {entry.path!r} is listed twice")
         seen.add(target)
+        if entry.is_inline:
+            _write_inline(target, entry, where, on_verified)
+            continue
         # one GET per object: a file of its own, or every needed segment of a merged one
         group = (root + entry.key, "" if entry.merged else entry.path)
         jobs.setdefault(group, []).append((target, entry))

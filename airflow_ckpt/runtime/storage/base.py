@@ -112,6 +112,19 @@ class CheckpointStorage(ABC):
     def upload_file(self, path: Path, key: str) -> None:
         """Upload a local file (multipart for large files). Replaces an existing object."""
 
+    def upload_file_hashed(self, path: Path, key: str) -> str:
+        """:meth:`upload_file`, and return the SHA-256 of the bytes uploaded.
+
+        Backends that can hash the bytes while they send them override it (one read of
+        the file, :class:`~airflow_ckpt.runtime.storage.hashing.HashingReader`); this
+        default reads the file twice, to hash it and to upload it."""
+        digest = hashlib.sha256()
+        with path.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                digest.update(chunk)
+        self.upload_file(path, key)
+        return digest.hexdigest()
+
     @abstractmethod
     def download_file(self, key: str, path: Path) -> None:
         """Download ``key`` to ``path`` (parents are created; written atomically)."""

@@ -62,6 +62,9 @@ class DelegatingStorage(CheckpointStorage):
     def upload_file(self, path: Path, key: str) -> None:
         self.inner.upload_file(path, key)
 
+    def upload_file_hashed(self, path: Path, key: str) -> str:
+        return self.inner.upload_file_hashed(path, key)
+
     def download_file(self, key: str, path: Path) -> None:
         self.inner.download_file(key, path)
 

@@ -32,6 +32,10 @@ class FencedStorage(DelegatingStorage):
         self.gate()
         self.inner.upload_file(path, key)
 
+    def upload_file_hashed(self, path: Path, key: str) -> str:
+        self.gate()
+        return self.inner.upload_file_hashed(path, key)
+
     def copy(self, src_key: str, dst_key: str) -> None:
         self.gate()
         self.inner.copy(src_key, dst_key)

@@ -34,6 +34,7 @@ from airflow_ckpt.errors import (
     StorageError,
 )
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, etag_of
+from airflow_ckpt.runtime.storage.hashing import HashingReader
 from airflow_ckpt.runtime.storage.naming import check_key, check_prefix, dir_prefix
 
 _TMP_NAME = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$")
@@ -252,6 +253,18 @@ class LocalStorage(CheckpointStorage):
             self._publish(
                 key, lambda fh: shutil.copyfileobj(src, fh, _COPY_BUFFER), create_only=False
             )
+
+    def upload_file_hashed(self, path: Path, key: str) -> str:
+        """:meth:`upload_file`, hashing the bytes as they are copied (one read)."""
+        with open(path, "rb") as src, self._errors("write", key):
+            body = HashingReader(src)
+
+            def fill(fh: BinaryIO) -> None:
+                body.seek(0)  # a retried copy starts (and hashes) afresh
+                shutil.copyfileobj(body, fh, _COPY_BUFFER)
+
+            self._publish(key, fill, create_only=False)
+            return body.hexdigest()
 
     def _open_object(self, key: str, action: str) -> BinaryIO:
         """Open a stored object for reading; ``ObjectNotFoundError`` if there is none."""

@@ -214,6 +214,9 @@ class OutageRidingStorage(DelegatingStorage):
     def upload_file(self, path: Path, key: str) -> None:
         self._write(f"PUT {key}", lambda: self.inner.upload_file(path, key))
 
+    def upload_file_hashed(self, path: Path, key: str) -> str:
+        return self._write(f"PUT {key}", lambda: self.inner.upload_file_hashed(path, key))
+
     def download_file(self, key: str, path: Path) -> None:
         self.budget.call(f"GET {key}", lambda: self.inner.download_file(key, path))
 

@@ -44,6 +44,7 @@ from airflow_ckpt.errors import (
     StorageError,
 )
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned
+from airflow_ckpt.runtime.storage.hashing import HashingReader
 from airflow_ckpt.runtime.storage.local import fsync_dir, write_temp
 from airflow_ckpt.runtime.storage.naming import bucket_name_problem, check_key, check_prefix
 from airflow_ckpt.runtime.storage.options import S3Options
@@ -298,6 +299,25 @@ class S3Storage(CheckpointStorage):
                 return
         with self._errors.translate("upload to", key):
             self._transfer.upload(str(path), self.bucket, full).result()
+
+    def upload_file_hashed(self, path: Path, key: str) -> str:
+        """:meth:`upload_file`, hashing the bytes as botocore reads them to send them
+        (:class:`~airflow_ckpt.runtime.storage.hashing.HashingReader`: one read of the
+        file; a retry's pass from the start is hashed afresh). Multipart uploads read
+        the parts in order from the same body."""
+        full = self._full(key)
+        with open(path, "rb") as fh:
+            body = HashingReader(fh)
+            sent: Any = body  # a binary file object (typeshed's IO is a protocol it lacks)
+            with self._errors.translate("upload to", key):
+                if len(body) < self._transfer_config.multipart_threshold:
+                    self._client.put_object(Bucket=self.bucket, Key=full, Body=sent)
+                else:
+                    self._transfer.upload(sent, self.bucket, full).result()
+            try:
+                return body.hexdigest()
+            except ValueError as exc:  # the client skipped bytes: never a wrong hash
+                raise StorageError(f"upload to {self._errors.where(key)}: {exc}") from exc
 
     def copy(self, src_key: str, dst_key: str) -> None:
         """Server-side copy with CopyObject; durable on return.

@@ -106,7 +106,7 @@ from airflow_ckpt.errors import (
     StorageError,
 )
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
-from airflow_ckpt.runtime.checkpoint.metadata import Manifest, parse_manifest
+from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, parse_manifest
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest
 from airflow_ckpt.runtime.control.savepoints import expire_request
 from airflow_ckpt.runtime.job import CheckpointedJob
@@ -190,6 +190,7 @@ class JobSetup:
     damages: int  # objects the vandal damages or deletes
     requests: tuple[str, ...]
     explicit_p: float  # chance a late life restores an explicit older checkpoint
+    memory_threshold: int  # state.storage.fs.memory-threshold: 0, or small files inline
 
     @classmethod
     def draw(cls, rng: random.Random) -> JobSetup:
@@ -214,6 +215,7 @@ class JobSetup:
             requests=tuple(rng.choice((SAVEPOINT, SAVEPOINT, STOP, NEWER))
                            for _ in range(rng.randint(0, 3))),
             explicit_p=rng.choice((0.0, 0.3)),
+            memory_threshold=rng.choice((0, 0, 20 << 10)),
         )
 
     @property
@@ -228,7 +230,8 @@ class JobSetup:
                 f"{'incremental' if self.incremental else 'full'} checkpoints, "
                 f"{self.batches} batches of {self.per_batch}, faults {self.faults}, crash p "
                 f"{self.crash_p}, pause p {self.pause_p}, {self.damages} damaged object(s), "
-                f"requests {list(self.requests)}, explicit restore p {self.explicit_p}")
+                f"requests {list(self.requests)}, explicit restore p {self.explicit_p}, "
+                f"memory-threshold {self.memory_threshold} B")
 
 
 class SimLock:
@@ -419,6 +422,7 @@ class JobWorld(Judged):
             "execution.checkpointing.min-pause": "0 ms",
             "execution.checkpointing.num-retained": self.setup.num_retained,
             "execution.checkpointing.incremental": self.setup.incremental,
+            "state.storage.fs.memory-threshold": self.setup.memory_threshold,
             "execution.checkpointing.mode": self.setup.mode,
             "execution.checkpointing.tolerable-failed-checkpoints": 1000,
             "execution.checkpointing.tolerable-storage-outage": "30 s",
@@ -470,7 +474,7 @@ class JobWorld(Judged):
     def damaged(self, manifest: Manifest, marker: str) -> bool:
         """Whether the vandal touched the marker or an object it references."""
         return marker in self.vandalized or any(
-            f"{JOB}/{f.key}" in self.vandalized for f in manifest.files)
+            f"{JOB}/{f.key}" in self.vandalized for f in _objects_of(manifest))
 
     # ------------------------------------------------------------------ invariants
 
@@ -530,9 +534,9 @@ class JobWorld(Judged):
         first = self._referenced.get(marker)
         if first is None:
             first = self._referenced[marker] = {
-                f"{JOB}/{f.key}": objects[f"{JOB}/{f.key}"].etag for f in manifest.files
+                f"{JOB}/{f.key}": objects[f"{JOB}/{f.key}"].etag for f in _objects_of(manifest)
                 if f"{JOB}/{f.key}" in objects}
-        for entry in manifest.files:
+        for entry in _objects_of(manifest):
             key = f"{JOB}/{entry.key}"
             if key in self.vandalized:
                 continue
@@ -606,7 +610,7 @@ class JobWorld(Judged):
                 if not keys or manifest.lease_epoch is None or \
                         self._life_epochs.get(life) != manifest.lease_epoch:
                     continue
-                for entry in manifest.files:
+                for entry in _objects_of(manifest):
                     full = f"{JOB}/{entry.key}"
                     if full in keys and self.objects.objects.get(full) is not None and \
                             self.objects.objects[full].etag == self.vandalized.get(full):
@@ -979,6 +983,11 @@ class JobWorld(Judged):
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
                        sched.cut_off, "job",
                        Coverage.of(sched, self.objects, dict(self.coverage)))
+
+
+def _objects_of(manifest: Manifest) -> list[FileEntry]:
+    """The manifest's files stored as objects of their own (not inline in ``_metadata``)."""
+    return [f for f in manifest.files if not f.is_inline]
 
 
 def _checkpoint_of(key: str) -> int | None:

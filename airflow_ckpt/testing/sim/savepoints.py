@@ -314,6 +314,9 @@ class SavepointWorld(Judged):
             "execution.checkpointing.interval": "1 h",  # nothing periodic: requests only
             "execution.checkpointing.timeout": "10 min",
             "execution.checkpointing.num-retained": 2,
+            # every file an object: this world is about whose objects a marker names
+            # (inline files are checked by the crash-point run and the unit tests)
+            "state.storage.fs.memory-threshold": 0,
         })
         store = CompletedCheckpointStore(storage, JOB, config.num_retained, epoch=record.epoch,
                                          confirm=lease.confirm)
