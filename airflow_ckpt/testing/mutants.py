@@ -202,22 +202,24 @@ MUTANTS: tuple[Mutant, ...] = (
            "if keys:\n            pass",
            "a sink deletes staged data only after confirming the lease after its listing"),
     Mutant("collect-unconfirmed", STORE,
-           "                self.confirm()\n            for manifest in subsumed:",
-           "                pass\n            for manifest in subsumed:",
-           "GC deletes only after confirming the lease after its listing"),
+           "cleared, self._cleared = self._cleared, []",
+           "cleared, self._cleared = [*self._cleared, *(k for _, ks in self._stash "
+           "for k in ks)], []",
+           "GC deletes a subsumed checkpoint's files only after a lease confirmation that "
+           "followed the deletion of its marker"),
     # ---------------------------------------------------------------- GC pinning
     Mutant("gc-ignores-retained", STORE,
-           "self.layout.root + f.key for m in self._retained for f in m.files if f.shared",
-           "self.layout.root + f.key for m in self._retained[-1:] for f in m.files "
-           "if f.shared",
-           "GC pins every retained checkpoint's shared files"),
+           "garbage = self.shared.collectable(shared, referenced)",
+           "garbage = self.shared.collectable(shared, set())",
+           "GC pins every retained checkpoint's shared files (decided again at deletion: "
+           "a stashed key a newer checkpoint reuses by content stays)"),
     Mutant("gc-ignores-reservations", STORE,
            "pinned = referenced.union(*self._reserved.values())",
            "pinned = referenced",
            "GC pins the shared files a pending checkpoint reserved"),
     Mutant("gc-deletes-newer-epochs", STORE,
-           "if (self.layout.shared_key_epoch(i.key) or 0) <= (self.epoch or 0)]",
-           "]",
+           "return (self.layout.shared_key_epoch(key) or 0) <= (self.epoch or 0)",
+           "return True",
            "GC never deletes a shared key of a newer epoch"),
     Mutant("restored-not-pinned", STORE,
            "keep = [m for m in self._retained if m.checkpoint_id != self._pinned]",
@@ -382,12 +384,16 @@ def _explore(seeds: int) -> int:
     on its path, mutated), stop at the first violation, print the result as JSON."""
     import logging
 
-    from airflow_ckpt.testing.simulation import WORLDS, explore
+    from airflow_ckpt.testing.sim.job import KNOWN_DEFECTS
+    from airflow_ckpt.testing.simulation import INVARIANTS, WORLDS, explore
 
     logging.disable(logging.CRITICAL)
-    result = explore(range(seeds), worlds=list(WORLDS), stop_on_violation=True)
-    first = min(result.first.values(), key=lambda o: o.seed, default=None)
-    invariant = None if first is None else first.violations[0].invariant
+    # a defect the unmutated runtime still has (reported by make simulate) kills nothing
+    judged = set(INVARIANTS) - KNOWN_DEFECTS
+    result = explore(range(seeds), worlds=list(WORLDS), stop_when_any=judged)
+    found = {i: o for i, o in result.first.items() if i in judged}
+    invariant = min(found, key=lambda i: found[i].seed, default=None)
+    first = found[invariant] if invariant is not None else None
     print(json.dumps({"seeds": result.seeds, "invariant": invariant,
                       "seed": first.seed if first else None,
                       "world": first.world if first else None}))
