@@ -14,7 +14,9 @@ from typing import Any, Literal
 from airflow_ckpt.errors import MetadataError, UnsupportedSchemaVersionError
 
 SCHEMA_VERSION = 2
-#: versions this reader accepts (1: no merged files; 2 adds ``FileEntry.offset``)
+#: versions this reader accepts (1: no merged files; 2 adds ``FileEntry.offset``). The
+#: optional ``sources`` field needs no new version: a reader that ignores it misreads
+#: nothing (it only loses the check on restore).
 READABLE_VERSIONS = (1, 2)
 
 Kind = Literal["checkpoint", "savepoint"]
@@ -58,6 +60,16 @@ class OperatorInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class SourceSettings:
+    """One streaming source of the query, in Spark's order of sources (``sources/<i>``):
+    its name (``rate``, ``kafka``, a file format) and the options recorded for it, the
+    ones that decide what a batch reads (:mod:`airflow_ckpt.runtime.job.sources`)."""
+
+    name: str
+    options: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Timings:
     """Phase timings (epoch seconds / milliseconds), after Flink's checkpoint stats."""
 
@@ -95,6 +107,9 @@ class Manifest:
     restored_from: str | None = None
     #: the writer's lease epoch (absent in manifests written before leases had epochs)
     lease_epoch: int | None = None
+    #: the query's sources and their recorded options when the checkpoint was taken
+    #: (None: not known, e.g. a manifest written before sources were recorded)
+    sources: tuple[SourceSettings, ...] | None = None
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -176,6 +191,23 @@ def _operator(obj: Any, where: str) -> OperatorInfo:
     )
 
 
+def _sources(value: Any, where: str) -> tuple[SourceSettings, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise MetadataError(f"{where}: 'sources' must be a list")
+    sources = []
+    for obj in value:
+        if not isinstance(obj, dict):
+            raise MetadataError(f"{where}: a source entry is not an object")
+        options = _require(obj, "options", dict, where)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in options.items()):
+            raise MetadataError(f"{where}: a source's options must map strings to strings")
+        sources.append(SourceSettings(name=_require(obj, "name", str, where),
+                                      options=dict(options)))
+    return tuple(sources)
+
+
 def _timings(obj: Any, where: str) -> Timings:
     if not isinstance(obj, dict):
         raise MetadataError(f"{where}: 'timings' is not an object")
@@ -252,5 +284,6 @@ def parse_manifest(data: bytes, where: str = "_metadata") -> Manifest:
         pending_transactions=tuple(pending),
         restored_from=restored_from,
         lease_epoch=lease_epoch,
+        sources=_sources(obj.get("sources"), where),
         extra=extra,
     )
