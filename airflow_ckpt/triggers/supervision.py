@@ -17,7 +17,11 @@ heartbeat judgement needs two looks on one clock, so a restarted trigger waits o
 ``on_kill`` (a user marks the deferred task failed / clears it): a stop request through
 the control channel (graceful: stop-with-savepoint, a final savepoint), then, if no
 terminal event arrives within ``stop_timeout_s``, SIGTERM and SIGKILL to the detached
-driver's process group when it runs on this host.
+driver's process group when it runs on this host, and the kill recorded. The triggerer
+cancels ``on_kill`` after ``[triggerer] on_kill_timeout`` (30 s by default;
+``asyncio.wait_for`` in ``TriggerRunner.run_trigger``), so the whole sequence is planned
+within that bound (:func:`kill_plan`): the graceful wait gets what the kill and its record
+leave, never more than ``stop_timeout_s``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from airflow.sdk import conf
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_ckpt.detached import kill_detached, read_exit_code
@@ -35,6 +40,25 @@ from airflow_ckpt.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_ckpt.metrics import EventMetrics
 from airflow_ckpt.runtime.driver.process import pid_alive
 from airflow_ckpt.supervision import HealthRule, SupervisionProbe, Verdict
+
+#: of on_kill's bound: SIGTERM's grace before SIGKILL, and the kill's record
+KILL_GRACE_S = 10.0
+RECORD_KILL_S = 5.0
+
+
+def on_kill_bound_s() -> float:
+    """How long the triggerer lets ``on_kill`` run (``[triggerer] on_kill_timeout``)."""
+    return float(conf.getint("triggerer", "on_kill_timeout", fallback=30))
+
+
+def kill_plan(bound_s: float, stop_timeout_s: float) -> tuple[float, float]:
+    """``(graceful wait, SIGTERM grace)`` for an ``on_kill`` the triggerer cancels after
+    ``bound_s``: the kill and its record keep ``KILL_GRACE_S + RECORD_KILL_S`` (at most
+    half the bound, shared in that ratio), the graceful stop gets the rest, at most
+    ``stop_timeout_s``."""
+    kill_share = min(KILL_GRACE_S + RECORD_KILL_S, bound_s / 2)
+    grace = kill_share * KILL_GRACE_S / (KILL_GRACE_S + RECORD_KILL_S)
+    return max(min(stop_timeout_s, bound_s - kill_share), 0.0), grace
 
 
 class DriverSupervisionTrigger(BaseTrigger):
@@ -52,7 +76,8 @@ class DriverSupervisionTrigger(BaseTrigger):
     :param health: ``{"interval_s", "multiple", "restart"}`` or None (no health check)
     :param poll_interval: seconds between polls
     :param startup_timeout_s: how long the driver may take to hold its lease
-    :param stop_timeout_s: on_kill: how long a graceful stop may take before the kill
+    :param stop_timeout_s: on_kill: how long a graceful stop may take before the kill (cut
+        to what ``[triggerer] on_kill_timeout`` leaves, see :func:`kill_plan`)
     :param attempt: the submission attempt (echoed in the event)
     :param driver_log: the detached driver's log file (echoed in the event)
 
@@ -174,29 +199,42 @@ class DriverSupervisionTrigger(BaseTrigger):
                 "driver_host": self.driver_host, "driver_log": self.driver_log}
 
     async def on_kill(self) -> None:
-        """Stop the job: a graceful stop request first, the kill after a timeout."""
+        """Stop the job within the triggerer's bound: a graceful stop request first, the
+        kill (SIGTERM, SIGKILL after a grace) and its ``job_stopped`` record after the
+        planned wait (:func:`kill_plan`). Nothing blocks the event loop."""
+        bound = on_kill_bound_s()
+        graceful, grace = kill_plan(bound, self.stop_timeout_s)
         hook = CheckpointStoreHook(self.storage_uri, conn_id=self.conn_id)
         try:
-            await asyncio.to_thread(
-                lambda: hook.control(self.job).request_savepoint(
-                    stop=True, timeout_s=self.stop_timeout_s,
-                    requested_by=f"airflow on_kill {self.run_id}"))
-            probe = await asyncio.to_thread(self._probe, hook)
-            deadline = time.monotonic() + self.stop_timeout_s
-            while time.monotonic() < deadline:
-                verdict = await asyncio.to_thread(probe.poll)
-                if verdict is not None and verdict.kind != "stale":
+            try:
+                if await asyncio.wait_for(self._stop_gracefully(hook, graceful), graceful):
                     return
-                await asyncio.sleep(min(self.poll_interval, 2.0))
-            self.log.warning("job %s did not stop within %.0f s: killing the driver",
-                             self.job, self.stop_timeout_s)
-            kill_detached(self.driver_pid if self._local() else None)
+            except TimeoutError:  # a storage call outlasted the wait: kill all the same
+                pass
+            self.log.warning("job %s did not stop within %.0f s (of on_kill's %.0f s): "
+                             "killing the driver", self.job, graceful, bound)
+            await asyncio.to_thread(kill_detached, self.driver_pid if self._local() else None,
+                                    grace)
             await asyncio.to_thread(record_killed, hook.history(self.job), self.run_id,
                                     attempt=self.attempt or 0, by="on_kill, after the stop "
-                                    f"request went unanswered for {self.stop_timeout_s:g} s",
+                                    f"request went unanswered for {graceful:g} s",
                                     log=self.log)
         finally:
             hook.close()
+
+    async def _stop_gracefully(self, hook: CheckpointStoreHook, wait_s: float) -> bool:
+        """Request stop-with-savepoint; True once the job's terminal event is read."""
+        deadline = time.monotonic() + wait_s
+        await asyncio.to_thread(
+            lambda: hook.control(self.job).request_savepoint(
+                stop=True, timeout_s=wait_s, requested_by=f"airflow on_kill {self.run_id}"))
+        probe = await asyncio.to_thread(self._probe, hook)
+        while time.monotonic() < deadline:
+            verdict = await asyncio.to_thread(probe.poll)
+            if verdict is not None and verdict.kind != "stale":
+                return True
+            await asyncio.sleep(min(self.poll_interval, 2.0))
+        return False
 
 
 def verdict_of(event: dict[str, Any]) -> Verdict:
