@@ -117,8 +117,8 @@ class HostProcesses:
     def alive(self, pid: int) -> bool:
         return pid_alive(pid)
 
-    def kill(self, pid: int | None) -> None:
-        kill_detached(pid)
+    def kill(self, pid: int | None, grace_s: float = 10.0) -> None:
+        kill_detached(pid, grace_s)
 
     def log_tail(self, path: str | None) -> list[str]:
         return log_tail(path)

@@ -250,6 +250,19 @@ class IncompatibleStateError(RestoreError):
     """The restored state does not fit the query (Spark's state schema check failed)."""
 
 
+class SourceSettingsChangedError(RestoreError):
+    """The query's sources read with other settings than those the restored checkpoint
+    was taken with (a source option that decides what a batch reads, e.g. the rate
+    source's ``rowsPerSecond`` or Kafka's ``subscribe``): refused before the query
+    starts; ``restore.allow-source-changes`` accepts it. ``changes`` lists each
+    difference as ``(source, option, old, new)`` (None: not set)."""
+
+    def __init__(self, message: str,
+                 changes: tuple[tuple[str, str, str | None, str | None], ...] = ()) -> None:
+        super().__init__(message)
+        self.changes = changes
+
+
 class ConcurrentDriverError(FinalError):
     """Another driver is writing checkpoints for the same job."""
 

@@ -129,7 +129,7 @@ class CheckpointedSparkSubmitOperator(SparkSubmitOperator):
     :param poll_interval: deferred: seconds between the trigger's looks at storage
     :param startup_timeout_s: deferred: how long a driver may take to hold its lease
     :param stop_timeout_s: deferred ``on_kill``: how long a graceful stop may take
-        before the driver is killed
+        before the driver is killed (cut to what the triggerer's ``on_kill_timeout`` leaves)
     :param driver_log_dir: deferred: directory of the detached drivers' log files
     :param checkpoint_progress_multiple: report a job whose last completed checkpoint is
         older than this multiple of the checkpoint interval while its heartbeat lives

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from airflow_ckpt.errors import ConfigError, JobSettingsError
-from airflow_ckpt.options import parse_int
+from airflow_ckpt.options import parse_bool, parse_int
 from airflow_ckpt.restart.params import parse_restart_params
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 from airflow_ckpt.runtime.storage.layout import validate_job_name
@@ -31,6 +31,8 @@ RESTART_STRATEGY = CONF_PREFIX + "restart_strategy"  # JSON object, Flink option
 RESTORE = CONF_PREFIX + "restore"  # latest | none | <checkpoint or savepoint path>
 WORKDIR = CONF_PREFIX + "workdir"  # local working directory (Spark checkpointLocation)
 RESCALE_PARTITIONS = CONF_PREFIX + "restore.state_partitions"  # rescale on restore
+# accept a restore whose sources read with other settings (runtime/job/sources.py)
+ALLOW_SOURCE_CHANGES = CONF_PREFIX + "restore.allow-source-changes"
 ATTEMPT = CONF_PREFIX + "attempt"  # supervisor's submission attempt number (for logs)
 RUN_ID = CONF_PREFIX + "run_id"  # supervisor run: restart-strategy state is scoped to it
 
@@ -58,6 +60,8 @@ class JobSettings:
     workdir: str | None = None
     #: rescale keyed state to this many partitions on restore (None: keep)
     state_partitions: int | None = None
+    #: accept a restore whose sources read with other settings than the checkpoint's
+    allow_source_changes: bool = False
     attempt: int = 1
     run_id: str | None = None
 
@@ -73,6 +77,7 @@ class JobSettings:
             RESTORE: self.restore,
             WORKDIR: self.workdir,
             RESCALE_PARTITIONS: self.state_partitions,
+            ALLOW_SOURCE_CHANGES: "true" if self.allow_source_changes else None,
             ATTEMPT: self.attempt,
             RUN_ID: self.run_id,
         }
@@ -120,6 +125,8 @@ class JobSettings:
             workdir=str(raw["workdir"]) if raw["workdir"] else None,
             state_partitions=checked(RESCALE_PARTITIONS, _optional_int, raw["state_partitions"],
                                      None),
+            allow_source_changes=checked(ALLOW_SOURCE_CHANGES, _flag,
+                                         raw["allow_source_changes"], False),
             attempt=checked(ATTEMPT, lambda v: _optional_int(v) or 1, raw["attempt"], 1),
             run_id=raw["run_id"] or None,
         )
@@ -133,7 +140,8 @@ _FIELD_KEYS = {
     "job": JOB, "storage_uri": STORAGE, "endpoint_url": ENDPOINT_URL,
     "region_name": REGION_NAME, "checkpoint_config": CHECKPOINT_CONFIG,
     "restart_strategy": RESTART_STRATEGY, "restore": RESTORE, "workdir": WORKDIR,
-    "state_partitions": RESCALE_PARTITIONS, "attempt": ATTEMPT, "run_id": RUN_ID,
+    "state_partitions": RESCALE_PARTITIONS,
+    "allow_source_changes": ALLOW_SOURCE_CHANGES, "attempt": ATTEMPT, "run_id": RUN_ID,
 }
 
 
@@ -161,6 +169,10 @@ def _restart_strategy(raw: object) -> dict[str, Any]:
     params = _json_object(raw, "restart strategy")
     parse_restart_params(params)  # ConfigError names every bad key
     return params
+
+
+def _flag(value: object) -> bool:
+    return False if value in (None, "") else parse_bool(value)
 
 
 def _optional_int(value: object) -> int | None:

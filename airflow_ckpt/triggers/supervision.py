@@ -17,7 +17,11 @@ heartbeat judgement needs two looks on one clock, so a restarted trigger waits o
 ``on_kill`` (a user marks the deferred task failed / clears it): a stop request through
 the control channel (graceful: stop-with-savepoint, a final savepoint), then, if no
 terminal event arrives within ``stop_timeout_s``, SIGTERM and SIGKILL to the detached
-driver's process group when it runs on this host.
+driver's process group when it runs on this host, and the kill recorded. The triggerer
+cancels ``on_kill`` after ``[triggerer] on_kill_timeout`` (30 s by default;
+``asyncio.wait_for`` in ``TriggerRunner.run_trigger``), so the whole sequence is planned
+within that bound (:func:`kill_plan`): the graceful wait gets what the kill and its record
+leave, never more than ``stop_timeout_s``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
+from airflow.sdk import conf
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_ckpt.detached import LOCAL_PROCESSES, HostProcesses
@@ -61,6 +66,26 @@ class TriggerRuntime:
         await asyncio.sleep(seconds)
 
 
+#: of on_kill's bound: SIGTERM's grace before SIGKILL, and the kill's record
+KILL_GRACE_S = 10.0
+RECORD_KILL_S = 5.0
+
+
+def on_kill_bound_s() -> float:
+    """How long the triggerer lets ``on_kill`` run (``[triggerer] on_kill_timeout``)."""
+    return float(conf.getint("triggerer", "on_kill_timeout", fallback=30))
+
+
+def kill_plan(bound_s: float, stop_timeout_s: float) -> tuple[float, float]:
+    """``(graceful wait, SIGTERM grace)`` for an ``on_kill`` the triggerer cancels after
+    ``bound_s``: the kill and its record keep ``KILL_GRACE_S + RECORD_KILL_S`` (at most
+    half the bound, shared in that ratio), the graceful stop gets the rest, at most
+    ``stop_timeout_s``."""
+    kill_share = min(KILL_GRACE_S + RECORD_KILL_S, bound_s / 2)
+    grace = kill_share * KILL_GRACE_S / (KILL_GRACE_S + RECORD_KILL_S)
+    return max(min(stop_timeout_s, bound_s - kill_share), 0.0), grace
+
+
 class DriverSupervisionTrigger(BaseTrigger):
     """Fire once when a supervised submission ends, dies or stops making progress.
 
@@ -76,7 +101,8 @@ class DriverSupervisionTrigger(BaseTrigger):
     :param health: ``{"interval_s", "multiple", "restart"}`` or None (no health check)
     :param poll_interval: seconds between polls
     :param startup_timeout_s: how long the driver may take to hold its lease
-    :param stop_timeout_s: on_kill: how long a graceful stop may take before the kill
+    :param stop_timeout_s: on_kill: how long a graceful stop may take before the kill (cut
+        to what ``[triggerer] on_kill_timeout`` leaves, see :func:`kill_plan`)
     :param attempt: the submission attempt (echoed in the event)
     :param driver_log: the detached driver's log file (echoed in the event)
     :param runtime: what it runs on (not serialized; see :class:`TriggerRuntime`)
@@ -202,30 +228,44 @@ class DriverSupervisionTrigger(BaseTrigger):
                 "driver_host": self.driver_host, "driver_log": self.driver_log}
 
     async def on_kill(self) -> None:
-        """Stop the job: a graceful stop request first, the kill after a timeout."""
+        """Stop the job within the triggerer's bound: a graceful stop request first, the
+        kill (SIGTERM, SIGKILL after a grace) and its ``job_stopped`` record after the
+        planned wait (:func:`kill_plan`). Nothing blocks the event loop."""
         runtime = self.runtime
+        bound = on_kill_bound_s()
+        graceful, grace = kill_plan(bound, self.stop_timeout_s)
         hook = runtime.store(self.storage_uri, self.conn_id)
         try:
-            await runtime.call(
-                lambda: hook.control(self.job).request_savepoint(
-                    stop=True, timeout_s=self.stop_timeout_s,
-                    requested_by=f"airflow on_kill {self.run_id}"))
-            probe = await runtime.call(lambda: self._probe(hook))
-            deadline = runtime.clock() + self.stop_timeout_s
-            while runtime.clock() < deadline:
-                verdict = await runtime.call(probe.poll)
-                if verdict is not None and verdict.kind != "stale":
+            try:
+                if await asyncio.wait_for(self._stop_gracefully(hook, graceful), graceful):
                     return
-                await runtime.sleep(min(self.poll_interval, 2.0))
-            self.log.warning("job %s did not stop within %.0f s: killing the driver",
-                             self.job, self.stop_timeout_s)
-            runtime.processes.kill(self.driver_pid if self._local() else None)
+            except TimeoutError:  # a storage call outlasted the wait: kill all the same
+                pass
+            self.log.warning("job %s did not stop within %.0f s (of on_kill's %.0f s): "
+                             "killing the driver", self.job, graceful, bound)
+            pid = self.driver_pid if self._local() else None
+            await runtime.call(lambda: runtime.processes.kill(pid, grace))
             await runtime.call(lambda: record_killed(
                 hook.history(self.job), self.run_id, attempt=self.attempt or 0,
-                by=f"on_kill, after the stop request went unanswered for "
-                f"{self.stop_timeout_s:g} s", log=self.log))
+                by=f"on_kill, after the stop request went unanswered for {graceful:g} s",
+                log=self.log))
         finally:
             hook.close()
+
+    async def _stop_gracefully(self, hook: CheckpointStoreHook, wait_s: float) -> bool:
+        """Request stop-with-savepoint; True once the job's terminal event is read."""
+        runtime = self.runtime
+        deadline = runtime.clock() + wait_s
+        await runtime.call(
+            lambda: hook.control(self.job).request_savepoint(
+                stop=True, timeout_s=wait_s, requested_by=f"airflow on_kill {self.run_id}"))
+        probe = await runtime.call(lambda: self._probe(hook))
+        while runtime.clock() < deadline:
+            verdict = await runtime.call(probe.poll)
+            if verdict is not None and verdict.kind != "stale":
+                return True
+            await runtime.sleep(min(self.poll_interval, 2.0))
+        return False
 
 
 def verdict_of(event: dict[str, Any]) -> Verdict:

@@ -23,7 +23,8 @@ def test_what_the_operator_writes_the_driver_reads_back() -> None:
         region_name="eu-west-1",
         checkpoint_config=CheckpointConfig.from_dict({"interval": "5 s", "num-retained": 3}),
         restart_strategy={"type": "fixed-delay", "fixed-delay.attempts": 2},
-        restore="chk-7", workdir="/w", state_partitions=4, attempt=3, run_id="run-1")
+        restore="chk-7", workdir="/w", state_partitions=4, allow_source_changes=True,
+        attempt=3, run_id="run-1")
     conf = written.to_conf()
     assert all(key.startswith(keys.CONF_PREFIX) for key in conf)
     assert JobSettings.from_conf(conf.get) == written
@@ -44,12 +45,13 @@ def test_every_bad_key_is_named_with_where_to_record_it() -> None:
         keys.RESTART_STRATEGY: "[1]",
         keys.RESCALE_PARTITIONS: "0",
         keys.ATTEMPT: "two",
+        keys.ALLOW_SOURCE_CHANGES: "yes",
     }
     with pytest.raises(JobSettingsError) as err:
         JobSettings.from_conf(conf.get)
     assert set(err.value.problems) == {
         "checkpoint_config.interval", "restart_strategy.<json>",
-        keys.RESCALE_PARTITIONS, keys.ATTEMPT}
+        keys.RESCALE_PARTITIONS, keys.ATTEMPT, keys.ALLOW_SOURCE_CHANGES}
     where = err.value.settings
     assert where is not None
     assert (where.job, where.storage_uri, where.run_id) == ("orders", "file:///s", "run-1")

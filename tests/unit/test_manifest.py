@@ -12,6 +12,7 @@ from airflow_ckpt.runtime.checkpoint.metadata import (
     FileEntry,
     Manifest,
     OperatorInfo,
+    SourceSettings,
     Timings,
     parse_manifest,
 )
@@ -39,6 +40,15 @@ def test_round_trip_and_flink_history_entry() -> None:
     assert entry["end_to_end_duration"] == 1000 and entry["num_acknowledged_subtasks"] == 2
 
 
+def test_sources_round_trip_and_are_optional() -> None:
+    m = manifest(sources=(SourceSettings("rate", {"rowsPerSecond": "20"}),
+                          SourceSettings("text", {})))
+    assert parse_manifest(m.to_json()) == m
+    older = json.loads(manifest().to_json())
+    older.pop("sources")  # written before sources were recorded: not known
+    assert parse_manifest(json.dumps(older).encode()).sources is None
+
+
 def _mutate(change: Any) -> bytes:
     obj = json.loads(manifest().to_json())
     change(obj)
@@ -57,6 +67,9 @@ def _mutate(change: Any) -> bytes:
         (_mutate(lambda o: o["files"][0].pop("sha256")), "missing field 'sha256'"),
         (_mutate(lambda o: o.update(pending_transactions=["7"])), "pending_transactions"),
         (_mutate(lambda o: o["timings"].pop("sync_duration_ms")), "sync_duration_ms"),
+        (_mutate(lambda o: o.update(sources={"name": "rate"})), "'sources' must be a list"),
+        (_mutate(lambda o: o.update(sources=[{"name": "rate", "options": {"n": 1}}])),
+         "map strings to strings"),
     ],
 )
 def test_damaged_manifests_raise_typed_errors(data: bytes, message: str) -> None:

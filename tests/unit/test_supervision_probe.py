@@ -26,7 +26,7 @@ from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.lease.record import LeaseRecord
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.supervision import HealthRule, RunCheckpoints, SupervisionProbe, Verdict
-from airflow_ckpt.triggers.supervision import DriverSupervisionTrigger
+from airflow_ckpt.triggers.supervision import DriverSupervisionTrigger, kill_plan
 
 RUN = "d/r/t"
 
@@ -273,6 +273,58 @@ def test_trigger_on_kill_asks_for_a_graceful_stop_then_kills(
     assert request.stop and "on_kill" in request.requested_by
     reaper.join(15)
     assert driver.returncode is not None and driver.returncode != 0  # killed
+
+
+def test_kill_plan_fits_the_triggerers_on_kill_bound() -> None:
+    # the default bound (30 s): a 120 s stop_timeout_s is cut so the kill still runs
+    assert kill_plan(30.0, 120.0) == (15.0, 10.0)
+    assert kill_plan(30.0, 5.0) == (5.0, 10.0)  # a short graceful stop is kept
+    graceful, grace = kill_plan(6.0, 120.0)  # a short bound: the kill keeps half of it
+    assert (graceful, grace) == (3.0, 2.0)
+
+
+def test_a_forced_kill_completes_within_the_triggerers_on_kill_bound(
+    tmp_path: Path, storage: CheckpointStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The triggerer runs ``on_kill`` under ``asyncio.wait_for(..., on_kill_timeout)``
+    (``TriggerRunner.run_trigger``). With the default ``stop_timeout_s`` (120 s) and a
+    driver that ignores both the stop request and SIGTERM, the driver is still killed
+    and the kill recorded before that bound cancels ``on_kill`` (before the plan, the
+    graceful wait alone outlasted the bound: no kill, no record)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from airflow_ckpt.runtime.history.events import JOB_STOPPED
+
+    bound = 6
+    monkeypatch.setenv("AIRFLOW__TRIGGERER__ON_KILL_TIMEOUT", str(bound))
+    driver = subprocess.Popen(
+        [sys.executable, "-c", "import signal, sys, time\n"
+         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\n"
+         "time.sleep(120)"], start_new_session=True, stdout=subprocess.PIPE, text=True)
+    assert driver.stdout is not None and driver.stdout.readline() == "ready\n"
+    history = JobHistory(storage, "job")
+    submitted = history.append(JOB_SUBMITTED, run_id=RUN, attempt=1)
+    trigger = DriverSupervisionTrigger(
+        storage_uri=(tmp_path / "ckpt").as_uri(), job="job", run_id=RUN,
+        submitted_key=submitted.key, lease_epoch_before=0, conn_id=None,
+        driver_pid=driver.pid, driver_host=socket.gethostname(), poll_interval=0.05,
+        attempt=1)
+    assert trigger.stop_timeout_s == 120.0  # the operator's default
+    reaper = threading.Thread(target=driver.wait)
+    reaper.start()
+    started = time.monotonic()
+    asyncio.run(asyncio.wait_for(trigger.on_kill(), bound))  # as the triggerer runs it
+    took = time.monotonic() - started
+    reaper.join(5)
+    assert driver.returncode == -signal.SIGKILL  # SIGTERM was ignored: killed
+    [stopped] = history.events([JOB_STOPPED])
+    assert stopped.data["killed"] and stopped.data["attempt"] == 1
+    assert took < bound
 
 
 def test_a_terminal_event_written_just_before_the_exit_is_never_a_silent_death(

@@ -32,7 +32,13 @@ from airflow_ckpt.runtime.checkpoint.failures import (
 )
 from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.marker import write_marker
-from airflow_ckpt.runtime.checkpoint.metadata import Manifest, Timings, Trigger, parse_manifest
+from airflow_ckpt.runtime.checkpoint.metadata import (
+    Manifest,
+    SourceSettings,
+    Timings,
+    Trigger,
+    parse_manifest,
+)
 from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint, PendingState
 from airflow_ckpt.runtime.checkpoint.snapshot import (
     CapturedSnapshot,
@@ -101,6 +107,7 @@ class CheckpointCoordinator:
         clock: Clock = SYSTEM_CLOCK,
         ids: IdSource = random_id,
         trigger_clock: Callable[[], float] | None = None,
+        sources: tuple[SourceSettings, ...] | None = None,
     ) -> None:
         """``storage``: gated by the lease (every write passes its gate once);
         ``lease``: the rest of what the checkpoint path needs of the lease;
@@ -108,7 +115,9 @@ class CheckpointCoordinator:
         in the manifest; ``listeners``: called with each completed manifest (the sinks
         commit); ``clock``: timeouts, durations and reported timestamps; ``ids``: names
         of staging directories; ``trigger_clock``: when periodic checkpoints are due
-        (``clock.monotonic`` unless a test needs every look to find one due)."""
+        (``clock.monotonic`` unless a test needs every look to find one due);
+        ``sources``: the query's sources' settings the manifests record, until
+        :meth:`record_sources` (the restored checkpoint's: its state was read so)."""
         self.storage = storage
         self.layout = JobLayout(job)
         self.workdir = workdir
@@ -118,6 +127,7 @@ class CheckpointCoordinator:
         self.history = history
         self.spark_version = spark_version
         self.restored_from = restored_from
+        self._sources = sources
         self.poll_interval_s = poll_interval_s
         self.lease = lease
         self.transactions = transactions
@@ -143,6 +153,11 @@ class CheckpointCoordinator:
         self._thread = threading.Thread(target=self._run, name="ckpt-coordinator", daemon=True)
 
     # ------------------------------------------------------------------ lifecycle
+    def record_sources(self, sources: tuple[SourceSettings, ...] | None) -> None:
+        """The query's sources' settings, recorded by every manifest from the next one
+        on (called before the query starts: its first batch reads with them)."""
+        self._sources = sources
+
     def start(self) -> None:
         if self.threaded:
             self._thread.start()
@@ -416,6 +431,7 @@ class CheckpointCoordinator:
             pending_transactions=self.transactions(snap.batch_id),
             restored_from=self.restored_from,
             lease_epoch=self.lease.epoch,
+            sources=self._sources,
         )
 
     def _marker_key(self, p: PendingCheckpoint) -> str:

@@ -23,7 +23,8 @@ from airflow_ckpt.errors import MetadataError, UnsupportedSchemaVersionError
 
 SCHEMA_VERSION = 3
 #: versions this reader accepts (1: no merged files; 2 adds ``FileEntry.offset``; 3 adds
-#: ``FileEntry.inline``)
+#: ``FileEntry.inline``). The optional ``sources`` field needs no new version: a reader
+#: that ignores it misreads nothing (it only loses the check on restore).
 READABLE_VERSIONS = (1, 2, 3)
 #: the version of a manifest without inline files (what readers before 3 accept)
 _WITHOUT_INLINE = 2
@@ -94,6 +95,16 @@ class OperatorInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class SourceSettings:
+    """One streaming source of the query, in Spark's order of sources (``sources/<i>``):
+    its name (``rate``, ``kafka``, a file format) and the options recorded for it, the
+    ones that decide what a batch reads (:mod:`airflow_ckpt.runtime.job.sources`)."""
+
+    name: str
+    options: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Timings:
     """Phase timings (epoch seconds / milliseconds), after Flink's checkpoint stats."""
 
@@ -131,6 +142,9 @@ class Manifest:
     restored_from: str | None = None
     #: the writer's lease epoch (absent in manifests written before leases had epochs)
     lease_epoch: int | None = None
+    #: the query's sources and their recorded options when the checkpoint was taken
+    #: (None: not known, e.g. a manifest written before sources were recorded)
+    sources: tuple[SourceSettings, ...] | None = None
     #: the version read; 0 for a new manifest: the version it is written in
     #: (:func:`version_for` its files)
     schema_version: int = 0
@@ -239,6 +253,23 @@ def _operator(obj: Any, where: str) -> OperatorInfo:
     )
 
 
+def _sources(value: Any, where: str) -> tuple[SourceSettings, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise MetadataError(f"{where}: 'sources' must be a list")
+    sources = []
+    for obj in value:
+        if not isinstance(obj, dict):
+            raise MetadataError(f"{where}: a source entry is not an object")
+        options = _require(obj, "options", dict, where)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in options.items()):
+            raise MetadataError(f"{where}: a source's options must map strings to strings")
+        sources.append(SourceSettings(name=_require(obj, "name", str, where),
+                                      options=dict(options)))
+    return tuple(sources)
+
+
 def _timings(obj: Any, where: str) -> Timings:
     if not isinstance(obj, dict):
         raise MetadataError(f"{where}: 'timings' is not an object")
@@ -315,5 +346,6 @@ def parse_manifest(data: bytes, where: str = "_metadata") -> Manifest:
         pending_transactions=tuple(pending),
         restored_from=restored_from,
         lease_epoch=lease_epoch,
+        sources=_sources(obj.get("sources"), where),
         extra=extra,
     )

@@ -41,7 +41,7 @@ from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
 from airflow_ckpt.runtime.checkpoint.digests import DigestCache
 from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
-from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.metadata import Manifest, SourceSettings
 from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.control.channel import (
@@ -55,6 +55,7 @@ from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.job.ending import JobResult, QueryEnding
 from airflow_ckpt.runtime.job.requests import SavepointRequests
 from airflow_ckpt.runtime.job.sinks import JobSinks
+from airflow_ckpt.runtime.job.sources import check_sources, read_sources
 from airflow_ckpt.runtime.job.spark_features import require_offline_repartition
 from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.record import LeaseRecord
@@ -120,6 +121,7 @@ class CheckpointedJob:
         workdir: str | Path | None = None,
         run_id: str | None = None,
         state_partitions: int | None = None,
+        allow_source_changes: bool | None = None,
         threaded: bool = True,
     ) -> None:
         conf = spark.conf
@@ -129,7 +131,7 @@ class CheckpointedJob:
                 lambda key: conf.get(key, None), job=job, storage_uri=given_uri,
                 checkpoint_config=checkpoint_config, restart_strategy=restart_strategy,
                 restore=restore, workdir=str(workdir) if workdir else None, run_id=run_id,
-                state_partitions=state_partitions)
+                state_partitions=state_partitions, allow_source_changes=allow_source_changes)
         except JobSettingsError as error:
             self._record_invalid(error, storage)
             raise
@@ -144,6 +146,10 @@ class CheckpointedJob:
         self.restart_params = dict(settings.restart_strategy) or {"type": "exponential-delay"}
         self.restore_target = settings.restore
         self.state_partitions = settings.state_partitions
+        #: the restored checkpoint's path and its sources' settings (None: nothing to
+        #: compare the query's with)
+        self._restored_sources: tuple[str | None, tuple[SourceSettings, ...] | None] = (
+            None, None)
         raw_storage = storage if isinstance(storage, CheckpointStorage) else _open(settings)
         #: how long storage requests wait through an outage (runtime/storage/outage.py)
         self.outage = OutageBudget(self.config.tolerable_outage_s)
@@ -446,6 +452,8 @@ class CheckpointedJob:
         own = restored.manifest if restored.manifest and restored.manifest.job == self.job \
             and not restored.manifest.is_savepoint else None
         self.ending.restored_id = own.checkpoint_id if own else None
+        self._restored_sources = (restored.path,
+                                  restored.manifest.sources if restored.manifest else None)
         next_id = max(store.recover(pinned=own.checkpoint_id if own else None,
                                     distrust=restored.damaged_keys),
                       record.first_id or 1 if record else 1)
@@ -459,6 +467,7 @@ class CheckpointedJob:
                             self.lease.reserve_ids),
             transactions=self.sinks.pending_transactions, listeners=self._listeners,
             threaded=self.threaded, digests=self._digests, trigger_clock=self.clock,
+            sources=self._restored_sources[1],
         )
         coordinator.start()
         self.coordinator = coordinator
@@ -480,7 +489,7 @@ class CheckpointedJob:
     def _run_once(
         self, build: Callable[[], DataStreamWriter], coordinator: CheckpointCoordinator
     ) -> JobResult:
-        query = self._start_query(build)
+        query = self._start_query(build, coordinator)
         requests: dict[str, PendingCheckpoint] = {}
         looked = False  # a restarted query looks at once: its requests died with the last
         try:
@@ -502,7 +511,7 @@ class CheckpointedJob:
                     result = self.ending.stop_with_savepoint(query, coordinator, stop, requests)
                     if result is not None:
                         return result
-                    query = self._start_query(build)  # the stop was refused: run on
+                    query = self._start_query(build, coordinator)  # the stop was refused: run on
                     continue
                 # Block in the JVM until the next look: two Py4J round trips a second
                 # instead of twenty (each costs driver CPU on cores the batches use). A
@@ -523,15 +532,24 @@ class CheckpointedJob:
                             batch_id=final.batch_id)
         return JobResult("finished", final)
 
-    def _start_query(self, build: Callable[[], DataStreamWriter]) -> StreamingQuery:
+    def _start_query(self, build: Callable[[], DataStreamWriter],
+                     coordinator: CheckpointCoordinator) -> StreamingQuery:
+        """Build the query and start it, after comparing its sources' settings with the
+        restored checkpoint's (``SourceSettingsChangedError``, final, before it starts);
+        the checkpoints taken from here on record them."""
         self.sinks.building = True
         try:
             writer = build().option("checkpointLocation", location(self.workdir))
         finally:
             self.sinks.building = False
+        sources = read_sources(writer)
+        restored_from, restored_sources = self._restored_sources
+        check_sources(restored_sources, sources, restored_from=restored_from,
+                      allow_changes=self.settings.allow_source_changes)
         restored, self._unchecked_restore = self._unchecked_restore, None
         if restored is not None:
             self._check_retention(writer, restored)
+        coordinator.record_sources(sources)
         return writer.start()
 
     def _check_retention(self, writer: DataStreamWriter, restored: RestoreResult) -> None:

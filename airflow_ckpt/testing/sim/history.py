@@ -303,7 +303,7 @@ class SimProcesses(HostProcesses):
         driver = self.world.drivers.get(pid)
         return driver is not None and driver.alive
 
-    def kill(self, pid: int | None) -> None:
+    def kill(self, pid: int | None, grace_s: float = 10.0) -> None:
         driver = self.world.drivers.get(pid or -1)
         if driver is not None and driver.alive:
             driver.killed = True  # it dies at its next step
