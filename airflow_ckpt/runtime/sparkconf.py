@@ -31,7 +31,7 @@ RESTART_STRATEGY = CONF_PREFIX + "restart_strategy"  # JSON object, Flink option
 RESTORE = CONF_PREFIX + "restore"  # latest | none | <checkpoint or savepoint path>
 WORKDIR = CONF_PREFIX + "workdir"  # local working directory (Spark checkpointLocation)
 RESCALE_PARTITIONS = CONF_PREFIX + "restore.state_partitions"  # rescale on restore
-# accept a restore whose sources read with other settings (runtime/job/sources.py)
+# accept a restore whose sources read with other settings (runtime/sources/settings.py)
 ALLOW_SOURCE_CHANGES = CONF_PREFIX + "restore.allow-source-changes"
 ATTEMPT = CONF_PREFIX + "attempt"  # supervisor's submission attempt number (for logs)
 RUN_ID = CONF_PREFIX + "run_id"  # supervisor run: restart-strategy state is scoped to it

@@ -1,5 +1,5 @@
 """The sources' settings recorded with a checkpoint and compared on restore
-(airflow_ckpt/runtime/job/sources.py); the plan reading itself runs against real Spark in
+(airflow_ckpt/runtime/sources/settings.py); the plan reading itself runs against real Spark in
 tests/integration/test_source_settings_restore.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from airflow_ckpt.errors import FinalError, SourceSettingsChangedError
 from airflow_ckpt.runtime.checkpoint.metadata import SourceSettings
-from airflow_ckpt.runtime.job.sources import check_sources, recorded_settings, source_changes
+from airflow_ckpt.runtime.sources.settings import check_sources, recorded_settings, source_changes
 
 RATE_20 = (SourceSettings("rate", {"rowsPerSecond": "20"}),)
 RATE_10 = (SourceSettings("rate", {"rowsPerSecond": "10"}),)

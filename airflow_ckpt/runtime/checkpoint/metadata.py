@@ -98,7 +98,7 @@ class OperatorInfo:
 class SourceSettings:
     """One streaming source of the query, in Spark's order of sources (``sources/<i>``):
     its name (``rate``, ``kafka``, a file format) and the options recorded for it, the
-    ones that decide what a batch reads (:mod:`airflow_ckpt.runtime.job.sources`)."""
+    ones that decide what a batch reads (:mod:`airflow_ckpt.runtime.sources.settings`)."""
 
     name: str
     options: dict[str, str] = field(default_factory=dict)

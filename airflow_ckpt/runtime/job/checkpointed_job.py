@@ -55,13 +55,13 @@ from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.job.ending import JobResult, QueryEnding
 from airflow_ckpt.runtime.job.requests import SavepointRequests
 from airflow_ckpt.runtime.job.sinks import JobSinks
-from airflow_ckpt.runtime.job.sources import check_sources, read_sources
 from airflow_ckpt.runtime.job.spark_features import require_offline_repartition
 from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.record import LeaseRecord
 from airflow_ckpt.runtime.restore.choose import RestoreResult, restore
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
 from airflow_ckpt.runtime.sources import kafka
+from airflow_ckpt.runtime.sources.settings import check_sources, read_sources
 from airflow_ckpt.runtime.sparkconf import JobSettings
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
