@@ -123,6 +123,14 @@ class _Corrupting(DelegatingStorage):
 
     def upload_file(self, path: Path, key: str) -> None:
         super().upload_file(path, key)
+        self._damage(key)
+
+    def upload_file_hashed(self, path: Path, key: str) -> str:
+        digest = super().upload_file_hashed(path, key)
+        self._damage(key)
+        return digest
+
+    def _damage(self, key: str) -> None:
         if key.endswith("/commits/1"):
             self.inner.put_bytes(key, b"damaged")
 
