@@ -235,6 +235,9 @@ CONFIG = {
     "execution.checkpointing.min-pause": "0 ms",
     "execution.checkpointing.num-retained": 2,
     "execution.checkpointing.incremental": True,
+    # the scenario's state files are small: without this they would all travel inside
+    # _metadata (issue 26) and no shared-file upload, copy or GC delete would be crashed
+    "state.storage.fs.memory-threshold": 0,
     "execution.checkpointing.tolerable-failed-checkpoints": 1000,
     # an injected storage error is one that outlasts any outage: raised at once
     "execution.checkpointing.tolerable-storage-outage": "0 s",
