@@ -239,7 +239,9 @@ class DriverSupervisionTrigger(BaseTrigger):
             try:
                 if await asyncio.wait_for(self._stop_gracefully(hook, graceful), graceful):
                     return
-            except TimeoutError:  # a storage call outlasted the wait: kill all the same
+            # a storage call outlasted the wait: kill all the same (asyncio.TimeoutError is
+            # not the built-in TimeoutError before Python 3.11)
+            except (TimeoutError, asyncio.TimeoutError):
                 pass
             self.log.warning("job %s did not stop within %.0f s (of on_kill's %.0f s): "
                              "killing the driver", self.job, graceful, bound)
