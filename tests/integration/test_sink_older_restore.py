@@ -5,7 +5,9 @@ second run restores the checkpoint of batch 1. Spark plans batches 2 and 3 again
 
 * with ``maxFilesPerTrigger`` 1 they read the same files: skipped, and the output is
   exactly the ground truth (every number once);
-* reading every available file, batch 2 lists six files under the same ``logOffset``: the
+* reading every available file (``maxFilesPerTrigger`` 10) is first refused before the
+  query starts (``SourceSettingsChangedError``: the checkpoint recorded 1); with
+  ``allow_source_changes`` batch 2 lists six files under the same ``logOffset``: the
   sink refuses with ``SinkReplayMismatchError`` and the output is what the first run
   committed, every number once (on main the replay was dropped silently and the numbers
   of the new files never published);
@@ -24,7 +26,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_ckpt.errors import SinkReplayMismatchError
+from airflow_ckpt.errors import SinkReplayMismatchError, SourceSettingsChangedError
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
@@ -40,9 +42,11 @@ PER_FILE = 25
 
 
 def run(spark: Any, storage: CheckpointStorage, table: str, input_dir: Path, workdir: Path,
-        *, restore: str, files_per_batch: int, mode: str = "EXACTLY_ONCE") -> None:
+        *, restore: str, files_per_batch: int, mode: str = "EXACTLY_ONCE",
+        allow_source_changes: bool = False) -> None:
     job = CheckpointedJob(
         spark, job=JOB, storage=storage, restore=restore, workdir=workdir,
+        allow_source_changes=allow_source_changes,
         checkpoint_config={"execution.checkpointing.interval": "100 ms",
                            "execution.checkpointing.num-retained": 10,
                            "execution.checkpointing.mode": mode},
@@ -97,9 +101,14 @@ def test_restoring_an_older_checkpoint_is_exactly_once_or_refused(
             files_per_batch=files_per_batch)
         assert published(table) == list(range(1, 8 * PER_FILE + 1))  # the ground truth
     else:
-        with pytest.raises(SinkReplayMismatchError) as raised:
+        with pytest.raises(SourceSettingsChangedError, match=(
+                r"source 0 \(text\): maxFilesPerTrigger was '1', now '10'")):
             run(spark, file_storage, table.as_uri(), input_dir, tmp_path / "w2",
                 restore=restore, files_per_batch=files_per_batch)
+        assert ParquetSink(table.as_uri()).committed_batches() == [0, 1, 2, 3]
+        with pytest.raises(SinkReplayMismatchError) as raised:
+            run(spark, file_storage, table.as_uri(), input_dir, tmp_path / "w2",
+                restore=restore, files_per_batch=files_per_batch, allow_source_changes=True)
         refusal = raised.value
         assert refusal.batch_id == 2 and "(1 files)" in refusal.committed
         assert "(6 files)" in refusal.replay and restore in str(refusal)
@@ -107,7 +116,7 @@ def test_restoring_an_older_checkpoint_is_exactly_once_or_refused(
         assert not list((table / "_staging").glob("*/*"))  # the replay's files are gone
         failed = JobHistory(file_storage, JOB).events([ev.JOB_FAILED])
         assert failed[-1].data["error"] == "SinkReplayMismatchError"
-    (ahead,) = JobHistory(file_storage, JOB).events([ev.SINK_AHEAD])
+    ahead = JobHistory(file_storage, JOB).events([ev.SINK_AHEAD])[-1]
     assert (ahead.data["restored_batch"], ahead.data["first_batch"],
             ahead.data["last_batch"]) == (1, 2, 3)
 
@@ -123,7 +132,8 @@ def test_at_least_once_publishes_a_replay_that_read_other_files_as_extra_output(
                  if m.batch_id == 1)
     add_files(input_dir, 4, 4)
     run(spark, file_storage, table.as_uri(), input_dir, tmp_path / "w2",
-        restore=f"chk-{older.checkpoint_id}", files_per_batch=10, mode=mode)
+        restore=f"chk-{older.checkpoint_id}", files_per_batch=10, mode=mode,
+        allow_source_changes=True)
     # batch 2 replayed over files 2..7: every number there, files 2 and 3 twice
     assert published(table) == sorted([*range(1, 8 * PER_FILE + 1),
                                        *range(2 * PER_FILE + 1, 4 * PER_FILE + 1)])
