@@ -362,7 +362,8 @@ def checkpoint_state_problems(storage: CheckpointStorage, job: str) -> list[str]
             check_state_visible(where, (f.path for f in manifest.files), manifest.operators)
         except WorkdirNotSharedError as exc:
             problems.append(f"{where} lacks state: {exc}")
-        missing = [f.key for f in manifest.files if not storage.exists(root + f.key)]
+        missing = [f.key for f in manifest.files
+                   if not f.is_inline and not storage.exists(root + f.key)]
         if missing:
             problems.append(f"{where}: {len(missing)} files missing, e.g. {missing[:3]}")
     return problems

@@ -28,6 +28,8 @@ CONFIG = {
     "execution.checkpointing.interval": "200 ms",
     "execution.checkpointing.num-retained": 2,
     "execution.checkpointing.incremental": True,
+    # these tests damage and copy checkpoint files as objects: none inline (issue 26)
+    "state.storage.fs.memory-threshold": 0,
 }
 
 
