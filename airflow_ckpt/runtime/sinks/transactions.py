@@ -292,14 +292,15 @@ class SinkTransactions:
         txn = self.current(batch_id, replay)
         if txn is None:
             return None
-        self.confirm()  # the record read above is not a successor's
-        if txn.state != "staged" \
-                or self._settle(txn, AttemptOutcome.COMMIT) is AttemptOutcome.ABORT:
-            # A recovery aborted this attempt first: nothing to commit. Only a holder of
-            # the lease aborts, after its claim: a deposed driver's confirm (a read after
-            # the aborted record's) sees that claim and raises, so its commit never
-            # returns as if the batch were published.
-            self.confirm()
+        # The record read above is not a successor's. An aborted record is a recovery's,
+        # and only a holder of the lease aborts, after its claim: a deposed driver's
+        # confirm (a read after the aborted record's) sees that claim and raises, so its
+        # commit never returns as if the batch were published.
+        self.confirm()
+        if txn.state != "staged":
+            return None
+        if self._settle(txn, AttemptOutcome.COMMIT) is AttemptOutcome.ABORT:
+            self.confirm()  # the abort outcome, read after the confirm above
             return None
         decision = describe(txn)
         if txn.offsets is not None:
