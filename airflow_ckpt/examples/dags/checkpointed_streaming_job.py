@@ -25,19 +25,20 @@ a second): input files are written by the first task, at run time.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from airflow.sdk import DAG, Param, task
 
-from airflow_ckpt.operators import CheckpointedSparkSubmitOperator
-from airflow_ckpt.restart import restart_params_json_schema
-
-STORAGE = os.environ.get("AIRFLOW_CKPT_STORAGE", "file:///tmp/airflow-ckpt/checkpoints")
-JOBS_DIR = Path(
-    os.environ.get("AIRFLOW_CKPT_JOBS_DIR", Path(__file__).resolve().parent.parent / "spark_jobs")
+from airflow_ckpt.examples.dag_params import (
+    DEMO,
+    SPARK_CONF,
+    checkpoint_params,
+    job_params,
+    jobs_dir,
+    restart_param,
+    submit_args,
 )
-DEMO = "spark.airflow_ckpt.demo."
+from airflow_ckpt.operators import CheckpointedSparkSubmitOperator
 
 with DAG(
     dag_id="checkpointed_streaming_job",
@@ -48,24 +49,10 @@ with DAG(
     tags=["airflow-ckpt", "example"],
     render_template_as_native_obj=True,
     params={
-        "job_name": Param("odd-even-sums", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-                          description="Job name: the job's directory in the storage."),
-        "storage": Param(STORAGE, type="string", pattern=r"^(s3a?|file)://",
-                         description="Checkpoint storage: s3://bucket/prefix or file:///path."),
-        "restart_strategy": Param(
-            {"type": "fixed-delay", "fixed-delay.attempts": 3, "fixed-delay.delay": "1 s"},
-            description="Flink restart-strategy options (Flink option names; "
-                        "'restart-strategy.' prefix optional).",
-            schema=restart_params_json_schema(),
-        ),
-        "checkpoint_interval": Param("2 s", type="string",
-                                     description="execution.checkpointing.interval"),
-        "num_retained": Param(3, type="integer", minimum=1,
-                              description="execution.checkpointing.num-retained"),
-        "restore": Param("latest", type="string", minLength=1,
-                         description="latest | none | a checkpoint or savepoint path"),
-        "master": Param("local[2]", type="string",
-                        description="Spark master; empty = the spark_default connection's"),
+        **job_params("odd-even-sums",
+                     restore="latest | none | a checkpoint or savepoint path"),
+        **checkpoint_params("2 s"),
+        "restart_strategy": restart_param("1 s"),
         "input_dir": Param("/tmp/airflow-ckpt/input/odd-even-sums", type="string",
                            description="Directory of input files (one integer per line)."),
         "numbers": Param(1000, type="integer", minimum=1,
@@ -95,24 +82,14 @@ with DAG(
 
     run_job = CheckpointedSparkSubmitOperator(
         task_id="run_job",
-        application=str(JOBS_DIR / "odd_even_sums.py"),
-        job_name="{{ params.job_name }}",
-        checkpoint_storage="{{ params.storage }}",
-        checkpoint_config={
-            "execution.checkpointing.interval": "{{ params.checkpoint_interval }}",
-            "execution.checkpointing.num-retained": "{{ params.num_retained }}",
-        },
-        restart_strategy="{{ params.restart_strategy }}",
-        restore="{{ params.restore }}",
-        master="{{ params.master }}",
+        application=str(jobs_dir(__file__) / "odd_even_sums.py"),
         conf={
             DEMO + "input": "{{ ti.xcom_pull(task_ids='prepare_input') }}",
             DEMO + "crash_attempts": "{{ params.crash_attempts }}",
             DEMO + "crash_after_batch": "{{ params.crash_after_batch }}",
-            "spark.sql.shuffle.partitions": "4",
-            "spark.ui.enabled": "false",
+            **SPARK_CONF,
         },
-        driver_memory="1g",
+        **submit_args(),
     )
 
     prepare_input("{{ params.input_dir }}", "{{ params.numbers }}", "{{ params.files }}") \

@@ -22,23 +22,25 @@ Settings as for the other examples (``airflow-ckpt examples`` prints them), plus
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from airflow.sdk import DAG, Param
 from pyspark import __version__ as installed_spark
 
+from airflow_ckpt.examples.dag_params import (
+    DEMO,
+    SPARK_CONF,
+    checkpoint_params,
+    job_params,
+    jobs_dir,
+    restart_param,
+    submit_args,
+)
 from airflow_ckpt.operators import CheckpointedSparkSubmitOperator
 
-STORAGE = os.environ.get("AIRFLOW_CKPT_STORAGE", "file:///tmp/airflow-ckpt/checkpoints")
-CONN_ID = os.environ.get("AIRFLOW_CKPT_CONN_ID", "aws_default")
-JOBS_DIR = Path(
-    os.environ.get("AIRFLOW_CKPT_JOBS_DIR", Path(__file__).resolve().parent.parent / "spark_jobs")
-)
 KAFKA = os.environ.get("AIRFLOW_CKPT_KAFKA", "127.0.0.1:9092")
 #: the connector must be of the Spark version the driver runs (Scala 2.13): the installed
 #: pyspark's (the Spark provider installs pyspark-client, of the same version)
 SPARK_VERSION = os.environ.get("AIRFLOW_CKPT_SPARK_VERSION") or installed_spark
-DEMO = "spark.airflow_ckpt.demo."
 
 with DAG(
     dag_id="kafka_counts",
@@ -49,39 +51,26 @@ with DAG(
     tags=["airflow-ckpt", "example", "kafka"],
     render_template_as_native_obj=True,
     params={
-        "job_name": Param("kafka-counts", type="string",
-                          pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"),
-        "storage": Param(STORAGE, type="string", pattern=r"^(s3a?|file)://"),
+        **job_params("kafka-counts"),
         "bootstrap_servers": Param(KAFKA, type="string", minLength=1),
         "topic": Param("numbers", type="string", minLength=1),
         "output": Param("file:///tmp/airflow-ckpt/tables/kafka-counts", type="string",
                         pattern=r"^(s3a?|file)://", description="the Parquet table directory"),
         "trigger_interval": Param("2 seconds", type="string", minLength=1),
-        "checkpoint_interval": Param("5 s", type="string"),
-        "restore": Param("latest", type="string", minLength=1,
-                         description="latest | none | a savepoint URI or checkpoint path"),
-        "master": Param("local[2]", type="string"),
+        **checkpoint_params("5 s"),
+        "restart_strategy": restart_param("5 s"),
     },
 ):
     CheckpointedSparkSubmitOperator(
         task_id="run_job",
-        application=str(JOBS_DIR / "kafka_counts.py"),
+        application=str(jobs_dir(__file__) / "kafka_counts.py"),
         application_args=["--trigger-interval", "{{ params.trigger_interval }}"],
         packages=f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_VERSION}",
-        job_name="{{ params.job_name }}",
-        checkpoint_storage="{{ params.storage }}",
-        storage_conn_id=CONN_ID,
-        checkpoint_config={"execution.checkpointing.interval": "{{ params.checkpoint_interval }}"},
-        restart_strategy={"type": "fixed-delay", "fixed-delay.attempts": 3,
-                          "fixed-delay.delay": "5 s"},
-        restore="{{ params.restore }}",
-        master="{{ params.master }}",
         conf={
             DEMO + "bootstrap_servers": "{{ params.bootstrap_servers }}",
             DEMO + "topic": "{{ params.topic }}",
             DEMO + "output": "{{ params.output }}",
-            "spark.sql.shuffle.partitions": "4",
-            "spark.ui.enabled": "false",
+            **SPARK_CONF,
         },
-        driver_memory="1g",
+        **submit_args(),
     )

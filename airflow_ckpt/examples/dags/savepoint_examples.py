@@ -21,25 +21,24 @@ Defaults match the main example, ``streaming_rate_counts``: job ``rate-counts``
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 
+from airflow_ckpt.examples.dag_params import (
+    CONN_ID,
+    DEMO,
+    JOB_NAME_PATTERN,
+    STORAGE,
+    jobs_dir,
+)
 from airflow_ckpt.operators.checkpointed_spark_submit import CheckpointedSparkSubmitOperator
 from airflow_ckpt.operators.savepoint import TriggerSavepointOperator
 from airflow_ckpt.runtime.sparkconf import RESCALE_PARTITIONS
 from airflow_ckpt.sensors.checkpoint import CheckpointSensor
 from airflow_ckpt.triggers.checkpoint import CheckpointEventTrigger
 
-STORAGE = os.environ.get("AIRFLOW_CKPT_STORAGE", "file:///tmp/airflow-ckpt/checkpoints")
-CONN_ID = os.environ.get("AIRFLOW_CKPT_CONN_ID", "aws_default")
 JOB = os.environ.get("AIRFLOW_CKPT_EXAMPLE_JOB", "rate-counts")
-JOBS_DIR = Path(
-    os.environ.get("AIRFLOW_CKPT_JOBS_DIR", Path(__file__).resolve().parent.parent / "spark_jobs")
-)
-DEMO = "spark.airflow_ckpt.demo."
-JOB_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 ODD_EVEN_JOB = "odd-even-sums"  # the job savepoint_restore runs
 
 
@@ -122,7 +121,7 @@ with DAG(
 ):
     CheckpointedSparkSubmitOperator(
         task_id="run_from_savepoint",
-        application=str(JOBS_DIR / "odd_even_sums.py"),
+        application=str(jobs_dir(__file__) / "odd_even_sums.py"),
         job_name="{{ params.job_name }}",
         checkpoint_storage="{{ params.storage }}",
         storage_conn_id=CONN_ID,

@@ -20,20 +20,18 @@ Settings (``airflow-ckpt examples`` prints them): ``$AIRFLOW_CKPT_STORAGE`` (def
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from airflow.sdk import DAG, Param
 
-from airflow_ckpt.operators import CheckpointedSparkSubmitOperator
-from airflow_ckpt.restart import restart_params_json_schema
-
-STORAGE = os.environ.get("AIRFLOW_CKPT_STORAGE", "file:///tmp/airflow-ckpt/checkpoints")
-CONN_ID = os.environ.get("AIRFLOW_CKPT_CONN_ID", "aws_default")
-JOBS_DIR = Path(
-    os.environ.get("AIRFLOW_CKPT_JOBS_DIR", Path(__file__).resolve().parent.parent / "spark_jobs")
+from airflow_ckpt.examples.dag_params import (
+    DEMO,
+    SPARK_CONF,
+    checkpoint_params,
+    job_params,
+    jobs_dir,
+    restart_param,
+    submit_args,
 )
-DEMO = "spark.airflow_ckpt.demo."
+from airflow_ckpt.operators import CheckpointedSparkSubmitOperator
 
 with DAG(
     dag_id="streaming_rate_counts",
@@ -44,51 +42,24 @@ with DAG(
     tags=["airflow-ckpt", "example"],
     render_template_as_native_obj=True,
     params={
-        "job_name": Param("rate-counts", type="string", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-                          description="Job name: the job's directory in the storage."),
-        "storage": Param(STORAGE, type="string", pattern=r"^(s3a?|file)://",
-                         description="Checkpoint storage: s3://bucket/prefix or file:///path."),
+        **job_params("rate-counts"),
         "rows_per_second": Param(10, type="integer", minimum=1,
                                  description="Rate of the source (Spark's rowsPerSecond); "
                                              "keep it across a restore (the source numbers "
                                              "its rows by elapsed seconds x rate)."),
         "trigger_interval": Param("2 seconds", type="string", minLength=1,
                                   description="Processing-time trigger: a micro-batch every..."),
-        "checkpoint_interval": Param("5 s", type="string",
-                                     description="execution.checkpointing.interval"),
-        "num_retained": Param(3, type="integer", minimum=1,
-                              description="execution.checkpointing.num-retained"),
-        "restore": Param("latest", type="string", minLength=1,
-                         description="latest | none | a savepoint URI (the XCom of "
-                                     "savepoint_manual) or checkpoint path"),
-        "restart_strategy": Param(
-            {"type": "fixed-delay", "fixed-delay.attempts": 3, "fixed-delay.delay": "5 s"},
-            description="Flink restart-strategy options (Flink option names; "
-                        "'restart-strategy.' prefix optional).",
-            schema=restart_params_json_schema(),
-        ),
-        "master": Param("local[2]", type="string",
-                        description="Spark master; empty = the spark_default connection's"),
+        **checkpoint_params("5 s"),
+        "restart_strategy": restart_param("5 s"),
     },
 ):
     CheckpointedSparkSubmitOperator(
         task_id="run_job",
-        application=str(JOBS_DIR / "rate_counts.py"),
-        job_name="{{ params.job_name }}",
-        checkpoint_storage="{{ params.storage }}",
-        storage_conn_id=CONN_ID,
-        checkpoint_config={
-            "execution.checkpointing.interval": "{{ params.checkpoint_interval }}",
-            "execution.checkpointing.num-retained": "{{ params.num_retained }}",
-        },
-        restart_strategy="{{ params.restart_strategy }}",
-        restore="{{ params.restore }}",
-        master="{{ params.master }}",
+        application=str(jobs_dir(__file__) / "rate_counts.py"),
         conf={
             DEMO + "rows_per_second": "{{ params.rows_per_second }}",
             DEMO + "trigger_interval": "{{ params.trigger_interval }}",
-            "spark.sql.shuffle.partitions": "4",
-            "spark.ui.enabled": "false",
+            **SPARK_CONF,
         },
-        driver_memory="1g",
+        **submit_args(),
     )
