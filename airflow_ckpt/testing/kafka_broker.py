@@ -182,6 +182,42 @@ def create_topic(bootstrap: str, topic: str, partitions: int, **config: str) -> 
         admin.close()
 
 
+def add_partitions(bootstrap: str, topic: str, total: int, *,
+                   timeout_s: float = 60.0) -> None:
+    """Grow ``topic`` to ``total`` partitions (``CreatePartitions``, what
+    ``kafka-topics --alter --partitions`` does); returns once the broker's metadata
+    lists all of them, so a producer created afterwards can write to each."""
+    from kafka.admin import KafkaAdminClient, NewPartitions
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_partitions({topic: NewPartitions(total)})
+        deadline = time.monotonic() + timeout_s  # liveness: metadata follows at once
+        while len(admin.describe_topics([topic])[0]["partitions"]) != total:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic} does not list {total} partitions "
+                                   f"{timeout_s:.0f} s after CreatePartitions")
+            time.sleep(0.1)
+    finally:
+        admin.close()
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[str, int]:
+    """The topic's end offset (the next record's) per partition, as the broker has it:
+    ``{"0": 200, ...}``, the shape of a checkpoint's Kafka source position."""
+    from kafka import KafkaConsumer
+    from kafka.structs import TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap)
+    try:
+        partitions = [TopicPartition(topic, p)
+                      for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        return {str(tp.partition): int(offset)
+                for tp, offset in consumer.end_offsets(partitions).items()}
+    finally:
+        consumer.close()
+
+
 def produce_numbers(bootstrap: str, topic: str, count: int, *, partitions: int,
                     start: int = 1) -> GroundTruth:
     """Produce the integers ``start..start+count-1`` as records (key ``n % 10``, value

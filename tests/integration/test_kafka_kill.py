@@ -30,16 +30,24 @@ from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import open_storage
-from airflow_ckpt.testing.kafka_broker import KafkaBroker, produce_numbers
+from airflow_ckpt.runtime.storage.base import CheckpointStorage
+from airflow_ckpt.testing.kafka_broker import (
+    KafkaBroker,
+    add_partitions,
+    end_offsets,
+    produce_numbers,
+)
 from airflow_ckpt.testing.numbers import (
     GroundTruth,
     JobSpec,
     after_checkpoint,
     finished_job_problems,
+    kill_hard,
     killed_run_problems,
     run_with_kills,
     start_job,
     verify_output,
+    wait_for_checkpoints,
 )
 
 pytestmark = pytest.mark.integration
@@ -55,7 +63,9 @@ FOLLOW_S = 60.0
 
 
 def kafka_spec(job: str, tmp_path: Path, broker: KafkaBroker, topic: str,
-               jars: list[Path], *extra: str) -> JobSpec:
+               jars: list[Path], *extra: str, available_now: bool = True) -> JobSpec:
+    """The example job reading ``topic``: to the end of what it holds and finish
+    (``available_now``), or streaming until killed."""
     return JobSpec(
         job=job, storage_uri=(tmp_path / "ckpt").as_uri(), input_dir=None,
         output_uri=(tmp_path / "out").as_uri(), script=JOBS_DIR / "kafka_counts.py",
@@ -66,7 +76,7 @@ def kafka_spec(job: str, tmp_path: Path, broker: KafkaBroker, topic: str,
         },
         confs={"spark.jars": ",".join(map(str, jars))},
         extra_args=["--bootstrap-servers", broker.bootstrap, "--topic", topic,
-                    "--sink", "jsonl", "--available-now",
+                    "--sink", "jsonl", *(["--available-now"] if available_now else []),
                     "--max-offsets-per-trigger", str(PER_TRIGGER), *extra],
         workdir=tmp_path / "driver",
     )
@@ -268,3 +278,75 @@ def test_an_older_restore_rereads_exactly_from_its_kafka_offsets(
     verdict = verify_output(sink, truth, finished=True)
     assert verdict.ok, verdict.problems
     assert sink.committed_batches() == [0, 1, 2]
+
+
+def _wait_for_positions(storage: CheckpointStorage, job: str, topic: str,
+                        ends: dict[str, int], proc: subprocess.Popen[bytes],
+                        timeout_s: float = 300) -> None:
+    """Wait until a completed checkpoint's Kafka position is ``ends`` (every partition
+    read to its end); liveness only, the running driver gets there by itself."""
+    catalog = CheckpointCatalog(storage, job)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        latest = catalog.latest_checkpoint()
+        if latest is not None and latest.source_offsets == [{topic: ends}]:
+            return
+        assert proc.poll() is None, f"the driver exited with {proc.returncode}"
+        assert time.monotonic() < deadline, (
+            f"no checkpoint at {ends} in {timeout_s} s; latest "
+            f"{latest.source_offsets if latest else None}")
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(1800)
+def test_partitions_added_while_running_and_across_a_restore_lose_and_duplicate_nothing(
+    kafka_broker: KafkaBroker, kafka_topic: Callable[..., str], kafka_jars: list[Path],
+    tmp_path: Path,
+) -> None:
+    """A 2-partition topic grows to 3 while the job streams, and to 5 while it is down
+    after a ``kill -9``. Spark's Kafka source (AdminClient offset fetching, Spark's
+    default since 3.4) sees a new partition when it plans its next batch and reads it
+    from its earliest offset, with no option set; a restore does the same for the
+    partitions the checkpoint does not know. Every record produced is counted exactly
+    once, and the last checkpoint's position is the end of all five partitions."""
+    bootstrap = kafka_broker.bootstrap
+    topic = kafka_topic(2)
+    truth = produce_numbers(bootstrap, topic, 200, partitions=2)
+    spec = kafka_spec("kafka-grow", tmp_path, kafka_broker, topic, kafka_jars,
+                      "--max-offsets-per-trigger", "200",
+                      "--trigger-interval", "500 milliseconds", available_now=False)
+    storage = open_storage(spec.storage_uri)
+    sink = JsonLinesSink(open_storage(spec.output_uri), "")
+    log = tmp_path / "driver.log"
+
+    running = start_job(spec, {}, log)
+    try:
+        _wait_for_positions(storage, spec.job, topic, {"0": 100, "1": 100}, running)
+        add_partitions(bootstrap, topic, 3)
+        truth = truth.plus(produce_numbers(bootstrap, topic, 300, partitions=3, start=201))
+        grown = end_offsets(bootstrap, topic)
+        assert grown["2"] == 100, grown
+        # read while running: the new partition from its first record on
+        _wait_for_positions(storage, spec.job, topic, grown, running)
+        truth = truth.plus(produce_numbers(bootstrap, topic, 300, partitions=3, start=501))
+        # kill in the middle of reading these (after their first checkpoint at most)
+        wait_for_checkpoints(storage, spec.job, 1, running, 300)
+    finally:
+        kill_hard(running)
+    problems = killed_run_problems(storage, spec.job, sink, truth)
+    assert not problems, problems
+
+    add_partitions(bootstrap, topic, 5)
+    truth = truth.plus(produce_numbers(bootstrap, topic, 500, partitions=5, start=801))
+    restored = dataclasses.replace(spec, extra_args=[*spec.extra_args, "--available-now"])
+    assert start_job(restored, {}, log).wait(timeout=900) == 0, log.read_text()[-3000:]
+
+    verdict = verify_output(sink, truth, finished=True)
+    assert verdict.ok, verdict.problems
+    assert truth.numbers == 1300 == sum(c for c, _ in verdict.final.values())
+    assert [e.type for e in _history(spec.storage_uri, spec.job)].count(ev.RESTORED) == 1
+    latest = CheckpointCatalog(storage, spec.job).latest_checkpoint()
+    assert latest is not None
+    ends = end_offsets(bootstrap, topic)
+    assert sorted(ends) == ["0", "1", "2", "3", "4"]
+    assert latest.source_offsets == [{topic: ends}]
