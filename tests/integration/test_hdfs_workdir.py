@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import os
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -19,20 +18,11 @@ from typing import Any
 import pytest
 
 from airflow_ckpt.runtime import interleave
-from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.workdir import location, read_text, replace_with
 from airflow_ckpt.runtime.workdir.hadoop import SNAPSHOT_PREFIX, HadoopWorkdir
 from airflow_ckpt.testing.hdfs_cluster import MiniHdfs, hadoop_fs, make_dir
-from airflow_ckpt.testing.numbers import (
-    JobSpec,
-    after_checkpoint,
-    finished_job_problems,
-    killed_run_problems,
-    run_with_kills,
-    verify_output,
-    write_numbers,
-)
 from airflow_ckpt.testing.s3_server import S3Endpoint
+from tests.fixtures.hdfs import kill_once_then_exact, numbers_job_on_hdfs, write_files
 
 pytestmark = pytest.mark.integration
 
@@ -48,18 +38,10 @@ LAYOUT = {
 }
 
 
-def _write(spark: Any, uri: str, files: dict[str, str]) -> None:
-    fs, path = hadoop_fs(spark, uri)
-    for rel, text in files.items():
-        out = fs.create(path(f"{uri}/{rel}"), True)
-        out.write(bytearray(text.encode()))
-        out.close()
-
-
 def _workdir(spark: Any, hdfs: MiniHdfs, name: str, tmp_path: Path, *,
              snapshots: bool) -> HadoopWorkdir:
     base = make_dir(spark, f"{hdfs.uri}/{name}", snapshots=snapshots)
-    _write(spark, base + "/work", LAYOUT)
+    write_files(spark, base + "/work", LAYOUT)
     return HadoopWorkdir.of(spark, base + "/work", tmp_path / "local")
 
 
@@ -117,39 +99,11 @@ def test_restore_replaces_the_hdfs_working_directory_whole(
 
 @pytest.mark.timeout(900)
 def test_random_kills_with_the_working_directory_on_hdfs_then_exact_result(
-    spark: Any, hdfs: MiniHdfs, s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path
+    spark: Any, hdfs_dir: str, s3_endpoint: S3Endpoint, s3_uri: str, tmp_path: Path
 ) -> None:
     seed = int(os.environ.get("KILL_SEED", time.time_ns() % 100_000))
-    rng = random.Random(seed)
     print(f"KILL_SEED={seed}")
-    base = make_dir(spark, f"{hdfs.uri}/jobs/kill", snapshots=True)
-    truth = write_numbers(tmp_path / "in", files=8, per_file=50, keyed=True)
-    spec = JobSpec(
-        job="hdfs-kill", storage_uri=s3_uri, input_dir=tmp_path / "in",
-        output_uri=s3_uri + "-out",
-        checkpoint_config={"execution.checkpointing.interval": "300 ms",
-                           "execution.checkpointing.num-retained": 2,
-                           "execution.checkpointing.incremental": True},
-        confs={"spark.airflow_ckpt.demo.batch_delay_s": "0.3"},
-        extra_args=["--state-store", "rocksdb", "--keyed"], workdir=base,
-    )
-    storage = s3_endpoint.storage(s3_uri)
-    sink = JsonLinesSink(s3_endpoint.storage(spec.output_uri), "")
-
-    def after_kill(round_: int) -> None:
-        problems = killed_run_problems(storage, spec.job, sink, truth)
-        assert not problems, f"seed {seed}, kill {round_ + 1}: {problems}"
-
-    kills = run_with_kills(spec, s3_endpoint.env(), tmp_path / "driver.log", kills=1,
-                           timeout_s=900,  # the last life on 2 loaded cores
-                           moment=after_checkpoint(storage, spec.job, rng, within_s=2.0),
-                           after_kill=after_kill)
-    assert kills >= 1, f"seed {seed}: the driver finished before the first kill"
-    verdict = verify_output(sink, truth, finished=True)
-    assert verdict.ok, f"seed {seed}: {verdict.problems}"
-    assert not finished_job_problems(storage, spec.job, num_retained=2)
-    # Spark's state lived on HDFS, and every capture's snapshot is gone again
-    fs, path = hadoop_fs(spark, base)
-    assert fs.exists(path(f"{base}/work/state/0"))
-    left = [s.getPath().getName() for s in fs.listStatus(path(f"{base}/.snapshot"))]
-    assert left == []
+    spec, truth = numbers_job_on_hdfs("hdfs-kill", hdfs_dir, tmp_path, s3_uri,
+                                      files=8, per_file=50)
+    kill_once_then_exact(spark, spec, truth, s3_endpoint, tmp_path / "driver.log",
+                         seed=seed, within_s=2.0)
