@@ -40,7 +40,7 @@ import os
 import sys
 import tempfile
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -53,7 +53,7 @@ from airflow_ckpt.formatting import human_bytes, human_ms
 from airflow_ckpt.jobnames import unknown_job_hint
 from airflow_ckpt.runtime.adopt.exporter import export_checkpoint
 from airflow_ckpt.runtime.adopt.importer import import_spark_checkpoint
-from airflow_ckpt.runtime.adopt.spark_dir import local_path, open_spark_checkpoint
+from airflow_ckpt.runtime.adopt.spark_dir import open_location, open_spark_checkpoint
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog, CompletedRef
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
 from airflow_ckpt.runtime.control.savepoints import (
@@ -324,19 +324,29 @@ def summarize_state(checkpoint_dir: Path, manifest: Manifest) -> list[dict[str, 
     Uses Spark's state data sources (``state-metadata`` for the operators, ``statestore``
     for the rows) on a local checkpoint directory. Imports pyspark.
     """
+    with local_spark("airflow-ckpt state") as spark:
+        return _read_state(spark, str(checkpoint_dir), manifest)
+
+
+@contextlib.contextmanager
+def local_spark(app: str) -> Iterator[Any]:
+    """The active Spark session, or a local one of our own for the block (stopped after
+    it: no JVM is left behind). Its JVM reads ``HADOOP_CONF_DIR`` as Spark does, so
+    ``hdfs://`` name services resolve as in the user's jobs. Imports pyspark."""
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    existing = SparkSession.getActiveSession()
+    existing = SparkContext._active_spark_context
     spark = (
-        SparkSession.builder.master("local[2]").appName("airflow-ckpt state")
+        SparkSession.builder.master("local[2]").appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .getOrCreate()
     )
     try:
-        return _read_state(spark, str(checkpoint_dir), manifest)
+        yield spark
     finally:
-        if existing is None:  # a session of our own: do not leave a JVM behind
+        if existing is None:
             spark.stop()
 
 
@@ -404,9 +414,11 @@ def cmd_state(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO)
 
 def cmd_import(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO) -> int:
     """A stopped Spark query's checkpoint directory becomes a savepoint of ``--job``."""
-    done = import_spark_checkpoint(storage, args.job, open_spark_checkpoint(args.source),
-                                   args.savepoint_name,
-                                   allow_uncommitted=args.allow_uncommitted_batch)
+    with contextlib.ExitStack() as stack:
+        source = open_spark_checkpoint(  # a Spark session only for hdfs://
+            args.source, lambda: stack.enter_context(local_spark("airflow-ckpt import")))
+        done = import_spark_checkpoint(storage, args.job, source, args.savepoint_name,
+                                       allow_uncommitted=args.allow_uncommitted_batch)
     m = done.manifest
     if _structured(args):
         _print_json({"uri": done.uri, "imported_from": done.source, "savepoint_id":
@@ -424,10 +436,14 @@ def cmd_export(storage: CheckpointStorage, args: argparse.Namespace, out: TextIO
     """A checkpoint or savepoint as a plain Spark checkpoint directory."""
     ref = resolve_snapshot(storage, args.path, args.job)
     catalog, manifest = _read(storage, ref)
-    done = export_checkpoint(storage, manifest, local_path(args.target, "export to"))
+    with contextlib.ExitStack() as stack:
+        target = open_location(  # a Spark session only for hdfs://
+            args.target, "export to",
+            lambda: stack.enter_context(local_spark("airflow-ckpt export")))
+        done = export_checkpoint(storage, manifest, target)
     out.write(f"exported {catalog.uri_of(ref)} (batch {done.batch_id}, {done.num_files} "
-              f"files) to {done.path}\nplain Spark resumes from it with "
-              f"checkpointLocation={done.path} (its next batch is {done.batch_id + 1})\n")
+              f"files) to {done.location}\nplain Spark resumes from it with "
+              f"checkpointLocation={done.location} (its next batch is {done.batch_id + 1})\n")
     return 0
 
 

@@ -7,8 +7,12 @@ file per batch) goes through three lives, each writing ``(batch, key, sum)`` row
 2. ``airflow-ckpt import`` of that directory as a savepoint of a job in S3 (the real
    endpoint), and a ``CheckpointedJob`` restoring it (``restore=<savepoint>``) through
    ``ParquetSink`` exactly once: batches 3..5, its final checkpoint at batch 5;
-3. ``airflow-ckpt export`` of that checkpoint to a local directory, and plain Spark
+3. ``airflow-ckpt export`` of that checkpoint to a new directory, and plain Spark
    again on it: batches 6..7.
+
+Both Spark checkpoint directories (the one imported, the one exported to) are local, or
+on a real HDFS (Hadoop's mini cluster, tests/fixtures/hdfs.py; snapshots allowed, so
+the import pins its batch with one).
 
 The ground truth is the input alone: every batch id appears once in all the output
 (a batch run twice writes its file twice: the plain sink's exclusive create fails the
@@ -38,7 +42,9 @@ from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.sinks import ParquetSink
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing import S3Endpoint
+from airflow_ckpt.testing.hdfs_cluster import hadoop_fs
 from airflow_ckpt.testing.numbers import write_numbers
+from tests.fixtures.hdfs import read_files, write_files
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -87,7 +93,7 @@ def running_sums(spark: Any, input_dir: Path) -> Any:
             .agg(F.sum("n").alias("total")))
 
 
-def plain_spark(spark: Any, input_dir: Path, checkpoint: Path, out: Path) -> None:
+def plain_spark(spark: Any, input_dir: Path, checkpoint: str, out: Path) -> None:
     """Plain Spark, no airflow-ckpt: its own checkpointLocation; each batch's rows go to
     ``out/<batch>.json``, created exclusively (a batch run again fails the query)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -98,7 +104,7 @@ def plain_spark(spark: Any, input_dir: Path, checkpoint: Path, out: Path) -> Non
             json.dump(rows, fh)
 
     query = (running_sums(spark, input_dir).writeStream.outputMode("update")
-             .foreachBatch(each_batch).option("checkpointLocation", str(checkpoint))
+             .foreachBatch(each_batch).option("checkpointLocation", checkpoint)
              .trigger(availableNow=True).start())
     query.awaitTermination()
     assert query.exception() is None
@@ -164,33 +170,53 @@ def state_store(spark: Any, request: pytest.FixtureRequest) -> Iterator[str]:
         spark.conf.unset(key)
 
 
-def state_files(checkpoint: Path) -> set[str]:
-    return {p.suffix for p in (checkpoint / "state").rglob("*") if p.is_file()}
+def state_suffixes(spark: Any, checkpoint: str) -> set[str]:
+    return {Path(rel).suffix for rel in read_files(spark, f"{checkpoint}/state")}
+
+
+@pytest.fixture(params=["local", "hdfs"])
+def spark_dirs(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Where the plain Spark checkpoints go (a URI): a local directory, or one on HDFS."""
+    if request.param == "hdfs":
+        return str(request.getfixturevalue("hdfs_dir"))
+    (tmp_path / "spark").mkdir()
+    return (tmp_path / "spark").as_uri()
+
+
+def left_behind(spark: Any, spark_dirs: str) -> list[str]:
+    """What import and export may have left beside the checkpoints: hidden staging
+    directories, HDFS snapshots."""
+    fs, path = hadoop_fs(spark, spark_dirs)
+    names = [s.getPath().getName() for s in fs.listStatus(path(spark_dirs))]
+    if fs.getFileStatus(path(spark_dirs)).isSnapshotEnabled():
+        names += [s.getPath().getName() for s in fs.listStatus(path(f"{spark_dirs}/.snapshot"))]
+    return [n for n in names if n not in ("own-checkpoint", "exported")]
 
 
 def test_plain_spark_to_checkpointed_job_and_back_is_exact(
         spark: Any, s3_endpoint: S3Endpoint, s3_storage: CheckpointStorage, aws_env: None,
-        tmp_path: Path, state_store: str) -> None:
+        tmp_path: Path, state_store: str, spark_dirs: str) -> None:
     input_dir, plain_out = tmp_path / "in", tmp_path / "plain-out"
     # 1. plain Spark: batches 0..2
     add_files(input_dir, 3, 0)
-    own = tmp_path / "own-checkpoint"
+    own = f"{spark_dirs}/own-checkpoint"
     plain_spark(spark, input_dir, own, plain_out)
     assert batch_ids(plain_rows(plain_out)) == [0, 1, 2]
     assert last_sums(plain_rows(plain_out)) == ground_truth(3)
-    assert (".changelog" if state_store == "rocksdb" else ".delta") in state_files(own)
+    assert (".changelog" if state_store == "rocksdb" else ".delta") in state_suffixes(spark,
+                                                                                       own)
 
     # 2. import: a savepoint of JOB; the checkpointed job restores it: batches 3..5
-    code, out = cli(s3_endpoint, s3_storage, "import", str(own), "--job", JOB,
+    code, out = cli(s3_endpoint, s3_storage, "import", own, "--job", JOB,
                     "--savepoint-name", "from-spark")
     assert code == 0, out
     sp = CheckpointCatalog(s3_storage, JOB).savepoint("from-spark")
-    assert (sp.kind, sp.batch_id, sp.extra["imported_from"]) == ("savepoint", 2, own.as_uri())
-    assert not list(tmp_path.glob(".own-checkpoint.import-*"))  # staging links removed
+    assert (sp.kind, sp.batch_id, sp.extra["imported_from"]) == ("savepoint", 2, own)
+    assert left_behind(spark, spark_dirs) == []  # staging links, snapshots removed
     (imported,) = JobHistory(s3_storage, JOB).events([ev.SAVEPOINT_COMPLETED])
-    assert imported.data["imported_from"] == own.as_uri()
+    assert imported.data["imported_from"] == own
     assert imported.data["savepoint_id"] == "from-spark"
-    code, _ = cli(s3_endpoint, s3_storage, "import", str(own), "--job", JOB,
+    code, _ = cli(s3_endpoint, s3_storage, "import", own, "--job", JOB,
                   "--savepoint-name", "from-spark")
     assert code == 1  # a savepoint is never replaced
 
@@ -208,22 +234,23 @@ def test_plain_spark_to_checkpointed_job_and_back_is_exact(
     # 3. export the job's final checkpoint; plain Spark resumes from it: batches 6..7
     final = CheckpointCatalog(s3_storage, JOB).latest_checkpoint()
     assert final is not None and final.batch_id == 5
-    exported = tmp_path / "exported"
-    exported.mkdir()
-    (exported / "stray").write_text("x")
+    exported = f"{spark_dirs}/exported"
+    write_files(spark, exported, {"stray": "x"})
     code, _ = cli(s3_endpoint, s3_storage, "export", f"{JOB}/chk-{final.checkpoint_id}",
-                  str(exported))
-    assert code == 1 and (exported / "stray").read_text() == "x"  # refused, untouched
-    shutil.rmtree(exported)
+                  exported)
+    assert code == 1 and read_files(spark, exported) == {"stray": b"x"}  # refused, untouched
+    fs, path = hadoop_fs(spark, exported)
+    fs.delete(path(exported), True)
     code, out = cli(s3_endpoint, s3_storage, "export", f"{JOB}/chk-{final.checkpoint_id}",
-                    str(exported))
+                    exported)
     assert code == 0, out
+    assert left_behind(spark, spark_dirs) == []
     add_files(input_dir, 2, 6)
     later_out = tmp_path / "later-out"
     plain_spark(spark, input_dir, exported, later_out)
     assert batch_ids(plain_rows(later_out)) == [6, 7]
-    assert sorted(int(p.name) for p in (exported / "commits").iterdir()
-                  if p.name.isdigit())[-3:] == [5, 6, 7]
+    assert sorted(int(rel) for rel in read_files(spark, f"{exported}/commits")
+                  if rel.isdigit())[-3:] == [5, 6, 7]
 
     everything = plain_rows(plain_out) + job_rows + plain_rows(later_out)
     for key in range(KEYS):  # every batch once, each emitting every key once
@@ -237,7 +264,7 @@ def test_import_refuses_what_is_not_a_stopped_spark_checkpoint(
     input_dir = tmp_path / "in"
     add_files(input_dir, 2, 0)
     own = tmp_path / "own"
-    plain_spark(spark, input_dir, own, tmp_path / "out")
+    plain_spark(spark, input_dir, str(own), tmp_path / "out")
 
     def refused(source: Path | str, *extra: str) -> str:
         code, _ = cli(s3_endpoint, s3_storage, "import", str(source), "--job", JOB, *extra)
@@ -254,7 +281,7 @@ def test_import_refuses_what_is_not_a_stopped_spark_checkpoint(
     message = refused(running)
     assert "batch 2 is planned" in message and "seems to be running" in message
     assert "hdfs://" not in message
-    assert "needs the runtime's capture" in refused("hdfs://nn:8020/ckpt")
+    assert "s3a:// is not a filesystem" in refused("s3a://bucket/ckpt")
     assert CheckpointCatalog(s3_storage, JOB).savepoint_dirs() == []  # nothing written
 
     code, out = cli(s3_endpoint, s3_storage, "import", str(running), "--job", JOB,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ from airflow_ckpt.plugins import overview
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.adopt.exporter import export_checkpoint
 from airflow_ckpt.runtime.adopt.importer import import_spark_checkpoint
-from airflow_ckpt.runtime.adopt.spark_dir import LocalSparkCheckpoint, open_spark_checkpoint
+from airflow_ckpt.runtime.adopt.spark_dir import SparkCheckpoint, open_spark_checkpoint
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.history import events as ev
 from airflow_ckpt.runtime.history.journal import JobHistory
@@ -44,7 +45,7 @@ def files_of(root: Path) -> dict[str, bytes]:
 def test_the_last_committed_batch_becomes_a_savepoint_restored_as_it_was(
         file_storage: CheckpointStorage, tmp_path: Path) -> None:
     own = make_workdir(tmp_path, batches=4, running=False)
-    done = import_spark_checkpoint(file_storage, JOB, LocalSparkCheckpoint(own), "first")
+    done = import_spark_checkpoint(file_storage, JOB, SparkCheckpoint(own), "first")
     m = done.manifest
     assert (m.kind, m.batch_id, m.savepoint_id, m.query_id) == ("savepoint", 3, "first", "q1")
     assert m.source_offsets == [{"logOffset": 3}] and m.extra["imported_from"] == own.as_uri()
@@ -72,14 +73,14 @@ def test_a_batch_planned_and_not_committed_is_refused_unless_told_it_is_stopped(
     own = make_workdir(tmp_path, batches=3, running=True)  # offsets/3, no commits/3
     with pytest.raises(SparkQueryRunningError, match=r"batch 3 is planned .*\(last commit: "
                        r"batch 2\)"):
-        import_spark_checkpoint(file_storage, JOB, LocalSparkCheckpoint(own))
+        import_spark_checkpoint(file_storage, JOB, SparkCheckpoint(own))
     assert file_storage.list(JOB + "/") == []  # nothing written
-    done = import_spark_checkpoint(file_storage, JOB, LocalSparkCheckpoint(own),
+    done = import_spark_checkpoint(file_storage, JOB, SparkCheckpoint(own),
                                    allow_uncommitted=True)
     assert done.manifest.batch_id == 2 and done.manifest.savepoint_id == "spark-q1-b2"
     assert "offsets/3" not in {f.path for f in done.manifest.files}
     with pytest.raises(SavepointError, match="never replaced"):  # the default name again
-        import_spark_checkpoint(file_storage, JOB, LocalSparkCheckpoint(own),
+        import_spark_checkpoint(file_storage, JOB, SparkCheckpoint(own),
                                 allow_uncommitted=True)
 
 
@@ -88,17 +89,22 @@ def test_what_is_not_a_spark_checkpoint_is_refused(file_storage: CheckpointStora
     (tmp_path / "table").mkdir()
     (tmp_path / "table" / "part-0.parquet").write_text("x")
     with pytest.raises(NotASparkCheckpointError, match="metadata file with a query id"):
-        import_spark_checkpoint(file_storage, JOB, LocalSparkCheckpoint(tmp_path / "table"))
+        import_spark_checkpoint(file_storage, JOB, SparkCheckpoint(tmp_path / "table"))
     with pytest.raises(NotASparkCheckpointError, match="not a directory"):
-        import_spark_checkpoint(file_storage, JOB, LocalSparkCheckpoint(tmp_path / "none"))
+        import_spark_checkpoint(file_storage, JOB, SparkCheckpoint(tmp_path / "none"))
     fresh = tmp_path / "fresh"
     (fresh / "offsets").mkdir(parents=True)
     (fresh / "metadata").write_text('{"id":"q2"}')
     with pytest.raises(NotASparkCheckpointError, match="no batch was ever committed"):
-        import_spark_checkpoint(file_storage, JOB, LocalSparkCheckpoint(fresh))
-    with pytest.raises(SparkCheckpointError, match=r"hdfs:// needs the runtime's capture"):
-        open_spark_checkpoint("hdfs://nn:8020/ckpt")
-    assert isinstance(open_spark_checkpoint((tmp_path / "x").as_uri()), LocalSparkCheckpoint)
+        import_spark_checkpoint(file_storage, JOB, SparkCheckpoint(fresh))
+
+    def no_spark() -> Any:
+        raise AssertionError("a Spark session is started only for hdfs://")
+
+    with pytest.raises(SparkCheckpointError, match=r"s3a:// is not a filesystem"):
+        open_spark_checkpoint("s3a://bucket/ckpt", no_spark)
+    local = open_spark_checkpoint((tmp_path / "x").as_uri(), no_spark)
+    assert isinstance(local, SparkCheckpoint) and local.workdir == tmp_path / "x"
 
 
 def test_a_savepoint_of_that_name_landing_first_wins_and_the_import_leaves_nothing(
@@ -111,7 +117,7 @@ def test_a_savepoint_of_that_name_landing_first_wins_and_the_import_leaves_nothi
 
     with interleave.installed(interleave.COMPLETE_BEFORE_METADATA, land_first), \
             pytest.raises(SavepointError, match="never replaced"):
-        import_spark_checkpoint(file_storage, JOB, LocalSparkCheckpoint(own), "race")
+        import_spark_checkpoint(file_storage, JOB, SparkCheckpoint(own), "race")
     assert CheckpointCatalog(file_storage, JOB).savepoint("race") == landed[0]  # untouched
     layout = JobLayout(JOB)
     assert not [i.key for i in file_storage.list(layout.savepoint_dir("race"))
@@ -139,14 +145,14 @@ def test_an_upload_that_does_not_read_back_is_never_named_by_a_marker(
         file_storage: CheckpointStorage, tmp_path: Path) -> None:
     own = make_workdir(tmp_path, batches=2, running=False)
     with pytest.raises(CorruptCheckpointError, match="commits/1"):
-        import_spark_checkpoint(_Corrupting(file_storage), JOB, LocalSparkCheckpoint(own), "x")
+        import_spark_checkpoint(_Corrupting(file_storage), JOB, SparkCheckpoint(own), "x")
     assert file_storage.list(JOB + "/") == []  # nothing left, no marker
 
 
 def test_export_writes_a_plain_spark_directory_and_refuses_a_used_target(
         file_storage: CheckpointStorage, tmp_path: Path) -> None:
     own = make_workdir(tmp_path, batches=3, running=False)
-    m = import_spark_checkpoint(file_storage, JOB, LocalSparkCheckpoint(own), "sp").manifest
+    m = import_spark_checkpoint(file_storage, JOB, SparkCheckpoint(own), "sp").manifest
     used = tmp_path / "used"
     used.mkdir()
     (used / "keep").write_text("mine")
@@ -160,7 +166,7 @@ def test_export_writes_a_plain_spark_directory_and_refuses_a_used_target(
         # what Spark needs to resume at batch 3: the logs, and state up to version 3
         assert files_of(target) == {k: v for k, v in files_of(own).items()
                                     if not k.endswith((".crc", ".tmp"))}
-    assert not list(tmp_path.glob(".*.export-*"))
+    assert not list(tmp_path.glob(".*.restore-*"))
     empty = make_manifest(JOB, 5, batch_id=-1, files=())
     with pytest.raises(SparkCheckpointError, match="covers no batch"):
         export_checkpoint(file_storage, empty, tmp_path / "nothing")

@@ -5,9 +5,9 @@ reads it.
 and the last planned batch, the query id) and a capture of one committed batch as local
 files (:class:`~airflow_ckpt.runtime.checkpoint.snapshot.CapturedSnapshot`, the same
 snapshot a checkpoint's sync phase takes, so the same upload writes it).
-:func:`open_spark_checkpoint` picks the implementation by the location's scheme: a local
-path (or ``file://``) today; an ``hdfs://`` implementation plugs in beside it, capturing
-through the runtime's Hadoop ``FileSystem`` capture of the working directory.
+:func:`open_spark_checkpoint` reads one by the location's scheme: a local path (or
+``file://``), or ``hdfs://`` through the runtime's Hadoop ``FileSystem`` capture of a
+working directory (which needs a Spark session: its JVM holds the Hadoop client).
 
 What a directory tells about its query: Spark writes ``offsets/<b>`` when it plans
 batch ``b`` and ``commits/<b>`` when the batch is done; a running query keeps no lock
@@ -19,10 +19,12 @@ tell the two apart, and import refuses unless told the query is stopped.
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import unquote, urlparse
 
 from airflow_ckpt.errors import (
@@ -38,7 +40,11 @@ from airflow_ckpt.runtime.checkpoint.snapshot import (
 )
 from airflow_ckpt.runtime.checkpoint.workdir_check import check_captured
 from airflow_ckpt.runtime.clock import SYSTEM_CLOCK, Clock
-from airflow_ckpt.runtime.workdir import location
+from airflow_ckpt.runtime.workdir import Workdir, location, modified_time, names
+from airflow_ckpt.runtime.workdir.hadoop import HadoopWorkdir
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,76 +86,102 @@ class SparkCheckpointDir(Protocol):
         ...
 
 
-class LocalSparkCheckpoint:
-    """A Spark checkpoint on a local (or POSIX-mounted) filesystem. Captured by hard
-    links into a hidden staging directory beside it (same filesystem), exactly as the
-    checkpoint path captures the runtime's working directory."""
+class SparkCheckpoint:
+    """A Spark checkpoint in a local directory (or a POSIX mount) or on HDFS, read and
+    captured as the runtime reads and captures its own working directory
+    (:mod:`airflow_ckpt.runtime.workdir`): a local one by hard links into a hidden
+    staging directory beside it (same filesystem); an ``hdfs://`` one through the
+    driver JVM's ``FileSystem``, pinned by an HDFS snapshot when the directory or an
+    ancestor is snapshottable, else listed and copied, into a local staging directory."""
 
-    def __init__(self, path: Path, clock: Clock = SYSTEM_CLOCK) -> None:
-        self.path = path.absolute()
+    def __init__(self, workdir: Workdir, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.workdir = workdir.absolute() if isinstance(workdir, Path) else workdir
         self.clock = clock  # only for the age of an uncommitted batch (shown)
 
     @property
     def uri(self) -> str:
-        return self.path.as_uri()
+        if isinstance(self.workdir, Path):
+            return self.workdir.as_uri()
+        return location(self.workdir)
 
     def logs(self) -> SparkLogs:
-        if not self.path.is_dir():
-            raise NotASparkCheckpointError(f"{self.path} is not a directory")
-        qid = query_id(self.path)
-        if not qid or not (self.path / "offsets").is_dir():
+        where = location(self.workdir)
+        try:
+            entries = names(self.workdir, "")
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotASparkCheckpointError(f"{where} is not a directory") from None
+        qid = query_id(self.workdir)
+        if not qid or "offsets" not in entries:
             raise NotASparkCheckpointError(
-                f"{self.path} is not a Spark checkpoint directory: it has no "
+                f"{where} is not a Spark checkpoint directory: it has no "
                 f"{'metadata file with a query id' if not qid else 'offsets/ log'} (give "
                 "the query's checkpointLocation)")
-        planned = latest_batch(self.path, "offsets")
+        planned = latest_batch(self.workdir, "offsets")
         age = None
         if planned is not None:
             try:
-                written = (self.path / "offsets" / str(planned)).stat().st_mtime
+                written = modified_time(self.workdir, f"offsets/{planned}")
                 age = max(self.clock.time() - written, 0.0)
             except OSError:
                 age = None
-        return SparkLogs(qid, latest_batch(self.path, "commits"), planned, age)
+        return SparkLogs(qid, latest_batch(self.workdir, "commits"), planned, age)
+
+    def _staging(self) -> Path:
+        token = uuid.uuid4().hex[:8]
+        if isinstance(self.workdir, Path):
+            return self.workdir.parent / f".{self.workdir.name}.import-{token}"
+        return self.workdir.local_root / f"import-{token}"
 
     def capture(self, batch_id: int) -> CapturedSnapshot:
-        staging = self.path.parent / f".{self.path.name}.import-{uuid.uuid4().hex[:8]}"
+        where = location(self.workdir)
+        staging = self._staging()
         try:
-            snap = capture(self.path, batch_id, staging)
+            snap = capture(self.workdir, batch_id, staging)
         except CheckpointDeclinedError as exc:
-            raise SparkCheckpointError(f"cannot capture batch {batch_id} of {self.path}: "
+            raise SparkCheckpointError(f"cannot capture batch {batch_id} of {where}: "
                                        f"{exc}") from exc
         except OSError as exc:
             raise SparkCheckpointError(
-                f"cannot capture batch {batch_id} of {self.path} by hard links in "
-                f"{staging.parent} ({exc}); the directory beside the checkpoint must be "
-                "writable and on the same filesystem") from exc
+                f"cannot capture batch {batch_id} of {where} into {staging.parent} "
+                f"({exc}); for a local checkpoint, the directory beside it must be "
+                "writable and on the same filesystem (hard links)") from exc
         try:
-            check_captured(location(self.path), snap)  # state written on other hosts' disks
+            check_captured(where, snap)  # state written on other hosts' disks
         except CheckpointDeclinedError as exc:
             raise SparkCheckpointError(str(exc)) from exc
         return snap
 
 
-def local_path(location: str, what: str) -> Path:
-    """``location`` (a path or ``file://`` URI) as a local path.
+#: the schemes of a Spark checkpoint import and export reach through Hadoop's
+#: ``FileSystem`` in a driver JVM (the runtime's capture of a remote working directory)
+HADOOP_SCHEMES = frozenset({"hdfs", "viewfs"})
 
-    :raises SparkCheckpointError: another scheme (``hdfs://`` needs the runtime's capture
-        of that filesystem, which this build does not have; ``what`` says what failed)
+
+def open_location(location: str, what: str,
+                  spark: Callable[[], SparkSession]) -> Workdir:
+    """``location`` as a working directory: a path or ``file://`` URI as a local path;
+    an ``hdfs://`` (or ``viewfs://``) URI on the Hadoop ``FileSystem`` of the JVM of
+    ``spark()`` (called only then: its Hadoop configuration, e.g. ``HADOOP_CONF_DIR``,
+    resolves the name service), staging under the local temporary directory.
+
+    :raises SparkCheckpointError: another scheme (``what`` says what failed)
     """
     parsed = urlparse(location)
     if parsed.scheme in ("", "file"):
         return Path(os.path.expanduser(unquote(parsed.path) if parsed.scheme else location))
+    if parsed.scheme.lower() in HADOOP_SCHEMES:
+        return HadoopWorkdir.of(spark(), location,
+                                Path(tempfile.gettempdir()) / "airflow-ckpt-adopt")
     raise SparkCheckpointError(
-        f"cannot {what} {location!r}: {parsed.scheme}:// needs the runtime's capture of "
-        "that filesystem, which this build does not have. Go through a local disk "
-        "(hdfs dfs -get / -put) instead")
+        f"cannot {what} {location!r}: {parsed.scheme}:// is not a filesystem import and "
+        "export reach (a local path, file://, hdfs:// or viewfs://). Go through one of "
+        "those instead (e.g. copy the directory to a local disk)")
 
 
-def open_spark_checkpoint(location: str) -> SparkCheckpointDir:
-    """The Spark checkpoint at ``location``: a local path or ``file://`` URI (the place
-    where an ``hdfs://`` implementation plugs in).
+def open_spark_checkpoint(location: str,
+                          spark: Callable[[], SparkSession]) -> SparkCheckpointDir:
+    """The Spark checkpoint at ``location`` (see :func:`open_location`).
 
-    :raises SparkCheckpointError: another scheme (see :func:`local_path`)
+    :raises SparkCheckpointError: a scheme import cannot read
     """
-    return LocalSparkCheckpoint(local_path(location, "import from"))
+    return SparkCheckpoint(open_location(location, "import from", spark))

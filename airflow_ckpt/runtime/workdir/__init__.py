@@ -33,6 +33,10 @@ class RemoteWorkdir(Protocol):
     def read_bytes(self, rel: str) -> bytes:
         """The bytes of file ``rel``; raises ``FileNotFoundError`` if absent."""
 
+    def modified_time(self, rel: str) -> float:
+        """When ``rel`` was last written (seconds since the epoch, the filesystem's
+        clock); raises ``FileNotFoundError`` if absent."""
+
     def capture(self, batch_id: int, staging_dir: Path) -> CapturedSnapshot:
         """The sync phase's capture of batch ``batch_id`` into local ``staging_dir``."""
 
@@ -65,6 +69,14 @@ def read_bytes(workdir: Workdir, rel: str) -> bytes:
 def read_text(workdir: Workdir, rel: str) -> str:
     """The text (UTF-8) of file ``rel`` of ``workdir``; ``FileNotFoundError`` if absent."""
     return read_bytes(workdir, rel).decode()
+
+
+def modified_time(workdir: Workdir, rel: str) -> float:
+    """When ``rel`` of ``workdir`` was last written (the filesystem's clock: shown to
+    people, never compared for a decision); ``FileNotFoundError`` if absent."""
+    if isinstance(workdir, Path):
+        return (workdir / rel).stat().st_mtime
+    return workdir.modified_time(rel)
 
 
 def location(workdir: Workdir) -> str:

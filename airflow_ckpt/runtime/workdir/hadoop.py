@@ -98,6 +98,14 @@ class HadoopWorkdir:
         finally:
             stream.close()
 
+    def modified_time(self, rel: str) -> float:
+        try:
+            return int(self._fs.getFileStatus(self._at(rel)).getModificationTime()) / 1000
+        except Exception as exc:
+            if _not_found(exc):
+                raise FileNotFoundError(f"{self.location}/{rel}") from exc
+            raise
+
     def exists(self, rel: str) -> bool:
         return bool(self._fs.exists(self._at(rel)))
 
