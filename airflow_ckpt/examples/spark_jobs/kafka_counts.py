@@ -25,27 +25,25 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from typing import Any
 
-from airflow_ckpt.runtime import sparkconf
+from airflow_ckpt.examples.job_setup import (
+    DEMO,
+    exactly_once_sink,
+    job_arguments,
+    log_result,
+    start_session,
+)
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
-from airflow_ckpt.runtime.storage import open_storage
-
-DEMO = sparkconf.CONF_PREFIX + "demo."
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--job", help="job name (default: spark.airflow_ckpt.job)")
-    p.add_argument("--storage", help="checkpoint storage URI (default: spark conf)")
+    p = job_arguments(__doc__, state_store=True,
+                      output_help=f"the Parquet table directory (default: {DEMO}output); "
+                                  "with --sink jsonl: <storage>/_output/<job>")
     p.add_argument("--bootstrap-servers", help=f"default: {DEMO}bootstrap_servers")
     p.add_argument("--topic", help=f"default: {DEMO}topic")
-    p.add_argument("--output", help=f"the Parquet table directory (default: {DEMO}output); "
-                                    "with --sink jsonl: <storage>/_output/<job>")
     p.add_argument("--sink", choices=("parquet", "jsonl"), default="parquet")
     p.add_argument("--starting-offsets", default="earliest",
                    help="where a first run (nothing restored) starts: earliest or latest")
@@ -56,31 +54,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--available-now", action="store_true",
                    help="read what the topic holds, then finish (default: until stopped)")
     p.add_argument("--trigger-interval", default="2 seconds")
-    p.add_argument("--state-store", choices=("hdfs", "rocksdb"), default="hdfs")
-    p.add_argument("--master", help="Spark master when run with python (default local[2])")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    from pyspark.sql import SparkSession
+    spark = start_session("kafka_counts", args)
     from pyspark.sql import functions as F
 
-    builder = SparkSession.builder.appName("kafka_counts")
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # run with python, not spark-submit
-        builder = builder.master(args.master or "local[2]")
-    spark = (
-        builder.config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("WARN")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    if args.state_store == "rocksdb":
-        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
     conf = spark.conf
     servers = args.bootstrap_servers or conf.get(DEMO + "bootstrap_servers", None)
     topic = args.topic or conf.get(DEMO + "topic", None)
@@ -88,16 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("pass --bootstrap-servers and --topic (or set "
                          f"{DEMO}bootstrap_servers and {DEMO}topic)")
     job = CheckpointedJob(spark, job=args.job, storage=args.storage)
-    output = args.output or conf.get(DEMO + "output", None)
-    sink: TwoPhaseCommitSink
-    if args.sink == "parquet":
-        if not output:
-            raise SystemExit("the Parquet sink needs --output (the table directory)")
-        sink = ParquetSink(output)
-    else:
-        sink = JsonLinesSink(open_storage(output) if output else job.storage,
-                             "" if output else f"_output/{job.job}")
-    write = job.exactly_once(sink)
+    write = job.exactly_once(
+        exactly_once_sink(args.sink, args.output or conf.get(DEMO + "output", None), job))
 
     def each_batch(df: Any, batch_id: int) -> None:
         # the batch id orders a key's rows for plain readers: its last row is its total
@@ -120,12 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             return writer.trigger(availableNow=True)
         return writer.trigger(processingTime=args.trigger_interval)
 
-    log = logging.getLogger("kafka_counts")
-    log.info("job %s: topic %s at %s", job.job, topic, servers)
-    result = job.run(build)
-    log.info("job %s %s; last checkpoint %s; savepoint %s", job.job, result.outcome,
-             result.last_checkpoint.checkpoint_id if result.last_checkpoint else None,
-             result.savepoint_path)
+    logging.getLogger("kafka_counts").info("job %s: topic %s at %s", job.job, topic, servers)
+    log_result("kafka_counts", job, job.run(build))
     spark.stop()
     return 0
 

@@ -34,33 +34,29 @@ import os
 import sys
 import time
 
-from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from airflow_ckpt.runtime import sparkconf
+from airflow_ckpt.examples.job_setup import (
+    DEMO,
+    exactly_once_sink,
+    job_arguments,
+    log_result,
+    start_session,
+)
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.sinks import JsonLinesSink, ParquetSink, TwoPhaseCommitSink
-from airflow_ckpt.runtime.storage import open_storage
-
-DEMO = sparkconf.CONF_PREFIX + "demo."
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--job", help="job name (default: spark.airflow_ckpt.job)")
-    p.add_argument("--storage", help="checkpoint storage URI (default: spark conf)")
+    p = job_arguments(__doc__, state_store=True,
+                      output_help="sink storage URI (default: <storage>/_output/<job>)")
     p.add_argument("--input", help="directory of input text files (default: spark conf)")
-    p.add_argument("--output", help="sink storage URI (default: <storage>/_output/<job>)")
     p.add_argument("--files-per-batch", type=int, default=1)
-    p.add_argument("--state-store", choices=("hdfs", "rocksdb"), default="hdfs")
     p.add_argument("--keyed", action="store_true", help="count and sum per n %% 10")
     p.add_argument("--distinct", action="store_true",
                    help="write every distinct input number once (n, batch) instead of sums")
     p.add_argument("--sink", choices=("jsonl", "parquet"), default="jsonl",
                    help="jsonl: JsonLinesSink (driver); parquet: ParquetSink (executors) "
                         "into the --output table directory")
-    p.add_argument("--master", help="Spark master when run with python (default local[2])")
     p.add_argument("--continuous", action="store_true",
                    help="keep running (processing-time trigger) instead of stopping when "
                         "the input is exhausted")
@@ -69,38 +65,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    builder = SparkSession.builder.appName("odd_even_sums")
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # run with python, not spark-submit
-        builder = builder.master(args.master or "local[2]")
-    spark = (
-        builder.config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("WARN")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    if args.state_store == "rocksdb":
-        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-        spark.conf.set(
-            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true"
-        )
+    spark = start_session("odd_even_sums", args)
     conf = spark.conf
     job = CheckpointedJob(spark, job=args.job, storage=args.storage)
     input_dir = args.input or conf.get(DEMO + "input")
     if not input_dir:
         raise SystemExit("no input directory: pass --input or set " + DEMO + "input")
-    output = args.output or conf.get(DEMO + "output", None)
-    sink: TwoPhaseCommitSink
-    if args.sink == "parquet":
-        if not output:
-            raise SystemExit("--sink parquet needs --output (the table directory)")
-        sink = ParquetSink(output)
-    else:
-        sink_storage = open_storage(output) if output else job.storage
-        sink = JsonLinesSink(sink_storage, "" if output else f"_output/{job.job}")
+    sink = exactly_once_sink(args.sink, args.output or conf.get(DEMO + "output", None), job)
     pause_at = conf.get(DEMO + "pause_at", None)
     if pause_at:  # tests only
         from pathlib import Path
@@ -154,11 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             return writer.trigger(processingTime="1 second")
         return writer.trigger(availableNow=True)
 
-    result = job.run(build)
-    logging.getLogger("demo").info(
-        "job %s %s; last checkpoint %s", job.job, result.outcome,
-        result.last_checkpoint.checkpoint_id if result.last_checkpoint else None,
-    )
+    log_result("demo", job, job.run(build))
     spark.stop()
     return 0
 

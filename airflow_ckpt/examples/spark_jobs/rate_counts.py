@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from typing import Any
 
-from airflow_ckpt.runtime import sparkconf
+from airflow_ckpt.examples.job_setup import (
+    DEMO,
+    exactly_once_sink,
+    job_arguments,
+    log_result,
+    start_session,
+)
 from airflow_ckpt.runtime.job import CheckpointedJob
-from airflow_ckpt.runtime.sinks import JsonLinesSink
-from airflow_ckpt.runtime.storage import open_storage
 
-DEMO = sparkconf.CONF_PREFIX + "demo."
 KEYS = 10
 
 
@@ -48,37 +50,21 @@ def expected_row(key: int, last: int) -> dict[str, int]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--job", help="job name (default: spark.airflow_ckpt.job)")
-    p.add_argument("--storage", help="checkpoint storage URI (default: spark conf)")
-    p.add_argument("--output", help="sink storage URI (default: <storage>/_output/<job>)")
+    p = job_arguments(__doc__,
+                      output_help="sink storage URI (default: <storage>/_output/<job>)")
     p.add_argument("--rows-per-second", type=int,
                    help=f"rate of the source (default: {DEMO}rows_per_second, else 10)")
     p.add_argument("--trigger-interval",
                    help=f"processing-time trigger (default: {DEMO}trigger_interval, "
                         "else '2 seconds')")
-    p.add_argument("--master", help="Spark master when run with python (default local[2])")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    from pyspark.sql import SparkSession
+    spark = start_session("rate_counts", args)
     from pyspark.sql import functions as F
 
-    builder = SparkSession.builder.appName("rate_counts")
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # run with python, not spark-submit
-        builder = builder.master(args.master or "local[2]")
-    spark = (
-        builder.config("spark.sql.shuffle.partitions", "4")
-        .config("spark.ui.enabled", "false")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("WARN")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
     conf = spark.conf
     rows_per_second = args.rows_per_second or int(conf.get(DEMO + "rows_per_second", None) or 10)
     if rows_per_second < 1:
@@ -86,10 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     interval = str(args.trigger_interval or conf.get(DEMO + "trigger_interval", None)
                    or "2 seconds")
     job = CheckpointedJob(spark, job=args.job, storage=args.storage)
-    output = args.output or conf.get(DEMO + "output", None)
-    sink_storage = open_storage(output) if output else job.storage
-    sink = JsonLinesSink(sink_storage, "" if output else f"_output/{job.job}")
-    write = job.exactly_once(sink)
+    write = job.exactly_once(
+        exactly_once_sink("jsonl", args.output or conf.get(DEMO + "output", None), job))
 
     def build() -> Any:
         values = (spark.readStream.format("rate")
@@ -104,12 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.getLogger("rate_counts").info(
         "job %s: %d rows/s, trigger every %s, until stopped", job.job, rows_per_second, interval)
-    result = job.run(build)
-    logging.getLogger("rate_counts").info(
-        "job %s %s; last checkpoint %s; savepoint %s", job.job, result.outcome,
-        result.last_checkpoint.checkpoint_id if result.last_checkpoint else None,
-        result.savepoint_path,
-    )
+    log_result("rate_counts", job, job.run(build))
     spark.stop()
     return 0
 
