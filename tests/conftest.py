@@ -16,4 +16,5 @@ pytest_plugins = [
     "tests.fixtures.metrics",
     "tests.fixtures.kafka",
     "tests.fixtures.hdfs",
+    "tests.fixtures.wheel",
 ]

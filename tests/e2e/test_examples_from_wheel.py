@@ -1,12 +1,13 @@
 """E2E, the README's "Use it from Airflow" against the installed wheel (issue 18's acceptance).
 
-Nothing of the repository is used but the wheel built from it: ``pip wheel`` of a copy of
-the sources, installed with ``pip install --no-deps`` into a fresh virtualenv whose
-dependencies (Airflow, pyspark, boto3) come from this interpreter's site-packages through
-a ``.pth`` file, so nothing is downloaded. Every command runs from an empty directory with
-that virtualenv's interpreter and without ``PYTHONPATH``; Airflow is real (SQLite,
-``airflow dags test``), Spark is real (``spark-submit`` of pyspark, local mode) and the
-storage is the session's moto S3 server, reached only through what the walkthrough sets.
+Nothing of the repository is used but the wheel built from it (tests/fixtures/wheel.py):
+``pip wheel`` of a copy of the sources, installed with ``pip install --no-deps`` into a
+fresh virtualenv whose dependencies (Airflow, pyspark, boto3) come from this
+interpreter's site-packages through a ``.pth`` file, so nothing is downloaded. Every
+command runs from an empty directory with that virtualenv's interpreter and without
+``PYTHONPATH``; Airflow is real (SQLite, ``airflow dags test``), Spark is real
+(``spark-submit`` of pyspark, local mode) and the storage is the session's moto S3
+server, reached only through what the walkthrough sets.
 
 The walkthrough, step by step, each outcome checked in the storage:
 
@@ -27,18 +28,8 @@ The walkthrough, step by step, each outcome checked in the storage:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import sysconfig
-import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,96 +42,21 @@ from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.sinks import JsonLinesSink
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.testing import S3Endpoint
+from tests.fixtures.wheel import (
+    Deployment,
+    apply_exports,
+    ended_at_exit,
+    stopped,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 JOB = "rate-counts"  # the main example's default job name
 #: rows a second, the same before and after the restore: Spark's rate source numbers its
 #: rows by elapsed seconds x rate (another rate would repeat or skip values; the
 #: restore assertions fail then)
 RATE = 20
-
-
-@dataclass(frozen=True)
-class Deployment:
-    """A virtualenv with the wheel installed, an empty working directory and an
-    environment that holds nothing of the repository."""
-
-    venv: Path
-    workdir: Path
-    env: dict[str, str]
-
-    @property
-    def python(self) -> str:
-        return str(self.venv / "bin" / "python")
-
-    def run(self, *argv: str, env: Mapping[str, str] | None = None, timeout_s: float = 300,
-            ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(argv), cwd=self.workdir, env=dict(env or self.env),
-                              capture_output=True, text=True, timeout=timeout_s, check=False)
-
-    def airflow(self, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
-        return self.run(self.python, "-m", "airflow", *args, timeout_s=timeout_s)
-
-    def start_airflow(self, log: Path, *args: str) -> subprocess.Popen[bytes]:
-        with open(log, "ab") as out:
-            return subprocess.Popen([self.python, "-m", "airflow", *args], cwd=self.workdir,
-                                    env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-
-
-def build_wheel(dist: Path, tmp: Path) -> Path:
-    """``pip wheel`` of a copy of what the package is built from (no build/ left in the
-    repository)."""
-    src = tmp / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, src / name)
-    shutil.copytree(ROOT / "airflow_ckpt", src / "airflow_ckpt",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                           str(dist), str(src)], capture_output=True, text=True, timeout=600,
-                          check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    [wheel] = dist.glob("airflow_ckpt-*.whl")
-    return wheel
-
-
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Deployment:
-    tmp = tmp_path_factory.mktemp("wheel")
-    wheel = build_wheel(tmp / "dist", tmp)
-    venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                   timeout=120)
-    # installed first, into the bare venv: with the dependencies already visible, pip
-    # would take the repository's editable install for this version and skip the wheel
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"),
-                           "install", "--no-deps", "--no-index", "-q", str(wheel)],
-                          capture_output=True, text=True, timeout=300, check=False, env=clean)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    [site] = (venv / "lib").glob("python*/site-packages")
-    assert (site / "airflow_ckpt" / "examples" / "dags" / "streaming_rate_counts.py").is_file()
-    # the dependencies: this interpreter's site-packages, after the venv's own (a path
-    # line only: the .pth files there, e.g. an editable install of the repository, are
-    # not processed)
-    (site / "_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    home = tmp / "airflow"
-    workdir = tmp / "work"
-    workdir.mkdir()
-    own_bin = str(Path(sys.executable).parent)
-    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != own_bin]
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("AIRFLOW", "AWS_", "PYSPARK", "SPARK_"))
-           and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update({
-        "PATH": os.pathsep.join([str(venv / "bin"), *path]),
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-    })
-    return Deployment(venv, workdir, env)
 
 
 def rows_by_batch(storage: CheckpointStorage) -> dict[int, list[dict[str, Any]]]:
@@ -149,40 +65,6 @@ def rows_by_batch(storage: CheckpointStorage) -> dict[int, list[dict[str, Any]]]
     return {batch: [json.loads(line) for line in
                     storage.get_bytes(sink.part_key(batch)).decode().splitlines() if line]
             for batch in sink.committed_batches()}
-
-
-def wait_until(predicate: Callable[[], object], timeout_s: float, what: str,
-               proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if proc.poll() is not None:
-            raise AssertionError(f"the streaming run exited ({proc.returncode}) while waiting "
-                                 f"for {what}:\n{log.read_text(errors='replace')[-6000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}:\n"
-                                 f"{log.read_text(errors='replace')[-6000:]}")
-        time.sleep(0.5)
-
-
-def stopped(proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 180) -> int:
-    try:
-        return proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"the streaming run did not end after stop-with-savepoint:\n"
-                             f"{log.read_text(errors='replace')[-6000:]}") from None
-
-
-@contextlib.contextmanager
-def ended_at_exit(*procs: subprocess.Popen[bytes]) -> Iterator[None]:
-    """Kill whatever of the streaming runs (and their Spark drivers) is left at the end."""
-    try:
-        yield
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=60)
 
 
 @pytest.mark.timeout(1500)  # two Spark drivers, five Airflow runs: slow on a loaded 2-core box
@@ -215,13 +97,9 @@ def test_readme_walkthrough_from_the_wheel(
     for name in ("streaming_rate_counts.py", "savepoint_examples.py"):
         assert (dags / name).read_bytes() == (shipped / "dags" / name).read_bytes()
     assert (dags.parent / "spark_jobs" / "rate_counts.py").is_file()
-    exports = dict(line[len("export "):].split("=", 1) for line in made.stdout.splitlines()
-                   if line.startswith("export "))
+    exports = apply_exports(d, made.stdout)
     assert set(exports) == {"AIRFLOW_CKPT_STORAGE", "AIRFLOW_CKPT_JOBS_DIR",
                             "AIRFLOW_CONN_AWS_DEFAULT"}, made.stdout
-    for name, quoted in exports.items():  # what `export NAME=<shell-quoted value>` sets
-        d.env[name] = subprocess.run(["sh", "-c", f"printf %s {quoted}"], capture_output=True,
-                                     text=True, check=True).stdout
     assert d.env["AIRFLOW_CKPT_STORAGE"] == uri
     again = d.run(*examples)  # the same files again: nothing to replace, the bucket exists
     assert again.returncode == 0 and "unchanged" in again.stdout, again.stdout + again.stderr
