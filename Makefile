@@ -96,8 +96,8 @@ unit: venv
 
 # The longer real-Spark kill and crash variants that make test leaves out (pytest -m soak:
 # HDFS-state random kills, a second driver of the same job, the kill test through a worker
-# on "another host", the blocking operator's crash recovery, ParquetSink kills on file://;
-# about 8 minutes on 2 cores).
+# on "another host", the blocking operator's crash recovery, ParquetSink kills on file://,
+# the Kafka example from the wheel (make kafka-e2e); about 8 minutes on 2 cores before it).
 # SOAK_ROUNDS=n repeats them, each round with fresh random kill seeds.
 SOAK_ROUNDS ?= 1
 soak: venv
