@@ -23,7 +23,7 @@ The ground truth is what was produced: per key, the last committed row's (count,
 equals it, every batch id is committed once, and each key's count only grows.
 
 Marked ``soak`` (a wheel build, two Spark drivers resolving the connector, five
-Airflow runs: ~6-10 min on a loaded 2-core machine): ``make kafka-e2e`` runs it.
+Airflow runs: 801 s on 2 cores at load average ~20): ``make kafka-e2e`` runs it.
 """
 
 from __future__ import annotations
