@@ -55,6 +55,7 @@ simulation must find whatever the history layer looks like.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -89,6 +90,14 @@ from airflow_ckpt.runtime.history.events import (
 from airflow_ckpt.runtime.history.journal import CompactionPolicy, JobHistory
 from airflow_ckpt.runtime.history.reader import EventCache, HistoryReader
 from airflow_ckpt.runtime.history.restart_log import RestartLog
+from airflow_ckpt.runtime.interleave import (
+    HISTORY_BEFORE_CREATE,
+    HISTORY_BEFORE_SEAL_CHECK,
+    HISTORY_BEFORE_SEGMENT_READ,
+    HISTORY_COMPACTION_BEFORE_SEAL,
+    RESTART_BEFORE_DECISION,
+    installed,
+)
 from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.supervision import RESTORE_LATEST, RESTORE_NONE, DriverFailure, Verdict
@@ -96,6 +105,7 @@ from airflow_ckpt.testing.sim.buggify import (
     SCHED_CLOCK_JUMP,
     SCHED_CRASH,
     SCHED_PAUSE,
+    SCHED_POINT_PAUSE,
     STORAGE_503,
     STORAGE_HANG,
     STORAGE_LATE,
@@ -166,11 +176,30 @@ SKEWS = (0.0, 0.5, -0.5, 30.0, 3600.0, -3600.0)
 #: the history world's fault sites (sim/buggify.py): no actor-count sites, the
 #: supervisor starts one driver per submission
 SITES = (STORAGE_503, STORAGE_LOST_ANSWER, STORAGE_LATE, STORAGE_HANG, SCHED_PAUSE,
-         SCHED_CRASH, SCHED_CLOCK_JUMP)
+         SCHED_CRASH, SCHED_CLOCK_JUMP, SCHED_POINT_PAUSE)
 #: base chance per turn of a host's clock stepping (when the seed enables it)
 CLOCK_JUMP_P = 0.002
 #: how long a driver's stop-the-world pause lasts (up to past its lease's expiry)
 PAUSE_S = (1.0, 60.0)
+#: The runtime's named interleaving points where a process of this world may pause
+#: (site ``scheduler.point-pause``): base chance per arrival, and whether its whole
+#: process stops (a stop-the-world pause of :data:`PROCESS_PAUSE_S`, up to past its
+#: lease's expiry and the supervisor's verdict: the supervisor decides, resubmits, a new
+#: driver appends and compactions seal, all beside the paused driver) or only its
+#: thread, for :data:`THREAD_PAUSE_S` (a compaction of another process runs meanwhile).
+#: Each is the window between a guard and the write it guards: a decision and its
+#: ``append_if_head``, a chosen number and its create, a create and the sealed mark read
+#: after it, a listed segment and its read, a compaction's raw reads and its second
+#: look at the mark.
+POINT_PAUSES: dict[str, tuple[float, bool]] = {
+    RESTART_BEFORE_DECISION: (0.3, True),
+    HISTORY_BEFORE_CREATE: (0.03, True),
+    HISTORY_BEFORE_SEAL_CHECK: (0.2, False),
+    HISTORY_BEFORE_SEGMENT_READ: (0.5, False),
+    HISTORY_COMPACTION_BEFORE_SEAL: (0.2, False),
+}
+PROCESS_PAUSE_S = (1.0, 120.0)
+THREAD_PAUSE_S = (0.2, 5.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -832,6 +861,23 @@ class World(Judged):
             box.append(payload)
         return program
 
+    def point_pause(self, name: str, p: float, process: bool) -> Callable[[], None]:
+        """The hook at interleaving point ``name`` (see :data:`POINT_PAUSES`)."""
+        def hook() -> None:
+            sched = self.scheduler
+            actor = sched.current()
+            if actor is None or not sched.chance(SCHED_POINT_PAUSE, p):
+                return
+            seconds = self.rng.uniform(*(PROCESS_PAUSE_S if process else THREAD_PAUSE_S))
+            sched.log(f"{'process' if process else 'thread'} pauses {seconds:.1f} s at "
+                      f"{name}")
+            if process:  # the whole process stops: its threads too
+                for thread in sched.actors:
+                    if thread.parent is actor and thread.alive:
+                        thread.wake_at = max(thread.wake_at, sched.now + seconds)
+            sched.sleep(seconds)
+        return hook
+
     # ------------------------------------------------------------------ running
 
     def run(self) -> Outcome:
@@ -843,10 +889,13 @@ class World(Judged):
             sched.spawn(f"compactor-{n}", self.hosts["other"],
                         self.compactor(self.history(self.compactor_storage), (0.2, 3.0)),
                         parent=airflow)
-        try:
-            sched.run()
-        finally:
-            sched.shutdown()
+        with contextlib.ExitStack() as points:
+            for name, (p, process) in POINT_PAUSES.items():
+                points.enter_context(installed(name, self.point_pause(name, p, process)))
+            try:
+                sched.run()
+            finally:
+                sched.shutdown()
         if airflow.error is not None and not isinstance(airflow.error, Crash):
             self.violate(SUPERVISOR_ERROR, f"the scheduler died of "
                          f"{type(airflow.error).__name__}: {airflow.error}")
