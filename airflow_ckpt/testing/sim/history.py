@@ -33,7 +33,9 @@ Invariants, checked after every step (:class:`World`), against the history stora
 
 * ``event-lost``: every event whose ``append`` or ``append_if_head`` returned (restart
   decisions included) is read back by :meth:`JobHistory.events` with the same type,
-  timestamp and payload; ``history-rewritten``: no history key is deleted and created
+  timestamp and payload; ``event-duplicated``: no append is counted at two numbers
+  (two events of the history carry one ``uid``: an append that judged its counted
+  create void and appended it again); ``history-rewritten``: no history key is deleted and created
   again with other bytes, but for a *void* write at or below the sealed mark;
 * ``restart-decision``: every ``restart`` event of the run, query or driver level, first
   included, equals Flink's decision (:mod:`airflow_ckpt.testing.sim.flink`) over the
@@ -136,6 +138,7 @@ _TASK_LOG = logging.getLogger("airflow_ckpt.testing.sim.task")
 
 #: invariant names (see the module doc)
 EVENT_LOST = "event-lost"
+EVENT_DUPLICATED = "event-duplicated"
 RESTART_DECISION = "restart-decision"
 OWN_CHECKPOINT = "own-checkpoint"
 FOREIGN_STATE = "foreign-state"
@@ -143,7 +146,7 @@ TERMINAL_RESUBMITTED = "terminal-resubmitted"
 TERMINAL_RESTARTED = "terminal-restarted"
 HISTORY_REWRITTEN = "history-rewritten"
 SUPERVISOR_ERROR = "supervisor-error"
-INVARIANTS = (EVENT_LOST, HISTORY_REWRITTEN, RESTART_DECISION, OWN_CHECKPOINT,
+INVARIANTS = (EVENT_LOST, EVENT_DUPLICATED, HISTORY_REWRITTEN, RESTART_DECISION, OWN_CHECKPOINT,
               FOREIGN_STATE, TERMINAL_RESUBMITTED, TERMINAL_RESTARTED, SUPERVISOR_ERROR)
 
 #: Planted defects: faults of a *reader's or writer's view of storage*, so they keep
@@ -182,21 +185,21 @@ CLOCK_JUMP_P = 0.002
 #: how long a driver's stop-the-world pause lasts (up to past its lease's expiry)
 PAUSE_S = (1.0, 60.0)
 #: The runtime's named interleaving points where a process of this world may pause
-#: (site ``scheduler.point-pause``): base chance per arrival, and whether its whole
-#: process stops (a stop-the-world pause of :data:`PROCESS_PAUSE_S`, up to past its
-#: lease's expiry and the supervisor's verdict: the supervisor decides, resubmits, a new
-#: driver appends and compactions seal, all beside the paused driver) or only its
-#: thread, for :data:`THREAD_PAUSE_S` (a compaction of another process runs meanwhile).
-#: Each is the window between a guard and the write it guards: a decision and its
+#: (site ``scheduler.point-pause``), with the base chance per arrival. Each is the
+#: window between a guard and the write it guards: a decision and its
 #: ``append_if_head``, a chosen number and its create, a create and the sealed mark read
-#: after it, a listed segment and its read, a compaction's raw reads and its second
-#: look at the mark.
-POINT_PAUSES: dict[str, tuple[float, bool]] = {
-    RESTART_BEFORE_DECISION: (0.3, True),
-    HISTORY_BEFORE_CREATE: (0.03, True),
-    HISTORY_BEFORE_SEAL_CHECK: (0.2, False),
-    HISTORY_BEFORE_SEGMENT_READ: (0.5, False),
-    HISTORY_COMPACTION_BEFORE_SEAL: (0.2, False),
+#: after it, a listed segment and its read, a compaction's raw reads and its second look
+#: at the mark. Half the pauses stop the whole process (stop-the-world, for
+#: :data:`PROCESS_PAUSE_S`: up to past its lease's expiry and the supervisor's verdict,
+#: so the supervisor decides, resubmits, a new driver appends and compactions seal, all
+#: beside it), half its thread only (:data:`THREAD_PAUSE_S`: another process's
+#: compaction or append runs meanwhile).
+POINT_PAUSES: dict[str, float] = {
+    RESTART_BEFORE_DECISION: 0.3,
+    HISTORY_BEFORE_CREATE: 0.03,
+    HISTORY_BEFORE_SEAL_CHECK: 0.2,
+    HISTORY_BEFORE_SEGMENT_READ: 0.5,
+    HISTORY_COMPACTION_BEFORE_SEAL: 0.2,
 }
 PROCESS_PAUSE_S = (1.0, 120.0)
 THREAD_PAUSE_S = (0.2, 5.0)
@@ -540,7 +543,7 @@ class World(Judged):
         self.check_submissions(run)
 
     def check_events(self) -> None:
-        """``event-lost`` (by content) and ``history-rewritten``."""
+        """``event-lost`` (by content), ``event-duplicated`` and ``history-rewritten``."""
         rewritten = sorted(k for k in self.objects.rewritten if "/history/" in k)
         if rewritten:
             self.violate(HISTORY_REWRITTEN, "deleted, then written again with other content "
@@ -552,6 +555,12 @@ class World(Judged):
             self.violate(EVENT_LOST, "appended and acknowledged, no longer in the history: "
                          + ", ".join(f"{k.rsplit('/', 1)[-1]} {self.appended[k][:80]}"
                                      for k in lost))
+        uids = Counter(str(e.data.get("uid")) for e in self.truth())
+        twice = sorted(e.key.rsplit("/", 1)[-1] for e in self.truth()
+                       if uids[str(e.data.get("uid"))] > 1)
+        if twice:
+            self.violate(EVENT_DUPLICATED, "one append counted at two numbers (a reader "
+                         "sees the event twice): " + ", ".join(twice))
         changed = [k for k, content in self.appended.items()
                    if k in held and held[k] != content]
         if changed:
@@ -861,13 +870,14 @@ class World(Judged):
             box.append(payload)
         return program
 
-    def point_pause(self, name: str, p: float, process: bool) -> Callable[[], None]:
+    def point_pause(self, name: str, p: float) -> Callable[[], None]:
         """The hook at interleaving point ``name`` (see :data:`POINT_PAUSES`)."""
         def hook() -> None:
             sched = self.scheduler
             actor = sched.current()
             if actor is None or not sched.chance(SCHED_POINT_PAUSE, p):
                 return
+            process = self.rng.random() < 0.5
             seconds = self.rng.uniform(*(PROCESS_PAUSE_S if process else THREAD_PAUSE_S))
             sched.log(f"{'process' if process else 'thread'} pauses {seconds:.1f} s at "
                       f"{name}")
@@ -890,8 +900,8 @@ class World(Judged):
                         self.compactor(self.history(self.compactor_storage), (0.2, 3.0)),
                         parent=airflow)
         with contextlib.ExitStack() as points:
-            for name, (p, process) in POINT_PAUSES.items():
-                points.enter_context(installed(name, self.point_pause(name, p, process)))
+            for name, p in POINT_PAUSES.items():
+                points.enter_context(installed(name, self.point_pause(name, p)))
             try:
                 sched.run()
             finally:

@@ -60,7 +60,9 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   answered, exactly once (the answer never changes), by the end (one whose write
   failed may land later unseen: nobody waits for it, it expires by its own clock); the
   request from a newer version is answered "failed" by the driver that reads it
-  (unless its requester expired it first), never stuck;
+  (unless its requester expired it first), never stuck; a "completed" answer names a
+  savepoint taken after its request was made (a second request for the same savepoint
+  id is never answered with the first one's);
 * ``job-driver-error``: a driver life ends finished, stopped, or of a lost lease, an
   unreachable storage, spent restarts or a documented refusal - never of anything else
   (e.g. ``CorruptCheckpointError`` from its sink: a wedged job);
@@ -142,8 +144,10 @@ RESTART = {"type": "fixed-delay", "fixed-delay.attempts": 4, "fixed-delay.delay"
 SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
 #: monotonic clock rates: most hosts' run true, some drift far (liveness only)
 RATES = (1.0, 1.0, 1.0, 0.5, 2.0)
-#: request kinds the control client sends
-SAVEPOINT, STOP, NEWER = "savepoint", "stop", "newer-version"
+#: request kinds the control client sends (NAMED: a savepoint of the seed's one
+#: :data:`NAMED_SAVEPOINT` id, so a second such request reuses it: a retried task)
+SAVEPOINT, STOP, NEWER, NAMED = "savepoint", "stop", "newer-version", "named-savepoint"
+NAMED_SAVEPOINT = "nightly"
 
 JOB_OUTPUT = "job-output"
 UNCOVERED_COMMIT = "job-uncovered-commit"
@@ -212,7 +216,7 @@ class JobSetup:
             crash_p=rng.choice((0.0, 0.003, 0.01)),
             pause_p=rng.choice((0.0, 0.005, 0.02)),
             damages=rng.choice((0, 0, 0, 1, 2)),
-            requests=tuple(rng.choice((SAVEPOINT, SAVEPOINT, STOP, NEWER))
+            requests=tuple(rng.choice((SAVEPOINT, SAVEPOINT, STOP, NEWER, NAMED, NAMED))
                            for _ in range(rng.randint(0, 3))),
             explicit_p=rng.choice((0.0, 0.3)),
             memory_threshold=rng.choice((0, 0, 20 << 10)),
@@ -781,8 +785,9 @@ class JobWorld(Judged):
 
     def _send(self, channel: ControlChannel, kind: str) -> str:
         if kind != NEWER:
-            return channel.request_savepoint(stop=kind == STOP, timeout_s=REQUEST_TIMEOUT_S,
-                                             requested_by="sim").request_id
+            return channel.request_savepoint(
+                stop=kind == STOP, timeout_s=REQUEST_TIMEOUT_S, requested_by="sim",
+                savepoint_id=NAMED_SAVEPOINT if kind == NAMED else None).request_id
         # a request from a newer provider: a field this version does not know
         now = channel.clock()
         request_id = f"{int(now * 1000):013d}-{channel.ids().hex[:8]}"
@@ -900,6 +905,12 @@ class JobWorld(Judged):
             by_driver = result.writer != "client"
             if by_driver:
                 self.coverage["control-answered"] += 1
+            named = objects.get(LAYOUT.savepoint_metadata(str(body.get("savepoint_id"))))
+            if by_driver and body.get("status") == "completed" and named is not None \
+                    and named.written < objects[key].written:
+                self.violate(CONTROL, f"request {request_id} answered completed by savepoint "
+                             f"{body.get('savepoint_id')}, which was taken before the "
+                             "request was made (another request's)")
             if self.requests.get(request_id) == NEWER and by_driver:
                 self.coverage["newer-request-refused"] += 1
                 if body.get("status") != "failed":
