@@ -30,14 +30,14 @@ SINK_BEFORE_PUBLISH_FILE = "sink.before_publish_file"  # decision durable, a fil
 HISTORY_BEFORE_CREATE = "history.before_create"  # an append chose its number, not created yet
 HISTORY_BEFORE_SEAL_CHECK = "history.before_seal_check"  # created, sealed mark not re-read
 HISTORY_BEFORE_SEGMENT_READ = "history.before_segment_read"  # segments listed, not read yet
-HISTORY_COMPACTION_BEFORE_SEAL = "history.compaction_before_seal"  # raw read, mark not re-read
+HISTORY_COMPACTION_BEFORE_READ = "history.compaction_before_read"  # raw listed, not read
 RESTART_BEFORE_DECISION = "restart_log.before_decision"  # decided on a head, not appended yet
 POINTS = frozenset({GC_BEFORE_DELETE, COMPLETE_BEFORE_METADATA, COMPLETE_BEFORE_ADD,
                     UPLOAD_BEFORE_FILE, CAPTURE_BEFORE_LINK, LEASE_BEFORE_BEAT, LEASE_BEFORE_SWAP,
                     LEASE_BEFORE_CLAIM,
                     SINK_STAGED_BEFORE_RECORD, SINK_BEFORE_PUBLISH_FILE,
                     HISTORY_BEFORE_CREATE, HISTORY_BEFORE_SEAL_CHECK,
-                    HISTORY_BEFORE_SEGMENT_READ, HISTORY_COMPACTION_BEFORE_SEAL,
+                    HISTORY_BEFORE_SEGMENT_READ, HISTORY_COMPACTION_BEFORE_READ,
                     RESTART_BEFORE_DECISION})
 
 

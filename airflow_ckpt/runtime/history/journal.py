@@ -83,7 +83,7 @@ from airflow_ckpt.runtime.interleave import (
     HISTORY_BEFORE_CREATE,
     HISTORY_BEFORE_SEAL_CHECK,
     HISTORY_BEFORE_SEGMENT_READ,
-    HISTORY_COMPACTION_BEFORE_SEAL,
+    HISTORY_COMPACTION_BEFORE_READ,
     point,
 )
 from airflow_ckpt.runtime.masking import mask_value
@@ -341,6 +341,7 @@ class JobHistory(HistoryReader):
         policy = policy or self.compaction or DEFAULT_COMPACTION
         result = CompactionResult()
         listing = self.listing()
+        point(HISTORY_COMPACTION_BEFORE_READ)  # a listed number may turn void meanwhile
         fresh: list[HistoryEvent] = []
         for key in listing.raw:
             try:
@@ -356,7 +357,6 @@ class JobHistory(HistoryReader):
         if fresh:
             # Read the mark again *after* reading the raw events: anything at or below
             # it is in another compaction's segment, or a void write read by mistake.
-            point(HISTORY_COMPACTION_BEFORE_SEAL)
             sealed = max(listing.sealed, self._sealed())
             fresh = [e for e in fresh if e.seq > sealed]
         if fresh:

@@ -96,7 +96,7 @@ from airflow_ckpt.runtime.interleave import (
     HISTORY_BEFORE_CREATE,
     HISTORY_BEFORE_SEAL_CHECK,
     HISTORY_BEFORE_SEGMENT_READ,
-    HISTORY_COMPACTION_BEFORE_SEAL,
+    HISTORY_COMPACTION_BEFORE_READ,
     RESTART_BEFORE_DECISION,
     installed,
 )
@@ -188,18 +188,19 @@ PAUSE_S = (1.0, 60.0)
 #: (site ``scheduler.point-pause``), with the base chance per arrival. Each is the
 #: window between a guard and the write it guards: a decision and its
 #: ``append_if_head``, a chosen number and its create, a create and the sealed mark read
-#: after it, a listed segment and its read, a compaction's raw reads and its second look
-#: at the mark. Half the pauses stop the whole process (stop-the-world, for
-#: :data:`PROCESS_PAUSE_S`: up to past its lease's expiry and the supervisor's verdict,
-#: so the supervisor decides, resubmits, a new driver appends and compactions seal, all
-#: beside it), half its thread only (:data:`THREAD_PAUSE_S`: another process's
-#: compaction or append runs meanwhile).
+#: after it, a listed segment and its read, a compaction's listing and its raw reads (a
+#: void write landing in between is dropped by its second look at the mark). Half the
+#: pauses stop the whole process (stop-the-world, for :data:`PROCESS_PAUSE_S`: up to
+#: past its lease's expiry and the supervisor's verdict, so the supervisor decides,
+#: resubmits, a new driver appends and compactions seal, all beside it), half its
+#: thread only (:data:`THREAD_PAUSE_S`: another process's compaction or append runs
+#: meanwhile).
 POINT_PAUSES: dict[str, float] = {
     RESTART_BEFORE_DECISION: 0.3,
     HISTORY_BEFORE_CREATE: 0.03,
     HISTORY_BEFORE_SEAL_CHECK: 0.2,
     HISTORY_BEFORE_SEGMENT_READ: 0.5,
-    HISTORY_COMPACTION_BEFORE_SEAL: 0.2,
+    HISTORY_COMPACTION_BEFORE_READ: 0.2,
 }
 PROCESS_PAUSE_S = (1.0, 120.0)
 THREAD_PAUSE_S = (0.2, 5.0)
