@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt.errors import ConfigError
+from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     FAILURE,
@@ -17,7 +18,6 @@ from airflow_ckpt.runtime.history.events import (
     RESTART,
     RESTORED,
 )
-from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.history.restart_log import RestartLog, format_restart_history
 from airflow_ckpt.runtime.storage import open_storage
