@@ -456,7 +456,11 @@ class SimOperator(CheckpointedSparkSubmitOperator):
 
     def _submit_blocking(self, context: Any, sup: Supervisor, attempt: int,
                          restore: str) -> DriverFailure | None:
-        """spark-submit in client mode: record the submission, run the driver, wait."""
+        """spark-submit in client mode: record the submission, run the driver, wait.
+        Past :data:`MAX_DRIVERS` the task's ``execution_timeout`` kills it (its process
+        dies, as a worker's; the scheduler's loop then ends the run)."""
+        if len(self.world.drivers) >= MAX_DRIVERS:
+            raise Crash("execution_timeout: the task ran too long")
         sup.record_submit(SimSubmitter(self.world, attempt, restore), attempt, restore,
                           **self._submit_fields(context))
         log = f"/sim/blocking-{attempt}.log"
