@@ -28,6 +28,10 @@ Actors (:mod:`airflow_ckpt.testing.sim.scheduler`) over the simulated storage
   ``job_stopped``, an exit without terminal event, or a crash at any step. Its writes
   may time out and land later, get 503s or lose their answers. It compacts its own
   history, and so may 0-2 other processes on a third host.
+* **point pauses** (site ``scheduler.point-pause``, :data:`POINT_PAUSES`): any of these
+  processes may stop exactly at one of the history's named interleaving points, between
+  a guard and the write it guards, so two deciders, a stale writer and a compaction, or
+  two compactions meet in that window.
 
 Invariants, checked after every step (:class:`World`), against the history storage holds:
 
