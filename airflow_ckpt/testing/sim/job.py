@@ -84,6 +84,7 @@ a second lease holder, and a holder deposed while alive).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -125,7 +126,7 @@ from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing import simquery
 from airflow_ckpt.testing.sim.outcome import Coverage, Judged, Outcome, Violation
 from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
-from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
+from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage, Stored
 from airflow_ckpt.testing.simquery import SimulatedQuery, write_file
 
 JOB = "simjob"
@@ -888,8 +889,10 @@ class JobWorld(Judged):
                 shutil.rmtree(target, ignore_errors=True)
 
     def check_control(self) -> None:
-        """``job-control``: every request answered once; the newer version's "failed"."""
+        """``job-control``: every request answered once; the newer version's "failed";
+        an answered request is not acted on again (see :meth:`_acted_after_answer`)."""
         objects = self.objects.objects
+        self._acted_after_answer(objects)
         for key in [k for k in objects if k.startswith(LAYOUT.control_prefix)
                     and k.endswith(".json") and not k.endswith(".result.json")]:
             request_id = key[len(LAYOUT.control_prefix):-len(".json")]
@@ -916,6 +919,30 @@ class JobWorld(Judged):
                 if body.get("status") != "failed":
                     self.violate(CONTROL, f"the newer version's request {request_id} was "
                                  f"answered {body.get('status')}")
+
+    def _acted_after_answer(self, objects: dict[str, Stored]) -> None:
+        """A request's savepoint events stored after its answer come from triggers still
+        in flight when it was answered: at most one per query run started before then
+        (a driver life's first query, or a query restart), by the history's own events.
+        A driver that takes an answered request for pending triggers it at every look."""
+        events = []
+        for key, stored in objects.items():
+            if key.startswith(LAYOUT.history_prefix) and key.endswith(".json"):
+                with contextlib.suppress(ValueError):
+                    events.append((stored.written, json.loads(stored.data)))
+        for key, result in objects.items():
+            if not (key.startswith(LAYOUT.control_prefix) and key.endswith(".result.json")):
+                continue
+            request_id = key[len(LAYOUT.control_prefix):-len(".result.json")]
+            runs = sum(1 for at, e in events if at <= result.written and (
+                e.get("type") == "job_started" or (
+                    e.get("type") == "restart" and e.get("level") == "query")))
+            after = sum(1 for at, e in events if at > result.written
+                        and e.get("request_id") == request_id
+                        and e.get("type") in ("savepoint_completed", "savepoint_failed"))
+            if after > runs:
+                self.violate(CONTROL, f"request {request_id} acted on {after} times after "
+                             f"its answer, by {runs} query run(s) started before it")
 
     def published(self) -> list[dict[str, Any]]:
         """Every published row (what a downstream reader sees)."""
