@@ -62,7 +62,9 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   request from a newer version is answered "failed" by the driver that reads it
   (unless its requester expired it first), never stuck; a "completed" answer names a
   savepoint taken after its request was made (a second request for the same savepoint
-  id is never answered with the first one's);
+  id is never answered with the first one's); an answered request is not acted on
+  again (its savepoint events stored after the answer: at most one per query run
+  started before it);
 * ``job-driver-error``: a driver life ends finished, stopped, or of a lost lease, an
   unreachable storage, spent restarts or a documented refusal - never of anything else
   (e.g. ``CorruptCheckpointError`` from its sink: a wedged job);
