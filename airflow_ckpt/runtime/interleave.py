@@ -27,10 +27,18 @@ LEASE_BEFORE_SWAP = "lease.before_swap"  # about to rewrite its lease record (be
 LEASE_BEFORE_CLAIM = "lease.before_claim"  # judged the lease free, not claimed yet
 SINK_STAGED_BEFORE_RECORD = "sink.staged_before_record"  # executors' files staged, no record
 SINK_BEFORE_PUBLISH_FILE = "sink.before_publish_file"  # decision durable, a file to publish
+HISTORY_BEFORE_CREATE = "history.before_create"  # an append chose its number, not created yet
+HISTORY_BEFORE_SEAL_CHECK = "history.before_seal_check"  # created, sealed mark not re-read
+HISTORY_BEFORE_SEGMENT_READ = "history.before_segment_read"  # segments listed, not read yet
+HISTORY_COMPACTION_BEFORE_READ = "history.compaction_before_read"  # raw listed, not read
+RESTART_BEFORE_DECISION = "restart_log.before_decision"  # decided on a head, not appended yet
 POINTS = frozenset({GC_BEFORE_DELETE, COMPLETE_BEFORE_METADATA, COMPLETE_BEFORE_ADD,
                     UPLOAD_BEFORE_FILE, CAPTURE_BEFORE_LINK, LEASE_BEFORE_BEAT, LEASE_BEFORE_SWAP,
                     LEASE_BEFORE_CLAIM,
-                    SINK_STAGED_BEFORE_RECORD, SINK_BEFORE_PUBLISH_FILE})
+                    SINK_STAGED_BEFORE_RECORD, SINK_BEFORE_PUBLISH_FILE,
+                    HISTORY_BEFORE_CREATE, HISTORY_BEFORE_SEAL_CHECK,
+                    HISTORY_BEFORE_SEGMENT_READ, HISTORY_COMPACTION_BEFORE_READ,
+                    RESTART_BEFORE_DECISION})
 
 
 def point(name: str) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from airflow_ckpt.errors import ConfigError
+from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.history.events import (
     CHECKPOINT_COMPLETED,
     FAILURE,
@@ -247,3 +248,29 @@ def test_typed_predicates_of_the_run_state(history: JobHistory) -> None:
     assert end is not None and end.key == failed.key
     history.append(JOB_SUBMITTED, run_id="r", attempt=2)
     assert log.refresh().attempt_end is None  # ended the submission before, not this one
+
+
+def test_a_decision_another_decider_overtook_is_decided_again(history: JobHistory) -> None:
+    """The driver's query-level decision and the supervisor's driver-level one race: the
+    supervisor records its decision between the driver's read and its append (the named
+    point ``restart_log.before_decision``). The driver's ``append_if_head`` meets the
+    moved history and decides again on top of it: two decisions, two attempts, in
+    history order (the CAS the ``restart-decision-not-at-head`` mutant removes)."""
+    driver = RestartLog(history, FIXED, "run-1")
+    supervisor = RestartLog(JobHistory(history.storage, "job-a"), FIXED, "run-1")
+    raced: list[int] = []
+    arrivals: list[str] = []
+
+    def overtake() -> None:
+        arrivals.append("arrived")
+        if len(arrivals) == 1:  # the driver's first look only (not the supervisor's)
+            raced.append(supervisor.record_failure("driver", "declared dead",
+                                                   now=1001.0).attempt)
+
+    with interleave.installed(interleave.RESTART_BEFORE_DECISION, overtake):
+        decision = driver.record_failure("query", "query died", now=1000.0)
+    assert raced == [1]
+    assert decision.attempt == 2
+    restarts = RestartLog(history, FIXED, "run-1").restarts()
+    assert [(e.data["level"], e.data["attempt"]) for e in restarts] == [
+        ("driver", 1), ("query", 2)]

@@ -79,6 +79,13 @@ from airflow_ckpt.runtime.history.events import (
 )
 from airflow_ckpt.runtime.history.reader import EventCache, HistoryReader
 from airflow_ckpt.runtime.history.segments import Segment
+from airflow_ckpt.runtime.interleave import (
+    HISTORY_BEFORE_CREATE,
+    HISTORY_BEFORE_SEAL_CHECK,
+    HISTORY_BEFORE_SEGMENT_READ,
+    HISTORY_COMPACTION_BEFORE_READ,
+    point,
+)
 from airflow_ckpt.runtime.masking import mask_value
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
@@ -234,6 +241,7 @@ class JobHistory(HistoryReader):
         for _ in range(_APPEND_ATTEMPTS):
             seq = at if at is not None else self._known_head() + 1
             key = self.layout.history_event(seq)
+            point(HISTORY_BEFORE_CREATE)  # a stale number: it may be sealed meanwhile
             try:
                 self.storage.put_bytes(key, raw, create_only=True)
             except ObjectAlreadyExistsError:
@@ -243,6 +251,7 @@ class JobHistory(HistoryReader):
                 self._head = self._head_after(seq)
                 continue
             event = HistoryEvent(event_type, now, key, body)
+            point(HISTORY_BEFORE_SEAL_CHECK)  # a compaction may take the number meanwhile
             sealed = self._sealed()
             if seq <= sealed and not self._in_segment(event):
                 # the number had been compacted and its raw object deleted before
@@ -297,6 +306,7 @@ class JobHistory(HistoryReader):
         stream = stream_of(event.type)
         for segment in self.listing().segments:
             if segment.stream == stream and segment.first <= event.seq <= segment.last:
+                point(HISTORY_BEFORE_SEGMENT_READ)  # another compaction may merge it away
                 with contextlib.suppress(MetadataError):  # unreadable: not held there
                     for held in self._load_segment(segment):
                         if held.key == event.key and held.data.get("uid") == event.data["uid"]:
@@ -331,6 +341,7 @@ class JobHistory(HistoryReader):
         policy = policy or self.compaction or DEFAULT_COMPACTION
         result = CompactionResult()
         listing = self.listing()
+        point(HISTORY_COMPACTION_BEFORE_READ)  # a listed number may turn void meanwhile
         fresh: list[HistoryEvent] = []
         for key in listing.raw:
             try:

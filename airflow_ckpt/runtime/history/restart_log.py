@@ -68,6 +68,7 @@ from airflow_ckpt.runtime.history.events import (
     seq_of_key,
 )
 from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.interleave import RESTART_BEFORE_DECISION, point
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +243,7 @@ class RestartLog:
         for _ in range(_DECIDE_ATTEMPTS):
             strategy = self.strategy()  # refreshes: the state of every event up to the cursor
             decision = strategy.on_failure(now)
+            point(RESTART_BEFORE_DECISION)  # another decider may append meanwhile
             try:
                 self.history.append_if_head(  # folded into the state by the next refresh
                     self._head(),

@@ -31,6 +31,7 @@ SCHED_PAUSE = "scheduler.pause"
 SCHED_CRASH = "scheduler.crash"
 SCHED_CLOCK_JUMP = "scheduler.clock-jump"
 SCHED_SUSPEND = "scheduler.suspend"
+SCHED_POINT_PAUSE = "scheduler.point-pause"
 # actors (the worlds): how many drivers and when they start
 ACTORS_MORE = "actors.more-drivers"
 ACTORS_TOGETHER = "actors.started-together"
@@ -48,6 +49,8 @@ SITES: dict[str, str] = {
     SCHED_CLOCK_JUMP: "a host's wall clock jumps (NTP step, VM resume)",
     SCHED_SUSPEND: "a host is suspended mid-operation; its monotonic clock does not count "
                    "the suspension (Linux CLOCK_MONOTONIC), so its lease still looks valid",
+    SCHED_POINT_PAUSE: "a process pauses at a named interleaving point of the runtime "
+                       "(runtime/interleave.py): between a guard and the write it guards",
     ACTORS_MORE: "3-4 drivers of one job instead of 2",
     ACTORS_TOGETHER: "drivers started together (a double trigger), not one after another",
 }

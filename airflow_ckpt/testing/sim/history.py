@@ -28,12 +28,18 @@ Actors (:mod:`airflow_ckpt.testing.sim.scheduler`) over the simulated storage
   ``job_stopped``, an exit without terminal event, or a crash at any step. Its writes
   may time out and land later, get 503s or lose their answers. It compacts its own
   history, and so may 0-2 other processes on a third host.
+* **point pauses** (site ``scheduler.point-pause``, :data:`POINT_PAUSES`): any of these
+  processes may stop exactly at one of the history's named interleaving points, between
+  a guard and the write it guards, so two deciders, a stale writer and a compaction, or
+  two compactions meet in that window.
 
 Invariants, checked after every step (:class:`World`), against the history storage holds:
 
 * ``event-lost``: every event whose ``append`` or ``append_if_head`` returned (restart
   decisions included) is read back by :meth:`JobHistory.events` with the same type,
-  timestamp and payload; ``history-rewritten``: no history key is deleted and created
+  timestamp and payload; ``event-duplicated``: no append is counted at two numbers
+  (two events of the history carry one ``uid``: an append that judged its counted
+  create void and appended it again); ``history-rewritten``: no history key is deleted and created
   again with other bytes, but for a *void* write at or below the sealed mark;
 * ``restart-decision``: every ``restart`` event of the run, query or driver level, first
   included, equals Flink's decision (:mod:`airflow_ckpt.testing.sim.flink`) over the
@@ -55,6 +61,7 @@ simulation must find whatever the history layer looks like.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -89,6 +96,14 @@ from airflow_ckpt.runtime.history.events import (
 from airflow_ckpt.runtime.history.journal import CompactionPolicy, JobHistory
 from airflow_ckpt.runtime.history.reader import EventCache, HistoryReader
 from airflow_ckpt.runtime.history.restart_log import RestartLog
+from airflow_ckpt.runtime.interleave import (
+    HISTORY_BEFORE_CREATE,
+    HISTORY_BEFORE_SEAL_CHECK,
+    HISTORY_BEFORE_SEGMENT_READ,
+    HISTORY_COMPACTION_BEFORE_READ,
+    RESTART_BEFORE_DECISION,
+    installed,
+)
 from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.supervision import RESTORE_LATEST, RESTORE_NONE, DriverFailure, Verdict
@@ -96,6 +111,7 @@ from airflow_ckpt.testing.sim.buggify import (
     SCHED_CLOCK_JUMP,
     SCHED_CRASH,
     SCHED_PAUSE,
+    SCHED_POINT_PAUSE,
     STORAGE_503,
     STORAGE_HANG,
     STORAGE_LATE,
@@ -126,6 +142,7 @@ _TASK_LOG = logging.getLogger("airflow_ckpt.testing.sim.task")
 
 #: invariant names (see the module doc)
 EVENT_LOST = "event-lost"
+EVENT_DUPLICATED = "event-duplicated"
 RESTART_DECISION = "restart-decision"
 OWN_CHECKPOINT = "own-checkpoint"
 FOREIGN_STATE = "foreign-state"
@@ -133,7 +150,7 @@ TERMINAL_RESUBMITTED = "terminal-resubmitted"
 TERMINAL_RESTARTED = "terminal-restarted"
 HISTORY_REWRITTEN = "history-rewritten"
 SUPERVISOR_ERROR = "supervisor-error"
-INVARIANTS = (EVENT_LOST, HISTORY_REWRITTEN, RESTART_DECISION, OWN_CHECKPOINT,
+INVARIANTS = (EVENT_LOST, EVENT_DUPLICATED, HISTORY_REWRITTEN, RESTART_DECISION, OWN_CHECKPOINT,
               FOREIGN_STATE, TERMINAL_RESUBMITTED, TERMINAL_RESTARTED, SUPERVISOR_ERROR)
 
 #: Planted defects: faults of a *reader's or writer's view of storage*, so they keep
@@ -166,11 +183,31 @@ SKEWS = (0.0, 0.5, -0.5, 30.0, 3600.0, -3600.0)
 #: the history world's fault sites (sim/buggify.py): no actor-count sites, the
 #: supervisor starts one driver per submission
 SITES = (STORAGE_503, STORAGE_LOST_ANSWER, STORAGE_LATE, STORAGE_HANG, SCHED_PAUSE,
-         SCHED_CRASH, SCHED_CLOCK_JUMP)
+         SCHED_CRASH, SCHED_CLOCK_JUMP, SCHED_POINT_PAUSE)
 #: base chance per turn of a host's clock stepping (when the seed enables it)
 CLOCK_JUMP_P = 0.002
 #: how long a driver's stop-the-world pause lasts (up to past its lease's expiry)
 PAUSE_S = (1.0, 60.0)
+#: The runtime's named interleaving points where a process of this world may pause
+#: (site ``scheduler.point-pause``), with the base chance per arrival. Each is the
+#: window between a guard and the write it guards: a decision and its
+#: ``append_if_head``, a chosen number and its create, a create and the sealed mark read
+#: after it, a listed segment and its read, a compaction's listing and its raw reads (a
+#: void write landing in between is dropped by its second look at the mark). Half the
+#: pauses stop the whole process (stop-the-world, for :data:`PROCESS_PAUSE_S`: up to
+#: past its lease's expiry and the supervisor's verdict, so the supervisor decides,
+#: resubmits, a new driver appends and compactions seal, all beside it), half its
+#: thread only (:data:`THREAD_PAUSE_S`: another process's compaction or append runs
+#: meanwhile).
+POINT_PAUSES: dict[str, float] = {
+    RESTART_BEFORE_DECISION: 0.3,
+    HISTORY_BEFORE_CREATE: 0.03,
+    HISTORY_BEFORE_SEAL_CHECK: 0.2,
+    HISTORY_BEFORE_SEGMENT_READ: 0.5,
+    HISTORY_COMPACTION_BEFORE_READ: 0.2,
+}
+PROCESS_PAUSE_S = (1.0, 120.0)
+THREAD_PAUSE_S = (0.2, 5.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,7 +460,11 @@ class SimOperator(CheckpointedSparkSubmitOperator):
 
     def _submit_blocking(self, context: Any, sup: Supervisor, attempt: int,
                          restore: str) -> DriverFailure | None:
-        """spark-submit in client mode: record the submission, run the driver, wait."""
+        """spark-submit in client mode: record the submission, run the driver, wait.
+        Past :data:`MAX_DRIVERS` the task's ``execution_timeout`` kills it (its process
+        dies, as a worker's; the scheduler's loop then ends the run)."""
+        if len(self.world.drivers) >= MAX_DRIVERS:
+            raise Crash("execution_timeout: the task ran too long")
         sup.record_submit(SimSubmitter(self.world, attempt, restore), attempt, restore,
                           **self._submit_fields(context))
         log = f"/sim/blocking-{attempt}.log"
@@ -511,7 +552,7 @@ class World(Judged):
         self.check_submissions(run)
 
     def check_events(self) -> None:
-        """``event-lost`` (by content) and ``history-rewritten``."""
+        """``event-lost`` (by content), ``event-duplicated`` and ``history-rewritten``."""
         rewritten = sorted(k for k in self.objects.rewritten if "/history/" in k)
         if rewritten:
             self.violate(HISTORY_REWRITTEN, "deleted, then written again with other content "
@@ -523,6 +564,12 @@ class World(Judged):
             self.violate(EVENT_LOST, "appended and acknowledged, no longer in the history: "
                          + ", ".join(f"{k.rsplit('/', 1)[-1]} {self.appended[k][:80]}"
                                      for k in lost))
+        uids = Counter(str(e.data.get("uid")) for e in self.truth())
+        twice = sorted(e.key.rsplit("/", 1)[-1] for e in self.truth()
+                       if uids[str(e.data.get("uid"))] > 1)
+        if twice:
+            self.violate(EVENT_DUPLICATED, "one append counted at two numbers (a reader "
+                         "sees the event twice): " + ", ".join(twice))
         changed = [k for k, content in self.appended.items()
                    if k in held and held[k] != content]
         if changed:
@@ -832,6 +879,24 @@ class World(Judged):
             box.append(payload)
         return program
 
+    def point_pause(self, name: str, p: float) -> Callable[[], None]:
+        """The hook at interleaving point ``name`` (see :data:`POINT_PAUSES`)."""
+        def hook() -> None:
+            sched = self.scheduler
+            actor = sched.current()
+            if actor is None or not sched.chance(SCHED_POINT_PAUSE, p):
+                return
+            process = self.rng.random() < 0.5
+            seconds = self.rng.uniform(*(PROCESS_PAUSE_S if process else THREAD_PAUSE_S))
+            sched.log(f"{'process' if process else 'thread'} pauses {seconds:.1f} s at "
+                      f"{name}")
+            if process:  # the whole process stops: its threads too
+                for thread in sched.actors:
+                    if thread.parent is actor and thread.alive:
+                        thread.wake_at = max(thread.wake_at, sched.now + seconds)
+            sched.sleep(seconds)
+        return hook
+
     # ------------------------------------------------------------------ running
 
     def run(self) -> Outcome:
@@ -843,10 +908,13 @@ class World(Judged):
             sched.spawn(f"compactor-{n}", self.hosts["other"],
                         self.compactor(self.history(self.compactor_storage), (0.2, 3.0)),
                         parent=airflow)
-        try:
-            sched.run()
-        finally:
-            sched.shutdown()
+        with contextlib.ExitStack() as points:
+            for name, p in POINT_PAUSES.items():
+                points.enter_context(installed(name, self.point_pause(name, p)))
+            try:
+                sched.run()
+            finally:
+                sched.shutdown()
         if airflow.error is not None and not isinstance(airflow.error, Crash):
             self.violate(SUPERVISOR_ERROR, f"the scheduler died of "
                          f"{type(airflow.error).__name__}: {airflow.error}")

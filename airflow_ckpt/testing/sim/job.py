@@ -60,14 +60,18 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   answered, exactly once (the answer never changes), by the end (one whose write
   failed may land later unseen: nobody waits for it, it expires by its own clock); the
   request from a newer version is answered "failed" by the driver that reads it
-  (unless its requester expired it first), never stuck;
+  (unless its requester expired it first), never stuck; a "completed" answer names a
+  savepoint taken after its request was made (a second request for the same savepoint
+  id is never answered with the first one's); an answered request is not acted on
+  again (its savepoint events stored after the answer: at most one per query run
+  started before it);
 * ``job-driver-error``: a driver life ends finished, stopped, or of a lost lease, an
   unreachable storage, spent restarts or a documented refusal - never of anything else
   (e.g. ``CorruptCheckpointError`` from its sink: a wedged job);
 * ``job-cut-off``: no schedule is cut off at the step limit (a driver stuck on
   something; counted and reported);
 * ``job-marker-resurrected``: a checkpoint's ``_metadata``, once deleted (subsumed),
-  never appears again. **Broken today** (:data:`KNOWN_DEFECTS`, seed 29): a marker PUT
+  never appears again. **Broken today** (:data:`KNOWN_DEFECTS`, seed 80): a marker PUT
   whose answer was lost is repeated by the outage wrapper (create-only, equal bytes:
   success), the checkpoint is later subsumed (marker, then files deleted), and the
   first PUT, still in the network, lands on the absent key: a checkpoint that counts
@@ -82,6 +86,7 @@ a second lease holder, and a holder deposed while alive).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -123,7 +128,7 @@ from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing import simquery
 from airflow_ckpt.testing.sim.outcome import Coverage, Judged, Outcome, Violation
 from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
-from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
+from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage, Stored
 from airflow_ckpt.testing.simquery import SimulatedQuery, write_file
 
 JOB = "simjob"
@@ -142,8 +147,10 @@ RESTART = {"type": "fixed-delay", "fixed-delay.attempts": 4, "fixed-delay.delay"
 SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
 #: monotonic clock rates: most hosts' run true, some drift far (liveness only)
 RATES = (1.0, 1.0, 1.0, 0.5, 2.0)
-#: request kinds the control client sends
-SAVEPOINT, STOP, NEWER = "savepoint", "stop", "newer-version"
+#: request kinds the control client sends (NAMED: a savepoint of the seed's one
+#: :data:`NAMED_SAVEPOINT` id, so a second such request reuses it: a retried task)
+SAVEPOINT, STOP, NEWER, NAMED = "savepoint", "stop", "newer-version", "named-savepoint"
+NAMED_SAVEPOINT = "nightly"
 
 JOB_OUTPUT = "job-output"
 UNCOVERED_COMMIT = "job-uncovered-commit"
@@ -212,7 +219,7 @@ class JobSetup:
             crash_p=rng.choice((0.0, 0.003, 0.01)),
             pause_p=rng.choice((0.0, 0.005, 0.02)),
             damages=rng.choice((0, 0, 0, 1, 2)),
-            requests=tuple(rng.choice((SAVEPOINT, SAVEPOINT, STOP, NEWER))
+            requests=tuple(rng.choice((SAVEPOINT, SAVEPOINT, STOP, NEWER, NAMED, NAMED))
                            for _ in range(rng.randint(0, 3))),
             explicit_p=rng.choice((0.0, 0.3)),
             memory_threshold=rng.choice((0, 0, 20 << 10)),
@@ -781,8 +788,9 @@ class JobWorld(Judged):
 
     def _send(self, channel: ControlChannel, kind: str) -> str:
         if kind != NEWER:
-            return channel.request_savepoint(stop=kind == STOP, timeout_s=REQUEST_TIMEOUT_S,
-                                             requested_by="sim").request_id
+            return channel.request_savepoint(
+                stop=kind == STOP, timeout_s=REQUEST_TIMEOUT_S, requested_by="sim",
+                savepoint_id=NAMED_SAVEPOINT if kind == NAMED else None).request_id
         # a request from a newer provider: a field this version does not know
         now = channel.clock()
         request_id = f"{int(now * 1000):013d}-{channel.ids().hex[:8]}"
@@ -883,8 +891,10 @@ class JobWorld(Judged):
                 shutil.rmtree(target, ignore_errors=True)
 
     def check_control(self) -> None:
-        """``job-control``: every request answered once; the newer version's "failed"."""
+        """``job-control``: every request answered once; the newer version's "failed";
+        an answered request is not acted on again (see :meth:`_acted_after_answer`)."""
         objects = self.objects.objects
+        self._acted_after_answer(objects)
         for key in [k for k in objects if k.startswith(LAYOUT.control_prefix)
                     and k.endswith(".json") and not k.endswith(".result.json")]:
             request_id = key[len(LAYOUT.control_prefix):-len(".json")]
@@ -900,11 +910,41 @@ class JobWorld(Judged):
             by_driver = result.writer != "client"
             if by_driver:
                 self.coverage["control-answered"] += 1
+            named = objects.get(LAYOUT.savepoint_metadata(str(body.get("savepoint_id"))))
+            if by_driver and body.get("status") == "completed" and named is not None \
+                    and named.written < objects[key].written:
+                self.violate(CONTROL, f"request {request_id} answered completed by savepoint "
+                             f"{body.get('savepoint_id')}, which was taken before the "
+                             "request was made (another request's)")
             if self.requests.get(request_id) == NEWER and by_driver:
                 self.coverage["newer-request-refused"] += 1
                 if body.get("status") != "failed":
                     self.violate(CONTROL, f"the newer version's request {request_id} was "
                                  f"answered {body.get('status')}")
+
+    def _acted_after_answer(self, objects: dict[str, Stored]) -> None:
+        """A request's savepoint events stored after its answer come from triggers still
+        in flight when it was answered: at most one per query run started before then
+        (a driver life's first query, or a query restart), by the history's own events.
+        A driver that takes an answered request for pending triggers it at every look."""
+        events = []
+        for key, stored in objects.items():
+            if key.startswith(LAYOUT.history_prefix) and key.endswith(".json"):
+                with contextlib.suppress(ValueError):
+                    events.append((stored.written, json.loads(stored.data)))
+        for key, result in objects.items():
+            if not (key.startswith(LAYOUT.control_prefix) and key.endswith(".result.json")):
+                continue
+            request_id = key[len(LAYOUT.control_prefix):-len(".result.json")]
+            runs = sum(1 for at, e in events if at <= result.written and (
+                e.get("type") == "job_started" or (
+                    e.get("type") == "restart" and e.get("level") == "query")))
+            after = sum(1 for at, e in events if at > result.written
+                        and e.get("request_id") == request_id
+                        and e.get("type") in ("savepoint_completed", "savepoint_failed"))
+            if after > runs:
+                self.violate(CONTROL, f"request {request_id} acted on {after} times after "
+                             f"its answer, by {runs} query run(s) started before it")
 
     def published(self) -> list[dict[str, Any]]:
         """Every published row (what a downstream reader sees)."""
