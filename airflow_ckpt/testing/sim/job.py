@@ -1,6 +1,11 @@
 """The job world of the simulation: real ``CheckpointedJob`` drivers of one job, fighting
 over it, against a ground truth (issue 25 items A and C).
 
+**Contention** (:class:`Contention`, drawn apart so other seeds keep their schedules):
+drivers started together, claimants pausing between judging the lease free and
+claiming it (``lease.before_claim``), heartbeat threads stalling (``lease.before_beat``)
+and hosts suspended mid-write (their gate passes while a successor took over).
+
 2-4 drivers of one job (each on its own host, clocks skewed), started together or late,
 each a process that may run 1-3 *lives* (a retried Airflow task: a driver that met
 another holder tries again a while later). Every life is the real
@@ -64,6 +69,12 @@ can fail, see docs/architecture.md "Deterministic simulation"):
 * ``job-driver-error``: a driver life ends finished, stopped, or of a lost lease, an
   unreachable storage, spent restarts or a documented refusal - never of anything else
   (e.g. ``CorruptCheckpointError`` from its sink: a wedged job);
+* ``job-restored-uncounted``: ``restore=latest`` by the holder never resumes a
+  checkpoint whose marker does not count - judged by the design's rule from the lease
+  record (adopted, or the holder's own), not by the runtime's filter;
+* ``job-retention``: a checkpoint that counts loses its ``_metadata`` (not by the vandal)
+  only while ``num-retained`` newer checkpoints count (a deposed driver acting on a
+  marker that never counted must not subsume what its successor adopted);
 * ``job-cut-off``: no schedule is cut off at the step limit (a driver stuck on
   something; counted and reported);
 * ``job-marker-resurrected``: a checkpoint's ``_metadata``, once deleted (subsumed),
@@ -105,6 +116,7 @@ from airflow_ckpt.errors import (
     SinkTransactionAbortedError,
     StorageError,
 )
+from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, parse_manifest
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest
@@ -155,9 +167,11 @@ CONTROL = "job-control"
 DRIVER_ERROR = "job-driver-error"
 CUT_OFF = "job-cut-off"
 MARKER_RESURRECTED = "job-marker-resurrected"
+RESTORED_UNCOUNTED = "job-restored-uncounted"
+RETENTION = "job-retention"
 INVARIANTS = (JOB_OUTPUT, UNCOVERED_COMMIT, CHECKPOINT_CHANGED, CHECKPOINT_VERIFIES,
               DAMAGED_REFERENCE, OLDER_STATE, CONTROL, DRIVER_ERROR, CUT_OFF,
-              MARKER_RESURRECTED)
+              MARKER_RESURRECTED, RESTORED_UNCOUNTED, RETENTION)
 #: invariants the runtime still breaks (a defect found, not fixed yet): reported by every
 #: run, not failed on by the seeds of ``make test`` (see docs/architecture.md)
 KNOWN_DEFECTS = frozenset({MARKER_RESURRECTED})
@@ -232,6 +246,43 @@ class JobSetup:
                 f"{self.crash_p}, pause p {self.pause_p}, {self.damages} damaged object(s), "
                 f"requests {list(self.requests)}, explicit restore p {self.explicit_p}, "
                 f"memory-threshold {self.memory_threshold} B")
+
+
+@dataclass(frozen=True, slots=True)
+class Contention:
+    """How hard one seed's drivers fight over the lease (issue 25 item 1), drawn from a
+    generator of its own (seeds without it keep their schedules): drivers started
+    together; a claimant pausing at ``lease.before_claim`` (judged the lease free, not
+    claimed yet) so that others judge, claim and take over in between; a heartbeat
+    thread stalling at ``lease.before_beat`` (a starved thread: its driver writes on);
+    a host suspended mid-write, or just before a completion marker
+    (``coordinator.before_metadata``; its monotonic clock misses the suspension: its
+    gate passes while a successor took over, so the marker lands late)."""
+
+    together: bool
+    claim_pause_p: float  # chance per arrival at lease.before_claim
+    claim_pause_s: tuple[float, float]
+    beat_stall_p: float  # chance per heartbeat
+    suspend_p: float  # chance per yield point of a driver
+    marker_suspend_p: float  # chance per completion marker: suspended just before it
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Contention:
+        if rng.random() < 0.5:
+            return cls(False, 0.0, (0.0, 0.0), 0.0, 0.0, 0.0)
+        return cls(
+            together=rng.random() < 0.7,
+            claim_pause_p=rng.choice((0.0, 0.5, 1.0)),
+            claim_pause_s=rng.choice(((0.0, 2.0), (0.0, TTL_S), (TTL_S, 3 * TTL_S))),
+            beat_stall_p=rng.choice((0.0, 0.0, 0.1, 0.3)),
+            suspend_p=rng.choice((0.0, 0.0, 0.002, 0.005)),
+            marker_suspend_p=rng.choice((0.0, 0.1, 0.3)),
+        )
+
+    def describe(self) -> str:
+        return (f"contention: together {self.together}, claim pause p {self.claim_pause_p} "
+                f"for {list(self.claim_pause_s)} s, beat stall p {self.beat_stall_p}, "
+                f"suspend p {self.suspend_p}, before a marker p {self.marker_suspend_p}")
 
 
 class SimLock:
@@ -405,6 +456,8 @@ class JobWorld(Judged):
         self.scheduler = Scheduler(seed, max_steps=max_steps)
         self.rng = self.scheduler.rng
         self.setup = JobSetup.draw(self.rng)
+        self.contention_rng = random.Random(seed ^ 0xC1A1)
+        self.contention = Contention.draw(self.contention_rng)
         self.violations: list[Violation] = []
         self.objects = SimObjects()
         self.table = SimObjects()  # the Parquet table's bucket
@@ -441,6 +494,7 @@ class JobWorld(Judged):
         self._results: dict[str, bytes] = {}  # control result key -> its first bytes
         self._covered = -1  # the newest batch a completed checkpoint or savepoint covers
         self._present_before: set[str] = set()
+        self._counted_before: set[int] = set()
         self._epochs_seen: set[int] = set()
         self._damaged_known: dict[str, frozenset[str]] = {}  # life -> keys its restore found
         self._life_epochs: dict[str, int] = {}  # life -> its lease epoch when it restored
@@ -471,6 +525,18 @@ class JobWorld(Judged):
             return []
         return valid_checkpoint_ids(ids, read_lease(self.oracle, JOB))
 
+    def counted(self) -> set[int]:
+        """Ids of the checkpoints with a marker that count by the design's rule, judged
+        here from the newest lease record alone (not by the runtime's
+        ``valid_checkpoint_ids``, which a bug may change): adopted at the takeover, or
+        the holder's own (id >= its ``first_id``); everything counts before adoption
+        existed (no record, or one without it)."""
+        ids = {n for key in self.objects.objects if (n := _checkpoint_of(key)) is not None}
+        lease = read_lease(self.oracle, JOB) if ids else None
+        if lease is None or lease.adopted is None or lease.first_id is None:
+            return ids
+        return {n for n in ids if n in lease.adopted or n >= lease.first_id}
+
     def damaged(self, manifest: Manifest, marker: str) -> bool:
         """Whether the vandal touched the marker or an object it references."""
         return marker in self.vandalized or any(
@@ -491,6 +557,7 @@ class JobWorld(Judged):
         if any(_checkpoint_of(k) is not None and k not in self.vandalized for k in gone):
             self.coverage["subsumed"] += 1
         self._present_before = present
+        self._check_retention(gone)
         for key in present:
             if key.startswith(LAYOUT.lease_prefix) and key.endswith(".json"):
                 epoch = int(key[len(LAYOUT.lease_prefix):-5])
@@ -528,6 +595,25 @@ class JobWorld(Judged):
                 first = self._results.setdefault(key, objects[key].data)
                 if first != objects[key].data:
                     self.violate(CONTROL, f"the answer {key} changed")
+
+    def _check_retention(self, gone: set[str]) -> None:
+        """``job-retention``: a checkpoint that counted loses its marker (not by the
+        vandal) only while ``num-retained`` newer ones count (Flink's retention: only
+        the oldest beyond the newest ``num-retained`` is subsumed). A marker the vandal
+        deleted is still counted as one of the newer ones."""
+        counted = self.counted()
+        before, self._counted_before = self._counted_before, counted
+        newer_pool = counted | {n for k, etag in self.vandalized.items()
+                                if etag is None and (n := _checkpoint_of(k)) is not None}
+        for key in gone:
+            number = _checkpoint_of(key)
+            if number is None or number not in before or key in self.vandalized:
+                continue
+            newer = sorted(n for n in newer_pool if n > number)
+            if len(newer) < self.setup.num_retained:
+                self.violate(RETENTION, f"{key} was deleted while it counted, with only "
+                             f"{newer} newer checkpoint(s) counting (num-retained "
+                             f"{self.setup.num_retained})")
 
     def _check_references(self, marker: str, manifest: Manifest) -> None:
         objects = self.objects.objects
@@ -586,6 +672,11 @@ class JobWorld(Judged):
         floor = job._run_floor
         restored_id = restored.manifest.checkpoint_id \
             if restored.manifest and not restored.manifest.is_savepoint else None
+        if restored_id is not None and restored_id not in self.counted() \
+                and LAYOUT.checkpoint_metadata(restored_id) in self.objects.objects:
+            self.violate(RESTORED_UNCOUNTED, f"{job.life} restored chk-{restored_id} with "
+                         "restore=latest, but it does not count (a marker its holder "
+                         "neither adopted nor wrote)")
         for number in self.counting():
             if (restored_id is not None and number <= restored_id) or \
                     (floor is not None and number < floor):
@@ -673,6 +764,48 @@ class JobWorld(Judged):
         lease._thread = SimThread(  # type: ignore[assignment]
             sched, sched.spawn(f"{life}-heartbeat", host, beat, parent=sched.current()))
 
+    def before_claim(self) -> None:
+        """At ``lease.before_claim`` (a driver judged the lease free, has not claimed):
+        with the seed's chance, the claimant stops a while, so that other drivers judge
+        the same epoch free, claim it, or even take it over from that claimant, in
+        between (:class:`Contention`)."""
+        actor, rng = self.scheduler.current(), self.contention_rng
+        if actor is None or not actor.name.startswith("driver") \
+                or rng.random() >= self.contention.claim_pause_p:
+            return
+        self.coverage["claim-paused"] += 1
+        self.scheduler.log("pauses between judging the lease free and claiming it")
+        self.scheduler.sleep(rng.uniform(*self.contention.claim_pause_s))
+
+    def before_beat(self) -> None:
+        """At ``lease.before_beat``: with the seed's chance the heartbeat thread stalls
+        (its driver writes on, its gate closing on its own clock)."""
+        actor, rng = self.scheduler.current(), self.contention_rng
+        if actor is None or rng.random() >= self.contention.beat_stall_p:
+            return
+        self.coverage["beat-stalled"] += 1
+        self.scheduler.sleep(rng.uniform(0.0, TTL_S))
+
+    def before_marker(self) -> None:
+        """At ``coordinator.before_metadata`` (a snapshot's files are durable, its marker
+        not written yet): with the seed's chance the driver's host is suspended long
+        enough for a successor to take over; its monotonic clock misses the suspension,
+        so its gate still passes and the marker lands after the successor's claim."""
+        sched, rng = self.scheduler, self.contention_rng
+        actor = sched.current()
+        if actor is None or not actor.name.startswith("driver") \
+                or rng.random() >= self.contention.marker_suspend_p:
+            return
+        gone = rng.uniform(TTL_S + MAX_WRITE_S, 4 * TTL_S)  # true seconds
+        host = actor.host
+        sched.suspended[host.name] = sched.suspended.get(host.name, 0.0) + gone * host.rate
+        for thread in sched.actors:  # the whole host stops: its threads too
+            if thread.parent is actor and thread.alive:
+                thread.wake_at = max(thread.wake_at, sched.now + gone)
+        self.coverage["suspended-before-marker"] += 1
+        sched.log(f"host {host.name} suspended for {gone:.1f} s before a completion marker")
+        sched.sleep(gone * host.rate)
+
     def run_life(self, number: int, life: str, restore: str, storage: SimStorage,
                  host: Host) -> str:
         """One driver life; how it ended."""
@@ -720,7 +853,7 @@ class JobWorld(Judged):
         storage = SimStorage(self.objects, sched, faults=setup.faults, tag=f"driver-{number}")
 
         def program() -> None:
-            if not setup.together:
+            if not setup.together and not self.contention.together:
                 sched.sleep(self.rng.uniform(0.0, 60.0))
             for life in range(1, setup.lives + 1):
                 restore = self.explicit_target() if life > 1 or not setup.together \
@@ -944,7 +1077,7 @@ class JobWorld(Judged):
     def run(self) -> Outcome:
         sched = self.scheduler
         self.requests = {}
-        sched.log(f"setup: {self.setup.describe()}")
+        sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:
@@ -953,11 +1086,16 @@ class JobWorld(Judged):
                             Host(f"driver-{number}", self.setup.skews[number - 1],
                                  self.setup.rates[number - 1]),
                             self.driver(number), crash_p=self.setup.crash_p,
-                            pause_p=self.setup.pause_p, pause_s=PAUSE_S)
+                            pause_p=self.setup.pause_p, pause_s=PAUSE_S,
+                            suspend_p=self.contention.suspend_p)
             sched.spawn("client", Host("airflow"), self.control_client)
             sched.spawn("vandal", Host("vandal"), self.vandal)
             try:
-                sched.run()
+                with interleave.installed(interleave.LEASE_BEFORE_CLAIM, self.before_claim), \
+                        interleave.installed(interleave.LEASE_BEFORE_BEAT, self.before_beat), \
+                        interleave.installed(interleave.COMPLETE_BEFORE_METADATA,
+                                             self.before_marker):
+                    sched.run()
                 if not sched.cut_off:
                     self.recovering = True
                     recovery = sched.spawn("recovery", Host("recovery"), self.recovery)
