@@ -75,6 +75,8 @@ can fail, see docs/architecture.md "Deterministic simulation"):
 * ``job-retention``: a checkpoint that counts loses its ``_metadata`` (not by the vandal)
   only while ``num-retained`` newer checkpoints count (a deposed driver acting on a
   marker that never counted must not subsume what its successor adopted);
+* ``ungated-write``: every write a driver starts through its ``FencedStorage`` passed
+  its lease gate first (as in the sink and savepoint worlds);
 * ``job-cut-off``: no schedule is cut off at the step limit (a driver stuck on
   something; counted and reported);
 * ``job-marker-resurrected``: a checkpoint's ``_metadata``, once deleted (subsumed),
@@ -133,7 +135,13 @@ from airflow_ckpt.runtime.sinks.transactions import SinkTransactions
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing import simquery
-from airflow_ckpt.testing.sim.outcome import Coverage, Judged, Outcome, Violation
+from airflow_ckpt.testing.sim.outcome import (
+    UNGATED_WRITE,
+    Coverage,
+    Judged,
+    Outcome,
+    Violation,
+)
 from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
 from airflow_ckpt.testing.simquery import SimulatedQuery, write_file
@@ -171,7 +179,7 @@ RESTORED_UNCOUNTED = "job-restored-uncounted"
 RETENTION = "job-retention"
 INVARIANTS = (JOB_OUTPUT, UNCOVERED_COMMIT, CHECKPOINT_CHANGED, CHECKPOINT_VERIFIES,
               DAMAGED_REFERENCE, OLDER_STATE, CONTROL, DRIVER_ERROR, CUT_OFF,
-              MARKER_RESURRECTED, RESTORED_UNCOUNTED, RETENTION)
+              MARKER_RESURRECTED, RESTORED_UNCOUNTED, RETENTION, UNGATED_WRITE)
 #: invariants the runtime still breaks (a defect found, not fixed yet): reported by every
 #: run, not failed on by the seeds of ``make test`` (see docs/architecture.md)
 KNOWN_DEFECTS = frozenset({MARKER_RESURRECTED})
@@ -495,6 +503,8 @@ class JobWorld(Judged):
         self._covered = -1  # the newest batch a completed checkpoint or savepoint covers
         self._present_before: set[str] = set()
         self._counted_before: set[int] = set()
+        self._late: set[int] = set()  # checkpoint ids whose markers landed late
+        self._settled_epoch = 0  # the newest epoch whose holder finished its takeover
         self._epochs_seen: set[int] = set()
         self._damaged_known: dict[str, frozenset[str]] = {}  # life -> keys its restore found
         self._life_epochs: dict[str, int] = {}  # life -> its lease epoch when it restored
@@ -530,12 +540,14 @@ class JobWorld(Judged):
         here from the newest lease record alone (not by the runtime's
         ``valid_checkpoint_ids``, which a bug may change): adopted at the takeover, or
         the holder's own (id >= its ``first_id``); everything counts before adoption
-        existed (no record, or one without it)."""
+        existed (no record, or one without it). A *late* marker never counts: one of an
+        older epoch that first landed after a newer holder's takeover was over (its
+        adoption final), whatever a record says."""
         ids = {n for key in self.objects.objects if (n := _checkpoint_of(key)) is not None}
         lease = read_lease(self.oracle, JOB) if ids else None
         if lease is None or lease.adopted is None or lease.first_id is None:
-            return ids
-        return {n for n in ids if n in lease.adopted or n >= lease.first_id}
+            return ids - self._late
+        return {n for n in ids if n in lease.adopted or n >= lease.first_id} - self._late
 
     def damaged(self, manifest: Manifest, marker: str) -> bool:
         """Whether the vandal touched the marker or an object it references."""
@@ -577,6 +589,8 @@ class JobWorld(Judged):
                              "created again by a late write: a completed checkpoint whose "
                              "files are gone")
             data = objects[key].data
+            if key not in self._markers and key not in self._deleted_markers:
+                self._note_late(key)
             first = self._markers.setdefault(key, data)
             if first != data and key not in self.vandalized:
                 self.violate(CHECKPOINT_CHANGED, f"{key} changed after it completed")
@@ -595,6 +609,15 @@ class JobWorld(Judged):
                 first = self._results.setdefault(key, objects[key].data)
                 if first != objects[key].data:
                     self.violate(CONTROL, f"the answer {key} changed")
+
+    def _note_late(self, key: str) -> None:
+        """A checkpoint marker seen for the first time: late if its writer's epoch is
+        older than that of a holder whose takeover (adoption) was over by then."""
+        number, manifest = _checkpoint_of(key), self.manifest(key)
+        if number is not None and manifest is not None and manifest.lease_epoch is not None \
+                and manifest.lease_epoch < self._settled_epoch:
+            self._late.add(number)
+            self.coverage["late-marker"] += 1
 
     def _check_retention(self, gone: set[str]) -> None:
         """``job-retention``: a checkpoint that counted loses its marker (not by the
@@ -663,6 +686,7 @@ class JobWorld(Judged):
         self._damaged_known[job.life] = restored.damaged_keys
         if job.lease.record is not None:
             self._life_epochs[job.life] = job.lease.record.epoch
+            self._settled_epoch = max(self._settled_epoch, job.lease.record.epoch)
         if restored.damaged_keys:
             self.coverage["restore-fallback"] += 1
         record = job.lease.record
@@ -728,6 +752,10 @@ class JobWorld(Judged):
         lease._start_heartbeat = lambda: self.heartbeat(  # type: ignore[method-assign]
             lease, life, host)
         job.outage.clock, job.outage.sleep = sched.monotonic, sched.sleep
+        # ``ungated-write``: every write the driver starts through its FencedStorage (under
+        # the outage wrapper: each retry is gated) passed the lease gate first
+        fenced = job.storage.inner  # type: ignore[attr-defined]
+        fenced.inner, fenced.gate = self.fence(storage, fenced.gate, life)
         job.history.clock, job.history.ids = sched.wall_clock, sched.uuid4
         job.history.compaction = None
         job.clock, job.sleep = sched.monotonic, sched.sleep
