@@ -824,7 +824,7 @@ class JobWorld(Judged):
         if actor is None or not actor.name.startswith("driver") \
                 or rng.random() >= self.contention.marker_suspend_p:
             return
-        gone = rng.uniform(TTL_S + MAX_WRITE_S, 4 * TTL_S)  # true seconds
+        gone = rng.uniform(TTL_S + MAX_WRITE_S, 6 * TTL_S)  # true seconds
         host = actor.host
         sched.suspended[host.name] = sched.suspended.get(host.name, 0.0) + gone * host.rate
         for thread in sched.actors:  # the whole host stops: its threads too
