@@ -77,6 +77,12 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   marker that never counted must not subsume what its successor adopted);
 * ``ungated-write``: every write a driver starts through its ``FencedStorage`` passed
   its lease gate first (as in the sink and savepoint worlds);
+* ``job-uncounted`` (each restore by the holder, its takeover over): a checkpoint that
+  counted keeps counting while its marker exists (a takeover adopts every marker that
+  landed before its claim);
+* ``job-write-after-expiry``: a driver's lease gate passes no write once ``ttl -
+  max_write`` of its own monotonic clock passed since its last heartbeat (or claim)
+  returned;
 * ``job-cut-off``: no schedule is cut off at the step limit (a driver stuck on
   something; counted and reported);
 * ``job-marker-resurrected``: a checkpoint's ``_metadata``, once deleted (subsumed),
@@ -177,9 +183,12 @@ CUT_OFF = "job-cut-off"
 MARKER_RESURRECTED = "job-marker-resurrected"
 RESTORED_UNCOUNTED = "job-restored-uncounted"
 RETENTION = "job-retention"
+WRITE_AFTER_EXPIRY = "job-write-after-expiry"
+UNCOUNTED = "job-uncounted"
 INVARIANTS = (JOB_OUTPUT, UNCOVERED_COMMIT, CHECKPOINT_CHANGED, CHECKPOINT_VERIFIES,
               DAMAGED_REFERENCE, OLDER_STATE, CONTROL, DRIVER_ERROR, CUT_OFF,
-              MARKER_RESURRECTED, RESTORED_UNCOUNTED, RETENTION, UNGATED_WRITE)
+              MARKER_RESURRECTED, RESTORED_UNCOUNTED, RETENTION, UNGATED_WRITE,
+              WRITE_AFTER_EXPIRY, UNCOUNTED)
 #: invariants the runtime still breaks (a defect found, not fixed yet): reported by every
 #: run, not failed on by the seeds of ``make test`` (see docs/architecture.md)
 KNOWN_DEFECTS = frozenset({MARKER_RESURRECTED})
@@ -503,6 +512,8 @@ class JobWorld(Judged):
         self._covered = -1  # the newest batch a completed checkpoint or savepoint covers
         self._present_before: set[str] = set()
         self._counted_before: set[int] = set()
+        self._ever_counted: set[int] = set()  # ids that counted at some step
+        self._renewed: dict[int, float] = {}  # id(lease) -> when its claim or beat returned
         self._late: set[int] = set()  # checkpoint ids whose markers landed late
         self._settled_epoch = 0  # the newest epoch whose holder finished its takeover
         self._epochs_seen: set[int] = set()
@@ -628,6 +639,7 @@ class JobWorld(Judged):
         before, self._counted_before = self._counted_before, counted
         newer_pool = counted | {n for k, etag in self.vandalized.items()
                                 if etag is None and (n := _checkpoint_of(k)) is not None}
+        self._ever_counted |= counted
         for key in gone:
             number = _checkpoint_of(key)
             if number is None or number not in before or key in self.vandalized:
@@ -696,7 +708,13 @@ class JobWorld(Judged):
         floor = job._run_floor
         restored_id = restored.manifest.checkpoint_id \
             if restored.manifest and not restored.manifest.is_savepoint else None
-        if restored_id is not None and restored_id not in self.counted() \
+        counted = self.counted()
+        for number in sorted(self._ever_counted - counted):
+            key = LAYOUT.checkpoint_metadata(number)
+            if key in self.objects.objects and key not in self.vandalized:
+                self.violate(UNCOUNTED, f"chk-{number} counted, but not for {job.life} "
+                             "after its takeover, while its marker exists (not adopted)")
+        if restored_id is not None and restored_id not in counted \
                 and LAYOUT.checkpoint_metadata(restored_id) in self.objects.objects:
             self.violate(RESTORED_UNCOUNTED, f"{job.life} restored chk-{restored_id} with "
                          "restore=latest, but it does not count (a marker its holder "
@@ -755,7 +773,12 @@ class JobWorld(Judged):
         # ``ungated-write``: every write the driver starts through its FencedStorage (under
         # the outage wrapper: each retry is gated) passed the lease gate first
         fenced = job.storage.inner  # type: ignore[attr-defined]
-        fenced.inner, fenced.gate = self.fence(storage, fenced.gate, life)
+        fenced.inner, checked_gate = self.fence(storage, fenced.gate, life)
+
+        def gate() -> None:
+            checked_gate()
+            self.check_validity(lease, life)
+        fenced.gate = gate
         job.history.clock, job.history.ids = sched.wall_clock, sched.uuid4
         job.history.compaction = None
         job.clock, job.sleep = sched.monotonic, sched.sleep
@@ -776,6 +799,7 @@ class JobWorld(Judged):
         """The lease's heartbeat thread, as an actor of the driver's process."""
         sched = self.scheduler
         lease._stop.clear()
+        self._renewed[id(lease)] = sched.monotonic()  # the claim succeeded before this
 
         def beat() -> None:
             while True:
@@ -788,9 +812,23 @@ class JobWorld(Judged):
                     return
                 except AirflowCkptError:
                     continue
+                self._renewed[id(lease)] = sched.monotonic()  # no later than it started
 
         lease._thread = SimThread(  # type: ignore[assignment]
             sched, sched.spawn(f"{life}-heartbeat", host, beat, parent=sched.current()))
+
+    def check_validity(self, lease: JobLease, life: str) -> None:
+        """``job-write-after-expiry``: a driver's lease gate (before each write through
+        its ``FencedStorage``) passes no more once ``ttl - max_write`` of its host's
+        monotonic clock passed since its last successful heartbeat, or its claim,
+        *returned* (the world's own bookkeeping: later than the runtime's, which counts
+        from their starts)."""
+        renewed = self._renewed.get(id(lease))
+        now = self.scheduler.monotonic()
+        if renewed is not None and now > renewed + TTL_S - MAX_WRITE_S:
+            self.violate(WRITE_AFTER_EXPIRY, f"{life}'s lease gate passed "
+                         f"{now - renewed:.1f} s after its last successful heartbeat "
+                         f"(validity {TTL_S - MAX_WRITE_S:g} s)")
 
     def before_claim(self) -> None:
         """At ``lease.before_claim`` (a driver judged the lease free, has not claimed):
