@@ -191,6 +191,7 @@ class JobLease:
                 self.lost.clear()
                 self._valid_until = started + self.ttl_s - self.max_write_s
                 self._renewed()
+                interleave.point(interleave.LEASE_AFTER_CLAIM)
                 if adopt is not None:
                     self._adopt_late_markers(adopt, previous)
                 self.storage.delete_many(

@@ -3,7 +3,8 @@ over it, against a ground truth (issue 25 items A and C).
 
 **Contention** (:class:`Contention`, drawn apart so other seeds keep their schedules):
 drivers started together, claimants pausing between judging the lease free and
-claiming it (``lease.before_claim``), heartbeat threads stalling (``lease.before_beat``)
+claiming it (``lease.before_claim``) or before deleting the older epochs' records
+(``lease.after_claim``), heartbeat threads stalling (``lease.before_beat``)
 and hosts suspended mid-write (their gate passes while a successor took over).
 
 2-4 drivers of one job (each on its own host, clocks skewed), started together or late,
@@ -80,6 +81,8 @@ can fail, see docs/architecture.md "Deterministic simulation"):
 * ``job-uncounted`` (each restore by the holder, its takeover over): a checkpoint that
   counted keeps counting while its marker exists (a takeover adopts every marker that
   landed before its claim);
+* ``job-renewed-deposed``: a heartbeat succeeds only while no newer epoch's record
+  exists (checked in the step it returns: its confirm's listing is its last call);
 * ``job-write-after-expiry``: a driver's lease gate passes no write once ``ttl -
   max_write`` of its own monotonic clock passed since its last heartbeat (or claim)
   returned;
@@ -132,7 +135,7 @@ from airflow_ckpt.runtime.control.savepoints import expire_request
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.job import checkpointed_job as job_module
 from airflow_ckpt.runtime.lease.holder import JobLease
-from airflow_ckpt.runtime.lease.record import read_lease, valid_checkpoint_ids
+from airflow_ckpt.runtime.lease.record import lease_epochs, read_lease, valid_checkpoint_ids
 from airflow_ckpt.runtime.restore.choose import RestoreResult
 from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.sinks import JsonLinesSink, TwoPhaseCommitSink
@@ -185,10 +188,11 @@ RESTORED_UNCOUNTED = "job-restored-uncounted"
 RETENTION = "job-retention"
 WRITE_AFTER_EXPIRY = "job-write-after-expiry"
 UNCOUNTED = "job-uncounted"
+RENEWED_DEPOSED = "job-renewed-deposed"
 INVARIANTS = (JOB_OUTPUT, UNCOVERED_COMMIT, CHECKPOINT_CHANGED, CHECKPOINT_VERIFIES,
               DAMAGED_REFERENCE, OLDER_STATE, CONTROL, DRIVER_ERROR, CUT_OFF,
               MARKER_RESURRECTED, RESTORED_UNCOUNTED, RETENTION, UNGATED_WRITE,
-              WRITE_AFTER_EXPIRY, UNCOUNTED)
+              WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED)
 #: invariants the runtime still breaks (a defect found, not fixed yet): reported by every
 #: run, not failed on by the seeds of ``make test`` (see docs/architecture.md)
 KNOWN_DEFECTS = frozenset({MARKER_RESURRECTED})
@@ -813,6 +817,11 @@ class JobWorld(Judged):
                 except AirflowCkptError:
                     continue
                 self._renewed[id(lease)] = sched.monotonic()  # no later than it started
+                epochs = lease_epochs(self.oracle, JOB)
+                if lease.record is not None and epochs and epochs[-1] > lease.record.epoch:
+                    self.violate(RENEWED_DEPOSED, f"{life}'s heartbeat of epoch "
+                                 f"{lease.record.epoch} succeeded while epoch {epochs[-1]} "
+                                 "exists")
 
         lease._thread = SimThread(  # type: ignore[assignment]
             sched, sched.spawn(f"{life}-heartbeat", host, beat, parent=sched.current()))
@@ -842,6 +851,17 @@ class JobWorld(Judged):
         self.coverage["claim-paused"] += 1
         self.scheduler.log("pauses between judging the lease free and claiming it")
         self.scheduler.sleep(rng.uniform(*self.contention.claim_pause_s))
+
+    def after_claim(self) -> None:
+        """At ``lease.after_claim`` (claimed, the older epochs' records not deleted
+        yet): with the seed's chance the new holder is slow to finish its takeover, so
+        the deposed holder's heartbeat finds its record still there."""
+        actor, rng = self.scheduler.current(), self.contention_rng
+        if actor is None or not actor.name.startswith("driver") \
+                or rng.random() >= self.contention.claim_pause_p:
+            return
+        self.coverage["takeover-paused"] += 1
+        self.scheduler.sleep(rng.uniform(0.0, 2 * HEARTBEAT_S))
 
     def before_beat(self) -> None:
         """At ``lease.before_beat``: with the seed's chance the heartbeat thread stalls
@@ -1158,6 +1178,7 @@ class JobWorld(Judged):
             sched.spawn("vandal", Host("vandal"), self.vandal)
             try:
                 with interleave.installed(interleave.LEASE_BEFORE_CLAIM, self.before_claim), \
+                        interleave.installed(interleave.LEASE_AFTER_CLAIM, self.after_claim), \
                         interleave.installed(interleave.LEASE_BEFORE_BEAT, self.before_beat), \
                         interleave.installed(interleave.COMPLETE_BEFORE_METADATA,
                                              self.before_marker):
