@@ -170,3 +170,32 @@ def test_a_marker_gone_since_the_listing_is_not_retained_and_fails_no_driver(
     monkeypatch.setattr(store.catalog, "checkpoint_ids", listed_then_deleted)
     assert store.recover() == 3
     assert [m.checkpoint_id for m in store.retained] == [2]
+
+
+def test_a_deposed_driver_never_sweeps_a_successors_checkpoint_as_abandoned(
+    tmp_path: Path,
+) -> None:
+    """Job-world seed 560 (session 11): a deposed driver's ``recover`` listed the
+    completed checkpoints, the successor's marker of chk-9 landed, then the listing of
+    every directory found chk-9 with no marker seen: it was swept as abandoned (the
+    deposed driver's gate passed: its clock drifted), deleting the only checkpoint that
+    counted. The sweep confirms the lease first."""
+    from airflow_ckpt.errors import ConcurrentDriverError
+    from airflow_ckpt.runtime.storage.delegating import DelegatingStorage
+
+    storage = open_storage((tmp_path / "s").as_uri())
+
+    class SuccessorLandsBetweenListings(DelegatingStorage):
+        def list_dirs(self, prefix: str) -> list[str]:
+            if not storage.exists(L.checkpoint_metadata(9)):
+                put_checkpoint(storage, 9, [])  # the successor's checkpoint completes
+            return self.inner.list_dirs(prefix)
+
+    def confirm() -> None:
+        raise ConcurrentDriverError("another driver took over the lease")
+
+    store = CompletedCheckpointStore(SuccessorLandsBetweenListings(storage), "j",
+                                     num_retained=1, confirm=confirm)
+    with pytest.raises(ConcurrentDriverError):
+        store.recover()
+    assert storage.exists(L.checkpoint_metadata(9)), "a successor's checkpoint was swept"

@@ -412,3 +412,39 @@ def test_two_drivers_that_judged_the_lease_free_together_never_both_hold_it(
         x.check()  # still the holder
     finally:
         x.release()
+
+
+class LostInFlightOnce(DelegatingStorage):
+    """Answers the first conditional PUT as of unknown outcome without applying it (it is
+    still in the network)."""
+
+    def __init__(self, inner: CheckpointStorage) -> None:
+        super().__init__(inner)
+        self.armed = True
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
+        if if_match is not None and self.armed:
+            self.armed = False
+            raise OutcomeUnknownError(f"answer of PUT {key} lost")
+        return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
+
+
+def test_a_holder_whose_record_a_successor_deleted_loses_after_an_unanswered_beat(
+    store: CheckpointStorage, clock: FakeClock
+) -> None:
+    """Session 11 (savepoint world, seed 79 under ``claim-without-rejudging``): a
+    heartbeat's answer was lost, a successor claimed and deleted our record; the next
+    rewrite met 412 and looked for our unanswered write in a record that is gone: it
+    died of ``ObjectNotFoundError`` instead of losing the lease."""
+    holder = JobLease(LostInFlightOnce(store), "job", "run-a", ttl_s=TTL, heartbeat_s=BEAT,
+                      max_write_s=MAX_WRITE, clock=clock, sleep=clock.sleep)
+    holder.acquire()
+    with pytest.raises(OutcomeUnknownError):
+        holder.beat()
+    store.put_bytes("job/lease/0000000002.json", LeaseRecord(
+        2, "run-b", "elsewhere", 1, 0, 0).to_json(), create_only=True)
+    store.delete_many(["job/lease/0000000001.json"])
+    with pytest.raises(ConcurrentDriverError):
+        holder.beat()
+    assert holder.lost.is_set()

@@ -177,7 +177,13 @@ class CompletedCheckpointStore:
             log.info("aborted %d incomplete multipart uploads of a previous driver", aborted)
         completed = self.catalog.checkpoint_ids()
         every = self.catalog.checkpoint_ids(completed_only=False)
-        for n in sorted(set(every) - set(completed)):
+        abandoned = sorted(set(every) - set(completed))
+        if abandoned:
+            # A successor's marker may land between the two listings (this driver deposed,
+            # its gate passing on a drifting clock): confirm before sweeping. A successor
+            # claiming after this starts past every directory listed here.
+            self.confirm()
+        for n in abandoned:
             log.info("removing abandoned checkpoint chk-%d (no _metadata)", n)
             self.storage.delete_prefix(self.layout.checkpoint_dir(n))
         readable = [m for n in completed if (m := self._readable(n)) is not None]

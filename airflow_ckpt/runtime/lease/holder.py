@@ -57,6 +57,7 @@ from airflow_ckpt.errors import (
     ConfigError,
     LeaseExpiredError,
     ObjectAlreadyExistsError,
+    ObjectNotFoundError,
     PreconditionFailedError,
 )
 from airflow_ckpt.runtime import interleave
@@ -190,6 +191,7 @@ class JobLease:
                 self.lost.clear()
                 self._valid_until = started + self.ttl_s - self.max_write_s
                 self._renewed()
+                interleave.point(interleave.LEASE_AFTER_CLAIM)
                 if adopt is not None:
                     self._adopt_late_markers(adopt, previous)
                 self.storage.delete_many(
@@ -272,7 +274,10 @@ class JobLease:
         last, and the swap goes on from it. Judged by the exact bytes, never by time."""
         if self._unanswered is None:
             return False
-        current = self.storage.get_versioned(key)
+        try:
+            current = self.storage.get_versioned(key)
+        except ObjectNotFoundError:
+            return False  # deleted by a successor's claim: nothing of ours landed there
         landed = LeaseRecord.from_json(current.data)
         if current.data != self._unanswered or landed is None:
             return False

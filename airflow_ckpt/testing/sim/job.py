@@ -1,6 +1,12 @@
 """The job world of the simulation: real ``CheckpointedJob`` drivers of one job, fighting
 over it, against a ground truth (issue 25 items A and C).
 
+**Contention** (:class:`Contention`, drawn apart so other seeds keep their schedules):
+drivers started together, claimants pausing between judging the lease free and
+claiming it (``lease.before_claim``) or before deleting the older epochs' records
+(``lease.after_claim``), heartbeat threads stalling (``lease.before_beat``)
+and hosts suspended mid-write (their gate passes while a successor took over).
+
 2-4 drivers of one job (each on its own host, clocks skewed), started together or late,
 each a process that may run 1-3 *lives* (a retried Airflow task: a driver that met
 another holder tries again a while later). Every life is the real
@@ -68,10 +74,26 @@ can fail, see docs/architecture.md "Deterministic simulation"):
 * ``job-driver-error``: a driver life ends finished, stopped, or of a lost lease, an
   unreachable storage, spent restarts or a documented refusal - never of anything else
   (e.g. ``CorruptCheckpointError`` from its sink: a wedged job);
+* ``job-restored-uncounted``: ``restore=latest`` by the holder never resumes a
+  checkpoint whose marker does not count - judged by the design's rule from the lease
+  record (adopted, or the holder's own), not by the runtime's filter;
+* ``job-retention``: a checkpoint that counts loses its ``_metadata`` (not by the vandal)
+  only while ``num-retained`` newer checkpoints count (a deposed driver acting on a
+  marker that never counted must not subsume what its successor adopted);
+* ``ungated-write``: every write a driver starts through its ``FencedStorage`` passed
+  its lease gate first (as in the sink and savepoint worlds);
+* ``job-uncounted`` (each restore by the holder, its takeover over): a checkpoint that
+  counted keeps counting while its marker exists (a takeover adopts every marker that
+  landed before its claim);
+* ``job-renewed-deposed``: a heartbeat succeeds only while no newer epoch's record
+  exists (checked in the step it returns: its confirm's listing is its last call);
+* ``job-write-after-expiry``: a driver's lease gate passes no write once ``ttl -
+  max_write`` of its own monotonic clock passed since its last heartbeat (or claim)
+  returned;
 * ``job-cut-off``: no schedule is cut off at the step limit (a driver stuck on
   something; counted and reported);
 * ``job-marker-resurrected``: a checkpoint's ``_metadata``, once deleted (subsumed),
-  never appears again. **Broken today** (:data:`KNOWN_DEFECTS`, seed 80): a marker PUT
+  never appears again. **Broken today** (:data:`KNOWN_DEFECTS`, seed 129): a marker PUT
   whose answer was lost is repeated by the outage wrapper (create-only, equal bytes:
   success), the checkpoint is later subsumed (marker, then files deleted), and the
   first PUT, still in the network, lands on the absent key: a checkpoint that counts
@@ -110,6 +132,7 @@ from airflow_ckpt.errors import (
     SinkTransactionAbortedError,
     StorageError,
 )
+from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, parse_manifest
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest
@@ -117,7 +140,7 @@ from airflow_ckpt.runtime.control.savepoints import expire_request
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.job import checkpointed_job as job_module
 from airflow_ckpt.runtime.lease.holder import JobLease
-from airflow_ckpt.runtime.lease.record import read_lease, valid_checkpoint_ids
+from airflow_ckpt.runtime.lease.record import lease_epochs, read_lease, valid_checkpoint_ids
 from airflow_ckpt.runtime.restore.choose import RestoreResult
 from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.sinks import JsonLinesSink, TwoPhaseCommitSink
@@ -126,7 +149,13 @@ from airflow_ckpt.runtime.sinks.transactions import SinkTransactions
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing import simquery
-from airflow_ckpt.testing.sim.outcome import Coverage, Judged, Outcome, Violation
+from airflow_ckpt.testing.sim.outcome import (
+    UNGATED_WRITE,
+    Coverage,
+    Judged,
+    Outcome,
+    Violation,
+)
 from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage, Stored
 from airflow_ckpt.testing.simquery import SimulatedQuery, write_file
@@ -162,9 +191,15 @@ CONTROL = "job-control"
 DRIVER_ERROR = "job-driver-error"
 CUT_OFF = "job-cut-off"
 MARKER_RESURRECTED = "job-marker-resurrected"
+RESTORED_UNCOUNTED = "job-restored-uncounted"
+RETENTION = "job-retention"
+WRITE_AFTER_EXPIRY = "job-write-after-expiry"
+UNCOUNTED = "job-uncounted"
+RENEWED_DEPOSED = "job-renewed-deposed"
 INVARIANTS = (JOB_OUTPUT, UNCOVERED_COMMIT, CHECKPOINT_CHANGED, CHECKPOINT_VERIFIES,
               DAMAGED_REFERENCE, OLDER_STATE, CONTROL, DRIVER_ERROR, CUT_OFF,
-              MARKER_RESURRECTED)
+              MARKER_RESURRECTED, RESTORED_UNCOUNTED, RETENTION, UNGATED_WRITE,
+              WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED)
 #: invariants the runtime still breaks (a defect found, not fixed yet): reported by every
 #: run, not failed on by the seeds of ``make test`` (see docs/architecture.md)
 KNOWN_DEFECTS = frozenset({MARKER_RESURRECTED})
@@ -239,6 +274,43 @@ class JobSetup:
                 f"{self.crash_p}, pause p {self.pause_p}, {self.damages} damaged object(s), "
                 f"requests {list(self.requests)}, explicit restore p {self.explicit_p}, "
                 f"memory-threshold {self.memory_threshold} B")
+
+
+@dataclass(frozen=True, slots=True)
+class Contention:
+    """How hard one seed's drivers fight over the lease (issue 25 item 1), drawn from a
+    generator of its own (seeds without it keep their schedules): drivers started
+    together; a claimant pausing at ``lease.before_claim`` (judged the lease free, not
+    claimed yet) so that others judge, claim and take over in between; a heartbeat
+    thread stalling at ``lease.before_beat`` (a starved thread: its driver writes on);
+    a host suspended mid-write, or just before a completion marker
+    (``coordinator.before_metadata``; its monotonic clock misses the suspension: its
+    gate passes while a successor took over, so the marker lands late)."""
+
+    together: bool
+    claim_pause_p: float  # chance per arrival at lease.before_claim
+    claim_pause_s: tuple[float, float]
+    beat_stall_p: float  # chance per heartbeat
+    suspend_p: float  # chance per yield point of a driver
+    marker_suspend_p: float  # chance per completion marker: suspended just before it
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Contention:
+        if rng.random() < 0.5:
+            return cls(False, 0.0, (0.0, 0.0), 0.0, 0.0, 0.0)
+        return cls(
+            together=rng.random() < 0.7,
+            claim_pause_p=rng.choice((0.0, 0.5, 1.0)),
+            claim_pause_s=rng.choice(((0.0, 2.0), (0.0, TTL_S), (TTL_S, 3 * TTL_S))),
+            beat_stall_p=rng.choice((0.0, 0.0, 0.1, 0.3)),
+            suspend_p=rng.choice((0.0, 0.0, 0.002, 0.005)),
+            marker_suspend_p=rng.choice((0.0, 0.1, 0.3)),
+        )
+
+    def describe(self) -> str:
+        return (f"contention: together {self.together}, claim pause p {self.claim_pause_p} "
+                f"for {list(self.claim_pause_s)} s, beat stall p {self.beat_stall_p}, "
+                f"suspend p {self.suspend_p}, before a marker p {self.marker_suspend_p}")
 
 
 class SimLock:
@@ -412,6 +484,8 @@ class JobWorld(Judged):
         self.scheduler = Scheduler(seed, max_steps=max_steps)
         self.rng = self.scheduler.rng
         self.setup = JobSetup.draw(self.rng)
+        self.contention_rng = random.Random(seed ^ 0xC1A1)
+        self.contention = Contention.draw(self.contention_rng)
         self.violations: list[Violation] = []
         self.objects = SimObjects()
         self.table = SimObjects()  # the Parquet table's bucket
@@ -448,6 +522,11 @@ class JobWorld(Judged):
         self._results: dict[str, bytes] = {}  # control result key -> its first bytes
         self._covered = -1  # the newest batch a completed checkpoint or savepoint covers
         self._present_before: set[str] = set()
+        self._counted_before: set[int] = set()
+        self._ever_counted: set[int] = set()  # ids that counted at some step
+        self._renewed: dict[int, float] = {}  # id(lease) -> when its claim or beat returned
+        self._late: set[int] = set()  # checkpoint ids whose markers landed late
+        self._settled_epoch = 0  # the newest epoch whose holder finished its takeover
         self._epochs_seen: set[int] = set()
         self._damaged_known: dict[str, frozenset[str]] = {}  # life -> keys its restore found
         self._life_epochs: dict[str, int] = {}  # life -> its lease epoch when it restored
@@ -478,6 +557,20 @@ class JobWorld(Judged):
             return []
         return valid_checkpoint_ids(ids, read_lease(self.oracle, JOB))
 
+    def counted(self) -> set[int]:
+        """Ids of the checkpoints with a marker that count by the design's rule, judged
+        here from the newest lease record alone (not by the runtime's
+        ``valid_checkpoint_ids``, which a bug may change): adopted at the takeover, or
+        the holder's own (id >= its ``first_id``); everything counts before adoption
+        existed (no record, or one without it). A *late* marker never counts: one of an
+        older epoch that first landed after a newer holder's takeover was over (its
+        adoption final), whatever a record says."""
+        ids = {n for key in self.objects.objects if (n := _checkpoint_of(key)) is not None}
+        lease = read_lease(self.oracle, JOB) if ids else None
+        if lease is None or lease.adopted is None or lease.first_id is None:
+            return ids - self._late
+        return {n for n in ids if n in lease.adopted or n >= lease.first_id} - self._late
+
     def damaged(self, manifest: Manifest, marker: str) -> bool:
         """Whether the vandal touched the marker or an object it references."""
         return marker in self.vandalized or any(
@@ -498,6 +591,7 @@ class JobWorld(Judged):
         if any(_checkpoint_of(k) is not None and k not in self.vandalized for k in gone):
             self.coverage["subsumed"] += 1
         self._present_before = present
+        self._check_retention(gone)
         for key in present:
             if key.startswith(LAYOUT.lease_prefix) and key.endswith(".json"):
                 epoch = int(key[len(LAYOUT.lease_prefix):-5])
@@ -517,6 +611,8 @@ class JobWorld(Judged):
                              "created again by a late write: a completed checkpoint whose "
                              "files are gone")
             data = objects[key].data
+            if key not in self._markers and key not in self._deleted_markers:
+                self._note_late(key)
             first = self._markers.setdefault(key, data)
             if first != data and key not in self.vandalized:
                 self.violate(CHECKPOINT_CHANGED, f"{key} changed after it completed")
@@ -535,6 +631,35 @@ class JobWorld(Judged):
                 first = self._results.setdefault(key, objects[key].data)
                 if first != objects[key].data:
                     self.violate(CONTROL, f"the answer {key} changed")
+
+    def _note_late(self, key: str) -> None:
+        """A checkpoint marker seen for the first time: late if its writer's epoch is
+        older than that of a holder whose takeover (adoption) was over by then."""
+        number, manifest = _checkpoint_of(key), self.manifest(key)
+        if number is not None and manifest is not None and manifest.lease_epoch is not None \
+                and manifest.lease_epoch < self._settled_epoch:
+            self._late.add(number)
+            self.coverage["late-marker"] += 1
+
+    def _check_retention(self, gone: set[str]) -> None:
+        """``job-retention``: a checkpoint that counted loses its marker (not by the
+        vandal) only while ``num-retained`` newer ones count (Flink's retention: only
+        the oldest beyond the newest ``num-retained`` is subsumed). A marker the vandal
+        deleted is still counted as one of the newer ones."""
+        counted = self.counted()
+        before, self._counted_before = self._counted_before, counted
+        newer_pool = counted | {n for k, etag in self.vandalized.items()
+                                if etag is None and (n := _checkpoint_of(k)) is not None}
+        self._ever_counted |= counted
+        for key in gone:
+            number = _checkpoint_of(key)
+            if number is None or number not in before or key in self.vandalized:
+                continue
+            newer = sorted(n for n in newer_pool if n > number)
+            if len(newer) < self.setup.num_retained:
+                self.violate(RETENTION, f"{key} was deleted while it counted, with only "
+                             f"{newer} newer checkpoint(s) counting (num-retained "
+                             f"{self.setup.num_retained})")
 
     def _check_references(self, marker: str, manifest: Manifest) -> None:
         objects = self.objects.objects
@@ -584,6 +709,7 @@ class JobWorld(Judged):
         self._damaged_known[job.life] = restored.damaged_keys
         if job.lease.record is not None:
             self._life_epochs[job.life] = job.lease.record.epoch
+            self._settled_epoch = max(self._settled_epoch, job.lease.record.epoch)
         if restored.damaged_keys:
             self.coverage["restore-fallback"] += 1
         record = job.lease.record
@@ -593,6 +719,17 @@ class JobWorld(Judged):
         floor = job._run_floor
         restored_id = restored.manifest.checkpoint_id \
             if restored.manifest and not restored.manifest.is_savepoint else None
+        counted = self.counted()
+        for number in sorted(self._ever_counted - counted):
+            key = LAYOUT.checkpoint_metadata(number)
+            if key in self.objects.objects and key not in self.vandalized:
+                self.violate(UNCOUNTED, f"chk-{number} counted, but not for {job.life} "
+                             "after its takeover, while its marker exists (not adopted)")
+        if restored_id is not None and restored_id not in counted \
+                and LAYOUT.checkpoint_metadata(restored_id) in self.objects.objects:
+            self.violate(RESTORED_UNCOUNTED, f"{job.life} restored chk-{restored_id} with "
+                         "restore=latest, but it does not count (a marker its holder "
+                         "neither adopted nor wrote)")
         for number in self.counting():
             if (restored_id is not None and number <= restored_id) or \
                     (floor is not None and number < floor):
@@ -644,6 +781,15 @@ class JobWorld(Judged):
         lease._start_heartbeat = lambda: self.heartbeat(  # type: ignore[method-assign]
             lease, life, host)
         job.outage.clock, job.outage.sleep = sched.monotonic, sched.sleep
+        # ``ungated-write``: every write the driver starts through its FencedStorage (under
+        # the outage wrapper: each retry is gated) passed the lease gate first
+        fenced = job.storage.inner  # type: ignore[attr-defined]
+        fenced.inner, checked_gate = self.fence(storage, fenced.gate, life)
+
+        def gate() -> None:
+            checked_gate()
+            self.check_validity(lease, life)
+        fenced.gate = gate
         job.history.clock, job.history.ids = sched.wall_clock, sched.uuid4
         job.history.compaction = None
         job.clock, job.sleep = sched.monotonic, sched.sleep
@@ -664,6 +810,7 @@ class JobWorld(Judged):
         """The lease's heartbeat thread, as an actor of the driver's process."""
         sched = self.scheduler
         lease._stop.clear()
+        self._renewed[id(lease)] = sched.monotonic()  # the claim succeeded before this
 
         def beat() -> None:
             while True:
@@ -676,9 +823,81 @@ class JobWorld(Judged):
                     return
                 except AirflowCkptError:
                     continue
+                self._renewed[id(lease)] = sched.monotonic()  # no later than it started
+                epochs = lease_epochs(self.oracle, JOB)
+                if lease.record is not None and epochs and epochs[-1] > lease.record.epoch:
+                    self.violate(RENEWED_DEPOSED, f"{life}'s heartbeat of epoch "
+                                 f"{lease.record.epoch} succeeded while epoch {epochs[-1]} "
+                                 "exists")
 
         lease._thread = SimThread(  # type: ignore[assignment]
             sched, sched.spawn(f"{life}-heartbeat", host, beat, parent=sched.current()))
+
+    def check_validity(self, lease: JobLease, life: str) -> None:
+        """``job-write-after-expiry``: a driver's lease gate (before each write through
+        its ``FencedStorage``) passes no more once ``ttl - max_write`` of its host's
+        monotonic clock passed since its last successful heartbeat, or its claim,
+        *returned* (the world's own bookkeeping: later than the runtime's, which counts
+        from their starts)."""
+        renewed = self._renewed.get(id(lease))
+        now = self.scheduler.monotonic()
+        if renewed is not None and now > renewed + TTL_S - MAX_WRITE_S:
+            self.violate(WRITE_AFTER_EXPIRY, f"{life}'s lease gate passed "
+                         f"{now - renewed:.1f} s after its last successful heartbeat "
+                         f"(validity {TTL_S - MAX_WRITE_S:g} s)")
+
+    def before_claim(self) -> None:
+        """At ``lease.before_claim`` (a driver judged the lease free, has not claimed):
+        with the seed's chance, the claimant stops a while, so that other drivers judge
+        the same epoch free, claim it, or even take it over from that claimant, in
+        between (:class:`Contention`)."""
+        actor, rng = self.scheduler.current(), self.contention_rng
+        if actor is None or not actor.name.startswith("driver") \
+                or rng.random() >= self.contention.claim_pause_p:
+            return
+        self.coverage["claim-paused"] += 1
+        self.scheduler.log("pauses between judging the lease free and claiming it")
+        self.scheduler.sleep(rng.uniform(*self.contention.claim_pause_s))
+
+    def after_claim(self) -> None:
+        """At ``lease.after_claim`` (claimed, the older epochs' records not deleted
+        yet): with the seed's chance the new holder is slow to finish its takeover, so
+        the deposed holder's heartbeat finds its record still there."""
+        actor, rng = self.scheduler.current(), self.contention_rng
+        if actor is None or not actor.name.startswith("driver") \
+                or rng.random() >= self.contention.claim_pause_p:
+            return
+        self.coverage["takeover-paused"] += 1
+        self.scheduler.sleep(rng.uniform(0.0, 2 * HEARTBEAT_S))
+
+    def before_beat(self) -> None:
+        """At ``lease.before_beat``: with the seed's chance the heartbeat thread stalls
+        (its driver writes on, its gate closing on its own clock)."""
+        actor, rng = self.scheduler.current(), self.contention_rng
+        if actor is None or rng.random() >= self.contention.beat_stall_p:
+            return
+        self.coverage["beat-stalled"] += 1
+        self.scheduler.sleep(rng.uniform(0.0, TTL_S))
+
+    def before_marker(self) -> None:
+        """At ``coordinator.before_metadata`` (a snapshot's files are durable, its marker
+        not written yet): with the seed's chance the driver's host is suspended long
+        enough for a successor to take over; its monotonic clock misses the suspension,
+        so its gate still passes and the marker lands after the successor's claim."""
+        sched, rng = self.scheduler, self.contention_rng
+        actor = sched.current()
+        if actor is None or not actor.name.startswith("driver") \
+                or rng.random() >= self.contention.marker_suspend_p:
+            return
+        gone = rng.uniform(TTL_S + MAX_WRITE_S, 6 * TTL_S)  # true seconds
+        host = actor.host
+        sched.suspended[host.name] = sched.suspended.get(host.name, 0.0) + gone * host.rate
+        for thread in sched.actors:  # the whole host stops: its threads too
+            if thread.parent is actor and thread.alive:
+                thread.wake_at = max(thread.wake_at, sched.now + gone)
+        self.coverage["suspended-before-marker"] += 1
+        sched.log(f"host {host.name} suspended for {gone:.1f} s before a completion marker")
+        sched.sleep(gone * host.rate)
 
     def run_life(self, number: int, life: str, restore: str, storage: SimStorage,
                  host: Host) -> str:
@@ -727,7 +946,7 @@ class JobWorld(Judged):
         storage = SimStorage(self.objects, sched, faults=setup.faults, tag=f"driver-{number}")
 
         def program() -> None:
-            if not setup.together:
+            if not setup.together and not self.contention.together:
                 sched.sleep(self.rng.uniform(0.0, 60.0))
             for life in range(1, setup.lives + 1):
                 restore = self.explicit_target() if life > 1 or not setup.together \
@@ -984,7 +1203,7 @@ class JobWorld(Judged):
     def run(self) -> Outcome:
         sched = self.scheduler
         self.requests = {}
-        sched.log(f"setup: {self.setup.describe()}")
+        sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:
@@ -993,11 +1212,17 @@ class JobWorld(Judged):
                             Host(f"driver-{number}", self.setup.skews[number - 1],
                                  self.setup.rates[number - 1]),
                             self.driver(number), crash_p=self.setup.crash_p,
-                            pause_p=self.setup.pause_p, pause_s=PAUSE_S)
+                            pause_p=self.setup.pause_p, pause_s=PAUSE_S,
+                            suspend_p=self.contention.suspend_p)
             sched.spawn("client", Host("airflow"), self.control_client)
             sched.spawn("vandal", Host("vandal"), self.vandal)
             try:
-                sched.run()
+                with interleave.installed(interleave.LEASE_BEFORE_CLAIM, self.before_claim), \
+                        interleave.installed(interleave.LEASE_AFTER_CLAIM, self.after_claim), \
+                        interleave.installed(interleave.LEASE_BEFORE_BEAT, self.before_beat), \
+                        interleave.installed(interleave.COMPLETE_BEFORE_METADATA,
+                                             self.before_marker):
+                    sched.run()
                 if not sched.cut_off:
                     self.recovering = True
                     recovery = sched.spawn("recovery", Host("recovery"), self.recovery)
