@@ -285,8 +285,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "an existing savepoint answers only its own request"),
     # ---------------------------------------------------------------- restore's choice
     Mutant("restore-ignores-lease", "runtime/checkpoint/catalog.py",
-           "return valid_checkpoint_ids(sorted(ids), record)",
-           "return sorted(ids)",
+           "valid_checkpoint_ids(sorted(ids), record)",
+           "sorted(ids)",
            "restore(latest) counts only the checkpoints the lease holder counts"),
     Mutant("fallback-distrusts-first-key", CHOOSE,
            "damaged |= exc.keys",
@@ -305,6 +305,17 @@ MUTANTS: tuple[Mutant, ...] = (
            "floor=self._run_floor if target == \"latest\" else None",
            "floor=None",
            "the job hands its run floor to restore(latest)"),
+    # ---------------------------------------------------------------- the retention floor
+    Mutant("reader-ignores-retention-floor", "runtime/checkpoint/catalog.py",
+           "return [i for i in counting if floor is None or i >= floor]",
+           "return counting",
+           "readers ignore a marker below the newest readable marker's retention floor (a "
+           "late copy of a subsumed marker never counts again)"),
+    Mutant("floor-below-retained", STORE,
+           "return ids[-max(self.num_retained, 1):][0]",
+           "return ids[0]",
+           "a manifest records as its retention floor the lowest id retained once it "
+           "completed (not an older one retention deletes)"),
     Mutant("resubmit-ignores-own-checkpoint", "supervision.py",
            "if first_restore == RESTORE_LATEST or progress.may_restore_latest:",
            "if first_restore == RESTORE_LATEST:",

@@ -171,12 +171,12 @@ def test_the_job_world_reaches_its_cases() -> None:
     assert seen["second-holder"] > 30, seen  # contention in most schedules
 
 
-@pytest.mark.xfail(strict=True, reason="known defect: a late marker PUT resurrects a "
-                   "subsumed checkpoint (job world, seed 129); XPASS once fixed")
 def test_a_subsumed_checkpoint_never_reappears() -> None:
+    """A late copy of a subsumed marker lands (seed 129) and no reader counts it."""
     outcome = run_job_seed(129)  # 29 until the lease contention (session 11), 45 before
     assert MARKER_RESURRECTED not in {v.invariant for v in outcome.violations}, \
         format_outcome(outcome, 40)
+    assert outcome.coverage.components["marker-resurrected"] > 0  # it did land
 
 
 def test_the_history_world_runs_the_real_supervision_on_both_paths() -> None:

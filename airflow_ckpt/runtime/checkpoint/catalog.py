@@ -11,7 +11,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from airflow_ckpt.errors import InvalidStorageUriError, ObjectNotFoundError, RestoreError
+from airflow_ckpt.errors import (
+    InvalidStorageUriError,
+    MetadataError,
+    ObjectNotFoundError,
+    RestoreError,
+)
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest, parse_manifest
 from airflow_ckpt.runtime.lease.record import LeaseRecord, read_lease, valid_checkpoint_ids
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
@@ -60,7 +65,8 @@ class CheckpointCatalog:
         Completed: with a ``_metadata`` that counts under the current lease (a marker a
         deposed driver wrote after another driver took over never counts, see
         :func:`~airflow_ckpt.runtime.lease.record.valid_checkpoint_ids`), or under the given
-        ``lease`` record (a driver taking over judges by its predecessor's).
+        ``lease`` record (a driver taking over judges by its predecessor's), and at or
+        above the retention floor (:meth:`_above_floor`).
         """
         if completed_only:
             ids = set()
@@ -73,11 +79,27 @@ class CheckpointCatalog:
             if not ids:
                 return []
             record = read_lease(self.storage, self.layout.job) if lease == "current" else lease
-            return valid_checkpoint_ids(sorted(ids), record)
+            return self._above_floor(valid_checkpoint_ids(sorted(ids), record))
         return sorted(
             n for name in self.storage.list_dirs(self.layout.root)
             if (n := parse_checkpoint_dir(name)) is not None
         )
+
+    def _above_floor(self, counting: list[int]) -> list[int]:
+        """Of the ``counting`` ids (ascending), those at or above the retention floor
+        recorded by the newest of their markers that can be read (one GET; an older one
+        when the newest is damaged or gone). Retention deleted every marker below it, so
+        one there is a late copy of a subsumed marker (a PUT whose answer was lost,
+        repeated, and landing after the delete): it names deleted files and never counts
+        again. Floors only rise, and a deposed driver's marker never counts, so it never
+        raises the floor."""
+        for n in reversed(counting):
+            try:
+                floor = self.checkpoint(n).retention_floor
+            except (MetadataError, RestoreError):
+                continue
+            return [i for i in counting if floor is None or i >= floor]
+        return counting
 
     def first_free_id(self, holder: LeaseRecord | None) -> int:
         """The first checkpoint id past every id ever used: every checkpoint directory,

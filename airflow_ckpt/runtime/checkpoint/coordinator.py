@@ -432,6 +432,8 @@ class CheckpointCoordinator:
             restored_from=self.restored_from,
             lease_epoch=self.lease.epoch,
             sources=self._sources,
+            retention_floor=None if p.savepoint_id else self.store.retention_floor(
+                p.checkpoint_id),
         )
 
     def _marker_key(self, p: PendingCheckpoint) -> str:

@@ -149,6 +149,11 @@ class Manifest:
     #: (:func:`version_for` its files)
     schema_version: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: (checkpoints only) the retention floor: the lowest checkpoint id still retained
+    #: once this checkpoint completed; a reader ignores every marker below the floor of
+    #: the newest marker it can read (a late copy of a subsumed marker never counts
+    #: again; see docs/architecture.md "Retention floor"). None: not recorded
+    retention_floor: int | None = None
 
     def __post_init__(self) -> None:
         if not self.schema_version:
@@ -166,6 +171,8 @@ class Manifest:
         for entry in body["files"]:
             if entry["inline"] is None:
                 del entry["inline"]
+        if body["retention_floor"] is None:
+            del body["retention_floor"]
         return json.dumps(body, indent=1, sort_keys=True).encode()
 
     def history_entry(self) -> dict[str, Any]:
@@ -316,6 +323,10 @@ def parse_manifest(data: bytes, where: str = "_metadata") -> Manifest:
     if lease_epoch is not None and (not isinstance(lease_epoch, int) or isinstance(
             lease_epoch, bool)):
         raise MetadataError(f"{where}: field 'lease_epoch' has the wrong type")
+    retention_floor = obj.get("retention_floor")
+    if retention_floor is not None and (not isinstance(retention_floor, int) or isinstance(
+            retention_floor, bool)):
+        raise MetadataError(f"{where}: field 'retention_floor' has the wrong type")
     pending = obj.get("pending_transactions", [])
     if not isinstance(pending, list) or not all(
         isinstance(p, int) and not isinstance(p, bool) for p in pending
@@ -348,4 +359,5 @@ def parse_manifest(data: bytes, where: str = "_metadata") -> Manifest:
         lease_epoch=lease_epoch,
         sources=_sources(obj.get("sources"), where),
         extra=extra,
+        retention_floor=retention_floor,
     )

@@ -209,6 +209,15 @@ class CompletedCheckpointStore:
                         "gone (%s)", checkpoint_id, exc)
             return None
 
+    def retention_floor(self, checkpoint_id: int) -> int:
+        """The lowest checkpoint id still retained once ``checkpoint_id`` completed (its
+        manifest records it): the newest ``num_retained`` of the retained ones and it
+        (the pinned one is no longer pinned then). Every marker below it is subsumed,
+        or is about to be, so readers ignore it (a late copy of a deleted marker)."""
+        with self._lock:
+            ids = sorted({m.checkpoint_id for m in self._retained} | {checkpoint_id})
+        return ids[-max(self.num_retained, 1):][0]
+
     def add(self, manifest: Manifest) -> list[int]:
         """Register a completed checkpoint (its ``_metadata`` is durable); subsume old ones.
 

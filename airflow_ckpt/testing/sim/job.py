@@ -92,13 +92,12 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   returned;
 * ``job-cut-off``: no schedule is cut off at the step limit (a driver stuck on
   something; counted and reported);
-* ``job-marker-resurrected``: a checkpoint's ``_metadata``, once deleted (subsumed),
-  never appears again. **Broken today** (:data:`KNOWN_DEFECTS`, seed 129): a marker PUT
-  whose answer was lost is repeated by the outage wrapper (create-only, equal bytes:
-  success), the checkpoint is later subsumed (marker, then files deleted), and the
-  first PUT, still in the network, lands on the absent key: a checkpoint that counts
-  reappears with its files gone (a later driver retains it; restore falls back past
-  it). The resurrected marker is judged as damaged by the other invariants.
+* ``job-marker-resurrected``: a checkpoint whose ``_metadata`` was deleted (subsumed)
+  never counts again, also when a late write creates the marker again (a marker PUT
+  whose answer was lost, repeated by the outage wrapper, the first copy landing after
+  retention deleted it: seed 129): the catalog, which restore, adoption and ``recover``
+  read through, ignores it (below the newer markers' retention floor). Such a marker
+  is judged as damaged by the other invariants (its files are gone).
 
 :class:`~airflow_ckpt.testing.sim.outcome.Outcome.coverage` counts what each schedule
 exercised (GC over a non-empty set, adoption filtering a marker, a restore fallback,
@@ -202,7 +201,7 @@ INVARIANTS = (JOB_OUTPUT, UNCOVERED_COMMIT, CHECKPOINT_CHANGED, CHECKPOINT_VERIF
               WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED)
 #: invariants the runtime still breaks (a defect found, not fixed yet): reported by every
 #: run, not failed on by the seeds of ``make test`` (see docs/architecture.md)
-KNOWN_DEFECTS = frozenset({MARKER_RESURRECTED})
+KNOWN_DEFECTS: frozenset[str] = frozenset()
 PLANTS: tuple[str, ...] = ()
 
 #: how a driver life may end without breaking ``job-driver-error`` (the documented
@@ -565,7 +564,8 @@ class JobWorld(Judged):
         existed (no record, or one without it). A *late* marker never counts: one of an
         older epoch that first landed after a newer holder's takeover was over (its
         adoption final), whatever a record says."""
-        ids = {n for key in self.objects.objects if (n := _checkpoint_of(key)) is not None}
+        ids = {n for key in self.objects.objects if (n := _checkpoint_of(key)) is not None
+               and key not in self._deleted_markers}  # subsumed once: never again
         lease = read_lease(self.oracle, JOB) if ids else None
         if lease is None or lease.adopted is None or lease.first_id is None:
             return ids - self._late
@@ -604,12 +604,19 @@ class JobWorld(Judged):
             self.coverage["adoption-filtered"] += 1
         for key in sorted(set(self._markers) - present):
             self._deleted_markers.add(key)
+        resurrected = [k for k in markers if k in self._deleted_markers
+                       and self.vandalized.get(k, "") is not None]
+        for key in resurrected:
+            self.vandalized.setdefault(key, objects[key].etag)  # its files are gone
+        if resurrected:
+            self.coverage["marker-resurrected"] += 1
+            read = set(CheckpointCatalog(self.oracle, JOB).checkpoint_ids())
+            for key in resurrected:
+                if _checkpoint_of(key) in read:
+                    self.violate(MARKER_RESURRECTED, f"{key} was deleted (subsumed) and "
+                                 "created again by a late write, and the catalog counts "
+                                 "it: a completed checkpoint whose files are gone")
         for key in markers:
-            if key in self._deleted_markers and key not in self.vandalized:
-                self.vandalized[key] = objects[key].etag  # judged as damaged from now on
-                self.violate(MARKER_RESURRECTED, f"{key} was deleted (subsumed) and "
-                             "created again by a late write: a completed checkpoint whose "
-                             "files are gone")
             data = objects[key].data
             if key not in self._markers and key not in self._deleted_markers:
                 self._note_late(key)
@@ -722,6 +729,9 @@ class JobWorld(Judged):
         counted = self.counted()
         for number in sorted(self._ever_counted - counted):
             key = LAYOUT.checkpoint_metadata(number)
+            newer = [n for n in counted if n > number]
+            if len(newer) >= self.setup.num_retained:
+                continue  # subsumed: below the retention floor its marker may outlive
             if key in self.objects.objects and key not in self.vandalized:
                 self.violate(UNCOUNTED, f"chk-{number} counted, but not for {job.life} "
                              "after its takeover, while its marker exists (not adopted)")
