@@ -64,6 +64,7 @@ from airflow_ckpt.errors import (
     EndpointUnreachableError,
     LeaseExpiredError,
     SinkReplayMismatchError,
+    SinkTransactionAbortedError,
 )
 from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.record import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S
@@ -123,7 +124,10 @@ HOLD_S = 2 * (DEFAULT_TTL_S + DEFAULT_MAX_WRITE_S)
 #: lives of a driver's query: a storage error fails the query, which restarts in-process
 #: (restore, recover, replay) under the same lease, as the runtime's restart strategy does
 QUERY_LIVES = 3
-EXPECTED = (ConcurrentDriverError, LeaseExpiredError, EndpointUnreachableError)
+#: ``SinkTransactionAbortedError``: the restored checkpoint lists a transaction an
+#: earlier run's recovery aborted (e.g. a ``restore=none`` start): refused, as designed
+EXPECTED = (ConcurrentDriverError, LeaseExpiredError, EndpointUnreachableError,
+            SinkTransactionAbortedError)
 SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
 #: the sink world's fault sites (sim/buggify.py)
 SITES = (STORAGE_503, STORAGE_LOST_ANSWER, STORAGE_LATE, STORAGE_HANG, STORAGE_DAMAGED,
