@@ -285,7 +285,9 @@ class SinkTransactions:
         """The commit decision of the batch (or of its extra publication ``replay``):
         the existing one, or one taken now (create-only) from its staged record,
         described by ``describe`` plus the record's ``offsets``. None if nothing is
-        staged."""
+        staged. Raises :class:`~airflow_ckpt.errors.SinkTransactionAbortedError` if the
+        staged attempt's outcome is ``abort`` (an earlier driver's recovery aborted it;
+        its record swap may not have landed): its output is lost, never published."""
         existing = self.decision(batch_id, replay)
         if existing is not None:
             return existing
@@ -300,8 +302,12 @@ class SinkTransactions:
         if txn.state != "staged":
             return None
         if self._settle(txn, AttemptOutcome.COMMIT) is AttemptOutcome.ABORT:
-            self.confirm()  # the abort outcome, read after the confirm above
-            return None
+            # The abort outcome, read after the confirm above: a successor's raises
+            # there. One that passes is a predecessor's (a recovery that did not list
+            # the batch, whose record swap never landed): the batch is aborted, not
+            # "never staged", and a caller committing it must not return as if published.
+            self.confirm()
+            raise SinkTransactionAbortedError(batch_id, self.name)
         decision = describe(txn)
         if txn.offsets is not None:
             decision["offsets"] = txn.offsets.to_dict()
