@@ -196,10 +196,11 @@ RETENTION = "job-retention"
 WRITE_AFTER_EXPIRY = "job-write-after-expiry"
 UNCOUNTED = "job-uncounted"
 RENEWED_DEPOSED = "job-renewed-deposed"
+GC_DAMAGE = "job-gc-damage"
 INVARIANTS = (JOB_OUTPUT, UNCOVERED_COMMIT, CHECKPOINT_CHANGED, CHECKPOINT_VERIFIES,
               DAMAGED_REFERENCE, OLDER_STATE, CONTROL, DRIVER_ERROR, CUT_OFF,
               MARKER_RESURRECTED, RESTORED_UNCOUNTED, RETENTION, UNGATED_WRITE,
-              WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED)
+              WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED, GC_DAMAGE)
 #: invariants the runtime still breaks (a defect found, not fixed yet): reported by every
 #: run, not failed on by the seeds of ``make test`` (see docs/architecture.md)
 KNOWN_DEFECTS = frozenset({MARKER_RESURRECTED})
@@ -407,6 +408,15 @@ class JobQuery(SimulatedQuery):
             rows.append({"i": i, "key": key, "running": self.sums[key]})
         return rows
 
+    def _after_batch(self, batch: int) -> None:
+        """A lost executor fails the query after its sink ran (Spark's task failure): the
+        job restarts the query in the same life (``restore=latest`` above its floor),
+        replaying batches whose files an unfinished checkpoint may have uploaded."""
+        world = self.world
+        if not world.recovering and world.fault_rng.random() < world.query_fail_p:
+            world.coverage["query-failed"] += 1
+            raise RuntimeError(f"executor lost in batch {batch} (simulated)")
+
     def _finish(self, batch: int) -> None:
         for part in (0, 1):
             mine = {k: v for k, v in self.sums.items() if KEYS.index(k) % 2 == part}
@@ -486,6 +496,9 @@ class JobWorld(Judged):
         self.setup = JobSetup.draw(self.rng)
         self.contention_rng = random.Random(seed ^ 0xC1A1)
         self.contention = Contention.draw(self.contention_rng)
+        #: query failures (a lost executor), drawn apart so other seeds keep their schedules
+        self.fault_rng = random.Random(seed ^ 0x9A11)
+        self.query_fail_p = self.fault_rng.choice((0.0, 0.0, 0.1, 0.25))
         self.violations: list[Violation] = []
         self.objects = SimObjects()
         self.table = SimObjects()  # the Parquet table's bucket
@@ -530,6 +543,10 @@ class JobWorld(Judged):
         self._epochs_seen: set[int] = set()
         self._damaged_known: dict[str, frozenset[str]] = {}  # life -> keys its restore found
         self._life_epochs: dict[str, int] = {}  # life -> its lease epoch when it restored
+        self._marker_epochs: dict[int, int | None] = {}  # checkpoint id -> writer's epoch
+        #: life -> checkpoint ids seen when its run started from an explicit target or
+        #: from scratch (its floor: its own first checkpoint, the first id not among them)
+        self._run_starts: dict[str, set[int]] = {}
         self.scheduler.observers.append(self.check)
 
     # ------------------------------------------------------------------ ground truth
@@ -613,6 +630,9 @@ class JobWorld(Judged):
             data = objects[key].data
             if key not in self._markers and key not in self._deleted_markers:
                 self._note_late(key)
+                if (number := _checkpoint_of(key)) is not None \
+                        and (first_manifest := self.manifest(key)) is not None:
+                    self._marker_epochs[number] = first_manifest.lease_epoch
             first = self._markers.setdefault(key, data)
             if first != data and key not in self.vandalized:
                 self.violate(CHECKPOINT_CHANGED, f"{key} changed after it completed")
@@ -712,13 +732,18 @@ class JobWorld(Judged):
             self._settled_epoch = max(self._settled_epoch, job.lease.record.epoch)
         if restored.damaged_keys:
             self.coverage["restore-fallback"] += 1
+        self._check_damage_cause(job, restored)
+        restored_id = restored.manifest.checkpoint_id \
+            if restored.manifest and not restored.manifest.is_savepoint else None
+        if job.restores == 1 and (target != "latest" or restored.manifest is None):
+            self._run_starts[job.life] = set(self._marker_epochs)
+        elif job.restores > 1 and job.life in self._run_starts:
+            self._check_run_floor(job, restored_id)
         record = job.lease.record
         epochs = sorted(self._epochs_seen)
         if target != "latest" or record is None or not epochs or epochs[-1] != record.epoch:
             return  # asked for, or deposed already: a successor decides
         floor = job._run_floor
-        restored_id = restored.manifest.checkpoint_id \
-            if restored.manifest and not restored.manifest.is_savepoint else None
         counted = self.counted()
         for number in sorted(self._ever_counted - counted):
             key = LAYOUT.checkpoint_metadata(number)
@@ -741,6 +766,34 @@ class JobWorld(Judged):
                              f"{restored.path or 'nothing'} with restore=latest, but "
                              f"checkpoint {number} counts and is intact")
                 return
+
+    def _check_damage_cause(self, job: SimJob, restored: RestoreResult) -> None:
+        """``job-gc-damage``: every key a restore found damaged or missing was touched by
+        the vandal (or is referenced by a marker resurrected by a late write, the known
+        defect): never one the job's own collection deleted while a checkpoint that
+        counts, the run's pinned one or a pending one still needed it."""
+        resurrected = {f"{JOB}/{f.key}" for key in self._deleted_markers
+                       if key in self.objects.objects
+                       and (manifest := self.manifest(key)) is not None
+                       for f in _objects_of(manifest)}
+        for key in sorted(restored.damaged_keys - set(self.vandalized) - resurrected):
+            self.violate(GC_DAMAGE, f"{job.life}'s restore found {key} damaged or missing, "
+                         "which the vandal never touched (deleted by a collection)")
+            return
+
+    def _check_run_floor(self, job: SimJob, restored_id: int | None) -> None:
+        """``job-older-state`` below the floor: a life whose run started from an explicit
+        target or from scratch never resumes (``restore=latest``, a query restart) a
+        checkpoint older than its own first one, judged from the markers' epochs."""
+        epoch = self._life_epochs.get(job.life)
+        before = self._run_starts[job.life]
+        own = [n for n, e in self._marker_epochs.items()
+               if n not in before and e is not None and e == epoch]
+        if own and (restored_id is None or restored_id < min(own)):
+            self.violate(OLDER_STATE, f"{job.life} resumed "
+                         f"{'nothing' if restored_id is None else f'chk-{restored_id}'} with "
+                         f"restore=latest, below its run's first checkpoint chk-{min(own)} "
+                         "(an older run's state)")
 
     def check_damaged_references(self) -> None:
         """``job-damaged-reference``: no checkpoint completed after its driver's restore
