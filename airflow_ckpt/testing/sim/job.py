@@ -499,6 +499,7 @@ class JobWorld(Judged):
         #: query failures (a lost executor), drawn apart so other seeds keep their schedules
         self.fault_rng = random.Random(seed ^ 0x9A11)
         self.query_fail_p = self.fault_rng.choice((0.0, 0.0, 0.1, 0.25))
+        self.whole_checkpoint_p = self.fault_rng.choice((0.0, 0.5))
         self.violations: list[Violation] = []
         self.objects = SimObjects()
         self.table = SimObjects()  # the Parquet table's bucket
@@ -543,6 +544,8 @@ class JobWorld(Judged):
         self._epochs_seen: set[int] = set()
         self._damaged_known: dict[str, frozenset[str]] = {}  # life -> keys its restore found
         self._life_epochs: dict[str, int] = {}  # life -> its lease epoch when it restored
+        #: life -> the checkpoint its latest restore resumed (pinned until it has its own)
+        self._restored_from: dict[str, int] = {}
         self._marker_epochs: dict[int, int | None] = {}  # checkpoint id -> writer's epoch
         #: life -> checkpoint ids seen when its run started from an explicit target or
         #: from scratch (its floor: its own first checkpoint, the first id not among them)
@@ -671,6 +674,7 @@ class JobWorld(Judged):
         newer_pool = counted | {n for k, etag in self.vandalized.items()
                                 if etag is None and (n := _checkpoint_of(k)) is not None}
         self._ever_counted |= counted
+        self._check_pinned(gone)
         for key in gone:
             number = _checkpoint_of(key)
             if number is None or number not in before or key in self.vandalized:
@@ -680,6 +684,23 @@ class JobWorld(Judged):
                 self.violate(RETENTION, f"{key} was deleted while it counted, with only "
                              f"{newer} newer checkpoint(s) counting (num-retained "
                              f"{self.setup.num_retained})")
+
+    def _check_pinned(self, gone: set[str]) -> None:
+        """``job-retention`` for the checkpoint a live holder's run resumed: its marker
+        stays (but by the vandal) until that run completed a checkpoint of its own (a
+        fallback past damaged newer ones may resume one beyond ``num-retained``; the
+        run's restart needs it)."""
+        newest = max(self._epochs_seen, default=None)
+        for job in self.jobs:
+            number = self._restored_from.get(job.life)
+            key = LAYOUT.checkpoint_metadata(number) if number is not None else None
+            epoch = self._life_epochs.get(job.life)
+            if key not in gone or key in self.vandalized or not job.alive \
+                    or epoch is None or epoch != newest:
+                continue
+            if not any(n > number and e == epoch for n, e in self._marker_epochs.items()):
+                self.violate(RETENTION, f"{key} was deleted while {job.life}, which "
+                             "resumed it, has no checkpoint of its own yet")
 
     def _check_references(self, marker: str, manifest: Manifest) -> None:
         objects = self.objects.objects
@@ -735,6 +756,8 @@ class JobWorld(Judged):
         self._check_damage_cause(job, restored)
         restored_id = restored.manifest.checkpoint_id \
             if restored.manifest and not restored.manifest.is_savepoint else None
+        if restored_id is not None:
+            self._restored_from[job.life] = restored_id
         if job.restores == 1 and (target != "latest" or restored.manifest is None):
             self._run_starts[job.life] = set(self._marker_epochs)
         elif job.restores > 1 and job.life in self._run_starts:
@@ -1079,24 +1102,47 @@ class JobWorld(Judged):
         sched = self.scheduler
         for _ in range(self.setup.damages):
             sched.sleep(self.rng.uniform(5.0, 80.0))
+            if self.fault_rng.random() < self.whole_checkpoint_p:
+                # an operator's wrong cleanup once the drivers are gone: the recovery
+                # falls back past the newest checkpoint, finding several keys damaged
+                while any(a.alive for a in sched.actors if a.name.startswith("driver")):
+                    sched.sleep(5.0)
+                for key in self._newest_checkpoint_objects():
+                    self._damage(key)
+                continue
             keys = sorted(k for k in self.objects.objects
                           if k.startswith(f"{JOB}/shared/") or _checkpoint_of(k) is not None
                           or (k.startswith(f"{JOB}/chk-") and self.rng.random() < 0.3))
             if not keys:
                 continue
-            key = self.rng.choice(keys)
-            if self.rng.random() < 0.6:
-                data = self.objects.objects[key].data
-                etag = self.objects.put(key, bytes((b + 1) & 0xFF for b in data) or b"x",
-                                        sched.now, create_only=False, if_match=None,
-                                        writer="vandal")
-                self.vandalized[key] = etag
-                sched.log(f"vandal damages {key}")
-            else:
-                self.objects.delete([key])
-                self.vandalized[key] = None
-                sched.log(f"vandal deletes {key}")
-            self.coverage["damaged"] += 1
+            self._damage(self.rng.choice(keys))
+
+    def _newest_checkpoint_objects(self) -> list[str]:
+        """The objects the newest checkpoint uploaded (referenced by no older marker):
+        a restore finds several keys damaged at once and falls back to an older one."""
+        numbers = sorted(n for k in self.objects.objects if (n := _checkpoint_of(k)) is not None)
+        manifests = [self.manifest(LAYOUT.checkpoint_metadata(n)) for n in numbers]
+        if not manifests or manifests[-1] is None:
+            return []
+        older = {f.key for m in manifests[:-1] if m is not None for f in _objects_of(m)}
+        return sorted(key for f in _objects_of(manifests[-1]) if f.key not in older
+                      and (key := f"{JOB}/{f.key}") in self.objects.objects)
+
+    def _damage(self, key: str) -> None:
+        """Other bytes of the same size (60 %), or the object deleted."""
+        sched = self.scheduler
+        if self.rng.random() < 0.6:
+            data = self.objects.objects[key].data
+            etag = self.objects.put(key, bytes((b + 1) & 0xFF for b in data) or b"x",
+                                    sched.now, create_only=False, if_match=None,
+                                    writer="vandal")
+            self.vandalized[key] = etag
+            sched.log(f"vandal damages {key}")
+        else:
+            self.objects.delete([key])
+            self.vandalized[key] = None
+            sched.log(f"vandal deletes {key}")
+        self.coverage["damaged"] += 1
 
     def recovery(self) -> None:
         """The faultless driver that runs the job to its end (again after a stop)."""
