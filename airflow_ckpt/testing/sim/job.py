@@ -693,10 +693,11 @@ class JobWorld(Judged):
         newest = max(self._epochs_seen, default=None)
         for job in self.jobs:
             number = self._restored_from.get(job.life)
-            key = LAYOUT.checkpoint_metadata(number) if number is not None else None
             epoch = self._life_epochs.get(job.life)
-            if key not in gone or key in self.vandalized or not job.alive \
-                    or epoch is None or epoch != newest:
+            if number is None or epoch is None or epoch != newest or not job.alive:
+                continue
+            key = LAYOUT.checkpoint_metadata(number)
+            if key not in gone or key in self.vandalized:
                 continue
             if not any(n > number and e == epoch for n, e in self._marker_epochs.items()):
                 self.violate(RETENTION, f"{key} was deleted while {job.life}, which "
