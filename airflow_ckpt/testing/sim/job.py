@@ -680,10 +680,19 @@ class JobWorld(Judged):
             if number is None or number not in before or key in self.vandalized:
                 continue
             newer = sorted(n for n in newer_pool if n > number)
-            if len(newer) < self.setup.num_retained:
+            if len(newer) < self.num_retained:
                 self.violate(RETENTION, f"{key} was deleted while it counted, with only "
                              f"{newer} newer checkpoint(s) counting (num-retained "
-                             f"{self.setup.num_retained})")
+                             f"{self.num_retained})")
+
+    @property
+    def num_retained(self) -> int:
+        """``num-retained`` of the drivers; the recovery's is 1 after the operator's
+        cleanup (redeployed with a smaller retention: the resumed checkpoint may then be
+        beyond the newest one, pinned until the run has its own)."""
+        if self.recovering and self.whole_checkpoint_p:
+            return 1
+        return self.setup.num_retained
 
     def _check_pinned(self, gone: set[str]) -> None:
         """``job-retention`` for the checkpoint a live holder's run resumed: its marker
@@ -846,7 +855,9 @@ class JobWorld(Judged):
                  host: Host) -> tuple[SimJob, TwoPhaseCommitSink]:
         sched = self.scheduler
         job = SimJob(JobSpark(self), job=JOB, storage=storage,  # type: ignore[arg-type]
-                     checkpoint_config=self.config, restart_strategy=RESTART,
+                     checkpoint_config={**self.config, "execution.checkpointing.num-retained":
+                                        self.num_retained},
+                     restart_strategy=RESTART,
                      restore=restore, workdir=self.tmp / life, run_id=RUN_ID,
                      threaded=False)
         job.world, job.life = self, life
