@@ -195,10 +195,11 @@ RETENTION = "job-retention"
 WRITE_AFTER_EXPIRY = "job-write-after-expiry"
 UNCOUNTED = "job-uncounted"
 RENEWED_DEPOSED = "job-renewed-deposed"
+GC_DAMAGE = "job-gc-damage"
 INVARIANTS = (JOB_OUTPUT, UNCOVERED_COMMIT, CHECKPOINT_CHANGED, CHECKPOINT_VERIFIES,
               DAMAGED_REFERENCE, OLDER_STATE, CONTROL, DRIVER_ERROR, CUT_OFF,
               MARKER_RESURRECTED, RESTORED_UNCOUNTED, RETENTION, UNGATED_WRITE,
-              WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED)
+              WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED, GC_DAMAGE)
 #: invariants the runtime still breaks (a defect found, not fixed yet): reported by every
 #: run, not failed on by the seeds of ``make test`` (see docs/architecture.md)
 KNOWN_DEFECTS: frozenset[str] = frozenset()
@@ -406,6 +407,15 @@ class JobQuery(SimulatedQuery):
             rows.append({"i": i, "key": key, "running": self.sums[key]})
         return rows
 
+    def _after_batch(self, batch: int) -> None:
+        """A lost executor fails the query after its sink ran (Spark's task failure): the
+        job restarts the query in the same life (``restore=latest`` above its floor),
+        replaying batches whose files an unfinished checkpoint may have uploaded."""
+        world = self.world
+        if not world.recovering and world.fault_rng.random() < world.query_fail_p:
+            world.coverage["query-failed"] += 1
+            raise RuntimeError(f"executor lost in batch {batch} (simulated)")
+
     def _finish(self, batch: int) -> None:
         for part in (0, 1):
             mine = {k: v for k, v in self.sums.items() if KEYS.index(k) % 2 == part}
@@ -485,6 +495,10 @@ class JobWorld(Judged):
         self.setup = JobSetup.draw(self.rng)
         self.contention_rng = random.Random(seed ^ 0xC1A1)
         self.contention = Contention.draw(self.contention_rng)
+        #: query failures (a lost executor), drawn apart so other seeds keep their schedules
+        self.fault_rng = random.Random(seed ^ 0x9A11)
+        self.query_fail_p = self.fault_rng.choice((0.0, 0.0, 0.1, 0.25))
+        self.whole_checkpoint_p = self.fault_rng.choice((0.0, 0.5))
         self.violations: list[Violation] = []
         self.objects = SimObjects()
         self.table = SimObjects()  # the Parquet table's bucket
@@ -529,6 +543,12 @@ class JobWorld(Judged):
         self._epochs_seen: set[int] = set()
         self._damaged_known: dict[str, frozenset[str]] = {}  # life -> keys its restore found
         self._life_epochs: dict[str, int] = {}  # life -> its lease epoch when it restored
+        #: life -> the checkpoint its latest restore resumed (pinned until it has its own)
+        self._restored_from: dict[str, int] = {}
+        self._marker_epochs: dict[int, int | None] = {}  # checkpoint id -> writer's epoch
+        #: life -> checkpoint ids seen when its run started from an explicit target or
+        #: from scratch (its floor: its own first checkpoint, the first id not among them)
+        self._run_starts: dict[str, set[int]] = {}
         self.scheduler.observers.append(self.check)
 
     # ------------------------------------------------------------------ ground truth
@@ -620,6 +640,9 @@ class JobWorld(Judged):
             data = objects[key].data
             if key not in self._markers and key not in self._deleted_markers:
                 self._note_late(key)
+                if (number := _checkpoint_of(key)) is not None \
+                        and (first_manifest := self.manifest(key)) is not None:
+                    self._marker_epochs[number] = first_manifest.lease_epoch
             first = self._markers.setdefault(key, data)
             if first != data and key not in self.vandalized:
                 self.violate(CHECKPOINT_CHANGED, f"{key} changed after it completed")
@@ -658,15 +681,43 @@ class JobWorld(Judged):
         newer_pool = counted | {n for k, etag in self.vandalized.items()
                                 if etag is None and (n := _checkpoint_of(k)) is not None}
         self._ever_counted |= counted
+        self._check_pinned(gone)
         for key in gone:
             number = _checkpoint_of(key)
             if number is None or number not in before or key in self.vandalized:
                 continue
             newer = sorted(n for n in newer_pool if n > number)
-            if len(newer) < self.setup.num_retained:
+            if len(newer) < self.num_retained:
                 self.violate(RETENTION, f"{key} was deleted while it counted, with only "
                              f"{newer} newer checkpoint(s) counting (num-retained "
-                             f"{self.setup.num_retained})")
+                             f"{self.num_retained})")
+
+    @property
+    def num_retained(self) -> int:
+        """``num-retained`` of the drivers; the recovery's is 1 after the operator's
+        cleanup (redeployed with a smaller retention: the resumed checkpoint may then be
+        beyond the newest one, pinned until the run has its own)."""
+        if self.recovering and self.whole_checkpoint_p:
+            return 1
+        return self.setup.num_retained
+
+    def _check_pinned(self, gone: set[str]) -> None:
+        """``job-retention`` for the checkpoint a live holder's run resumed: its marker
+        stays (but by the vandal) until that run completed a checkpoint of its own (a
+        fallback past damaged newer ones may resume one beyond ``num-retained``; the
+        run's restart needs it)."""
+        newest = max(self._epochs_seen, default=None)
+        for job in self.jobs:
+            number = self._restored_from.get(job.life)
+            epoch = self._life_epochs.get(job.life)
+            if number is None or epoch is None or epoch != newest or not job.alive:
+                continue
+            key = LAYOUT.checkpoint_metadata(number)
+            if key not in gone or key in self.vandalized:
+                continue
+            if not any(n > number and e == epoch for n, e in self._marker_epochs.items()):
+                self.violate(RETENTION, f"{key} was deleted while {job.life}, which "
+                             "resumed it, has no checkpoint of its own yet")
 
     def _check_references(self, marker: str, manifest: Manifest) -> None:
         objects = self.objects.objects
@@ -719,13 +770,20 @@ class JobWorld(Judged):
             self._settled_epoch = max(self._settled_epoch, job.lease.record.epoch)
         if restored.damaged_keys:
             self.coverage["restore-fallback"] += 1
+        self._check_damage_cause(job, restored)
+        restored_id = restored.manifest.checkpoint_id \
+            if restored.manifest and not restored.manifest.is_savepoint else None
+        if restored_id is not None:
+            self._restored_from[job.life] = restored_id
+        if job.restores == 1 and (target != "latest" or restored.manifest is None):
+            self._run_starts[job.life] = set(self._marker_epochs)
+        elif job.restores > 1 and job.life in self._run_starts:
+            self._check_run_floor(job, restored_id)
         record = job.lease.record
         epochs = sorted(self._epochs_seen)
         if target != "latest" or record is None or not epochs or epochs[-1] != record.epoch:
             return  # asked for, or deposed already: a successor decides
         floor = job._run_floor
-        restored_id = restored.manifest.checkpoint_id \
-            if restored.manifest and not restored.manifest.is_savepoint else None
         counted = self.counted()
         for number in sorted(self._ever_counted - counted):
             key = LAYOUT.checkpoint_metadata(number)
@@ -751,6 +809,34 @@ class JobWorld(Judged):
                              f"{restored.path or 'nothing'} with restore=latest, but "
                              f"checkpoint {number} counts and is intact")
                 return
+
+    def _check_damage_cause(self, job: SimJob, restored: RestoreResult) -> None:
+        """``job-gc-damage``: every key a restore found damaged or missing was touched by
+        the vandal (or is referenced by a marker resurrected by a late write, the known
+        defect): never one the job's own collection deleted while a checkpoint that
+        counts, the run's pinned one or a pending one still needed it."""
+        resurrected = {f"{JOB}/{f.key}" for key in self._deleted_markers
+                       if key in self.objects.objects
+                       and (manifest := self.manifest(key)) is not None
+                       for f in _objects_of(manifest)}
+        for key in sorted(restored.damaged_keys - set(self.vandalized) - resurrected):
+            self.violate(GC_DAMAGE, f"{job.life}'s restore found {key} damaged or missing, "
+                         "which the vandal never touched (deleted by a collection)")
+            return
+
+    def _check_run_floor(self, job: SimJob, restored_id: int | None) -> None:
+        """``job-older-state`` below the floor: a life whose run started from an explicit
+        target or from scratch never resumes (``restore=latest``, a query restart) a
+        checkpoint older than its own first one, judged from the markers' epochs."""
+        epoch = self._life_epochs.get(job.life)
+        before = self._run_starts[job.life]
+        own = [n for n, e in self._marker_epochs.items()
+               if n not in before and e is not None and e == epoch]
+        if own and (restored_id is None or restored_id < min(own)):
+            self.violate(OLDER_STATE, f"{job.life} resumed "
+                         f"{'nothing' if restored_id is None else f'chk-{restored_id}'} with "
+                         f"restore=latest, below its run's first checkpoint chk-{min(own)} "
+                         "(an older run's state)")
 
     def check_damaged_references(self) -> None:
         """``job-damaged-reference``: no checkpoint completed after its driver's restore
@@ -779,7 +865,9 @@ class JobWorld(Judged):
                  host: Host) -> tuple[SimJob, TwoPhaseCommitSink]:
         sched = self.scheduler
         job = SimJob(JobSpark(self), job=JOB, storage=storage,  # type: ignore[arg-type]
-                     checkpoint_config=self.config, restart_strategy=RESTART,
+                     checkpoint_config={**self.config, "execution.checkpointing.num-retained":
+                                        self.num_retained},
+                     restart_strategy=RESTART,
                      restore=restore, workdir=self.tmp / life, run_id=RUN_ID,
                      threaded=False)
         job.world, job.life = self, life
@@ -1036,24 +1124,47 @@ class JobWorld(Judged):
         sched = self.scheduler
         for _ in range(self.setup.damages):
             sched.sleep(self.rng.uniform(5.0, 80.0))
+            if self.fault_rng.random() < self.whole_checkpoint_p:
+                # an operator's wrong cleanup once the drivers are gone: the recovery
+                # falls back past the newest checkpoint, finding several keys damaged
+                while any(a.alive for a in sched.actors if a.name.startswith("driver")):
+                    sched.sleep(5.0)
+                for key in self._newest_checkpoint_objects():
+                    self._damage(key)
+                continue
             keys = sorted(k for k in self.objects.objects
                           if k.startswith(f"{JOB}/shared/") or _checkpoint_of(k) is not None
                           or (k.startswith(f"{JOB}/chk-") and self.rng.random() < 0.3))
             if not keys:
                 continue
-            key = self.rng.choice(keys)
-            if self.rng.random() < 0.6:
-                data = self.objects.objects[key].data
-                etag = self.objects.put(key, bytes((b + 1) & 0xFF for b in data) or b"x",
-                                        sched.now, create_only=False, if_match=None,
-                                        writer="vandal")
-                self.vandalized[key] = etag
-                sched.log(f"vandal damages {key}")
-            else:
-                self.objects.delete([key])
-                self.vandalized[key] = None
-                sched.log(f"vandal deletes {key}")
-            self.coverage["damaged"] += 1
+            self._damage(self.rng.choice(keys))
+
+    def _newest_checkpoint_objects(self) -> list[str]:
+        """The objects the newest checkpoint uploaded (referenced by no older marker):
+        a restore finds several keys damaged at once and falls back to an older one."""
+        numbers = sorted(n for k in self.objects.objects if (n := _checkpoint_of(k)) is not None)
+        manifests = [self.manifest(LAYOUT.checkpoint_metadata(n)) for n in numbers]
+        if not manifests or manifests[-1] is None:
+            return []
+        older = {f.key for m in manifests[:-1] if m is not None for f in _objects_of(m)}
+        return sorted(key for f in _objects_of(manifests[-1]) if f.key not in older
+                      and (key := f"{JOB}/{f.key}") in self.objects.objects)
+
+    def _damage(self, key: str) -> None:
+        """Other bytes of the same size (60 %), or the object deleted."""
+        sched = self.scheduler
+        if self.rng.random() < 0.6:
+            data = self.objects.objects[key].data
+            etag = self.objects.put(key, bytes((b + 1) & 0xFF for b in data) or b"x",
+                                    sched.now, create_only=False, if_match=None,
+                                    writer="vandal")
+            self.vandalized[key] = etag
+            sched.log(f"vandal damages {key}")
+        else:
+            self.objects.delete([key])
+            self.vandalized[key] = None
+            sched.log(f"vandal deletes {key}")
+        self.coverage["damaged"] += 1
 
     def recovery(self) -> None:
         """The faultless driver that runs the job to its end (again after a stop)."""
