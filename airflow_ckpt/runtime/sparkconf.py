@@ -31,6 +31,10 @@ RESTART_STRATEGY = CONF_PREFIX + "restart_strategy"  # JSON object, Flink option
 RESTORE = CONF_PREFIX + "restore"  # latest | none | <checkpoint or savepoint path>
 WORKDIR = CONF_PREFIX + "workdir"  # local working directory (Spark checkpointLocation)
 RESCALE_PARTITIONS = CONF_PREFIX + "restore.state_partitions"  # rescale on restore
+#: the most state partitions a rescale may ask for: Flink's upper bound of the max
+#: parallelism (``KeyGroupRangeAssignment.UPPER_BOUND_MAX_PARALLELISM``, 2^15); Spark's
+#: offline repartitioning of 100000 ran for hours holding the lease, with no checkpoint
+MAX_STATE_PARTITIONS = 1 << 15
 # accept a restore whose sources read with other settings (runtime/sources/settings.py)
 ALLOW_SOURCE_CHANGES = CONF_PREFIX + "restore.allow-source-changes"
 ATTEMPT = CONF_PREFIX + "attempt"  # supervisor's submission attempt number (for logs)
@@ -123,8 +127,8 @@ class JobSettings:
                                      raw["restart_strategy"], {}),
             restore=str(raw["restore"] or "latest"),
             workdir=str(raw["workdir"]) if raw["workdir"] else None,
-            state_partitions=checked(RESCALE_PARTITIONS, _optional_int, raw["state_partitions"],
-                                     None),
+            state_partitions=checked(RESCALE_PARTITIONS, _state_partitions,
+                                     raw["state_partitions"], None),
             allow_source_changes=checked(ALLOW_SOURCE_CHANGES, _flag,
                                          raw["allow_source_changes"], False),
             attempt=checked(ATTEMPT, lambda v: _optional_int(v) or 1, raw["attempt"], 1),
@@ -173,6 +177,12 @@ def _restart_strategy(raw: object) -> dict[str, Any]:
 
 def _flag(value: object) -> bool:
     return False if value in (None, "") else parse_bool(value)
+
+
+def _state_partitions(value: object) -> int | None:
+    if value in (None, ""):
+        return None
+    return parse_int(value, minimum=1, maximum=MAX_STATE_PARTITIONS)
 
 
 def _optional_int(value: object) -> int | None:

@@ -57,6 +57,18 @@ def test_every_bad_key_is_named_with_where_to_record_it() -> None:
     assert (where.job, where.storage_uri, where.run_id) == ("orders", "file:///s", "run-1")
 
 
+@pytest.mark.parametrize("partitions", ["100000", str(keys.MAX_STATE_PARTITIONS + 1)])
+def test_a_rescale_past_the_upper_bound_is_refused_before_anything_runs(
+        partitions: str) -> None:
+    # 100000 was accepted and repartitioned for hours holding the lease (issue 29)
+    conf = {keys.JOB: "orders", keys.STORAGE: "file:///s", keys.RESCALE_PARTITIONS: partitions}
+    with pytest.raises(JobSettingsError) as err:
+        JobSettings.from_conf(conf.get)
+    assert str(keys.MAX_STATE_PARTITIONS) in err.value.problems[keys.RESCALE_PARTITIONS]
+    conf[keys.RESCALE_PARTITIONS] = str(keys.MAX_STATE_PARTITIONS)
+    assert JobSettings.from_conf(conf.get).state_partitions == keys.MAX_STATE_PARTITIONS
+
+
 def test_without_a_valid_job_or_storage_there_is_nowhere_to_record() -> None:
     with pytest.raises(JobSettingsError) as err:
         JobSettings.from_conf({keys.JOB: "bad name!"}.get)

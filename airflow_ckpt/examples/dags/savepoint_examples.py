@@ -34,7 +34,7 @@ from airflow_ckpt.examples.dag_params import (
 )
 from airflow_ckpt.operators.checkpointed_spark_submit import CheckpointedSparkSubmitOperator
 from airflow_ckpt.operators.savepoint import TriggerSavepointOperator
-from airflow_ckpt.runtime.sparkconf import RESCALE_PARTITIONS
+from airflow_ckpt.runtime.sparkconf import MAX_STATE_PARTITIONS, RESCALE_PARTITIONS
 from airflow_ckpt.sensors.checkpoint import CheckpointSensor
 from airflow_ckpt.triggers.checkpoint import CheckpointEventTrigger
 
@@ -112,6 +112,7 @@ with DAG(
         "storage": Param(STORAGE, type="string", pattern=r"^(s3a?|file)://",
                          description="Checkpoint storage (must hold the savepoint)."),
         "state_partitions": Param(0, type="integer", minimum=0,
+                                  maximum=MAX_STATE_PARTITIONS,
                                   description="Rescale the state to N partitions on restore "
                                               "(0: keep the savepoint's)."),
         "input_dir": Param("/tmp/airflow-ckpt/input/odd-even-sums", type="string",

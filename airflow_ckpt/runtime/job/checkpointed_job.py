@@ -62,7 +62,7 @@ from airflow_ckpt.runtime.restore.choose import RestoreResult, restore
 from airflow_ckpt.runtime.sinks import TwoPhaseCommitSink
 from airflow_ckpt.runtime.sources import kafka
 from airflow_ckpt.runtime.sources.settings import check_sources, read_sources
-from airflow_ckpt.runtime.sparkconf import JobSettings
+from airflow_ckpt.runtime.sparkconf import RESCALE_PARTITIONS, JobSettings
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.outage import OutageBudget, OutageRidingStorage
@@ -424,7 +424,13 @@ class CheckpointedJob:
         appends a repartition batch to the working directory. Returns True if it ran.
         """
         wanted = self.state_partitions
-        if wanted is None or restored.manifest is None:
+        if wanted is None:
+            return False
+        if restored.manifest is None:
+            log.warning("%s=%d does not apply: there is no checkpoint or savepoint to "
+                        "restore (the query starts with its own number of state "
+                        "partitions); remove it, or a later restore will rescale",
+                        RESCALE_PARTITIONS, wanted)
             return False
         current = {op.num_partitions for op in restored.manifest.operators}
         if not current or current == {wanted}:
