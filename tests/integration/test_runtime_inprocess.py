@@ -304,10 +304,14 @@ def test_a_fallback_never_subsumes_the_checkpoint_it_restored_from(
         with file_storage.open_stream(layout.root + f.key, f.offset or 0, f.size) as src:
             file_storage.put_bytes(layout.checkpoint_file(older_id, f.path), src.read(f.size))
     older = Manifest(**{**{k: getattr(newest, k) for k in newest.__dataclass_fields__},
-                        "checkpoint_id": older_id,
+                        "checkpoint_id": older_id, "retention_floor": older_id,
                         "files": tuple(type(f)(f.path, f"chk-{older_id}/{f.path}", f.size,
                                                f.sha256, False) for f in newest.files)})
     file_storage.put_bytes(layout.checkpoint_metadata(older_id), older.to_json())
+    # as if that run had retained 2: the newest's retention floor keeps the older one
+    file_storage.put_bytes(layout.checkpoint_metadata(newest.checkpoint_id), Manifest(**{
+        **{k: getattr(newest, k) for k in newest.__dataclass_fields__},
+        "retention_floor": older_id}).to_json())
     victim = next(f for f in newest.files if f.path.startswith("offsets/"))
     file_storage.put_bytes(layout.root + victim.key, b"x" * victim.size)
     (input_dir / "more.txt").write_text("1001\n1002\n")
