@@ -75,6 +75,28 @@ def test_capture_pins_files_spark_deletes_meanwhile_only_with_a_snapshot(
         assert not [n for n in left if n.startswith(SNAPSHOT_PREFIX)], left
 
 
+def test_the_first_capture_deletes_the_snapshots_a_killed_driver_left_and_no_other(
+    spark: Any, hdfs: MiniHdfs, tmp_path: Path
+) -> None:
+    workdir = _workdir(spark, hdfs, "leftover", tmp_path, snapshots=True)
+    other = HadoopWorkdir.of(spark, workdir.location + "-other", tmp_path / "other")
+    fs, path = hadoop_fs(spark, workdir.location)
+    root = path(workdir.location).getParent()
+    dead = workdir.snapshot_prefix + "chk-1-abc123-def456"  # killed mid-capture
+    kept = other.snapshot_prefix + "chk-1-abc123-def456"  # another working directory's
+    fs.createSnapshot(root, dead)
+    fs.createSnapshot(root, kept)
+    fs.delete(path(f"{workdir.location}/state/0/0/1.delta"), False)  # pinned by both
+    snap = workdir.capture(1, tmp_path / "staging" / "chk-1")
+    assert {f.path for f in snap.files} >= {"commits/1", "state/0/0/2.delta"}
+    left = [s.getPath().getName() for s in fs.listStatus(path(f"{root}/.snapshot"))]
+    assert left == [kept]
+    workdir.capture(1, tmp_path / "staging" / "chk-1b")  # one look per driver
+    assert [s.getPath().getName()
+            for s in fs.listStatus(path(f"{root}/.snapshot"))] == [kept]
+    fs.deleteSnapshot(root, kept)
+
+
 def test_restore_replaces_the_hdfs_working_directory_whole(
     spark: Any, hdfs: MiniHdfs, tmp_path: Path
 ) -> None:

@@ -10,7 +10,12 @@ captures batch ``b`` as follows:
   exact analogue of the local hard links: nothing Spark's maintenance deletes afterwards
   is lost to the capture. The files of batch ``b`` are copied from
   ``<root>/.snapshot/<name>/...`` into the local staging directory, then the snapshot is
-  deleted. A missing file there is an error (the snapshot cannot lose one);
+  deleted. A missing file there is an error (the snapshot cannot lose one). A driver
+  killed between the two leaves its snapshot behind (it pins the blocks of every file
+  Spark deletes afterwards); the names carry a tag of the working directory, and a
+  driver's first capture deletes every snapshot of its working directory left by
+  another (captures run only in the lease holder, so those belong to dead or deposed
+  drivers; a deposed one's capture then fails, which costs it nothing it could keep);
 * **otherwise** the live directory is listed and each file of batch ``b`` copied; a file
   Spark's maintenance deleted between the listing and its copy is skipped, like a
   vanished hard link (Spark purges only versions older than those needed to resume the
@@ -25,6 +30,7 @@ it into place (HDFS renames are atomic).
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import uuid
 from pathlib import Path
@@ -67,6 +73,11 @@ class HadoopWorkdir:
         self._fs = self._path(self.location).getFileSystem(hadoop_conf)
         #: the qualified URI of ``location`` (how the FileSystem names what it lists)
         self._qualified = self._fs.makeQualified(self._path(self.location)).toString()
+        #: how this working directory's snapshots are named (others may share the root)
+        self.snapshot_prefix = (
+            SNAPSHOT_PREFIX + hashlib.sha256(self._qualified.encode()).hexdigest()[:8] + "-")
+        #: False until this driver's first snapshot: the leftovers are deleted then
+        self._swept = False
 
     @classmethod
     def of(cls, spark: SparkSession, location: str, local_root: Path) -> HadoopWorkdir:
@@ -139,7 +150,9 @@ class HadoopWorkdir:
             if root is None:
                 files = self._copy(self._qualified, batch_id, staging_dir, pinned=False)
             else:
-                name = f"{SNAPSHOT_PREFIX}{staging_dir.name}-{uuid.uuid4().hex[:6]}"
+                if not self._swept:
+                    self.delete_leftover_snapshots(root)
+                name = f"{self.snapshot_prefix}{staging_dir.name}-{uuid.uuid4().hex[:6]}"
                 pinned = self._fs.createSnapshot(root, name)
                 try:
                     below = self._qualified[len(root.toString().rstrip("/")):]
@@ -151,6 +164,27 @@ class HadoopWorkdir:
         except BaseException:
             shutil.rmtree(staging_dir, ignore_errors=True)
             raise
+
+    def delete_leftover_snapshots(self, root: Any) -> list[str]:
+        """Delete the snapshots of this working directory under the snapshottable
+        ``root`` that a killed driver left (see the module docstring); returns their
+        names. Call it only while holding the job's lease."""
+        try:
+            statuses = self._fs.listStatus(self._path(f"{root.toString()}/.snapshot"))
+        except Exception as exc:
+            if not _not_found(exc):
+                raise
+            statuses = []
+        names = [s.getPath().getName() for s in statuses]
+        left = sorted(n for n in names if n.startswith(self.snapshot_prefix))
+        for name in left:
+            try:
+                self._fs.deleteSnapshot(root, name)
+            except Exception:
+                if self._fs.exists(self._path(f"{root.toString()}/.snapshot/{name}")):
+                    raise  # not deleted meanwhile by its own (deposed) capture
+        self._swept = True
+        return left
 
     def _copy(self, source: str, batch_id: int, staging_dir: Path,
               *, pinned: bool) -> list[CapturedFile]:
