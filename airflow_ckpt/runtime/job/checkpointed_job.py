@@ -43,6 +43,7 @@ from airflow_ckpt.runtime.checkpoint.digests import DigestCache
 from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest, SourceSettings
 from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint
+from airflow_ckpt.runtime.checkpoint.savepoint_history import SavepointHistory, mark_restored
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.control.channel import (
     ControlChannel,
@@ -190,7 +191,13 @@ class CheckpointedJob:
         self.sinks = JobSinks(lease=self.lease, history=self.history, run_id=self.run_id,
                               workdir=self.workdir, exactly_once=self.config.exactly_once,
                               driver_view=self._driver_view)
-        self._listeners: list[Callable[[Manifest], None]] = [self.sinks.commit_transactions]
+        #: disposes of the savepoints the job took itself beyond the savepoint history's
+        #: count and age (savepoint_history.py; what this run restored from is kept)
+        self.savepoint_history = SavepointHistory(
+            self.storage, self.job, max_count=self.config.savepoint_history_max_count,
+            max_age_s=self.config.savepoint_history_max_age_s)
+        self._listeners: list[Callable[[Manifest], None]] = [
+            self.sinks.commit_transactions, self.savepoint_history.on_completed]
         #: how an attempt's query ends (drained, final checkpoint, stop, cancel)
         self.ending = QueryEnding(requests=self.savepoint_requests, history=self.history,
                                   run_id=self.run_id, workdir=self.workdir,
@@ -314,6 +321,7 @@ class CheckpointedJob:
             restored = restore(self.storage, self.job, target, self.workdir, self.history,
                                self._digests, by={"run_id": self.run_id, "attempt": self.attempt},
                                floor=self._run_floor if target == "latest" else None)
+            self._keep_restored(restored)
             rescaled = target == self.restore_target and self._rescale(restored)
             self._unchecked_restore = restored if restored.manifest is not None else None
             coordinator = self._start_coordinator(restored, initial=rescaled)
@@ -416,6 +424,17 @@ class CheckpointedJob:
         catalog = CheckpointCatalog(self.lease.storage, self.job)
         first = catalog.first_free_id(previous)
         return tuple(catalog.checkpoint_ids(lease=previous)), first
+
+    def _keep_restored(self, restored: RestoreResult) -> None:
+        """A savepoint this run restored from is never disposed of by a savepoint
+        history: marked (durable before the query starts), and kept by this driver's
+        own history whatever the mark's fate."""
+        manifest = restored.manifest
+        if manifest is None or not manifest.is_savepoint:
+            return
+        mark_restored(self.storage, manifest)
+        if manifest.job == self.job:
+            self.savepoint_history.restored_from = manifest.savepoint_id
 
     def _rescale(self, restored: RestoreResult) -> bool:
         """Repartition the restored state to ``state_partitions`` (Flink's rescaling).

@@ -54,9 +54,10 @@ class SavepointRequests:
             if request.stop:
                 stop = stop or request
                 continue
+            # unnamed: the job names it, and its savepoint history keeps it a while
             requests[request.request_id] = coordinator.trigger(
                 "manual", savepoint_id=request.savepoint_id or request.request_id,
-                request_id=request.request_id,
+                request_id=request.request_id, in_history=request.savepoint_id is None,
             )
         return stop
 
