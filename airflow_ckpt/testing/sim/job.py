@@ -90,6 +90,12 @@ can fail, see docs/architecture.md "Deterministic simulation"):
 * ``job-write-after-expiry``: a driver's lease gate passes no write once ``ttl -
   max_write`` of its own monotonic clock passed since its last heartbeat (or claim)
   returned;
+* ``job-savepoint-kept``: a savepoint leaves (not by the vandal) only if it is in the
+  savepoint history (``extra.savepoint_history``: periodic, or requested without a
+  name), no ``_restored`` mark was ever seen in its directory nor did a driver restore
+  from it (as the world saw it: after its mark is durable), it is not the newest
+  history savepoint seen, and at least ``savepoint.history.max.count`` newer history
+  savepoints were seen (:class:`Retention`, drawn from a generator of its own);
 * ``job-cut-off``: no schedule is cut off at the step limit (a driver stuck on
   something; counted and reported);
 * ``job-marker-resurrected``: a checkpoint's ``_metadata``, once deleted (subsumed),
@@ -135,6 +141,7 @@ from airflow_ckpt.errors import (
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, parse_manifest
+from airflow_ckpt.runtime.checkpoint.savepoint_history import IN_HISTORY, RESTORED_NAME
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest
 from airflow_ckpt.runtime.control.savepoints import expire_request
 from airflow_ckpt.runtime.job import CheckpointedJob
@@ -196,10 +203,11 @@ RETENTION = "job-retention"
 WRITE_AFTER_EXPIRY = "job-write-after-expiry"
 UNCOUNTED = "job-uncounted"
 RENEWED_DEPOSED = "job-renewed-deposed"
+SAVEPOINT_KEPT = "job-savepoint-kept"
 INVARIANTS = (JOB_OUTPUT, UNCOVERED_COMMIT, CHECKPOINT_CHANGED, CHECKPOINT_VERIFIES,
               DAMAGED_REFERENCE, OLDER_STATE, CONTROL, DRIVER_ERROR, CUT_OFF,
               MARKER_RESURRECTED, RESTORED_UNCOUNTED, RETENTION, UNGATED_WRITE,
-              WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED)
+              WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED, SAVEPOINT_KEPT)
 #: invariants the runtime still breaks (a defect found, not fixed yet): reported by every
 #: run, not failed on by the seeds of ``make test`` (see docs/architecture.md)
 KNOWN_DEFECTS = frozenset({MARKER_RESURRECTED})
@@ -274,6 +282,23 @@ class JobSetup:
                 f"{self.crash_p}, pause p {self.pause_p}, {self.damages} damaged object(s), "
                 f"requests {list(self.requests)}, explicit restore p {self.explicit_p}, "
                 f"memory-threshold {self.memory_threshold} B")
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """The seed's savepoint history (issue 26), drawn from a generator of its own:
+    ``savepoint.history.max.count`` and ``periodic-savepoint.interval`` (0: off)."""
+
+    max_count: int
+    periodic_s: float
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Retention:
+        return cls(rng.choice((1, 1, 2, 10)), rng.choice((0.0, 3.0, 6.0)))
+
+    def options(self) -> dict[str, object]:
+        return {"savepoint.history.max.count": self.max_count,
+                "periodic-savepoint.interval": f"{self.periodic_s:g} s"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,6 +511,7 @@ class JobWorld(Judged):
         self.setup = JobSetup.draw(self.rng)
         self.contention_rng = random.Random(seed ^ 0xC1A1)
         self.contention = Contention.draw(self.contention_rng)
+        self.retention = Retention.draw(random.Random(seed ^ 0x5A7E))
         self.violations: list[Violation] = []
         self.objects = SimObjects()
         self.table = SimObjects()  # the Parquet table's bucket
@@ -507,6 +533,7 @@ class JobWorld(Judged):
             "execution.checkpointing.mode": self.setup.mode,
             "execution.checkpointing.tolerable-failed-checkpoints": 1000,
             "execution.checkpointing.tolerable-storage-outage": "30 s",
+            **self.retention.options(),
         }
         self.tmp = Path(tempfile.mkdtemp(prefix="simjob-", dir=_scratch_dir()))
         self.coverage: Counter[str] = Counter()
@@ -528,6 +555,10 @@ class JobWorld(Judged):
         self._late: set[int] = set()  # checkpoint ids whose markers landed late
         self._settled_epoch = 0  # the newest epoch whose holder finished its takeover
         self._epochs_seen: set[int] = set()
+        #: savepoint ``_metadata`` key -> (checkpoint id, in the history) when first seen
+        self._savepoints: dict[str, tuple[int, bool]] = {}
+        self._restored_marks: set[str] = set()  # savepoint directories ever marked
+        self._restored_from: set[str] = set()  # savepoint directories a driver restored
         self._damaged_known: dict[str, frozenset[str]] = {}  # life -> keys its restore found
         self._life_epochs: dict[str, int] = {}  # life -> its lease epoch when it restored
         self.scheduler.observers.append(self.check)
@@ -592,6 +623,7 @@ class JobWorld(Judged):
             self.coverage["subsumed"] += 1
         self._present_before = present
         self._check_retention(gone)
+        self._check_savepoint_history(present, gone)
         for key in present:
             if key.startswith(LAYOUT.lease_prefix) and key.endswith(".json"):
                 epoch = int(key[len(LAYOUT.lease_prefix):-5])
@@ -661,6 +693,38 @@ class JobWorld(Judged):
                              f"{newer} newer checkpoint(s) counting (num-retained "
                              f"{self.setup.num_retained})")
 
+    def _check_savepoint_history(self, present: set[str], gone: set[str]) -> None:
+        """``job-savepoint-kept`` (see the module doc)."""
+        prefix = LAYOUT.savepoints_prefix
+        for key in present:
+            if not key.startswith(prefix):
+                continue
+            directory = key[:key.index("/", len(prefix)) + 1]
+            if key.endswith("/" + RESTORED_NAME):
+                self._restored_marks.add(directory)
+            elif key.endswith("/_metadata") and key not in self._savepoints:
+                manifest = self.manifest(key)
+                if manifest is not None:
+                    self._savepoints[key] = (manifest.checkpoint_id,
+                                             manifest.extra.get(IN_HISTORY) is True)
+        in_history = sorted(n for n, history in self._savepoints.values() if history)
+        for key in sorted(gone):
+            if key not in self._savepoints or key in self.vandalized:
+                continue
+            number, history = self._savepoints[key]
+            newer = [n for n in in_history if n > number]
+            why = ("it is not in the savepoint history" if not history else
+                   "a run restored from it" if key[:-len("_metadata")] in
+                   self._restored_marks | self._restored_from
+                   else "it is the newest history savepoint" if not newer
+                   else f"only {len(newer)} newer history savepoint(s) were taken (max.count "
+                        f"{self.retention.max_count})"
+                   if len(newer) < self.retention.max_count else None)
+            if why is not None:
+                self.violate(SAVEPOINT_KEPT, f"{key} was deleted, but {why}")
+            else:
+                self.coverage["savepoint-disposed"] += 1
+
     def _check_references(self, marker: str, manifest: Manifest) -> None:
         objects = self.objects.objects
         first = self._referenced.get(marker)
@@ -707,6 +771,9 @@ class JobWorld(Judged):
     def on_restored(self, job: SimJob, restored: RestoreResult, target: str) -> None:
         """``job-older-state`` at each restore; the damaged keys it learnt."""
         self._damaged_known[job.life] = restored.damaged_keys
+        manifest = restored.manifest
+        if manifest is not None and manifest.is_savepoint and manifest.savepoint_id:
+            self._restored_from.add(LAYOUT.savepoint_dir(manifest.savepoint_id))
         if job.lease.record is not None:
             self._life_epochs[job.life] = job.lease.record.epoch
             self._settled_epoch = max(self._settled_epoch, job.lease.record.epoch)
@@ -1203,7 +1270,8 @@ class JobWorld(Judged):
     def run(self) -> Outcome:
         sched = self.scheduler
         self.requests = {}
-        sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}")
+        sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}; "
+                  f"{self.retention}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:
