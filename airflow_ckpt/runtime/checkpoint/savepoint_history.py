@@ -87,19 +87,15 @@ class SavepointHistory:
 
     :param storage: the driver's view (gated by its lease: a deposed driver deletes
         nothing once its gate closed)
-    :param restored_from: the savepoint id this run restored from (this job's), kept
-        whatever its mark says
     :param clock: the wall clock ``max_age_s`` is measured on (see the module doc)
     """
 
     def __init__(self, storage: CheckpointStorage, job: str, *, max_count: int,
-                 max_age_s: float, restored_from: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 max_age_s: float, clock: Callable[[], float] = time.time) -> None:
         self.storage = storage
         self.layout = JobLayout(job)
         self.max_count = max_count
         self.max_age_s = max_age_s
-        self.restored_from = restored_from
         self.clock = clock
         self._read: dict[str, _Entry] = {}
 
@@ -154,8 +150,7 @@ class SavepointHistory:
         """Whether retention may ever dispose of ``entry``: a history savepoint that no
         run restored from."""
         restored = self.layout.savepoint_file(entry.savepoint_id, RESTORED_NAME)
-        return (entry.in_history and restored not in keys
-                and entry.savepoint_id != self.restored_from)
+        return entry.in_history and restored not in keys
 
     def _expired(self, candidates: list[_Entry]) -> list[_Entry]:
         """Of the disposable ``candidates``, those beyond ``max_count`` (oldest first, by

@@ -427,14 +427,10 @@ class CheckpointedJob:
 
     def _keep_restored(self, restored: RestoreResult) -> None:
         """A savepoint this run restored from is never disposed of by a savepoint
-        history: marked (durable before the query starts), and kept by this driver's
-        own history whatever the mark's fate."""
-        manifest = restored.manifest
-        if manifest is None or not manifest.is_savepoint:
-            return
-        mark_restored(self.storage, manifest)
-        if manifest.job == self.job:
-            self.savepoint_history.restored_from = manifest.savepoint_id
+        history: marked, durable before the query starts (another job's too: its
+        history reads the mark)."""
+        if restored.manifest is not None and restored.manifest.is_savepoint:
+            mark_restored(self.storage, restored.manifest)
 
     def _rescale(self, restored: RestoreResult) -> bool:
         """Repartition the restored state to ``state_partitions`` (Flink's rescaling).
