@@ -421,9 +421,7 @@ class CheckpointedJob:
         """What this driver takes over from ``previous`` holder: the completed
         checkpoints (judged by ``previous``'s record), and its first id (past every id
         ever used, also by a job whose checkpoints were discarded)."""
-        catalog = CheckpointCatalog(self.lease.storage, self.job)
-        first = catalog.first_free_id(previous)
-        return tuple(catalog.checkpoint_ids(lease=previous)), first
+        return CheckpointCatalog(self.lease.storage, self.job).adopt(previous)
 
     def _keep_restored(self, restored: RestoreResult) -> None:
         """A savepoint this run restored from is never disposed of by a savepoint
