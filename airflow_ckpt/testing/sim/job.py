@@ -178,7 +178,7 @@ TTL_S, HEARTBEAT_S, MAX_WRITE_S = 20.0, 3.0, 4.0
 HOLD_S = 40.0
 PAUSE_S = (5.0, 40.0)
 #: a request's timeout: it never expires on the job's side in a schedule
-REQUEST_TIMEOUT_S = 1e6
+REQUEST_TIMEOUT_S = 150.0  # past every client's patience (5-120 s): it expires first
 RESTART = {"type": "fixed-delay", "fixed-delay.attempts": 4, "fixed-delay.delay": "0 s"}
 SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
 #: monotonic clock rates: most hosts' run true, some drift far (liveness only)
@@ -286,15 +286,19 @@ class JobSetup:
 
 @dataclass(frozen=True, slots=True)
 class Retention:
-    """The seed's savepoint history (issue 26), drawn from a generator of its own:
-    ``savepoint.history.max.count`` and ``periodic-savepoint.interval`` (0: off)."""
+    """The seed's savepoint history and control clean-up (issue 26), drawn from a
+    generator of its own: ``savepoint.history.max.count``,
+    ``periodic-savepoint.interval`` (0: off), and how long the driver keeps an answered
+    control request (virtual seconds)."""
 
     max_count: int
     periodic_s: float
+    answer_retention_s: float
 
     @classmethod
     def draw(cls, rng: random.Random) -> Retention:
-        return cls(rng.choice((1, 1, 2, 10)), rng.choice((0.0, 3.0, 6.0)))
+        return cls(rng.choice((1, 1, 2, 10)), rng.choice((0.0, 3.0, 6.0)),
+                   rng.choice((20.0, 60.0, 86400.0)))
 
     def options(self) -> dict[str, object]:
         return {"savepoint.history.max.count": self.max_count,
@@ -621,6 +625,8 @@ class JobWorld(Judged):
             self.coverage["gc-shared-files"] += 1
         if any(_checkpoint_of(k) is not None and k not in self.vandalized for k in gone):
             self.coverage["subsumed"] += 1
+        if any(k.startswith(LAYOUT.control_prefix) for k in gone):
+            self.coverage["control-forgotten"] += 1  # answered requests deleted (issue 26)
         self._present_before = present
         self._check_retention(gone)
         self._check_savepoint_history(present, gone)
@@ -860,6 +866,8 @@ class JobWorld(Judged):
         job.history.clock, job.history.ids = sched.wall_clock, sched.uuid4
         job.history.compaction = None
         job.clock, job.sleep = sched.monotonic, sched.sleep
+        job.savepoint_requests.clock = sched.wall_clock
+        job.control.answer_retention_s = self.retention.answer_retention_s
         sink: TwoPhaseCommitSink
         if self.setup.sink == "jsonl":
             sink = JsonLinesSink(job.storage, SINK_PREFIX, ids=sched.uuid4)
