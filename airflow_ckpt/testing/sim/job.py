@@ -99,7 +99,7 @@ can fail, see docs/architecture.md "Deterministic simulation"):
 * ``job-cut-off``: no schedule is cut off at the step limit (a driver stuck on
   something; counted and reported);
 * ``job-marker-resurrected``: a checkpoint's ``_metadata``, once deleted (subsumed),
-  never appears again. **Broken today** (:data:`KNOWN_DEFECTS`, seed 317): a marker PUT
+  never appears again. **Broken today** (:data:`KNOWN_DEFECTS`, seed 152): a marker PUT
   whose answer was lost is repeated by the outage wrapper (create-only, equal bytes:
   success), the checkpoint is later subsumed (marker, then files deleted), and the
   first PUT, still in the network, lands on the absent key: a checkpoint that counts
