@@ -9,7 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt.runtime.control.channel import ANSWER_RETENTION_S, ControlChannel, ControlResult
+from airflow_ckpt.runtime.control.channel import (
+    ANSWER_RETENTION_S,
+    FORGET_PER_LOOK,
+    ControlChannel,
+    ControlResult,
+)
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.delegating import DelegatingStorage
 
@@ -94,3 +99,14 @@ def test_without_the_storages_now_nothing_is_deleted(storage: CheckpointStorage)
     answered(ControlChannel(storage, JOB))
     ControlChannel(storage, JOB).look(0.0)
     assert len(control_keys(storage)) == 2
+
+
+def test_a_backlog_drains_a_bounded_number_per_look(storage: CheckpointStorage) -> None:
+    requester = ControlChannel(storage, JOB)
+    for _ in range(FORGET_PER_LOOK + 50):
+        answered(requester)
+    driver = ControlChannel(storage, JOB)
+    driver.look(0.0, storage_now=time.time() + LATER)
+    assert len(control_keys(storage)) == 2 * 50
+    driver.look(1.0, storage_now=time.time() + LATER)
+    assert control_keys(storage) == []

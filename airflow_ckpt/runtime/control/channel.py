@@ -34,8 +34,9 @@ simulation's ``job-control`` found it at once). The order keeps "a request witho
 answer is pending" true for a crash in between: an answer without its request is
 nobody's business (deleted on a later look); a request whose answer went first would
 be acted on again. One GET per request reads its timeout, once, when its answer is
-older than the retention. So ``control/`` holds the requests of about one timeout plus
-one retention, whatever the job's age: one LIST page per look.
+older than the retention; a look deletes at most :data:`FORGET_PER_LOOK` (a backlog
+drains over several looks). So ``control/`` holds the requests of about one timeout
+plus one retention, whatever the job's age: one LIST page per look.
 
 **Requests from another version.** A request is written by the Airflow side's
 provider, read by the driver's: during a rolling upgrade the two differ. A request
@@ -76,6 +77,9 @@ _RESULT_SUFFIX = ".result.json"
 #: how long an answered request (and its answer) stays after the request expired (the
 #: storage's clock) before the driver deletes it: a reader's slack past its timeout
 ANSWER_RETENTION_S = 3600.0
+#: answered requests one look deletes at most (a backlog, e.g. a year of them after an
+#: upgrade, drains over several looks: a look's cost stays bounded)
+FORGET_PER_LOOK = 200
 #: the request format this version writes and reads (1: no ``format`` field written)
 REQUEST_FORMAT = 1
 
@@ -357,6 +361,8 @@ class ControlChannel:
         requests: list[str] = []
         try:
             for result, stored in list(keys.items()):
+                if len(old) == FORGET_PER_LOOK:
+                    break
                 if not result.endswith(_RESULT_SUFFIX) or stored >= cutoff:
                     continue  # an answer younger than the retention: its request is too
                 request = result[: -len(_RESULT_SUFFIX)] + ".json"
