@@ -172,11 +172,13 @@ def put_compacted(history: JobHistory, events: Sequence[HistoryEvent], raw_tail:
     """The events as compaction leaves them: segments per stream, plus a raw tail."""
     segment_events = CompactionPolicy().segment_events
     old, tail = events[: len(events) - raw_tail], events[len(events) - raw_tail:]
+    sealed = old[-1].seq if old else 0  # every segment seals up to the last compacted
     for stream in ("checkpoints", "events"):
         mine = [e for e in old if stream_of(e.type) == stream]
         chunks = [mine[i:i + segment_events] for i in range(0, len(mine), segment_events)]
         with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(history._write_segment, [stream] * len(chunks), chunks))
+            list(pool.map(history._write_segment, [stream] * len(chunks), chunks,
+                          [sealed] * len(chunks)))
     put_raw(history.storage, tail, threads)
 
 

@@ -76,6 +76,7 @@ TXN = "runtime/sinks/transactions.py"
 LEASE = "runtime/lease/holder.py"
 JOURNAL = "runtime/history/journal.py"
 STORE = "runtime/checkpoint/store.py"
+HISTORY = "runtime/checkpoint/savepoint_history.py"
 CHOOSE = "runtime/restore/choose.py"
 CHANNEL = "runtime/control/channel.py"
 FENCED = "runtime/storage/fenced.py"
@@ -320,6 +321,27 @@ MUTANTS: tuple[Mutant, ...] = (
            "if first_restore == RESTORE_LATEST or progress.may_restore_latest:",
            "if first_restore == RESTORE_LATEST:",
            "a resubmission restores latest once the run has a checkpoint of its own"),
+    # ---------------------------------------------------------- the savepoint history
+    Mutant("history-ignores-restored-mark", HISTORY,
+           "return entry.in_history and restored not in keys",
+           "return entry.in_history",
+           "retention never disposes of a savepoint a run restored from (its mark)"),
+    Mutant("history-disposes-named", HISTORY,
+           "return entry.in_history and restored not in keys",
+           "return restored not in keys",
+           "retention disposes only of history savepoints, never a named or imported one"),
+    Mutant("history-disposes-newest", HISTORY,
+           "key=lambda e: e.checkpoint_id)[:-1]",
+           "key=lambda e: e.checkpoint_id)",
+           "retention never disposes of the newest history savepoint"),
+    Mutant("restore-leaves-no-mark", "runtime/job/checkpointed_job.py",
+           "mark_restored(self.storage, restored.manifest)",
+           "pass",
+           "a run marks the savepoint it restored from before its query starts"),
+    Mutant("control-forgets-answer-first", "runtime/control/channel.py",
+           "self.storage.delete_many(requests)\n            self.storage.delete_many(old)",
+           "self.storage.delete_many(old)\n            self.storage.delete_many(requests)",
+           "an answered request is deleted before its answer (never acted on again)"),
     Mutant("terminal-event-ignored", "runtime/history/restart_log.py",
            "if event.type in TERMINAL_EVENTS:\n            state.attempt_end = event",
            "if False:\n            state.attempt_end = event",

@@ -11,6 +11,7 @@ from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, Timings
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore, SharedFileRegistry
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.runtime.storage.base import ObjectInfo
 from airflow_ckpt.runtime.storage.layout import JobLayout
 
 L = JobLayout("j")
@@ -222,10 +223,14 @@ def test_a_deposed_driver_never_sweeps_a_successors_checkpoint_as_abandoned(
     storage = open_storage((tmp_path / "s").as_uri())
 
     class SuccessorLandsBetweenListings(DelegatingStorage):
-        def list_dirs(self, prefix: str) -> list[str]:
-            if not storage.exists(L.checkpoint_metadata(9)):
-                put_checkpoint(storage, 9, [])  # the successor's checkpoint completes
-            return self.inner.list_dirs(prefix)
+        listed = 0
+
+        def list(self, prefix: str = "") -> list[ObjectInfo]:
+            if prefix == L.checkpoints_prefix:
+                self.listed += 1
+                if self.listed == 2:  # between the completed and the every-id listing
+                    put_checkpoint(storage, 9, [])  # the successor's checkpoint completes
+            return self.inner.list(prefix)
 
     def confirm() -> None:
         raise ConcurrentDriverError("another driver took over the lease")

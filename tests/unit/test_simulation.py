@@ -172,11 +172,30 @@ def test_the_job_world_reaches_its_cases() -> None:
 
 
 def test_a_subsumed_checkpoint_never_reappears() -> None:
-    """A late copy of a subsumed marker lands (seed 129) and no reader counts it."""
-    outcome = run_job_seed(129)  # 29 until the lease contention (session 11), 45 before
+    """A late copy of a subsumed marker lands (seed 183) and no reader counts it."""
+    # 129 until the savepoint history (issue 26) redrew the job world's schedules, 29
+    # until the lease contention (session 11), 45 before
+    outcome = run_job_seed(183)
     assert MARKER_RESURRECTED not in {v.invariant for v in outcome.violations}, \
         format_outcome(outcome, 40)
     assert outcome.coverage.components["marker-resurrected"] > 0  # it did land
+
+
+def test_a_run_whose_only_checkpoint_marker_was_deleted_never_starts_from_scratch() -> None:
+    """Seed 153: a run that found nothing to restore completes chk-1, the vandal deletes
+    its marker, and the in-process restart must refuse (``RestoreError``), not replay
+    the sources from scratch over the output it published."""
+    outcome = run_job_seed(153)
+    assert not outcome.violations, format_outcome(outcome, 40)
+    assert outcome.coverage.components["refusal"] > 0
+
+
+def test_an_in_process_restart_never_takes_a_savepoints_id_again() -> None:
+    """Seed 264: a periodic savepoint took id 3; the attempt failed and the next one
+    started past the checkpoint directories only, so a requested savepoint took id 3
+    again and the savepoint history (ordering by id) disposed of the newest."""
+    outcome = run_job_seed(264)
+    assert not outcome.violations, format_outcome(outcome, 40)
 
 
 def test_the_history_world_runs_the_real_supervision_on_both_paths() -> None:

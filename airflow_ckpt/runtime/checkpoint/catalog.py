@@ -68,22 +68,19 @@ class CheckpointCatalog:
         ``lease`` record (a driver taking over judges by its predecessor's), and at or
         above the retention floor (:meth:`_above_floor`).
         """
-        if completed_only:
-            ids = set()
-            for info in self.storage.list(self.layout.root):
-                rest = info.key[len(self.layout.root):]
-                head, _, tail = rest.partition("/")
-                n = parse_checkpoint_dir(head)
-                if n is not None and tail == METADATA_NAME:
-                    ids.add(n)
-            if not ids:
-                return []
-            record = read_lease(self.storage, self.layout.job) if lease == "current" else lease
-            return self._above_floor(valid_checkpoint_ids(sorted(ids), record))
-        return sorted(
-            n for name in self.storage.list_dirs(self.layout.root)
-            if (n := parse_checkpoint_dir(name)) is not None
-        )
+        # Only ``chk-*`` keys are listed: savepoints, history events and control
+        # requests never are (the listing is bounded by the checkpoints on storage,
+        # retained or abandoned, whatever the job's age).
+        ids = set()
+        for info in self.storage.list(self.layout.checkpoints_prefix):
+            head, _, tail = info.key[len(self.layout.root):].partition("/")
+            n = parse_checkpoint_dir(head)
+            if n is not None and (tail == METADATA_NAME or not completed_only):
+                ids.add(n)
+        if not completed_only or not ids:
+            return sorted(ids)
+        record = read_lease(self.storage, self.layout.job) if lease == "current" else lease
+        return self._above_floor(valid_checkpoint_ids(sorted(ids), record))
 
     def _above_floor(self, counting: list[int]) -> list[int]:
         """Of the ``counting`` ids (ascending), those at or above the retention floor
@@ -103,12 +100,32 @@ class CheckpointCatalog:
 
     def first_free_id(self, holder: LeaseRecord | None) -> int:
         """The first checkpoint id past every id ever used: every checkpoint directory,
-        every completed savepoint's id, and the ids lease holder ``holder`` took or
-        reserved (a job whose checkpoints were all discarded never repeats one)."""
-        used = [*self.checkpoint_ids(completed_only=False),
-                *(m.checkpoint_id for m in self.savepoints())]
+        and the ids lease holder ``holder`` took or reserved (a job whose checkpoints
+        were all discarded never repeats one).
+
+        A driver's savepoints take their ids from the same reserved range (reserved in
+        the record before use, and every holder starts past its predecessor's range),
+        so with a record that reserves (``id_limit``) no savepoint is read: one listing
+        of the job root's directories, whatever the job's age. Only without one (a job's
+        first driver, a record of a version before ``id_limit``) is every completed
+        savepoint's id read, once. An imported savepoint's id is not reserved
+        (``airflow-ckpt import`` holds no lease): a driver may use it again, which its
+        ``import-<token>/`` directory makes harmless (see docs/architecture.md).
+        """
+        used = self.checkpoint_ids(completed_only=False)
+        if holder is None or holder.id_limit is None:
+            used += [m.checkpoint_id for m in self.savepoints()]
         floor = max(holder.first_id or 1, holder.id_limit or 1) if holder else 1
         return max([floor - 1, *used]) + 1
+
+    def adopt(self, previous: LeaseRecord | None) -> tuple[tuple[int, ...], int]:
+        """What a driver taking the lease over from ``previous`` holder adopts: the
+        completed checkpoints (judged by ``previous``'s record) and its first id
+        (:meth:`first_free_id`). Reads the ``chk-*`` keys and the root's directories,
+        never a savepoint, a control request or a history event (with a reserving
+        ``previous``): bounded whatever the job's age, so a lease's validity is never
+        spent on reading."""
+        return tuple(self.checkpoint_ids(lease=previous)), self.first_free_id(previous)
 
     def completed_among(self, ids: Iterable[int]) -> list[int]:
         """Of the checkpoint ``ids``, those completed and counting under the current lease

@@ -13,6 +13,13 @@ One option keeps Flink's state-backend name: ``state.storage.fs.memory-threshold
 travels inside ``_metadata`` instead of in an object of its own (0: never). A checkpoint
 of small state is then one PUT, its marker.
 
+Three options keep the Flink Kubernetes operator's names (without its ``kubernetes.operator.``
+prefix): ``savepoint.history.max.count`` (default 10) and ``savepoint.history.max.age``
+(default 24 h; 0: no age limit), how many of the savepoints the job took itself
+(periodically, or on a request that named none) it keeps, and
+``periodic-savepoint.interval`` (default 0: off), how often the driver takes one
+(see :mod:`airflow_ckpt.runtime.checkpoint.savepoint_history` and docs/savepoints.md).
+
 One option is this library's own, named Flink's way beside
 ``tolerable-failed-checkpoints``: ``tolerable-storage-outage`` (default 5 min), how long
 the storage may stay unreachable before the job fails (see
@@ -76,8 +83,12 @@ def _memory_threshold(value: Any) -> int:
 
 
 #: options outside ``execution.checkpointing.``: full key -> (field name, parser)
-_STATE_OPTIONS: dict[str, tuple[str, Any]] = {
+_FULL_KEY_OPTIONS: dict[str, tuple[str, Any]] = {
     "state.storage.fs.memory-threshold": ("memory_threshold", _memory_threshold),
+    "savepoint.history.max.count": ("savepoint_history_max_count",
+                                    partial(parse_int, minimum=1)),
+    "savepoint.history.max.age": ("savepoint_history_max_age_s", parse_duration),
+    "periodic-savepoint.interval": ("periodic_savepoint_interval_s", parse_duration),
 }
 
 # option suffix -> (field name, parser)
@@ -119,6 +130,13 @@ class CheckpointConfig:
     #: the job fails with the outage's first error; 0: no waiting (liveness only: no
     #: guarantee rests on it, see runtime/storage/outage.py)
     tolerable_outage_s: float = 300.0
+    #: the job's own savepoints kept (the Flink operator's savepoint history, see
+    #: runtime/checkpoint/savepoint_history.py): at most this many ...
+    savepoint_history_max_count: int = 10
+    #: ... and none older than this, but the newest (0: no age limit)
+    savepoint_history_max_age_s: float = 86400.0
+    #: the driver takes a savepoint this often, on its own clock (0: never)
+    periodic_savepoint_interval_s: float = 0.0
 
     @property
     def exactly_once(self) -> bool:
@@ -131,9 +149,9 @@ class CheckpointConfig:
         problems: dict[str, str] = {}
         for key, raw in (options or {}).items():
             suffix = key[len(PREFIX):] if key.startswith(PREFIX) else key
-            option = _STATE_OPTIONS.get(key) or _OPTIONS.get(suffix)
+            option = _FULL_KEY_OPTIONS.get(key) or _OPTIONS.get(suffix)
             if option is None:
-                allowed = ", ".join([*(PREFIX + name for name in _OPTIONS), *_STATE_OPTIONS])
+                allowed = ", ".join([*(PREFIX + name for name in _OPTIONS), *_FULL_KEY_OPTIONS])
                 problems[key] = f"unknown option; allowed: {allowed}"
                 continue
             field_name, parse = option
@@ -149,7 +167,7 @@ class CheckpointConfig:
         """Flink-named options (durations rendered as Flink strings)."""
         out: dict[str, Any] = {}
         named = [*((PREFIX + suffix, o) for suffix, o in _OPTIONS.items()),
-                 *_STATE_OPTIONS.items()]
+                 *_FULL_KEY_OPTIONS.items()]
         for key, (field_name, _) in named:
             value = getattr(self, field_name)
             if field_name.endswith("_s"):

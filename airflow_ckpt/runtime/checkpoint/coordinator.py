@@ -40,6 +40,7 @@ from airflow_ckpt.runtime.checkpoint.metadata import (
     parse_manifest,
 )
 from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint, PendingState
+from airflow_ckpt.runtime.checkpoint.savepoint_history import IN_HISTORY
 from airflow_ckpt.runtime.checkpoint.snapshot import (
     CapturedSnapshot,
     barrier_batch,
@@ -48,7 +49,7 @@ from airflow_ckpt.runtime.checkpoint.snapshot import (
     query_id,
 )
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
-from airflow_ckpt.runtime.checkpoint.triggering import PeriodicTrigger
+from airflow_ckpt.runtime.checkpoint.triggering import PeriodicSavepointTrigger, PeriodicTrigger
 from airflow_ckpt.runtime.checkpoint.upload import (
     DigestCache,
     UploadResult,
@@ -79,6 +80,15 @@ _UNSETTLED = (PendingState.PENDING, PendingState.COMPLETING)
 TransactionSource = Callable[[int], tuple[int, ...]]  # barrier batch -> pending txn ids
 #: a coordinator alone on its storage (tests)
 NO_LEASE = LeaseView()
+
+
+def _extra(p: PendingCheckpoint) -> dict[str, object]:
+    """The manifest's ``extra``: the request a savepoint answers, and whether it belongs
+    to the savepoint history (``IN_HISTORY``, see savepoint_history.py)."""
+    extra: dict[str, object] = {"request_id": p.request_id} if p.request_id else {}
+    if p.in_history:
+        extra[IN_HISTORY] = True
+    return extra
 
 
 class CheckpointCoordinator:
@@ -137,6 +147,8 @@ class CheckpointCoordinator:
         self.failures = CheckpointFailureManager(config.tolerable_failed)
         self.periodic = PeriodicTrigger(config, workdir, trigger_clock or clock.monotonic,
                                         last_checkpointed_batch)
+        self.periodic_savepoints = PeriodicSavepointTrigger(
+            config.periodic_savepoint_interval_s, trigger_clock or clock.monotonic)
         self._next_id = next_checkpoint_id
         self.first_id = next_checkpoint_id  # ids from here on are this coordinator's
         self._lock = threading.Lock()
@@ -153,6 +165,12 @@ class CheckpointCoordinator:
         self._thread = threading.Thread(target=self._run, name="ckpt-coordinator", daemon=True)
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def next_checkpoint_id(self) -> int:
+        """The id the next checkpoint or savepoint this coordinator triggers takes
+        (every id from :attr:`first_id` below it was taken, a savepoint's too)."""
+        return self._next_id
+
     def record_sources(self, sources: tuple[SourceSettings, ...] | None) -> None:
         """The query's sources' settings, recorded by every manifest from the next one
         on (called before the query starts: its first batch reads with them)."""
@@ -237,16 +255,19 @@ class CheckpointCoordinator:
         *,
         savepoint_id: str | None = None,
         request_id: str | None = None,
+        in_history: bool = False,
     ) -> PendingCheckpoint:
         """Trigger a checkpoint (or, with ``savepoint_id``, a savepoint) now.
 
         The barrier is placed at the next batch boundary (see module doc). Returns the
-        pending checkpoint; wait on ``pending.done``.
+        pending checkpoint; wait on ``pending.done``. ``in_history``: a savepoint the
+        job takes for itself (a request that named none), which the savepoint history's
+        retention may dispose of later; any other savepoint is kept.
         """
         with self._lock:
             twin = savepoint_id is not None and any(
                 q.savepoint_id == savepoint_id for q in self._pending)
-            pending = self._new_pending(trigger, savepoint_id, request_id)
+            pending = self._new_pending(trigger, savepoint_id, request_id, in_history)
         if twin:
             self._fail(pending, Reason.SAVEPOINT_ID_IN_USE, f"savepoint id {savepoint_id!r} "
                        "is already being taken by another request")
@@ -255,7 +276,8 @@ class CheckpointCoordinator:
         return pending
 
     def _new_pending(self, trigger: Trigger, savepoint_id: str | None = None,
-                     request_id: str | None = None) -> PendingCheckpoint:
+                     request_id: str | None = None,
+                     in_history: bool = False) -> PendingCheckpoint:
         """Create and register a pending checkpoint; the caller holds ``self._lock``."""
         self.lease.reserve_ids(self._next_id)
         pending = PendingCheckpoint(
@@ -265,6 +287,7 @@ class CheckpointCoordinator:
             deadline=self.clock.monotonic() + self.config.timeout_s,
             savepoint_id=savepoint_id,
             request_id=request_id,
+            in_history=in_history,
         )
         self._next_id += 1
         self.periodic.triggered()
@@ -288,6 +311,15 @@ class CheckpointCoordinator:
             return False  # the job is failing; no later checkpoint can succeed
         return self.periodic.due(len(self._pending))
 
+    def _periodic_savepoint_due(self) -> bool:
+        """Whether a periodic savepoint is due (``periodic-savepoint.interval`` on this
+        driver's own clock; none while one is pending); the caller holds the lock."""
+        if self._query_ended or self.failures.fatal is not None:
+            return False
+        if any(p.trigger == "periodic" and p.is_savepoint for p in self._pending):
+            return False
+        return self.periodic_savepoints.fire()
+
     # ------------------------------------------------------------------ main loop
     def _run(self) -> None:
         while not self._stop.wait(self.poll_interval_s):
@@ -302,8 +334,12 @@ class CheckpointCoordinator:
             # checkpoint is never triggered after drain() ended periodic triggering
             # (drain would not wait for it; its barrier batch might never commit).
             periodic = self._new_pending("periodic") if self._periodic_due() else None
-        if periodic is not None:
-            self._log_triggered(periodic)
+            savepoint = (self._new_pending("periodic", f"periodic-{self._next_id}",
+                                           in_history=True)
+                         if self._periodic_savepoint_due() else None)
+        for triggered in (periodic, savepoint):
+            if triggered is not None:
+                self._log_triggered(triggered)
         now = self.clock.monotonic()
         with self._lock:
             pending = list(self._pending)
@@ -427,7 +463,7 @@ class CheckpointCoordinator:
                 end_to_end_duration_ms=int((completed - p.trigger_ts) * 1000),
             ),
             savepoint_id=p.savepoint_id,
-            extra={"request_id": p.request_id} if p.request_id else {},
+            extra=_extra(p),
             pending_transactions=self.transactions(snap.batch_id),
             restored_from=self.restored_from,
             lease_epoch=self.lease.epoch,

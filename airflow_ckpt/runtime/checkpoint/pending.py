@@ -45,6 +45,9 @@ class PendingCheckpoint:
     deadline: float  # monotonic time after which the checkpoint expires
     savepoint_id: str | None = None
     request_id: str | None = None
+    #: a savepoint the job took itself (periodic, or requested without a name): the
+    #: savepoint history's retention may dispose of it (savepoint_history.py)
+    in_history: bool = False
     barrier_batch: int | None = None
     captured: bool = False
     acked: set[str] = field(default_factory=set)

@@ -168,8 +168,11 @@ class CompletedCheckpointStore:
         damaged newer ones it may not be among the newest ``num_retained``).
         ``distrust``: shared keys found damaged; they are uploaded again when next
         needed (content addressing would otherwise reuse the bad bytes). Returns
-        the next free checkpoint id: one more than any id ever used, completed or not,
-        so ids never repeat.
+        one more than every checkpoint directory's id, completed or not; the driver
+        starts at the larger of that and its lease record's ``first_id``, which is past
+        every id a holder reserved, its savepoints' too (so no savepoint is read here:
+        the start-up reads are bounded by the retained checkpoints, whatever the job's
+        age).
         """
         self._pinned = pinned
         aborted = self.storage.abort_incomplete_uploads(self.layout.root)
@@ -194,8 +197,7 @@ class CompletedCheckpointStore:
         self.shared = SharedFileRegistry(i.key for i in stored if i.key not in bad
                                          and self._own_epoch_or_older(i.key))
         self.subsume_and_collect()
-        savepoint_ids = [m.checkpoint_id for m in self.catalog.savepoints()]
-        return max([0, *every, *savepoint_ids]) + 1
+        return max([0, *every]) + 1
 
     def _readable(self, checkpoint_id: int) -> Manifest | None:
         """The manifest of a completed checkpoint, or None when its ``_metadata`` is

@@ -1,5 +1,6 @@
 """When the next periodic checkpoint is due (Flink's ``CheckpointRequestDecider`` and
-the coordinator's interval and min-pause bookkeeping)."""
+the coordinator's interval and min-pause bookkeeping), and the next periodic savepoint
+(the Flink Kubernetes operator's ``periodic.savepoint.interval``)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,29 @@ class PeriodicTrigger:
         if checkpointed_batch is not None:
             self._last_batch = max(checkpointed_batch, self._last_batch or -1)
         self._last_completion = self.clock()
+
+
+class PeriodicSavepointTrigger:
+    """Decides whether a periodic savepoint is due: ``interval_s`` (> 0) after the
+    driver's coordinator started or its last periodic savepoint was triggered, on this
+    driver's own clock. The Flink operator compares the last savepoint's timestamp
+    with its clock; here no time written by another host is read, so a new driver
+    starts a fresh interval (a job resubmitted more often than the interval takes no
+    periodic savepoint: the interval is a rate, never a promise). Not thread-safe: the
+    coordinator calls it under its lock."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float]) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self._last_trigger = clock()
+
+    def fire(self) -> bool:
+        """Whether a periodic savepoint is due now; if so, the interval starts again
+        (the caller triggers it)."""
+        if self.interval_s <= 0:
+            return False
+        now = self.clock()
+        if now - self._last_trigger < self.interval_s:
+            return False
+        self._last_trigger = now
+        return True

@@ -22,6 +22,22 @@ driver writes the answer (create-only) and, once a request has an answer, delete
 doorbell; a requester that gives up writes the "expired" answer instead (create-only:
 exactly one answer wins). Nobody decides anything from a doorbell but "list now".
 
+**Answered requests are deleted** (issue 26), by the driver only (the lease holder,
+through its gate): once a request has an answer and expired more than
+:data:`ANSWER_RETENTION_S` ago (its timeout, measured on the storage's clock from when
+the storage stored it, as :meth:`ControlRequest.expired`), the request goes first, then
+its answer. The requester never deletes: it waits for the answer at most its timeout,
+then answers "expired" itself (create-only), so by the deletion it has stopped waiting
+and writing; deleting earlier (by the answer's age alone) let a requester whose reads
+failed expire a request whose answer was gone, recording a second answer (the
+simulation's ``job-control`` found it at once). The order keeps "a request without an
+answer is pending" true for a crash in between: an answer without its request is
+nobody's business (deleted on a later look); a request whose answer went first would
+be acted on again. One GET per request reads its timeout, once, when its answer is
+older than the retention; a look deletes at most :data:`FORGET_PER_LOOK` (a backlog
+drains over several looks). So ``control/`` holds the requests of about one timeout
+plus one retention, whatever the job's age: one LIST page per look.
+
 **Requests from another version.** A request is written by the Airflow side's
 provider, read by the driver's: during a rolling upgrade the two differ. A request
 carries ``format`` only from format 2 on (format 1 omits it, so every driver that
@@ -58,6 +74,12 @@ log = logging.getLogger("airflow_ckpt.control")
 RequestType = Literal["savepoint"]
 ResultStatus = Literal["completed", "failed"]
 _RESULT_SUFFIX = ".result.json"
+#: how long an answered request (and its answer) stays after the request expired (the
+#: storage's clock) before the driver deletes it: a reader's slack past its timeout
+ANSWER_RETENTION_S = 3600.0
+#: answered requests one look deletes at most (a backlog, e.g. a year of them after an
+#: upgrade, drains over several looks: a look's cost stays bounded)
+FORGET_PER_LOOK = 200
 #: the request format this version writes and reads (1: no ``format`` field written)
 REQUEST_FORMAT = 1
 
@@ -220,6 +242,10 @@ class ControlChannel:
         self._read: dict[str, ControlRequest] = {}
         #: pending requests this version cannot read (answered "failed" by :meth:`look`)
         self._unreadable: dict[str, UnreadableRequest] = {}
+        #: how long :meth:`look` keeps an answered request after it expired
+        self.answer_retention_s = ANSWER_RETENTION_S
+        #: answered request key -> when it expired (the storage's clock), read once
+        self._expiry: dict[str, float] = {}
 
     def request_savepoint(
         self,
@@ -267,16 +293,20 @@ class ControlChannel:
         per pending request not read by this channel before."""
         return self._unanswered(self._keys())
 
-    def look(self, now: float) -> list[ControlRequest]:
+    def look(self, now: float, storage_now: float | None = None) -> list[ControlRequest]:
         """The driver's :meth:`pending`: also remembers that a listing began at ``now``
         (the caller's clock, for :meth:`due`), deletes the doorbells heard for requests
-        that have an answer (best effort: a doorbell is only a hint), and answers
-        "failed" each request it cannot read (see the module doc; a failed answer is
-        tried again at the next look)."""
+        that have an answer (best effort: a doorbell is only a hint), with
+        ``storage_now`` (the storage's clock) deletes the requests answered more than
+        :data:`ANSWER_RETENTION_S` ago and their answers (see the module doc), and
+        answers "failed" each request it cannot read (see the module doc; a failed
+        answer is tried again at the next look)."""
         heard = self.doorbell.rung if self.doorbell is not None else frozenset()
         keys = self._keys()
         self._listed_at, self._heard_before_listing = now, heard
         self._hang_up(heard, keys)
+        if storage_now is not None:
+            self._forget_answered(keys, storage_now)
         requests = self._unanswered(keys)
         for unreadable in self._unreadable.values():
             self._refuse(unreadable)
@@ -321,6 +351,44 @@ class ControlChannel:
             self.storage.delete_many(answered)
         except StorageError as exc:
             log.warning("could not delete answered doorbells %s (%s); will retry", answered, exc)
+
+    def _forget_answered(self, keys: dict[str, float], storage_now: float) -> None:
+        """Delete the answered requests that expired more than
+        :attr:`answer_retention_s` ago, then their answers, and answers whose request is
+        gone (best effort: tried again at the next look). ``keys`` loses them."""
+        cutoff = storage_now - self.answer_retention_s
+        old: list[str] = []
+        requests: list[str] = []
+        try:
+            for result, stored in list(keys.items()):
+                if len(old) == FORGET_PER_LOOK:
+                    break
+                if not result.endswith(_RESULT_SUFFIX) or stored >= cutoff:
+                    continue  # an answer younger than the retention: its request is too
+                request = result[: -len(_RESULT_SUFFIX)] + ".json"
+                if request not in keys:
+                    old.append(result)
+                elif self._expired_at(request, keys[request]) < cutoff:
+                    old.append(result)
+                    requests.append(request)
+            self.storage.delete_many(requests)
+            self.storage.delete_many(old)  # only after their requests: see the module doc
+        except StorageError as exc:
+            log.warning("could not delete %d answered control requests (%s); will retry",
+                        len(old), exc)
+            return
+        for key in [*requests, *old]:
+            keys.pop(key, None)
+            self._expiry.pop(key, None)
+
+    def _expired_at(self, key: str, stored_ts: float) -> float:
+        """When the request at ``key`` expired or expires (the storage's clock); an
+        unreadable one counts as expired when stored (it was answered "failed")."""
+        if key not in self._expiry:
+            parsed = self._read_request(key, stored_ts)
+            self._expiry[key] = (stored_ts + parsed.expires_ts - parsed.created_ts
+                                 if isinstance(parsed, ControlRequest) else stored_ts)
+        return self._expiry[key]
 
     def answer(self, result: ControlResult) -> None:
         """Write the result (create-only: a request is answered once)."""

@@ -9,7 +9,8 @@ the ``airflow-ckpt`` CLI; nothing here imports Airflow.
 * :func:`expire_request`: a requester that stops waiting answers its own request
   "failed", create-only, so a job that comes late never acts on it. If the job answered
   first, its answer wins and is returned.
-* :func:`dispose_savepoint`: delete one savepoint on purpose (retention never does).
+* :func:`dispose_savepoint`: delete one savepoint on purpose (the savepoint history's
+  retention disposes of the job's own only: runtime/checkpoint/savepoint_history.py).
   Checkpoints are refused: retention owns them.
 """
 
@@ -26,6 +27,7 @@ from airflow_ckpt.errors import (
     SavepointError,
 )
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog, CompletedRef
+from airflow_ckpt.runtime.checkpoint.savepoint_history import delete_savepoint
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlResult
 from airflow_ckpt.runtime.history.events import JOB_STARTED, LIFECYCLE_EVENTS, HistoryEvent
 from airflow_ckpt.runtime.history.reader import HistoryReader
@@ -171,7 +173,8 @@ def resolve_savepoint(
 def dispose_savepoint(
     storage: CheckpointStorage, path: str, *, job: str | None = None, force: bool = False
 ) -> DisposedSavepoint:
-    """Delete one savepoint (``savepoints/sp-<id>/`` and everything under it).
+    """Delete one savepoint (``savepoints/sp-<id>/`` and everything under it), any
+    savepoint: one named to keep or restored from too.
 
     ``_metadata`` is deleted first, so the savepoint stops being restorable atomically
     and a crash part-way leaves only an incomplete directory (which restore ignores and
@@ -211,8 +214,7 @@ def dispose_savepoint(
                     f"{uri}/_metadata describes a {manifest.kind}, not a savepoint; refusing "
                     "to delete it"
                 )
-    storage.delete_many([ref.metadata_key])
-    storage.delete_many(o.key for o in objects if o.key != ref.metadata_key)
+    delete_savepoint(storage, ref.metadata_key, [o.key for o in objects])
     return DisposedSavepoint(
         job=ref.job,
         savepoint_id=ref.savepoint_id,

@@ -43,6 +43,7 @@ from airflow_ckpt.runtime.checkpoint.digests import DigestCache
 from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest, SourceSettings
 from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint
+from airflow_ckpt.runtime.checkpoint.savepoint_history import SavepointHistory, mark_restored
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.control.channel import (
     ControlChannel,
@@ -186,11 +187,21 @@ class CheckpointedJob:
         #: the id of this run's initial checkpoint (taken when it did not resume the
         #: job's latest): an in-process restart's fallback never goes below it
         self._run_floor: int | None = None
+        #: True while a run that found nothing to restore (a new job, or every marker
+        #: gone) has not completed a checkpoint: its first one becomes the floor
+        self._floor_at_first = False
         #: the sinks, their recovery and their commits (the two-phase commit's driver side)
         self.sinks = JobSinks(lease=self.lease, history=self.history, run_id=self.run_id,
                               workdir=self.workdir, exactly_once=self.config.exactly_once,
                               driver_view=self._driver_view)
-        self._listeners: list[Callable[[Manifest], None]] = [self.sinks.commit_transactions]
+        #: disposes of the savepoints the job took itself beyond the savepoint history's
+        #: count and age (savepoint_history.py; what this run restored from is kept)
+        self.savepoint_history = SavepointHistory(
+            self.storage, self.job, max_count=self.config.savepoint_history_max_count,
+            max_age_s=self.config.savepoint_history_max_age_s)
+        self._listeners: list[Callable[[Manifest], None]] = [
+            self._note_run_floor, self.sinks.commit_transactions,
+            self.savepoint_history.on_completed]
         #: how an attempt's query ends (drained, final checkpoint, stop, cancel)
         self.ending = QueryEnding(requests=self.savepoint_requests, history=self.history,
                                   run_id=self.run_id, workdir=self.workdir,
@@ -314,6 +325,7 @@ class CheckpointedJob:
             restored = restore(self.storage, self.job, target, self.workdir, self.history,
                                self._digests, by={"run_id": self.run_id, "attempt": self.attempt},
                                floor=self._run_floor if target == "latest" else None)
+            self._keep_restored(restored)
             rescaled = target == self.restore_target and self._rescale(restored)
             self._unchecked_restore = restored if restored.manifest is not None else None
             coordinator = self._start_coordinator(restored, initial=rescaled)
@@ -413,9 +425,14 @@ class CheckpointedJob:
         """What this driver takes over from ``previous`` holder: the completed
         checkpoints (judged by ``previous``'s record), and its first id (past every id
         ever used, also by a job whose checkpoints were discarded)."""
-        catalog = CheckpointCatalog(self.lease.storage, self.job)
-        first = catalog.first_free_id(previous)
-        return tuple(catalog.checkpoint_ids(lease=previous)), first
+        return CheckpointCatalog(self.lease.storage, self.job).adopt(previous)
+
+    def _keep_restored(self, restored: RestoreResult) -> None:
+        """A savepoint this run restored from is never disposed of by a savepoint
+        history: marked, durable before the query starts (another job's too: its
+        history reads the mark)."""
+        if restored.manifest is not None and restored.manifest.is_savepoint:
+            mark_restored(self.storage, restored.manifest)
 
     def _rescale(self, restored: RestoreResult) -> bool:
         """Repartition the restored state to ``state_partitions`` (Flink's rescaling).
@@ -460,9 +477,12 @@ class CheckpointedJob:
         self.ending.restored_id = own.checkpoint_id if own else None
         self._restored_sources = (restored.path,
                                   restored.manifest.sources if restored.manifest else None)
+        # Past every checkpoint directory, the lease's first id and what this driver's
+        # earlier attempts took (their savepoints have no checkpoint directory).
         next_id = max(store.recover(pinned=own.checkpoint_id if own else None,
                                     distrust=restored.damaged_keys),
-                      record.first_id or 1 if record else 1)
+                      record.first_id or 1 if record else 1,
+                      self.coordinator.next_checkpoint_id if self.coordinator else 1)
         self.sinks.recover(restored)
         coordinator = CheckpointCoordinator(
             storage=self.storage, job=self.job, workdir=self.workdir, config=self.config,
@@ -482,7 +502,17 @@ class CheckpointedJob:
             # run and never an older run's checkpoint (nor falls back past it).
             self._run_floor = self._await(coordinator.trigger("initial"),
                                           coordinator).checkpoint_id
+        elif restored.manifest is None and self._run_floor is None:
+            self._floor_at_first = True  # a from-scratch run: no initial checkpoint
         return coordinator
+
+    def _note_run_floor(self, manifest: Manifest) -> None:
+        """The first checkpoint a run that found nothing to restore completes is its
+        floor: were its marker deleted, a restart refuses to start from scratch again
+        over the output it published (``restore``'s ``floor``)."""
+        if self._floor_at_first and not manifest.is_savepoint:
+            self._run_floor = manifest.checkpoint_id
+            self._floor_at_first = False
 
     def _await(self, pending: PendingCheckpoint, coordinator: CheckpointCoordinator) -> Manifest:
         coordinator.wait(pending)

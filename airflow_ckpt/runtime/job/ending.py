@@ -87,7 +87,8 @@ class QueryEnding:
             self.requests.refuse_stop(coordinator, request, str(exc))
             return None
         pending = coordinator.trigger("stop", savepoint_id=request.savepoint_id or
-                                      request.request_id, request_id=request.request_id)
+                                      request.request_id, request_id=request.request_id,
+                                      in_history=request.savepoint_id is None)
         coordinator.wait(pending)
         savepoint = pending.manifest
         if savepoint is None:

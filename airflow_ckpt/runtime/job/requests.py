@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from airflow_ckpt.errors import ObjectAlreadyExistsError, StorageError
 from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
@@ -30,8 +31,12 @@ class SavepointRequests:
     restarted query looks at the channel again, its requests died with the last one).
     """
 
-    def __init__(self, control: ControlChannel) -> None:
+    def __init__(self, control: ControlChannel,
+                 clock: Callable[[], float] = time.time) -> None:
+        """``clock``: this host's wall clock (answers' timestamps; with
+        :attr:`storage_offset_s`, the storage's now)."""
         self.control = control
+        self.clock = clock
         #: the storage's clock minus ours (set by the job when it starts): requests' ages
         #: are judged on the storage's clock, never by comparing the requester's with ours
         self.storage_offset_s = 0.0
@@ -42,21 +47,22 @@ class SavepointRequests:
     ) -> ControlRequest | None:
         """Trigger the savepoints newly requested; return a stop request, if any."""
         stop = None
-        for request in self.control.look(now):
+        for request in self.control.look(now, storage_now=self.clock() + self.storage_offset_s):
             if request.request_id in requests:
                 continue
-            if request.expired(time.time() + self.storage_offset_s):
+            if request.expired(self.clock() + self.storage_offset_s):
                 self.answer(ControlResult(
-                    request.request_id, "failed", time.time(),
+                    request.request_id, "failed", self.clock(),
                     failure_message="the request expired before the job picked it up",
                 ))
                 continue
             if request.stop:
                 stop = stop or request
                 continue
+            # unnamed: the job names it, and its savepoint history keeps it a while
             requests[request.request_id] = coordinator.trigger(
                 "manual", savepoint_id=request.savepoint_id or request.request_id,
-                request_id=request.request_id,
+                request_id=request.request_id, in_history=request.savepoint_id is None,
             )
         return stop
 
@@ -75,12 +81,12 @@ class SavepointRequests:
         manifest = pending.manifest
         if manifest is None:
             self.answer(ControlResult(
-                request_id, "failed", time.time(), savepoint_id=pending.savepoint_id,
+                request_id, "failed", self.clock(), savepoint_id=pending.savepoint_id,
                 failure_message=pending.failure,
             ))
             return False
         return self.answer(ControlResult(
-            request_id, "completed", time.time(), savepoint_id=manifest.savepoint_id,
+            request_id, "completed", self.clock(), savepoint_id=manifest.savepoint_id,
             savepoint_path=pending.path, checkpoint_id=manifest.checkpoint_id,
             batch_id=manifest.batch_id,
         ))
@@ -93,7 +99,7 @@ class SavepointRequests:
         log.warning("stop-with-savepoint %s refused, the job keeps running: %s",
                     request.request_id, reason)
         self.answer(ControlResult(
-            request.request_id, "failed", time.time(),
+            request.request_id, "failed", self.clock(),
             savepoint_id=request.savepoint_id or request.request_id,
             failure_message=f"{reason}; the stop was not done and the job keeps running",
         ))

@@ -93,7 +93,7 @@ def restore(
     ``floor`` (``latest`` only): the run's own first checkpoint id (its initial
     checkpoint); a fallback never goes below it, so a run that started from an explicit
     target or from scratch never resumes an older run's state: if none of its own
-    checkpoints verifies, ``RestoreError``.
+    checkpoints verifies, or none is left (their markers deleted), ``RestoreError``.
     """
     catalog = CheckpointCatalog(storage, job)
     wd.reset(workdir)
@@ -120,12 +120,19 @@ def restore(
                 continue
             return _restored(history, manifest, path, from_latest=True,
                              damaged=frozenset(damaged), by=by)
-        if unusable and floor is not None:
+        if floor is not None and unusable:
             raise RestoreError(
                 f"restore=latest: none of the {len(unusable)} checkpoints this run of job "
                 f"{job!r} completed (ids from {floor} on) can be restored, and falling back "
                 "further would resume an older run's state:\n" + "\n".join(unusable)
                 + "\nRestore one explicitly (restore=<checkpoint or savepoint path>).")
+        if floor is not None:  # its initial checkpoint completed: its marker was deleted
+            raise RestoreError(
+                f"restore=latest: the checkpoints this run of job {job!r} completed (ids "
+                f"from {floor} on) are gone from {storage.uri.rstrip('/')}/{job}/ "
+                "(their _metadata was deleted), and falling back further would resume an "
+                "older run's state. Restore one explicitly (restore=<checkpoint or "
+                "savepoint path>).")
         if unusable:
             raise RestoreError(
                 f"restore=latest: none of the {len(unusable)} completed checkpoints of job "

@@ -83,6 +83,11 @@ class JobLayout:
         return f"{self.job}/"
 
     # checkpoints ---------------------------------------------------------------
+    @property
+    def checkpoints_prefix(self) -> str:
+        """The prefix of every ``chk-<n>/`` key (and of no other kind)."""
+        return f"{self.root}chk-"
+
     def checkpoint_dir(self, checkpoint_id: int) -> str:
         return f"{self.job}/chk-{checkpoint_id}/"
 

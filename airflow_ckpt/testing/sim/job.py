@@ -90,6 +90,12 @@ can fail, see docs/architecture.md "Deterministic simulation"):
 * ``job-write-after-expiry``: a driver's lease gate passes no write once ``ttl -
   max_write`` of its own monotonic clock passed since its last heartbeat (or claim)
   returned;
+* ``job-savepoint-kept``: a savepoint leaves (not by the vandal) only if it is in the
+  savepoint history (``extra.savepoint_history``: periodic, or requested without a
+  name), no ``_restored`` mark was ever seen in its directory nor did a driver restore
+  from it (as the world saw it: after its mark is durable), it is not the newest
+  history savepoint seen, and at least ``savepoint.history.max.count`` newer history
+  savepoints were seen (:class:`Retention`, drawn from a generator of its own);
 * ``job-cut-off``: no schedule is cut off at the step limit (a driver stuck on
   something; counted and reported);
 * ``job-marker-resurrected``: a checkpoint whose ``_metadata`` was deleted (subsumed)
@@ -134,6 +140,7 @@ from airflow_ckpt.errors import (
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, parse_manifest
+from airflow_ckpt.runtime.checkpoint.savepoint_history import IN_HISTORY, RESTORED_NAME
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest
 from airflow_ckpt.runtime.control.savepoints import expire_request
 from airflow_ckpt.runtime.job import CheckpointedJob
@@ -170,7 +177,7 @@ TTL_S, HEARTBEAT_S, MAX_WRITE_S = 20.0, 3.0, 4.0
 HOLD_S = 40.0
 PAUSE_S = (5.0, 40.0)
 #: a request's timeout: it never expires on the job's side in a schedule
-REQUEST_TIMEOUT_S = 1e6
+REQUEST_TIMEOUT_S = 150.0  # past every client's patience (5-120 s): it expires first
 RESTART = {"type": "fixed-delay", "fixed-delay.attempts": 4, "fixed-delay.delay": "0 s"}
 SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
 #: monotonic clock rates: most hosts' run true, some drift far (liveness only)
@@ -196,10 +203,11 @@ WRITE_AFTER_EXPIRY = "job-write-after-expiry"
 UNCOUNTED = "job-uncounted"
 RENEWED_DEPOSED = "job-renewed-deposed"
 GC_DAMAGE = "job-gc-damage"
+SAVEPOINT_KEPT = "job-savepoint-kept"
 INVARIANTS = (JOB_OUTPUT, UNCOVERED_COMMIT, CHECKPOINT_CHANGED, CHECKPOINT_VERIFIES,
               DAMAGED_REFERENCE, OLDER_STATE, CONTROL, DRIVER_ERROR, CUT_OFF,
               MARKER_RESURRECTED, RESTORED_UNCOUNTED, RETENTION, UNGATED_WRITE,
-              WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED, GC_DAMAGE)
+              WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED, GC_DAMAGE, SAVEPOINT_KEPT)
 #: invariants the runtime still breaks (a defect found, not fixed yet): reported by every
 #: run, not failed on by the seeds of ``make test`` (see docs/architecture.md)
 KNOWN_DEFECTS: frozenset[str] = frozenset()
@@ -274,6 +282,27 @@ class JobSetup:
                 f"{self.crash_p}, pause p {self.pause_p}, {self.damages} damaged object(s), "
                 f"requests {list(self.requests)}, explicit restore p {self.explicit_p}, "
                 f"memory-threshold {self.memory_threshold} B")
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """The seed's savepoint history and control clean-up (issue 26), drawn from a
+    generator of its own: ``savepoint.history.max.count``,
+    ``periodic-savepoint.interval`` (0: off), and how long the driver keeps an answered
+    control request (virtual seconds)."""
+
+    max_count: int
+    periodic_s: float
+    answer_retention_s: float
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Retention:
+        return cls(rng.choice((1, 1, 2, 10)), rng.choice((0.0, 3.0, 6.0)),
+                   rng.choice((20.0, 60.0, 86400.0)))
+
+    def options(self) -> dict[str, object]:
+        return {"savepoint.history.max.count": self.max_count,
+                "periodic-savepoint.interval": f"{self.periodic_s:g} s"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,6 +528,7 @@ class JobWorld(Judged):
         self.fault_rng = random.Random(seed ^ 0x9A11)
         self.query_fail_p = self.fault_rng.choice((0.0, 0.0, 0.1, 0.25))
         self.whole_checkpoint_p = self.fault_rng.choice((0.0, 0.5))
+        self.retention = Retention.draw(random.Random(seed ^ 0x5A7E))
         self.violations: list[Violation] = []
         self.objects = SimObjects()
         self.table = SimObjects()  # the Parquet table's bucket
@@ -520,6 +550,7 @@ class JobWorld(Judged):
             "execution.checkpointing.mode": self.setup.mode,
             "execution.checkpointing.tolerable-failed-checkpoints": 1000,
             "execution.checkpointing.tolerable-storage-outage": "30 s",
+            **self.retention.options(),
         }
         self.tmp = Path(tempfile.mkdtemp(prefix="simjob-", dir=_scratch_dir()))
         self.coverage: Counter[str] = Counter()
@@ -541,6 +572,10 @@ class JobWorld(Judged):
         self._late: set[int] = set()  # checkpoint ids whose markers landed late
         self._settled_epoch = 0  # the newest epoch whose holder finished its takeover
         self._epochs_seen: set[int] = set()
+        #: savepoint ``_metadata`` key -> (checkpoint id, in the history) when first seen
+        self._savepoints: dict[str, tuple[int, bool]] = {}
+        self._restored_marks: set[str] = set()  # savepoint directories ever marked
+        self._restored_savepoints: set[str] = set()  # savepoints restored from
         self._damaged_known: dict[str, frozenset[str]] = {}  # life -> keys its restore found
         self._life_epochs: dict[str, int] = {}  # life -> its lease epoch when it restored
         #: life -> the checkpoint its latest restore resumed (pinned until it has its own)
@@ -610,8 +645,11 @@ class JobWorld(Judged):
             self.coverage["gc-shared-files"] += 1
         if any(_checkpoint_of(k) is not None and k not in self.vandalized for k in gone):
             self.coverage["subsumed"] += 1
+        if any(k.startswith(LAYOUT.control_prefix) for k in gone):
+            self.coverage["control-forgotten"] += 1  # answered requests deleted (issue 26)
         self._present_before = present
         self._check_retention(gone)
+        self._check_savepoint_history(present, gone)
         for key in present:
             if key.startswith(LAYOUT.lease_prefix) and key.endswith(".json"):
                 epoch = int(key[len(LAYOUT.lease_prefix):-5])
@@ -719,6 +757,38 @@ class JobWorld(Judged):
                 self.violate(RETENTION, f"{key} was deleted while {job.life}, which "
                              "resumed it, has no checkpoint of its own yet")
 
+    def _check_savepoint_history(self, present: set[str], gone: set[str]) -> None:
+        """``job-savepoint-kept`` (see the module doc)."""
+        prefix = LAYOUT.savepoints_prefix
+        for key in present:
+            if not key.startswith(prefix):
+                continue
+            directory = key[:key.index("/", len(prefix)) + 1]
+            if key.endswith("/" + RESTORED_NAME):
+                self._restored_marks.add(directory)
+            elif key.endswith("/_metadata") and key not in self._savepoints:
+                manifest = self.manifest(key)
+                if manifest is not None:
+                    self._savepoints[key] = (manifest.checkpoint_id,
+                                             manifest.extra.get(IN_HISTORY) is True)
+        in_history = sorted(n for n, history in self._savepoints.values() if history)
+        for key in sorted(gone):
+            if key not in self._savepoints or key in self.vandalized:
+                continue
+            number, history = self._savepoints[key]
+            newer = [n for n in in_history if n > number]
+            why = ("it is not in the savepoint history" if not history else
+                   "a run restored from it" if key[:-len("_metadata")] in
+                   self._restored_marks | self._restored_savepoints
+                   else "it is the newest history savepoint" if not newer
+                   else f"only {len(newer)} newer history savepoint(s) were taken (max.count "
+                        f"{self.retention.max_count})"
+                   if len(newer) < self.retention.max_count else None)
+            if why is not None:
+                self.violate(SAVEPOINT_KEPT, f"{key} was deleted, but {why}")
+            else:
+                self.coverage["savepoint-disposed"] += 1
+
     def _check_references(self, marker: str, manifest: Manifest) -> None:
         objects = self.objects.objects
         first = self._referenced.get(marker)
@@ -765,6 +835,9 @@ class JobWorld(Judged):
     def on_restored(self, job: SimJob, restored: RestoreResult, target: str) -> None:
         """``job-older-state`` at each restore; the damaged keys it learnt."""
         self._damaged_known[job.life] = restored.damaged_keys
+        manifest = restored.manifest
+        if manifest is not None and manifest.is_savepoint and manifest.savepoint_id:
+            self._restored_savepoints.add(LAYOUT.savepoint_dir(manifest.savepoint_id))
         if job.lease.record is not None:
             self._life_epochs[job.life] = job.lease.record.epoch
             self._settled_epoch = max(self._settled_epoch, job.lease.record.epoch)
@@ -891,6 +964,8 @@ class JobWorld(Judged):
         job.history.clock, job.history.ids = sched.wall_clock, sched.uuid4
         job.history.compaction = None
         job.clock, job.sleep = sched.monotonic, sched.sleep
+        job.savepoint_requests.clock = sched.wall_clock
+        job.control.answer_retention_s = self.retention.answer_retention_s
         sink: TwoPhaseCommitSink
         if self.setup.sink == "jsonl":
             sink = JsonLinesSink(job.storage, SINK_PREFIX, ids=sched.uuid4)
@@ -1024,7 +1099,8 @@ class JobWorld(Judged):
             self.coverage[f"life-{ending}"] += 1
             return
         if isinstance(ending, RestoreError) and not isinstance(ending, CorruptCheckpointError) \
-                and "can be restored" in str(ending) and self.vandalized:
+                and ("can be restored" in str(ending) or "are gone from" in str(ending)) \
+                and self.vandalized:
             self.coverage["refusal"] += 1  # judged again at the end (check_refusal)
             return
         if isinstance(ending, SinkTransactionAbortedError):
@@ -1324,7 +1400,8 @@ class JobWorld(Judged):
     def run(self) -> Outcome:
         sched = self.scheduler
         self.requests = {}
-        sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}")
+        sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}; "
+                  f"{self.retention}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:

@@ -1,0 +1,219 @@
+"""``python -m bench.year [--quick]``: a year-old job root against a fresh one (issue 26).
+
+On a local S3 endpoint (moto, in its own process) it builds the job root a year of
+running leaves: hourly savepoints (8,760), answered control requests (20,000), history
+events (500,000, compacted into segments with a raw tail, as the driver leaves them),
+checkpoint ids past two million and a lease record reserving them; and a fresh job root
+(no savepoint or request, 20 events; the same two retained checkpoints and lease
+record).
+Savepoints and requests are stored server side (``bulk_load``), the history's segments
+by HTTP. Then, for each root in the same run, every HTTP request counted at the boto3
+client (pages and retries included):
+
+* **start-up**: what a driver does before its first checkpoint: the lease claim with its
+  adoption, ``restore(latest)`` (materialised) and the checkpoint store's recovery;
+* **answer**: a new savepoint request answered: the driver's look at ``control/``, the
+  answer; the year-old root's first look also deletes answered requests (at most 200
+  a look; the objects were stored now, so the driver's storage clock is set a year on)
+  and is shown apart, then the steady look after the backlog drained;
+* **history page**: the newest 50 events (the UI's page); the fresh job has run an
+  hour (a raw tail of 20 events, as the year-old one).
+
+Goal: the year-old root within 1.2x of the fresh one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, OperatorInfo, Timings
+from airflow_ckpt.runtime.checkpoint.savepoint_history import IN_HISTORY
+from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest, ControlResult
+from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.history.reader import HistoryReader
+from airflow_ckpt.runtime.lease.holder import JobLease
+from airflow_ckpt.runtime.lease.record import LeaseRecord, lease_key
+from airflow_ckpt.runtime.restore.choose import restore
+from airflow_ckpt.runtime.storage import CheckpointStorage
+from airflow_ckpt.runtime.storage.layout import JobLayout
+from airflow_ckpt.testing.request_count import RequestCounter
+from airflow_ckpt.testing.s3_server import s3_server_process
+from bench.history import put_compacted, story
+
+BUCKET = "airflow-ckpt-year"
+JOB = "orders"
+YEAR_S = 366 * 86400.0
+#: a year of hourly savepoints, answered requests, history events (the issue's figures)
+FULL = {"savepoints": 8760, "requests": 20_000, "events": 500_000}
+QUICK = {"savepoints": 876, "requests": 2_000, "events": 20_000}
+GOAL = 1.2
+#: raw (not yet compacted) history events: a compaction runs every 50 appends
+RAW_TAIL = 20
+
+
+def _manifest(job: str, checkpoint_id: int, savepoint_id: str | None,
+              files: tuple[FileEntry, ...], completed_ts: float) -> Manifest:
+    return Manifest(
+        job=job, checkpoint_id=checkpoint_id,
+        kind="savepoint" if savepoint_id else "checkpoint",
+        trigger="periodic", batch_id=checkpoint_id, spark_version="4.2.0",
+        query_id="q-year", mode="EXACTLY_ONCE",
+        source_offsets=[{"source": 0, "end": checkpoint_id}], operators=(OperatorInfo(0, 4),),
+        files=files, state_size=sum(f.size for f in files),
+        checkpointed_size=sum(f.size for f in files), num_subtasks=4,
+        num_acknowledged_subtasks=4,
+        timings=Timings(completed_ts - 1, completed_ts - 1, completed_ts, 0, 10, 990, 1000),
+        savepoint_id=savepoint_id, extra={IN_HISTORY: True} if savepoint_id else {},
+    )
+
+
+def year_objects(job: str, savepoints: int, requests: int, first_id: int,
+                 now: float) -> list[tuple[str, bytes]]:
+    """The savepoints (``_metadata`` only: nothing at start-up may need more) and the
+    answered requests of a year, as bucket keys relative to the storage root."""
+    layout = JobLayout(job)
+    out: list[tuple[str, bytes]] = []
+    for n in range(savepoints):
+        checkpoint_id = first_id - 1 - 240 * (savepoints - n)  # one an hour: ids between
+        sp = f"periodic-{checkpoint_id}"
+        out.append((layout.savepoint_metadata(sp),
+                    _manifest(job, checkpoint_id, sp, (), now - YEAR_S + 3600 * n).to_json()))
+    for n in range(requests):
+        created = now - YEAR_S + n * (YEAR_S / max(requests, 1))
+        request_id = f"{int(created * 1000):013d}-{n:08x}"
+        out.append((layout.control_request(request_id),
+                    ControlRequest(request_id, "savepoint", created, created + 600).to_json()))
+        answer = ControlResult(request_id, "completed", created + 10)
+        out.append((layout.control_result(request_id), json.dumps(asdict(answer)).encode()))
+    return out
+
+
+def base_root(storage: CheckpointStorage, job: str, first_id: int) -> None:
+    """What both roots hold: two retained checkpoints (one small file each) and the
+    released lease record of their driver, reserving ids up to ``first_id + 100``."""
+    layout = JobLayout(job)
+    for n in (first_id, first_id + 1):
+        data = f"v1\n{{\"batch\": {n}}}\n".encode()
+        key = layout.checkpoint_file(n, "offsets/0")
+        storage.put_bytes(key, data)
+        entry = FileEntry(path="offsets/0", key=key[len(layout.root):], size=len(data),
+                          sha256=hashlib.sha256(data).hexdigest(), shared=False)
+        storage.put_bytes(layout.checkpoint_metadata(n),
+                          _manifest(job, n, None, (entry,), time.time()).to_json(),
+                          create_only=True)
+    record = LeaseRecord(9, "run-year", "host", 1, 0.0, 0.0, released=True,
+                         adopted=(), first_id=first_id, id_limit=first_id + 100)
+    storage.put_bytes(lease_key(layout.lease_prefix, 9), record.to_json())
+
+
+def start_up(storage: CheckpointStorage, job: str, workdir: Path) -> None:
+    """Lease claim with adoption, restore(latest), the store's recovery (then release)."""
+    lease = JobLease(storage, job, "run-bench")
+    record = lease.acquire(adopt=CheckpointCatalog(storage, job).adopt)
+    try:
+        restore(storage, job, "latest", workdir, JobHistory(storage, job, compaction=None))
+        CompletedCheckpointStore(storage, job, num_retained=2, epoch=record.epoch).recover()
+    finally:
+        lease.release()
+
+
+def answer_one(storage: CheckpointStorage, driver: ControlChannel, storage_now: float) -> None:
+    """A request written, found by the driver's look, answered."""
+    request = ControlChannel(storage, driver.layout.job).request_savepoint(timeout_s=600)
+    found = [r for r in driver.look(time.monotonic(), storage_now=storage_now)
+             if r.request_id == request.request_id]
+    assert found, "the driver did not find the request"
+    driver.answer(ControlResult(request.request_id, "completed", time.time()))
+
+
+def measured(counter: RequestCounter, fn: Callable[[], Any]) -> dict[str, Any]:
+    """Requests (by kind) and seconds of ``fn``."""
+    before, started = counter.counts(), time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - started
+    sent = counter.counts() - before
+    by_kind: Counter[str] = Counter()
+    for (_area, kind), n in sent.items():
+        by_kind[kind] += n
+    return {"requests": sum(by_kind.values()), "seconds": round(seconds, 3),
+            "by_kind": dict(by_kind)}
+
+
+def run(sizes: dict[str, int]) -> dict[str, Any]:
+    report: dict[str, Any] = {"sizes": sizes}
+    now = time.time()
+    first_id = 2_000_000
+    later = now + YEAR_S  # the driver's storage clock: a year after the objects were stored
+    with s3_server_process(serialize_writes=False) as server, \
+            tempfile.TemporaryDirectory() as tmp:
+        endpoint = server.endpoint
+        for name in ("fresh", "year"):
+            bucket = f"{BUCKET}-{name}"
+            endpoint.create_bucket(bucket)
+            storage = endpoint.storage(f"s3://{bucket}/root", max_workers=16)
+            base_root(storage, JOB, first_id)
+            started = time.perf_counter()
+            if name == "year":
+                server.bulk_load(bucket, [(f"root/{k}", v) for k, v in year_objects(
+                    JOB, sizes["savepoints"], sizes["requests"], first_id, now)])
+            # the fresh job ran an hour: its history is a raw tail as long as the old one's
+            events = story(JOB, sizes["events"] if name == "year" else RAW_TAIL,
+                           int((now - YEAR_S) * 1000))
+            put_compacted(JobHistory(storage, JOB, compaction=None), events, RAW_TAIL, 16)
+            report[f"build_{name}_s"] = round(time.perf_counter() - started, 1)
+            counter = RequestCounter()
+            counter.attach(storage)
+            driver = ControlChannel(storage, JOB)
+            row = {"start_up": measured(counter, lambda s=storage, n=name: start_up(
+                       s, JOB, Path(tmp) / n)),
+                   "first_answer": measured(counter, lambda s=storage, d=driver: answer_one(
+                       s, d, later))}
+            while len(storage.list(JobLayout(JOB).control_prefix)) > 400:
+                driver.look(time.monotonic(), storage_now=later)  # drain the backlog
+            row["answer"] = measured(counter, lambda s=storage, d=driver: answer_one(
+                s, d, later))
+            row["history_page"] = measured(counter, lambda s=storage: HistoryReader(
+                s, JOB).newest(50))
+            report[name] = row
+            storage.close()
+    return report
+
+
+def table(report: dict[str, Any]) -> list[str]:
+    lines = [f"year-old job root ({report['sizes']}) vs fresh, same run (goal <= {GOAL}x)",
+             f"{'step':<14} {'fresh req':>9} {'year req':>9} {'ratio':>6} "
+             f"{'fresh s':>8} {'year s':>8} {'ratio':>6}"]
+    for step in ("start_up", "first_answer", "answer", "history_page"):
+        f, y = report["fresh"][step], report["year"][step]
+        lines.append(f"{step:<14} {f['requests']:>9} {y['requests']:>9} "
+                     f"{y['requests'] / max(f['requests'], 1):>6.2f} {f['seconds']:>8.3f} "
+                     f"{y['seconds']:>8.3f} {y['seconds'] / max(f['seconds'], 1e-9):>6.2f}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.year", description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help=f"a tenth of a year's objects {QUICK}")
+    p.add_argument("--out", type=Path, help="also write the JSON report here")
+    args = p.parse_args(argv)
+    report = run(QUICK if args.quick else FULL)
+    print("\n".join(table(report)))
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
