@@ -10,7 +10,12 @@ import pytest
 
 from airflow_ckpt.errors import FinalError, SourceSettingsChangedError
 from airflow_ckpt.runtime.checkpoint.metadata import SourceSettings
-from airflow_ckpt.runtime.sources.settings import check_sources, recorded_settings, source_changes
+from airflow_ckpt.runtime.sources.settings import (
+    check_sources,
+    read_sources,
+    recorded_settings,
+    source_changes,
+)
 
 RATE_20 = (SourceSettings("rate", {"rowsPerSecond": "20"}),)
 RATE_10 = (SourceSettings("rate", {"rowsPerSecond": "10"}),)
@@ -66,3 +71,18 @@ def test_nothing_to_compare_or_no_change_passes(
     restored: tuple[SourceSettings, ...] | None, current: tuple[SourceSettings, ...] | None
 ) -> None:
     check_sources(restored, current, restored_from="chk-3", allow_changes=False)
+
+
+def test_a_writer_without_a_jvm_plan_records_nothing_quietly(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """Spark Connect's writer (or the simulation's) has no JVM DataFrame: nothing is
+    recorded, and no warning with a traceback is logged for an expected case."""
+
+    class ConnectWriter:  # what pyspark.sql.connect's DataStreamWriter lacks: _df._jdf
+        _df = object()
+
+    with caplog.at_level(logging.INFO, logger="airflow_ckpt"):
+        assert read_sources(ConnectWriter()) is None  # type: ignore[arg-type]
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    assert "no JVM" in caplog.records[0].getMessage()

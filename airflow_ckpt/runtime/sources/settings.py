@@ -71,8 +71,13 @@ def read_sources(writer: DataStreamWriter) -> tuple[SourceSettings, ...] | None:
     """The sources of the query ``writer`` would start, with their recorded options, in
     Spark's order of sources; None when the plan cannot be read (no JVM behind the
     writer, e.g. Spark Connect): then nothing is recorded or checked."""
+    jdf = getattr(getattr(writer, "_df", None), "_jdf", None)
+    if jdf is None:
+        log.info("the query's plan has no JVM behind it (Spark Connect?): its source "
+                 "settings are neither recorded nor checked on restore")
+        return None
     try:
-        plan = writer._df._jdf.queryExecution().logical()
+        plan = jdf.queryExecution().logical()
         leaves = plan.collectLeaves()
         return tuple(s for s in (_source(leaves.apply(i)) for i in range(leaves.size()))
                      if s is not None)
