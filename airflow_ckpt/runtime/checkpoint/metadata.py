@@ -116,6 +116,17 @@ class Timings:
     async_duration_ms: int
     end_to_end_duration_ms: int
 
+    @classmethod
+    def measured(cls, *, trigger_ts: float, barrier_ts: float, completed_ts: float,
+                 sync_ms: int, async_ms: int) -> Timings:
+        """The timings of a snapshot triggered, reached by its barrier and completed at
+        the given epoch seconds, whose sync and async phases took ``sync_ms`` and
+        ``async_ms``."""
+        return cls(trigger_ts=trigger_ts, barrier_ts=barrier_ts, completed_ts=completed_ts,
+                   start_delay_ms=max(int((barrier_ts - trigger_ts) * 1000), 0),
+                   sync_duration_ms=sync_ms, async_duration_ms=async_ms,
+                   end_to_end_duration_ms=int((completed_ts - trigger_ts) * 1000))
+
 
 @dataclass(frozen=True, slots=True)
 class Manifest:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from airflow_ckpt.errors import CheckpointDeclinedError
 from airflow_ckpt.runtime import interleave
@@ -48,6 +49,14 @@ class UploadResult:
     files: tuple[FileEntry, ...]
     state_size: int  # bytes of state the checkpoint references
     checkpointed_size: int  # bytes uploaded by this checkpoint
+
+    def manifest_fields(self, snapshot: CapturedSnapshot) -> dict[str, Any]:
+        """The fields of a manifest that the uploaded ``snapshot`` and this upload
+        decide (what it read, what it references and what it sent)."""
+        return {"batch_id": snapshot.batch_id, "source_offsets": snapshot.source_offsets,
+                "operators": snapshot.operators, "files": self.files,
+                "state_size": self.state_size, "checkpointed_size": self.checkpointed_size,
+                "num_subtasks": len(snapshot.subtasks)}
 
 
 #: files below this size are merged (when the target merges); larger ones travel alone
