@@ -286,8 +286,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "an existing savepoint answers only its own request"),
     # ---------------------------------------------------------------- restore's choice
     Mutant("restore-ignores-lease", "runtime/checkpoint/catalog.py",
-           "valid_checkpoint_ids(sorted(ids), record)",
-           "sorted(ids)",
+           "valid_checkpoint_ids(ids, record)",
+           "ids",
            "restore(latest) counts only the checkpoints the lease holder counts"),
     Mutant("fallback-distrusts-first-key", CHOOSE,
            "damaged |= exc.keys",
@@ -299,8 +299,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "a fallback hands the damaged keys on (uploaded again, never reused)"),
     # ---------------------------------------------------------------- the run floor
     Mutant("restore-below-floor", CHOOSE,
-           "own = [i for i in catalog.checkpoint_ids() if floor is None or i >= floor]",
-           "own = list(catalog.checkpoint_ids())",
+           "own = [i for i in counted.ids if floor is None or i >= floor]",
+           "own = list(counted.ids)",
            "restore(latest) of a run never goes below the run's first checkpoint"),
     Mutant("job-drops-floor", "runtime/job/checkpointed_job.py",
            "floor=self._run_floor if target == \"latest\" else None",
@@ -308,8 +308,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "the job hands its run floor to restore(latest)"),
     # ---------------------------------------------------------------- the retention floor
     Mutant("reader-ignores-retention-floor", "runtime/checkpoint/catalog.py",
-           "return [i for i in counting if floor is None or i >= floor]",
-           "return counting",
+           "tuple(i for i in counting if floor is None or i >= floor), {n: newest})",
+           "tuple(counting), {n: newest})",
            "readers ignore a marker below the newest readable marker's retention floor (a "
            "late copy of a subsumed marker never counts again)"),
     Mutant("floor-below-retained", STORE,

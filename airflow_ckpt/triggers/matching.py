@@ -201,20 +201,6 @@ def summarize(catalog: CheckpointCatalog, manifest: Manifest) -> dict[str, Any]:
     }
 
 
-def _checkpoint_dirs(catalog: CheckpointCatalog) -> list[int]:
-    """Ids of every ``chk-<n>`` directory (completed or not), ascending: one listing."""
-    return catalog.checkpoint_ids(completed_only=False)
-
-
-def _latest_completed_checkpoint(catalog: CheckpointCatalog) -> int | None:
-    """Newest completed checkpoint id (under the current lease): walks the directories
-    newest first."""
-    for n in reversed(_checkpoint_dirs(catalog)):
-        if catalog.completed_among([n]):
-            return n
-    return None
-
-
 def take_baseline(catalog: CheckpointCatalog, condition: CheckpointCondition
                   ) -> CheckpointCondition:
     """``condition`` with its baseline set to what is stored now.
@@ -225,8 +211,8 @@ def take_baseline(catalog: CheckpointCatalog, condition: CheckpointCondition
     """
     after = known = None
     if condition.wants_checkpoints:
-        latest = _latest_completed_checkpoint(catalog)
-        after = NO_CHECKPOINT if latest is None else latest
+        counted = catalog.checkpoint_ids()
+        after = counted[-1] if counted else NO_CHECKPOINT
     if condition.wants_savepoints:
         known = tuple(catalog.savepoint_ids())
     return replace(condition, after_checkpoint_id=after, known_savepoints=known)
@@ -236,8 +222,11 @@ def new_snapshots(catalog: CheckpointCatalog, condition: CheckpointCondition) ->
     """Completed snapshots matching ``condition``'s kind, baseline and minimum id.
 
     Ordered oldest first (by completion time, then id). ``request_id`` is not applied
-    here (see :func:`find_match`). Costs one listing per kind plus one HEAD per
-    candidate directory above the baseline and one GET per match.
+    here (see :func:`find_match`). Checkpoints count by the catalog's one rule
+    (:meth:`~airflow_ckpt.runtime.checkpoint.catalog.CheckpointCatalog.counted`: the
+    lease, the retention floor) and cost one listing, the lease record and one GET per
+    match (the newest marker is read once, also when it is no match: its floor).
+    Savepoints cost one listing, one HEAD per new directory and one GET per match.
     """
     found: list[Manifest] = []
     lowest = max(
@@ -245,8 +234,9 @@ def new_snapshots(catalog: CheckpointCatalog, condition: CheckpointCondition) ->
         -1 if condition.min_checkpoint_id is None else condition.min_checkpoint_id,
     )
     if condition.wants_checkpoints:
-        candidates = [n for n in _checkpoint_dirs(catalog) if n >= lowest]
-        found.extend(catalog.checkpoint(n) for n in catalog.completed_among(candidates))
+        counted = catalog.counted()
+        found.extend(counted.read.get(n) or catalog.checkpoint(n)
+                     for n in counted.ids if n >= lowest)
     if condition.wants_savepoints and condition.request_id is None:
         known = set(condition.known_savepoints or ())
         fresh = [sp for sp in catalog.savepoint_dirs() if sp not in known]
@@ -300,17 +290,16 @@ def _request_result(catalog: CheckpointCatalog, condition: CheckpointCondition,
 def _stale(catalog: CheckpointCatalog, max_age_s: float, now: float,
            wait_started_ts: float) -> str | None:
     """Why the job is unhealthy (no checkpoint within ``max_age_s``), or None."""
-    latest = _latest_completed_checkpoint(catalog)
+    latest = catalog.latest_checkpoint()
     if latest is None:
         if now - wait_started_ts > max_age_s:
             return (f"job {catalog.layout.job!r} completed no checkpoint within "
                     f"{max_age_s:g} s (it has none at all)")
         return None
-    completed_ts = catalog.checkpoint(latest).timings.completed_ts
-    age = now - completed_ts
+    age = now - latest.timings.completed_ts
     if age > max_age_s:
         return (f"job {catalog.layout.job!r} completed no checkpoint within {max_age_s:g} s: "
-                f"the newest, chk-{latest}, completed {age:.0f} s ago")
+                f"the newest, chk-{latest.checkpoint_id}, completed {age:.0f} s ago")
     return None
 
 
@@ -318,8 +307,8 @@ def _healthy(catalog: CheckpointCatalog, condition: CheckpointCondition, now: fl
     """True without a health condition, else when the checkpoint-progress rule says ok."""
     if condition.healthy_interval_s is None:
         return True
-    latest = _latest_completed_checkpoint(catalog)
-    completed_ts = None if latest is None else catalog.checkpoint(latest).timings.completed_ts
+    latest = catalog.latest_checkpoint()
+    completed_ts = None if latest is None else latest.timings.completed_ts
     return checkpoint_progress(completed_ts, condition.healthy_interval_s, now,
                                condition.healthy_multiple) == "ok"
 

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from airflow_ckpt.errors import ConfigError, EndpointUnreachableError
-from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog, CountedCheckpoints
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlResult
 from airflow_ckpt.runtime.lease.record import LeaseRecord
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
@@ -247,7 +247,7 @@ class Unreachable(CheckpointCatalog):
     def __init__(self, inner: CheckpointCatalog) -> None:
         super().__init__(inner.storage, inner.layout.job)
 
-    def checkpoint_ids(self, completed_only: bool = True) -> list[int]:
+    def counted(self, lease: object = "current") -> CountedCheckpoints:
         raise EndpointUnreachableError("connect timeout to http://127.0.0.1:1")
 
 

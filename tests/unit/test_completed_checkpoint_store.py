@@ -13,6 +13,7 @@ from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore, Shar
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.base import ObjectInfo
 from airflow_ckpt.runtime.storage.layout import JobLayout
+from airflow_ckpt.triggers.matching import CheckpointCondition, new_snapshots, take_baseline
 
 L = JobLayout("j")
 
@@ -151,6 +152,26 @@ def test_a_late_copy_of_a_subsumed_marker_never_counts_again(tmp_path: Path) -> 
     assert [m.checkpoint_id for m in later.retained] == [2]
     assert not storage.list(L.checkpoint_dir(1))  # swept: it never counts again
     assert storage.exists(L.shared_file("bb1"))
+
+
+def test_no_sensor_or_trigger_matches_a_late_copy_of_a_subsumed_marker(
+        tmp_path: Path) -> None:
+    """The sensors' and triggers' matching (a minimum id, a baseline, the health check)
+    counts markers by the catalog's one rule: a late copy below the retention floor is
+    no new checkpoint (it once checked only the lease, one HEAD per candidate)."""
+    storage = open_storage((tmp_path / "s").as_uri())
+    store = CompletedCheckpointStore(storage, "j", num_retained=1)
+    store.recover()
+    first = put_checkpoint(storage, 1, ["aa1"], retention_floor=store.retention_floor(1))
+    add(store, first)
+    add(store, put_checkpoint(storage, 2, ["bb1"], retention_floor=store.retention_floor(2)))
+    storage.put_bytes(L.checkpoint_metadata(1), first.to_json())  # the first PUT lands
+    catalog = CheckpointCatalog(storage, "j")
+    wanted = CheckpointCondition(job="j", kind="checkpoint", min_checkpoint_id=1)
+    assert [m.checkpoint_id for m in new_snapshots(catalog, wanted)] == [2]
+    baseline = take_baseline(catalog, CheckpointCondition(job="j", kind="checkpoint"))
+    assert baseline.after_checkpoint_id == 2
+    assert new_snapshots(catalog, baseline) == []
 
 
 def test_the_retention_floor_keeps_the_newest_num_retained(tmp_path: Path) -> None:

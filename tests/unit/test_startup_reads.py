@@ -34,6 +34,7 @@ class CountingStorage(DelegatingStorage):
     def __init__(self, inner: CheckpointStorage) -> None:
         super().__init__(inner)
         self.calls: Counter[str] = Counter()
+        self.got: Counter[str] = Counter()  # GETs by key
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:
@@ -42,6 +43,7 @@ class CountingStorage(DelegatingStorage):
 
     def get_bytes(self, key: str) -> bytes:
         self.calls["GET"] += 1
+        self.got[key] += 1
         return super().get_bytes(key)
 
     def exists(self, key: str) -> bool:
@@ -129,3 +131,23 @@ def test_without_a_reserving_record_every_savepoint_id_is_read_once(tmp_path: Pa
     assert catalog.adopt(None) == ((), 42)
     legacy = LeaseRecord(3, "old", "h", 1, 0.0, 0.0, released=True, adopted=(), first_id=5)
     assert catalog.first_free_id(legacy) == 42
+
+
+def test_the_newest_marker_is_read_once(tmp_path: Path) -> None:
+    """The catalog reads the newest marker for its retention floor and hands it back:
+    ``latest_checkpoint``, ``completed_checkpoints`` and ``restore(latest)`` never GET
+    it a second time."""
+    storage = open_storage((tmp_path / "s").as_uri())
+    for n in (4, 5):
+        write_snapshot(storage, JOB, n)
+    newest = f"{JOB}/chk-5/_metadata"
+    catalog = CheckpointCatalog(counting := CountingStorage(storage), JOB)
+    latest = catalog.latest_checkpoint()
+    assert latest is not None and latest.checkpoint_id == 5
+    assert counting.got[newest] == 1
+    assert [m.checkpoint_id for m in catalog.completed_checkpoints()] == [4, 5]
+    assert counting.got[newest] == 2 and counting.got[f"{JOB}/chk-4/_metadata"] == 1
+    counting = CountingStorage(storage)
+    restored = restore(counting, JOB, "latest", tmp_path / "w", JobHistory(counting, JOB))
+    assert restored.manifest is not None and restored.manifest.checkpoint_id == 5
+    assert counting.got[newest] == 1, dict(counting.got)

@@ -7,7 +7,7 @@ abandoned checkpoint and is never offered for restore.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,6 +45,17 @@ class CompletedRef:
         return self.dir_key + METADATA_NAME
 
 
+@dataclass(frozen=True, slots=True)
+class CountedCheckpoints:
+    """What :meth:`CheckpointCatalog.counted` found: the ids of the completed checkpoints
+    that count (ascending) and the manifests it read to decide that (by id; the marker
+    whose retention floor applied), which a caller takes from here instead of a second
+    GET. Valid for the one call: a later one lists again."""
+
+    ids: tuple[int, ...]
+    read: Mapping[int, Manifest]
+
+
 class CheckpointCatalog:
     """Lists and reads what is stored for one job (or, with :meth:`jobs`, all jobs)."""
 
@@ -60,14 +71,34 @@ class CheckpointCatalog:
 
     def checkpoint_ids(self, completed_only: bool = True,
                        lease: LeaseRecord | Literal["current"] | None = "current") -> list[int]:
-        """Checkpoint ids, ascending; with ``completed_only`` only the completed ones.
+        """Checkpoint ids, ascending; with ``completed_only`` only the completed ones
+        that count (:meth:`counted`)."""
+        if completed_only:
+            return list(self.counted(lease).ids)
+        return sorted(self._checkpoint_dirs(completed_only=False))
 
-        Completed: with a ``_metadata`` that counts under the current lease (a marker a
+    def counted(self, lease: LeaseRecord | Literal["current"] | None = "current"
+                ) -> CountedCheckpoints:
+        """The completed checkpoints that count, and the manifests read to decide it.
+
+        Completed: with a ``_metadata``. Counting: under the current lease (a marker a
         deposed driver wrote after another driver took over never counts, see
-        :func:`~airflow_ckpt.runtime.lease.record.valid_checkpoint_ids`), or under the given
-        ``lease`` record (a driver taking over judges by its predecessor's), and at or
-        above the retention floor (:meth:`_above_floor`).
+        :func:`~airflow_ckpt.runtime.lease.record.valid_checkpoint_ids`), or under the
+        given ``lease`` record (a driver taking over judges by its predecessor's), and at
+        or above the retention floor (:meth:`_above_floor`). The one rule every reader of
+        markers counts by: restore, adoption, ``recover``, the CLI, the sensors and
+        triggers. Costs one listing of the ``chk-*`` keys, the lease record and the
+        newest readable marker (more only past damaged ones).
         """
+        ids = sorted(self._checkpoint_dirs(completed_only=True))
+        if not ids:
+            return CountedCheckpoints((), {})
+        record = read_lease(self.storage, self.layout.job) if lease == "current" else lease
+        return self._above_floor(valid_checkpoint_ids(ids, record))
+
+    def _checkpoint_dirs(self, completed_only: bool) -> set[int]:
+        """Ids of the ``chk-*`` directories (with ``completed_only``: with a
+        ``_metadata``), from one listing."""
         # Only ``chk-*`` keys are listed: savepoints, history events and control
         # requests never are (the listing is bounded by the checkpoints on storage,
         # retained or abandoned, whatever the job's age).
@@ -77,12 +108,9 @@ class CheckpointCatalog:
             n = parse_checkpoint_dir(head)
             if n is not None and (tail == METADATA_NAME or not completed_only):
                 ids.add(n)
-        if not completed_only or not ids:
-            return sorted(ids)
-        record = read_lease(self.storage, self.layout.job) if lease == "current" else lease
-        return self._above_floor(valid_checkpoint_ids(sorted(ids), record))
+        return ids
 
-    def _above_floor(self, counting: list[int]) -> list[int]:
+    def _above_floor(self, counting: list[int]) -> CountedCheckpoints:
         """Of the ``counting`` ids (ascending), those at or above the retention floor
         recorded by the newest of their markers that can be read (one GET; an older one
         when the newest is damaged or gone). Retention deleted every marker below it, so
@@ -92,11 +120,13 @@ class CheckpointCatalog:
         raises the floor."""
         for n in reversed(counting):
             try:
-                floor = self.checkpoint(n).retention_floor
+                newest = self.checkpoint(n)
             except (MetadataError, RestoreError):
                 continue
-            return [i for i in counting if floor is None or i >= floor]
-        return counting
+            floor = newest.retention_floor
+            return CountedCheckpoints(
+                tuple(i for i in counting if floor is None or i >= floor), {n: newest})
+        return CountedCheckpoints(tuple(counting), {})
 
     def first_free_id(self, holder: LeaseRecord | None) -> int:
         """The first checkpoint id past every id ever used: every checkpoint directory,
@@ -127,15 +157,6 @@ class CheckpointCatalog:
         spent on reading."""
         return tuple(self.checkpoint_ids(lease=previous)), self.first_free_id(previous)
 
-    def completed_among(self, ids: Iterable[int]) -> list[int]:
-        """Of the checkpoint ``ids``, those completed and counting under the current lease
-        (one HEAD each, and the lease once): the cheap check for a few candidates, the
-        same rule as :meth:`checkpoint_ids`."""
-        found = [n for n in ids if self.storage.exists(self.layout.checkpoint_metadata(n))]
-        if not found:
-            return []
-        return valid_checkpoint_ids(found, read_lease(self.storage, self.layout.job))
-
     def savepoint_dirs(self) -> list[str]:
         """Ids of every ``savepoints/sp-<id>`` directory (completed or not), sorted."""
         return [sp for name in self.storage.list_dirs(self.layout.savepoints_prefix)
@@ -158,8 +179,10 @@ class CheckpointCatalog:
         return self._read(self.layout.savepoint_metadata(savepoint_id))
 
     def completed_checkpoints(self) -> list[Manifest]:
-        """Manifests of every completed checkpoint, oldest first."""
-        return [self.checkpoint(n) for n in self.checkpoint_ids()]
+        """Manifests of every completed checkpoint that counts, oldest first (the one
+        :meth:`counted` read is not read again)."""
+        counted = self.counted()
+        return [counted.read.get(n) or self.checkpoint(n) for n in counted.ids]
 
     def savepoints(self) -> list[Manifest]:
         """Manifests of every completed savepoint, oldest first (by completion time)."""
@@ -167,9 +190,12 @@ class CheckpointCatalog:
         return sorted(found, key=lambda m: m.timings.completed_ts)
 
     def latest_checkpoint(self) -> Manifest | None:
-        """The newest completed checkpoint, or None."""
-        ids = self.checkpoint_ids()
-        return self.checkpoint(ids[-1]) if ids else None
+        """The newest completed checkpoint that counts, or None (one listing, the lease
+        record and one GET when its marker is intact: :meth:`counted` read it)."""
+        counted = self.counted()
+        if not counted.ids:
+            return None
+        return counted.read.get(counted.ids[-1]) or self.checkpoint(counted.ids[-1])
 
     def resolve(self, path: str) -> CompletedRef:
         """Resolve ``chk-7``, ``7``, ``sp-x``, ``<job>/chk-7`` or a full URI to a reference.

@@ -104,12 +104,13 @@ def restore(
     if target.lower() == LATEST:
         unusable: list[str] = []
         damaged: set[str] = set()
-        own = [i for i in catalog.checkpoint_ids() if floor is None or i >= floor]
+        counted = catalog.counted()
+        own = [i for i in counted.ids if floor is None or i >= floor]
         for checkpoint_id in reversed(own):
             ref = catalog.resolve(f"chk-{checkpoint_id}")
             path = catalog.uri_of(ref)
             try:
-                manifest = catalog.read(ref)
+                manifest = counted.read.get(checkpoint_id) or catalog.read(ref)
                 _materialize_into(storage, manifest, workdir, digests)
             except (CorruptCheckpointError, MetadataError, RestoreError) as exc:
                 log.warning("checkpoint %s is not restorable, trying an older one: %s", path, exc)

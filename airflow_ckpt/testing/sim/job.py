@@ -84,7 +84,8 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   its lease gate first (as in the sink and savepoint worlds);
 * ``job-uncounted`` (each restore by the holder, its takeover over): a checkpoint that
   counted keeps counting while its marker exists (a takeover adopts every marker that
-  landed before its claim);
+  landed before its claim), unless ``num-retained`` newer ones count or were deleted
+  by the vandal (below the retention floor: subsumed, its marker may outlive it);
 * ``job-renewed-deposed``: a heartbeat succeeds only while no newer epoch's record
   exists (checked in the step it returns: its confirm's listing is its last call);
 * ``job-write-after-expiry``: a driver's lease gate passes no write once ``ttl -
@@ -102,8 +103,10 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   never counts again, also when a late write creates the marker again (a marker PUT
   whose answer was lost, repeated by the outage wrapper, the first copy landing after
   retention deleted it: seed 129): the catalog, which restore, adoption and ``recover``
-  read through, ignores it (below the newer markers' retention floor). Such a marker
-  is judged as damaged by the other invariants (its files are gone).
+  read through, ignores it (below the newer markers' retention floor), unless the
+  vandal damaged or deleted a marker above it (the floor may be unreadable then: seed
+  101367). Such a marker is judged as damaged by the other invariants (its files are
+  gone).
 
 :class:`~airflow_ckpt.testing.sim.outcome.Outcome.coverage` counts what each schedule
 exercised (GC over a non-empty set, adoption filtering a marker, a restore fallback,
@@ -561,6 +564,9 @@ class JobWorld(Judged):
         self._version = -1
         self._markers: dict[str, bytes] = {}  # _metadata key -> its first bytes
         self._deleted_markers: set[str] = set()
+        self._subsumed_markers: set[str] = set()  # deleted, not by the vandal
+        #: markers a late write created again after their deletion (not the vandal's)
+        self._late_copies: set[str] = set()
         self._referenced: dict[str, dict[str, str]] = {}  # marker -> key -> first ETag
         self._manifests: dict[tuple[str, str], Manifest | None] = {}
         self._results: dict[str, bytes] = {}  # control result key -> its first bytes
@@ -620,7 +626,7 @@ class JobWorld(Judged):
         older epoch that first landed after a newer holder's takeover was over (its
         adoption final), whatever a record says."""
         ids = {n for key in self.objects.objects if (n := _checkpoint_of(key)) is not None
-               and key not in self._deleted_markers}  # subsumed once: never again
+               and key not in self._subsumed_markers}  # subsumed once: never again
         lease = read_lease(self.oracle, JOB) if ids else None
         if lease is None or lease.adopted is None or lease.first_id is None:
             return ids - self._late
@@ -662,15 +668,23 @@ class JobWorld(Judged):
             self.coverage["adoption-filtered"] += 1
         for key in sorted(set(self._markers) - present):
             self._deleted_markers.add(key)
-        resurrected = [k for k in markers if k in self._deleted_markers
-                       and self.vandalized.get(k, "") is not None]
+            if self.vandalized.get(key, "") is not None:
+                self._subsumed_markers.add(key)  # not the vandal's delete
+        # created again after a delete of the runtime's (seed 105944: the vandal deleted
+        # a marker, its late first copy landed, then the vandal damaged it: no subsumed
+        # marker came back)
+        resurrected = [k for k in markers if k in self._subsumed_markers]
         for key in resurrected:
+            self._late_copies.add(key)
             self.vandalized.setdefault(key, objects[key].etag)  # its files are gone
         if resurrected:
             self.coverage["marker-resurrected"] += 1
             read = set(CheckpointCatalog(self.oracle, JOB).checkpoint_ids())
             for key in resurrected:
-                if _checkpoint_of(key) in read:
+                number = _checkpoint_of(key)
+                if number in read and self._floor_unknown(number):
+                    self.coverage["late-copy-floor-unknown"] += 1
+                elif number in read:
                     self.violate(MARKER_RESURRECTED, f"{key} was deleted (subsumed) and "
                                  "created again by a late write, and the catalog counts "
                                  "it: a completed checkpoint whose files are gone")
@@ -700,6 +714,19 @@ class JobWorld(Judged):
                 if first != objects[key].data:
                     self.violate(CONTROL, f"the answer {key} changed")
 
+    def _floor_unknown(self, number: int) -> bool:
+        """Whether the vandal damaged or deleted a marker above checkpoint ``number``:
+        then the retention floor that subsumed it may be unreadable (seed 101367: the
+        newest marker damaged, readers fall back to an older marker's floor, at or below
+        ``number``), and no reader can tell a late copy from a retained checkpoint. Its
+        counting is then allowed: it is judged as damaged (restore verifies its files
+        and falls past it; the next subsumption deletes it again). Floors only rise
+        among readable markers, so their greatest is the newest's: nothing better is
+        left to read. Judged from the vandal's actions, never from the floors written
+        (a wrong floor is what ``job-marker-resurrected`` must find)."""
+        return any(n > number for key in self.vandalized if key not in self._late_copies
+                   and (n := _checkpoint_of(key)) is not None)
+
     def _note_late(self, key: str) -> None:
         """A checkpoint marker seen for the first time: late if its writer's epoch is
         older than that of a holder whose takeover (adoption) was over by then."""
@@ -716,8 +743,7 @@ class JobWorld(Judged):
         deleted is still counted as one of the newer ones."""
         counted = self.counted()
         before, self._counted_before = self._counted_before, counted
-        newer_pool = counted | {n for k, etag in self.vandalized.items()
-                                if etag is None and (n := _checkpoint_of(k)) is not None}
+        newer_pool = self._retention_pool(counted)
         self._ever_counted |= counted
         self._check_pinned(gone)
         for key in gone:
@@ -729,6 +755,12 @@ class JobWorld(Judged):
                 self.violate(RETENTION, f"{key} was deleted while it counted, with only "
                              f"{newer} newer checkpoint(s) counting (num-retained "
                              f"{self.num_retained})")
+
+    def _retention_pool(self, counted: set[int]) -> set[int]:
+        """The checkpoints retention may count as newer ones: those that count, and those
+        whose marker the vandal deleted (retention kept them; damage is not its fault)."""
+        return counted | {n for k, etag in self.vandalized.items()
+                          if etag is None and (n := _checkpoint_of(k)) is not None}
 
     @property
     def num_retained(self) -> int:
@@ -858,11 +890,15 @@ class JobWorld(Judged):
             return  # asked for, or deposed already: a successor decides
         floor = job._run_floor
         counted = self.counted()
+        pool = self._retention_pool(counted)
         for number in sorted(self._ever_counted - counted):
             key = LAYOUT.checkpoint_metadata(number)
-            newer = [n for n in counted if n > number]
+            newer = [n for n in pool if n > number]
             if len(newer) >= self.setup.num_retained:
-                continue  # subsumed: below the retention floor its marker may outlive
+                # subsumed: below the retention floor its marker may outlive; a newer
+                # marker the vandal deleted is one of the retained (as for job-retention:
+                # seed 100096, the floor of chk-5 left chk-3 behind chk-4 it retained)
+                continue
             if key in self.objects.objects and key not in self.vandalized:
                 self.violate(UNCOUNTED, f"chk-{number} counted, but not for {job.life} "
                              "after its takeover, while its marker exists (not adopted)")
