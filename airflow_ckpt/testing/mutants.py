@@ -342,6 +342,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "self.storage.delete_many(requests)\n            self.storage.delete_many(old)",
            "self.storage.delete_many(old)\n            self.storage.delete_many(requests)",
            "an answered request is deleted before its answer (never acted on again)"),
+    Mutant("control-forgets-busy-request", "runtime/control/channel.py",
+           "if request[len(self.layout.control_prefix):-len(\".json\")] in busy:",
+           "if False:",
+           "a request the driver still acts on is never deleted (its answer would land "
+           "again)"),
     Mutant("terminal-event-ignored", "runtime/history/restart_log.py",
            "if event.type in TERMINAL_EVENTS:\n            state.attempt_end = event",
            "if False:\n            state.attempt_end = event",

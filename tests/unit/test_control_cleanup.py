@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_ckpt.errors import ObjectAlreadyExistsError
 from airflow_ckpt.runtime.control.channel import (
     ANSWER_RETENTION_S,
     FORGET_PER_LOOK,
@@ -109,4 +110,26 @@ def test_a_backlog_drains_a_bounded_number_per_look(storage: CheckpointStorage) 
     driver.look(0.0, storage_now=time.time() + LATER)
     assert len(control_keys(storage)) == 2 * 50
     driver.look(1.0, storage_now=time.time() + LATER)
+    assert control_keys(storage) == []
+
+
+def test_a_request_the_driver_still_acts_on_keeps_its_expired_answer(
+    storage: CheckpointStorage,
+) -> None:
+    """The job world, seed 100984: the requester gave up and answered "expired"; the
+    driver, whose savepoint for the request was still in flight, deleted the request and
+    that answer at its next look, then its own create-only "completed" answer landed as
+    a second one. A request the driver acts on is kept until it answered."""
+    requester = ControlChannel(storage, JOB)
+    request = requester.request_savepoint(timeout_s=1.0)
+    driver = ControlChannel(storage, JOB)
+    assert [r.request_id for r in driver.look(0.0)] == [request.request_id]  # acted on
+    requester.answer(ControlResult(request.request_id, "failed", time.time(),
+                                   failure_message="expired"))  # the requester gave up
+    driver.look(1.0, storage_now=time.time() + LATER, busy={request.request_id})
+    with pytest.raises(ObjectAlreadyExistsError):  # its savepoint completed: answered once
+        driver.answer(ControlResult(request.request_id, "completed", time.time()))
+    answer = requester.result(request.request_id)
+    assert answer is not None and answer.status == "failed"
+    driver.look(2.0, storage_now=time.time() + LATER)  # answered: now it goes
     assert control_keys(storage) == []

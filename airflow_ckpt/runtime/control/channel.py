@@ -55,7 +55,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
@@ -293,20 +293,23 @@ class ControlChannel:
         per pending request not read by this channel before."""
         return self._unanswered(self._keys())
 
-    def look(self, now: float, storage_now: float | None = None) -> list[ControlRequest]:
+    def look(self, now: float, storage_now: float | None = None,
+             busy: Collection[str] = ()) -> list[ControlRequest]:
         """The driver's :meth:`pending`: also remembers that a listing began at ``now``
         (the caller's clock, for :meth:`due`), deletes the doorbells heard for requests
         that have an answer (best effort: a doorbell is only a hint), with
         ``storage_now`` (the storage's clock) deletes the requests answered more than
-        :data:`ANSWER_RETENTION_S` ago and their answers (see the module doc), and
-        answers "failed" each request it cannot read (see the module doc; a failed
-        answer is tried again at the next look)."""
+        :data:`ANSWER_RETENTION_S` ago and their answers (see the module doc) but those
+        whose ids are in ``busy`` (the driver still acts on them and will answer: were
+        the requester's "expired" answer deleted, the driver's create-only answer would
+        land as a second one), and answers "failed" each request it cannot read (see
+        the module doc; a failed answer is tried again at the next look)."""
         heard = self.doorbell.rung if self.doorbell is not None else frozenset()
         keys = self._keys()
         self._listed_at, self._heard_before_listing = now, heard
         self._hang_up(heard, keys)
         if storage_now is not None:
-            self._forget_answered(keys, storage_now)
+            self._forget_answered(keys, storage_now, busy)
         requests = self._unanswered(keys)
         for unreadable in self._unreadable.values():
             self._refuse(unreadable)
@@ -352,7 +355,8 @@ class ControlChannel:
         except StorageError as exc:
             log.warning("could not delete answered doorbells %s (%s); will retry", answered, exc)
 
-    def _forget_answered(self, keys: dict[str, float], storage_now: float) -> None:
+    def _forget_answered(self, keys: dict[str, float], storage_now: float,
+                         busy: Collection[str]) -> None:
         """Delete the answered requests that expired more than
         :attr:`answer_retention_s` ago, then their answers, and answers whose request is
         gone (best effort: tried again at the next look). ``keys`` loses them."""
@@ -366,6 +370,8 @@ class ControlChannel:
                 if not result.endswith(_RESULT_SUFFIX) or stored >= cutoff:
                     continue  # an answer younger than the retention: its request is too
                 request = result[: -len(_RESULT_SUFFIX)] + ".json"
+                if request[len(self.layout.control_prefix):-len(".json")] in busy:
+                    continue  # acted on: its answer is still to come (or failed to land)
                 if request not in keys:
                     old.append(result)
                 elif self._expired_at(request, keys[request]) < cutoff:

@@ -47,7 +47,8 @@ class SavepointRequests:
     ) -> ControlRequest | None:
         """Trigger the savepoints newly requested; return a stop request, if any."""
         stop = None
-        for request in self.control.look(now, storage_now=self.clock() + self.storage_offset_s):
+        for request in self.control.look(now, storage_now=self.clock() + self.storage_offset_s,
+                                         busy=requests.keys()):
             if request.request_id in requests:
                 continue
             if request.expired(self.clock() + self.storage_offset_s):
