@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow_ckpt.errors import (
-    CorruptCheckpointError,
-    ObjectAlreadyExistsError,
-    ObjectNotFoundError,
-    SinkReplayMismatchError,
-)
-from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
-from airflow_ckpt.runtime.sinks.transactions import AttemptOutcome, SinkTransactions, Transaction
+from airflow_ckpt.errors import CorruptCheckpointError, ObjectNotFoundError
+from airflow_ckpt.runtime.sinks.staged import StagedSink
+from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
-log = logging.getLogger("airflow_ckpt.sinks")
 
-
-class JsonLinesSink(TwoPhaseCommitSink):
+class JsonLinesSink(StagedSink):
     """Writes each batch as one JSON-lines object in checkpoint-style storage.
 
     ``<prefix>/_pending/<batch>/<attempt>.jsonl`` while pre-committed (one fresh key per
@@ -39,11 +31,14 @@ class JsonLinesSink(TwoPhaseCommitSink):
     ``ids``: fresh random ids (each pre-commit's attempt key).
     """
 
+    attempt_suffix = ".jsonl"
+
     def __init__(self, storage: CheckpointStorage, prefix: str, *,
                  ids: Callable[[], uuid.UUID] = uuid.uuid4) -> None:
         self.storage = storage
         self.ids = ids
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.staging_root = f"{self.prefix}_pending/"
         self.transactions = SinkTransactions(storage, self.prefix, name=repr(self))
         self._lock = threading.Lock()
 
@@ -56,8 +51,9 @@ class JsonLinesSink(TwoPhaseCommitSink):
     def __repr__(self) -> str:
         return f"JsonLinesSink({self.storage.uri.rstrip('/') + '/' + self.prefix!r})"
 
-    def _pending_prefix(self, batch_id: int) -> str:
-        return f"{self.prefix}_pending/{batch_id:012d}/"
+    def _attempt_keys(self, batch_id: int, attempt: str) -> list[str]:
+        """One attempt stages one key: known, never listed."""
+        return [self._staging(batch_id, attempt)]
 
     def part_key(self, batch_id: int, replay: str = "") -> str:
         """The published object of the batch (``replay``: of its extra publication)."""
@@ -67,44 +63,18 @@ class JsonLinesSink(TwoPhaseCommitSink):
     def pre_commit(self, batch_id: int, rows: Sequence[dict[str, Any]]) -> None:
         body = "".join(json.dumps(r, sort_keys=True, default=str) + "\n" for r in rows)
         attempt = self.ids().hex[:16]
-        staged = f"{self._pending_prefix(batch_id)}{attempt}.jsonl"
+        staged = self._staging(batch_id, attempt)
         self.storage.put_bytes(staged, body.encode(), create_only=True)
-        try:
-            superseded = self.transactions.record(Transaction(
-                batch_id, attempt, "staged", offsets=self.batch_offsets(batch_id)),
-                self.replay_policy, describe=self._describe)
-        except (ObjectAlreadyExistsError, SinkReplayMismatchError) as exc:
-            # committed already: the replay is never published; its own staging goes
-            self.storage.delete_many([staged])
-            if isinstance(exc, SinkReplayMismatchError):
-                raise
-            log.warning("%s: skipping the replay of batch %d: %s", self, batch_id, exc)
-            return
-        if superseded is not None:
-            self.storage.delete_many(
-                [f"{self._pending_prefix(batch_id)}{superseded.attempt}.jsonl"])
-
-    def _slots(self, batch_id: int, extra: bool = True) -> list[str]:
-        """The batch's extra publications with a record (if ``extra``), then the batch
-        itself (""): an extra one is finished first, as the batch's own clean-up deletes
-        every attempt staged under ``_pending/<batch>/``."""
-        return [*(self.transactions.replays(batch_id) if extra else ()), ""]
-
-    def commit(self, batch_id: int) -> None:
-        with self._lock:
-            for replay in self._slots(batch_id, self._seeks_extra):
-                self._commit(batch_id, replay)
+        self._record(Transaction(batch_id, attempt, "staged",
+                                 offsets=self.batch_offsets(batch_id)))
 
     @staticmethod
     def _describe(txn: Transaction) -> dict[str, Any]:
         """The commit decision for a staged transaction: the attempt published."""
         return {"batch": txn.batch, "attempt": txn.attempt}
 
-    def _commit(self, batch_id: int, replay: str) -> None:
-        decision = self.transactions.decide(batch_id, self._describe, replay)
-        if decision is None:
-            return  # never staged (aborted, or a crash before its record)
-        staged = f"{self._pending_prefix(batch_id)}{decision['attempt']}.jsonl"
+    def _publish(self, batch_id: int, replay: str, decision: dict[str, Any]) -> None:
+        staged = self._staging(batch_id, decision["attempt"])
         part = self.part_key(batch_id, replay)
         try:
             self.storage.copy(staged, part)
@@ -115,38 +85,6 @@ class JsonLinesSink(TwoPhaseCommitSink):
                     f"{self.storage.uri}: batch {batch_id} was committed but neither "
                     f"its staged object {staged} nor {part} exists; "
                     "the sink's directory was modified outside the sink") from None
-        self.transactions.discard(staged if replay else self._pending_prefix(batch_id))
-        self.transactions.finish(batch_id, replay, attempt=decision["attempt"])
-
-    def abort(self, batch_id: int) -> None:
-        with self._lock:
-            for replay in self._slots(batch_id):
-                if self.transactions.decision(batch_id, replay) is not None:
-                    self._commit(batch_id, replay)  # decided: roll the commit forward
-                    continue
-                aborted = self.transactions.abort(batch_id, replay)
-                if aborted is AttemptOutcome.COMMIT:
-                    self._commit(batch_id, replay)  # its commit won: roll it forward
-                    continue
-                if not replay:
-                    self.transactions.discard(self._pending_prefix(batch_id))
-                elif isinstance(aborted, Transaction):
-                    self.transactions.discard(
-                        f"{self._pending_prefix(batch_id)}{aborted.attempt}.jsonl")
-
-    def pending(self) -> list[int]:
-        return self.transactions.staged()
-
-    def recover(self, commit: Iterable[int]) -> None:
-        """As the base class, and abort what a crash left staged without a record;
-        refuse a restored transaction aborted since (``SinkTransactionAbortedError``)."""
-        keep = set(commit)
-        self.transactions.require_committable(keep)
-        super().recover(keep)
-        pending = set(self.pending())
-        for name in self.storage.list_dirs(self.prefix + "_pending/"):
-            if name.isdigit() and int(name) not in pending:
-                self.abort(int(name))
 
     def committed_rows(self) -> list[dict[str, Any]]:
         """Every committed row, in batch order (what a downstream reader sees)."""

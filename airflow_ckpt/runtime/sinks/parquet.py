@@ -26,9 +26,11 @@ changes a decision, see there).
 * ``commit``: writes ``_committed/<batch>.json`` create-only (the atomic decision: the
   first attempt recorded there is the one published, ever), copies its staged files to
   ``part-<batch>-<n>.parquet`` (names fixed by the record, so re-running a commit
-  rewrites the same objects with the same bytes), then deletes the staging and the
-  ``_txn`` record. A replayed batch whose decision exists is never published again: it is
-  skipped if it read the source offsets the decision recorded (exactly once). One that
+  rewrites the same objects with the same bytes), then deletes the attempt's staging,
+  the ``_txn`` record and the attempt's outcome in one request (other attempts of the
+  batch are left to the next recovery's sweep; ``runtime/sinks/staged.py``). A
+  replayed batch whose decision exists is never published again: it is skipped if it
+  read the source offsets the decision recorded (exactly once). One that
   read others is refused with ``SinkReplayMismatchError`` under EXACTLY_ONCE (its staging
   is deleted, the published files are kept); under AT_LEAST_ONCE it is published as extra
   output, a transaction of its own (``_txn/<batch>.<tag>.json``,
@@ -50,21 +52,16 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_ckpt.errors import (
-    CorruptCheckpointError,
-    ObjectAlreadyExistsError,
-    ObjectNotFoundError,
-    SinkReplayMismatchError,
-)
+from airflow_ckpt.errors import CorruptCheckpointError, ObjectNotFoundError
 from airflow_ckpt.runtime import interleave
-from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
-from airflow_ckpt.runtime.sinks.transactions import AttemptOutcome, SinkTransactions, Transaction
+from airflow_ckpt.runtime.sinks.staged import StagedSink
+from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.factory import open_storage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
@@ -237,7 +234,7 @@ class StagedBatch:
     record_s: float
 
 
-class ParquetSink(TwoPhaseCommitSink):
+class ParquetSink(StagedSink):
     """Exactly-once Parquet output written by the executors (see the module docstring).
 
     :param uri: the table directory, ``file:///abs/path`` or ``s3://bucket/prefix``
@@ -254,6 +251,8 @@ class ParquetSink(TwoPhaseCommitSink):
     def __init__(self, uri: str, *, compression: str = "snappy", max_workers: int = 8,
                  arrow_batch_rows: int = ARROW_BATCH_ROWS, **s3_options: Any) -> None:
         self.uri = uri.rstrip("/")
+        self.staging_root = "_staging/"
+        self.attempt_suffix = "/"
         self.compression = compression
         self.arrow_batch_rows = max(1, arrow_batch_rows)
         self.max_workers = max(1, max_workers)
@@ -279,11 +278,6 @@ class ParquetSink(TwoPhaseCommitSink):
     # ------------------------------------------------------------------ keys
 
     @staticmethod
-    def _staging_prefix(batch_id: int, attempt: str | None = None) -> str:
-        base = f"_staging/{batch_id:012d}/"
-        return base + f"{attempt}/" if attempt else base
-
-    @staticmethod
     def part_key(batch_id: int, n: int, replay: str = "") -> str:
         """File ``n`` published for the batch (``replay``: for its extra publication)."""
         tag = f".{replay}" if replay else ""
@@ -296,7 +290,7 @@ class ParquetSink(TwoPhaseCommitSink):
         the file list (never rows)."""
         started = time.perf_counter()
         attempt = uuid.uuid4().hex[:16]
-        prefix = self._staging_prefix(batch_id, attempt)
+        prefix = self._staging(batch_id, attempt)
         directory = _local_path(self.storage, prefix)
         if directory is not None:
             files, write_s = _write_with_spark(df, directory, self.compression)
@@ -306,7 +300,7 @@ class ParquetSink(TwoPhaseCommitSink):
                 df.mapInArrow(writer, FILE_LIST_SCHEMA), self.arrow_batch_rows)]
             write_s = time.perf_counter() - started
         interleave.point(interleave.SINK_STAGED_BEFORE_RECORD)
-        self._record(batch_id, attempt, files)
+        self._record_files(batch_id, attempt, files)
         self.last_stage = StagedBatch(
             batch_id, len(files), sum(f["rows"] for f in files), sum(f["size"] for f in files),
             write_s, time.perf_counter() - started - write_s)
@@ -325,33 +319,21 @@ class ParquetSink(TwoPhaseCommitSink):
             try:
                 _write_parquet(iter(table.to_batches()), tmp, self.compression)
                 name = "part-00000-0.parquet"
-                self.storage.upload_file(Path(tmp), self._staging_prefix(batch_id, attempt) + name)
+                self.storage.upload_file(Path(tmp), self._staging(batch_id, attempt) + name)
                 files.append({"name": name, "size": os.path.getsize(tmp), "rows": len(rows)})
             finally:
                 os.unlink(tmp)
-        self._record(batch_id, attempt, files)
+        self._record_files(batch_id, attempt, files)
 
-    def _record(self, batch_id: int, attempt: str, files: list[dict[str, Any]]) -> None:
+    def _record_files(self, batch_id: int, attempt: str, files: list[dict[str, Any]]) -> None:
         files.sort(key=lambda f: f["name"])
-        try:
-            superseded = self.transactions.record(Transaction(
-                batch_id, attempt, "staged", {"files": files}, self.batch_offsets(batch_id)),
-                self.replay_policy, describe=self._describe)
-        except (ObjectAlreadyExistsError, SinkReplayMismatchError) as exc:
-            # committed already: the replay is never published; its own staging goes
-            self.transactions.discard(self._staging_prefix(batch_id, attempt))
-            if isinstance(exc, SinkReplayMismatchError):
-                raise
-            log.warning("%s: skipping the replay of batch %d (attempt %s): %s",
-                        self, batch_id, attempt, exc)
-            return
-        if superseded is not None:  # a replay replaces an earlier attempt's staging
-            self.transactions.discard(self._staging_prefix(batch_id, superseded.attempt))
+        self._record(Transaction(batch_id, attempt, "staged", {"files": files},
+                                 self.batch_offsets(batch_id)))
         log.debug("batch %d staged: attempt %s, %d files", batch_id, attempt, len(files))
 
     def _describe(self, txn: Transaction) -> dict[str, Any]:
         """The commit decision for a staged transaction (a pure function of it)."""
-        staging = self._staging_prefix(txn.batch, txn.attempt)
+        staging = self._staging(txn.batch, txn.attempt)
         return {
             "batch": txn.batch,
             "attempt": txn.attempt,
@@ -362,25 +344,7 @@ class ParquetSink(TwoPhaseCommitSink):
             ],
         }
 
-    def _slots(self, batch_id: int, extra: bool = True) -> list[str]:
-        """The batch's extra publications with a record (if ``extra``), then the batch
-        itself (""): an extra one is finished first, as the batch's own clean-up deletes
-        every attempt staged under ``_staging/<batch>/``."""
-        return [*(self.transactions.replays(batch_id) if extra else ()), ""]
-
-    def commit(self, batch_id: int) -> None:
-        with self._lock:
-            for replay in self._slots(batch_id, self._seeks_extra):
-                self._commit(batch_id, replay)
-
-    def _commit(self, batch_id: int, replay: str) -> None:
-        decision = self.transactions.decide(batch_id, self._describe, replay)
-        if decision is None:
-            return  # never staged (aborted, or a crash before its record)
-        self._publish(decision)
-        self._cleanup(batch_id, replay, decision["attempt"])
-
-    def _publish(self, decision: dict[str, Any]) -> None:
+    def _publish(self, batch_id: int, replay: str, decision: dict[str, Any]) -> None:
         def one(entry: dict[str, Any]) -> None:
             interleave.point(interleave.SINK_BEFORE_PUBLISH_FILE)
             staged = _local_path(self.storage, entry["staged"])
@@ -415,44 +379,6 @@ class ParquetSink(TwoPhaseCommitSink):
         published = _local_path(self.storage, files[0]["final"])
         if published is not None:  # make the renames durable
             fsync_dir(published.parent)
-
-    def _cleanup(self, batch_id: int, replay: str, attempt: str) -> None:
-        # Staging first, record last: a crash in between leaves the record, so the
-        # batch is still pending and the next commit finishes the clean-up. An extra
-        # publication deletes only its own attempt's staging.
-        self.transactions.discard(self._staging_prefix(batch_id, attempt if replay else None))
-        self.transactions.finish(batch_id, replay, attempt=attempt)
-
-    def abort(self, batch_id: int) -> None:
-        with self._lock:
-            for replay in self._slots(batch_id):
-                if self.transactions.decision(batch_id, replay) is not None:
-                    log.warning("batch %d: abort after its commit decision; finishing the "
-                                "commit (its files are already visible to readers)", batch_id)
-                    self._commit(batch_id, replay)
-                    continue
-                aborted = self.transactions.abort(batch_id, replay)
-                if aborted is AttemptOutcome.COMMIT:
-                    self._commit(batch_id, replay)  # its commit won: roll it forward
-                    continue
-                if not replay:
-                    self.transactions.discard(self._staging_prefix(batch_id))
-                elif isinstance(aborted, Transaction):
-                    self.transactions.discard(self._staging_prefix(batch_id, aborted.attempt))
-
-    def pending(self) -> list[int]:
-        return self.transactions.staged()
-
-    def recover(self, commit: Iterable[int]) -> None:
-        """As the base class, and abort the staging a crash left without a record;
-        refuse a restored transaction aborted since (``SinkTransactionAbortedError``)."""
-        keep = set(commit)
-        self.transactions.require_committable(keep)
-        super().recover(keep)
-        pending = set(self.pending())
-        for name in self.storage.list_dirs("_staging/"):
-            if name.isdigit() and int(name) not in pending:
-                self.abort(int(name))
 
     # ------------------------------------------------------------------ readers
 

@@ -58,6 +58,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -132,6 +133,10 @@ class SinkTransactions:
         self.prefix = prefix
         self.confirm = confirm
         self.name = name  # the sink, as error messages name it
+        #: (batch, replay) of every staged record as this driver knows it: its last
+        #: listing plus its own writes since; None: list again (see :meth:`staged`)
+        self._staged: set[tuple[int, str]] | None = None
+        self._staged_lock = threading.Lock()
 
     # ------------------------------------------------------------------ keys
     @staticmethod
@@ -193,9 +198,35 @@ class SinkTransactions:
 
     def staged(self) -> list[int]:
         """Batches with a staged record not decided (of the batch or of an extra
-        publication of it): the pending transactions, ascending."""
-        return sorted({b for b, replay in self._records("_txn/")
-                       if (t := self.current(b, replay)) is not None and t.state == "staged"})
+        publication of it): the pending transactions, ascending.
+
+        Listed (a LIST of ``_txn/`` and a GET per record) on first use and after
+        :meth:`forget`; afterwards known from this object's own writes, as only the
+        holder writes records: what else may land is a deposed driver's late record,
+        which this driver never staged and so must not commit (the next life's listing
+        finds it and rolls it forward or aborts it). A write whose outcome is unknown
+        (it raised) makes the next call list again."""
+        with self._staged_lock:
+            if self._staged is None:
+                self._staged = {
+                    (b, replay) for b, replay in self._records("_txn/")
+                    if (t := self.current(b, replay)) is not None and t.state == "staged"}
+            return sorted({b for b, _ in self._staged})
+
+    def forget(self) -> None:
+        """Make the next :meth:`staged` list the records again (a new life of the sink:
+        what an earlier driver left is read from storage)."""
+        with self._staged_lock:
+            self._staged = None
+
+    def _known(self, batch_id: int, replay: str, *, staged: bool) -> None:
+        """This object's own write just made the record staged (or gone, or aborted)."""
+        with self._staged_lock:
+            if self._staged is not None:
+                if staged:
+                    self._staged.add((batch_id, replay))
+                else:
+                    self._staged.discard((batch_id, replay))
 
     def require_committable(self, batches: Iterable[int]) -> None:
         """Raise :class:`~airflow_ckpt.errors.SinkTransactionAbortedError` for the first
@@ -237,6 +268,14 @@ class SinkTransactions:
         :class:`~airflow_ckpt.errors.SinkReplayMismatchError` (nothing recorded), or
         recorded as the extra publication ``txn.offsets.tag`` of the batch, with the
         same rules (a replay with those offsets again is skipped)."""
+        try:
+            return self._record(txn, replays, describe)
+        except BaseException:
+            self.forget()  # it may have landed
+            raise
+
+    def _record(self, txn: Transaction, replays: ReplayPolicy,
+                describe: Describe | None) -> Transaction | None:
         key = self.txn_key(txn.batch, txn.replay)
         for _ in range(_SWAP_ROUNDS):
             decided = self.decision(txn.batch, txn.replay)
@@ -249,20 +288,25 @@ class SinkTransactions:
                     if self.decision(txn.batch, extra.replay) is None:  # else: skipped
                         replays.announce(self.name, txn.batch, decided.get("offsets"),
                                          txn.offsets)
-                    return self.record(extra, replays, describe=describe)
+                    return self._record(extra, replays, describe)
                 raise ObjectAlreadyExistsError(
                     f"batch {txn.batch} is committed already; its replay "
                     + ("read the same source offsets" if verdict is ReplayVerdict.SAME else
                        "carries no source offsets to compare (the sink runs without the "
                        "runtime)"))
+            # The batch's first staging creates its record (a new batch: one request);
+            # a record in place is read and superseded below.
+            try:
+                self.storage.put_bytes(key, txn.to_json(), create_only=True)
+            except ObjectAlreadyExistsError:
+                pass
+            else:
+                self._known(txn.batch, txn.replay, staged=True)
+                return None
             try:
                 stored = self.storage.get_versioned(key)
             except ObjectNotFoundError:
-                try:
-                    self.storage.put_bytes(key, txn.to_json(), create_only=True)
-                except ObjectAlreadyExistsError:
-                    continue  # someone recorded it meanwhile: look again
-                return None
+                continue  # finished meanwhile (its batch was decided): look again
             previous = Transaction.from_json(stored.data)
             self.confirm()  # the record read above is not a successor's
             if (previous.state == "staged" and previous.attempt != txn.attempt
@@ -276,6 +320,7 @@ class SinkTransactions:
                 self.storage.put_bytes(key, txn.to_json(), if_match=stored.etag)
             except PreconditionFailedError:
                 continue
+            self._known(txn.batch, txn.replay, staged=True)
             return previous if previous.attempt != txn.attempt else None
         raise PreconditionFailedError(f"{key} kept changing while batch {txn.batch} was "
                                       "recorded: another driver writes this sink")
@@ -287,13 +332,19 @@ class SinkTransactions:
         described by ``describe`` plus the record's ``offsets``. None if nothing is
         staged. Raises :class:`~airflow_ckpt.errors.SinkTransactionAbortedError` if the
         staged attempt's outcome is ``abort`` (an earlier driver's recovery aborted it;
-        its record swap may not have landed): its output is lost, never published."""
-        existing = self.decision(batch_id, replay)
-        if existing is not None:
-            return existing
+        its record swap may not have landed): its output is lost, never published.
+
+        The record is read first: a staged one is decided from (a decision already in
+        place is found by the create-only write, below, or by the outcome); the
+        decision is read only when there is no staged record (a batch committed and
+        finished, or never staged), so a batch's commit reads one object, not two."""
         txn = self.current(batch_id, replay)
-        if txn is None:
-            return None
+        if txn is None or txn.state != "staged":
+            existing = self.decision(batch_id, replay)
+            if existing is not None:
+                return existing
+            if txn is None:
+                return None
         # The record read above is not a successor's. An aborted record is a recovery's,
         # and only a holder of the lease aborts, after its claim: a deposed driver's
         # confirm (a read after the aborted record's) sees that claim and raises, so its
@@ -306,6 +357,10 @@ class SinkTransactions:
             # there. One that passes is a predecessor's (a recovery that did not list
             # the batch, whose record swap never landed): the batch is aborted, not
             # "never staged", and a caller committing it must not return as if published.
+            # (A decision in place, of the batch's earlier attempt, is the batch's.)
+            existing = self.decision(batch_id, replay)
+            if existing is not None:
+                return existing
             self.confirm()
             raise SinkTransactionAbortedError(batch_id, self.name)
         decision = describe(txn)
@@ -314,7 +369,7 @@ class SinkTransactions:
         try:
             self.storage.put_bytes(self.decision_key(batch_id, replay), json.dumps(
                 decision, sort_keys=True).encode(), create_only=True)
-        except ObjectAlreadyExistsError:
+        except ObjectAlreadyExistsError:  # decided before: that decision stands
             decided = self.decision(batch_id, replay)
             assert decided is not None
             return decided
@@ -330,9 +385,11 @@ class SinkTransactions:
             try:
                 stored = self.storage.get_versioned(key)
             except ObjectNotFoundError:
+                self._known(batch_id, replay, staged=False)
                 return None
             txn = Transaction.from_json(stored.data)
             if txn.state == "aborted":
+                self._known(batch_id, replay, staged=False)
                 return txn
             self.confirm()  # the record read above is not a successor's
             if self._settle(txn, AttemptOutcome.ABORT) is AttemptOutcome.COMMIT:
@@ -342,6 +399,10 @@ class SinkTransactions:
                 self.storage.put_bytes(key, aborted.to_json(), if_match=stored.etag)
             except PreconditionFailedError:
                 continue
+            except BaseException:
+                self.forget()  # it may have landed
+                raise
+            self._known(batch_id, replay, staged=False)
             return aborted
         raise PreconditionFailedError(f"{key} kept changing while batch {batch_id} was "
                                       "aborted: another driver writes this sink")
@@ -355,11 +416,23 @@ class SinkTransactions:
             self.confirm()
             self.storage.delete_many(keys)
 
-    def finish(self, batch_id: int, replay: str = "", *, attempt: str | None = None) -> None:
+    def finish(self, batch_id: int, replay: str = "", *, attempt: str | None = None,
+               staged: Iterable[str] = ()) -> None:
         """Forget the record of a committed batch (or extra publication) and, given
         its committed ``attempt``, that attempt's outcome: its decision exists, so
-        nothing records it again and this delete may land late without harm."""
-        keys = [self.txn_key(batch_id, replay)]
+        nothing records it again and this delete may land late without harm.
+
+        ``staged``: the published attempt's staged data, deleted first in the same
+        request, without a lease confirmation: its keys are that attempt's alone (no
+        successor writes them) and its data is published already, so nobody needs
+        it, whoever holds the job when the delete lands. (Other attempts of the batch
+        are the next recovery's, which lists and confirms: :meth:`discard`.)"""
+        keys = [*staged, self.txn_key(batch_id, replay)]
         if attempt is not None:
             keys.append(self.outcome_key(batch_id, attempt, replay))
-        self.storage.delete_many(keys)
+        try:
+            self.storage.delete_many(keys)
+        except BaseException:
+            self.forget()  # it may have landed
+            raise
+        self._known(batch_id, replay, staged=False)

@@ -498,9 +498,9 @@ class SimParquetSink(ParquetSink):
                 continue
             name = f"part-{n:05d}.parquet"
             body = "".join(json.dumps(r, sort_keys=True) + "\n" for r in part).encode()
-            self.executors.put_bytes(f"{self._staging_prefix(batch_id, attempt)}{name}", body)
+            self.executors.put_bytes(f"{self._staging(batch_id, attempt)}{name}", body)
             files.append({"name": name, "size": len(body), "rows": len(part)})
-        self._record(batch_id, attempt, files)
+        self._record_files(batch_id, attempt, files)
 
 
 class SimJob(CheckpointedJob):

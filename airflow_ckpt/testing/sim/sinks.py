@@ -252,7 +252,7 @@ class SinkWorld(Judged):
         rows = self.published(batch)
         if rows is not None:
             return rows
-        return self._rows(f"{self.truth._pending_prefix(batch)}{decision['attempt']}.jsonl")
+        return self._rows(self.truth._staging(batch, decision["attempt"]))
 
     def check_storage(self) -> None:
         """``decision-changed`` and ``sink-duplicate`` over what storage holds."""
