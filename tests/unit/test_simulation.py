@@ -183,10 +183,11 @@ def test_a_subsumed_checkpoint_never_reappears() -> None:
 
 
 def test_a_run_whose_only_checkpoint_marker_was_deleted_never_starts_from_scratch() -> None:
-    """Seed 153: a run that found nothing to restore completes chk-1, the vandal deletes
-    its marker, and the in-process restart must refuse (``RestoreError``), not replay
-    the sources from scratch over the output it published."""
-    outcome = run_job_seed(153)
+    """Seed 155 (153 before the sink's requests were cut): a run that found nothing to
+    restore completes chk-1, the vandal deletes its marker, and the in-process restart
+    must refuse (``RestoreError``), not replay the sources from scratch over the output
+    it published."""
+    outcome = run_job_seed(155)
     assert not outcome.violations, format_outcome(outcome, 40)
     assert outcome.coverage.components["refusal"] > 0
 

@@ -292,16 +292,21 @@ class Retention:
     """The seed's savepoint history and control clean-up (issue 26), drawn from a
     generator of its own: ``savepoint.history.max.count``,
     ``periodic-savepoint.interval`` (0: off), and how long the driver keeps an answered
-    control request (virtual seconds)."""
+    control request (virtual seconds), and the requests' timeout: mostly past every
+    client's patience (the client expires a request first), sometimes shorter than a
+    savepoint takes (the request expires, and may be cleaned up, while the driver still
+    acts on it)."""
 
     max_count: int
     periodic_s: float
     answer_retention_s: float
+    request_timeout_s: float = REQUEST_TIMEOUT_S
 
     @classmethod
     def draw(cls, rng: random.Random) -> Retention:
         return cls(rng.choice((1, 1, 2, 10)), rng.choice((0.0, 3.0, 6.0)),
-                   rng.choice((20.0, 60.0, 86400.0)))
+                   rng.choice((20.0, 60.0, 86400.0)),
+                   rng.choice((REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S, 8.0)))
 
     def options(self) -> dict[str, object]:
         return {"savepoint.history.max.count": self.max_count,
@@ -1218,13 +1223,14 @@ class JobWorld(Judged):
     def _send(self, channel: ControlChannel, kind: str) -> str:
         if kind != NEWER:
             return channel.request_savepoint(
-                stop=kind == STOP, timeout_s=REQUEST_TIMEOUT_S, requested_by="sim",
+                stop=kind == STOP, timeout_s=self.retention.request_timeout_s,
+                requested_by="sim",
                 savepoint_id=NAMED_SAVEPOINT if kind == NAMED else None).request_id
         # a request from a newer provider: a field this version does not know
         now = channel.clock()
         request_id = f"{int(now * 1000):013d}-{channel.ids().hex[:8]}"
         body = json.loads(ControlRequest(request_id, "savepoint", now,
-                                         now + REQUEST_TIMEOUT_S).to_json())
+                                         now + self.retention.request_timeout_s).to_json())
         body["priority"] = "high"
         channel.storage.put_bytes(channel.layout.control_request(request_id),
                                   json.dumps(body).encode(), create_only=True)
