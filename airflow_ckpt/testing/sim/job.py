@@ -304,9 +304,12 @@ class Retention:
 
     @classmethod
     def draw(cls, rng: random.Random) -> Retention:
-        return cls(rng.choice((1, 1, 2, 10)), rng.choice((0.0, 3.0, 6.0)),
-                   rng.choice((20.0, 60.0, 86400.0)),
-                   rng.choice((REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S, 8.0)))
+        max_count, periodic_s = rng.choice((1, 1, 2, 10)), rng.choice((0.0, 3.0, 6.0))
+        answer_retention_s = rng.choice((20.0, 60.0, 86400.0))
+        timeout_s = rng.choice((REQUEST_TIMEOUT_S, REQUEST_TIMEOUT_S, 8.0))
+        if timeout_s < REQUEST_TIMEOUT_S and rng.random() < 0.5:
+            answer_retention_s = 0.0  # deleted at the first look past the expiry
+        return cls(max_count, periodic_s, answer_retention_s, timeout_s)
 
     def options(self) -> dict[str, object]:
         return {"savepoint.history.max.count": self.max_count,
