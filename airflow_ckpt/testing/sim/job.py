@@ -342,6 +342,30 @@ class Contention:
                 f"suspend p {self.suspend_p}, before a marker p {self.marker_suspend_p}")
 
 
+@dataclass(frozen=True, slots=True)
+class Uploads:
+    """How one seed's checkpoints upload (issue 25, the GC group), drawn from a
+    generator of its own (other seeds keep their schedules): file merging on or off
+    (off: every small file is an object of its own, content-addressed, so a replayed
+    batch's files meet the keys an unfinished checkpoint uploaded one by one), and the
+    chance, per upload unit, that an executor is lost while a checkpoint's async phase
+    uploads (``upload.before_file``): the query fails, and the job's restart cancels the
+    checkpoint once its files are durable, before its marker. The restarted query
+    (same life, same lease epoch) replays the same batches: content-equal files whose
+    keys the new store's recovery stashed as unreferenced."""
+
+    file_merging: bool
+    lost_in_upload_p: float
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Uploads:
+        return cls(rng.random() < 0.5, rng.choice((0.0, 0.0, 0.1, 0.3)))
+
+    def describe(self) -> str:
+        return (f"file merging {self.file_merging}, executor lost in an upload p "
+                f"{self.lost_in_upload_p}")
+
+
 class SimLock:
     """A lock for actors: waiting for it is a yield point (a thread blocked on a real
     lock would keep the baton)."""
@@ -468,9 +492,11 @@ class JobSpark(simquery.SimulatedSpark):
     def __init__(self, world: JobWorld) -> None:
         super().__init__(lambda batch: world.scheduler.sleep(world.rng.uniform(0.2, 3.0)))
         self.world = world
+        self.running: JobQuery | None = None  # the query started last
 
     def query(self, workdir: Path, fn: simquery.BatchFn) -> JobQuery:
-        return JobQuery(self.world, workdir, fn, self.on_batch)
+        self.running = JobQuery(self.world, workdir, fn, self.on_batch)
+        return self.running
 
 
 class SimParquetSink(ParquetSink):
@@ -529,6 +555,8 @@ class JobWorld(Judged):
         self.query_fail_p = self.fault_rng.choice((0.0, 0.0, 0.1, 0.25))
         self.whole_checkpoint_p = self.fault_rng.choice((0.0, 0.5))
         self.retention = Retention.draw(random.Random(seed ^ 0x5A7E))
+        self.uploads_rng = random.Random(seed ^ 0x6C0C)
+        self.uploads = Uploads.draw(self.uploads_rng)
         self.violations: list[Violation] = []
         self.objects = SimObjects()
         self.table = SimObjects()  # the Parquet table's bucket
@@ -550,6 +578,7 @@ class JobWorld(Judged):
             "execution.checkpointing.mode": self.setup.mode,
             "execution.checkpointing.tolerable-failed-checkpoints": 1000,
             "execution.checkpointing.tolerable-storage-outage": "30 s",
+            "execution.checkpointing.file-merging.enabled": self.uploads.file_merging,
             **self.retention.options(),
         }
         self.tmp = Path(tempfile.mkdtemp(prefix="simjob-", dir=_scratch_dir()))
@@ -576,7 +605,10 @@ class JobWorld(Judged):
         self._savepoints: dict[str, tuple[int, bool]] = {}
         self._restored_marks: set[str] = set()  # savepoint directories ever marked
         self._restored_savepoints: set[str] = set()  # savepoints restored from
-        self._damaged_known: dict[str, frozenset[str]] = {}  # life -> keys its restore found
+        #: (life, its epoch, markers seen by then, damaged keys) per restore: the keys
+        #: the restore found (its own word) and those it must have found (ground truth)
+        self._damage_learnt: list[tuple[str, int | None, frozenset[str], frozenset[str]]] = []
+        self._running: dict[Actor, SimJob] = {}  # a driver actor -> its life's job
         self._life_epochs: dict[str, int] = {}  # life -> its lease epoch when it restored
         #: life -> the checkpoint its latest restore resumed (pinned until it has its own)
         self._restored_from: dict[str, int] = {}
@@ -834,7 +866,11 @@ class JobWorld(Judged):
 
     def on_restored(self, job: SimJob, restored: RestoreResult, target: str) -> None:
         """``job-older-state`` at each restore; the damaged keys it learnt."""
-        self._damaged_known[job.life] = restored.damaged_keys
+        epoch = job.lease.record.epoch if job.lease.record is not None else None
+        found = self._damage_found(restored, job._run_floor) if restored.from_latest \
+            else frozenset()
+        self._damage_learnt.append((job.life, epoch, frozenset(self._markers),
+                                    restored.damaged_keys | found))
         manifest = restored.manifest
         if manifest is not None and manifest.is_savepoint and manifest.savepoint_id:
             self._restored_savepoints.add(LAYOUT.savepoint_dir(manifest.savepoint_id))
@@ -897,6 +933,23 @@ class JobWorld(Judged):
                          "which the vandal never touched (deleted by a collection)")
             return
 
+    def _damage_found(self, restored: RestoreResult, floor: int | None) -> frozenset[str]:
+        """What a ``restore=latest`` must have found damaged, by the world's own ground
+        truth: every object the vandal touched that a checkpoint newer than the one
+        resumed (at or above the run's floor) references, of those that count by the
+        design's rule (:meth:`counted`): the restore tried each and reads every file of
+        one it tries."""
+        resumed = restored.manifest.checkpoint_id if restored.manifest is not None else -1
+        keys: set[str] = set()
+        for number in self.counted():
+            if number <= resumed or (floor is not None and number < floor):
+                continue
+            manifest = self.manifest(LAYOUT.checkpoint_metadata(number))
+            if manifest is not None:
+                keys |= {key for f in _objects_of(manifest)
+                         if (key := f"{JOB}/{f.key}") in self.vandalized}
+        return frozenset(keys)
+
     def _check_run_floor(self, job: SimJob, restored_id: int | None) -> None:
         """``job-older-state`` below the floor: a life whose run started from an explicit
         target or from scratch never resumes (``restore=latest``, a query restart) a
@@ -913,15 +966,16 @@ class JobWorld(Judged):
 
     def check_damaged_references(self) -> None:
         """``job-damaged-reference``: no checkpoint completed after its driver's restore
-        learnt of damaged keys references one still damaged."""
+        found damaged keys (the restore's word, and what it must have found: see
+        :meth:`_damage_found`) references one still damaged."""
         for key in self._markers:
             manifest = self.manifest(key)
             stored = self.objects.objects.get(key)
             if manifest is None or stored is None:
                 continue
-            for life, keys in self._damaged_known.items():
-                if not keys or manifest.lease_epoch is None or \
-                        self._life_epochs.get(life) != manifest.lease_epoch:
+            for life, epoch, before, keys in self._damage_learnt:
+                if not keys or key in before or manifest.lease_epoch is None or \
+                        epoch != manifest.lease_epoch:
                     continue
                 for entry in _objects_of(manifest):
                     full = f"{JOB}/{entry.key}"
@@ -1072,11 +1126,34 @@ class JobWorld(Judged):
         sched.log(f"host {host.name} suspended for {gone:.1f} s before a completion marker")
         sched.sleep(gone * host.rate)
 
+    def lost_in_upload(self) -> None:
+        """At ``upload.before_file`` (a checkpoint's async phase is about to upload a
+        unit): with the seed's chance (:class:`Uploads`) an executor is lost meanwhile.
+        The query fails, and the job's restart shuts the coordinator down, cancelling
+        the pending checkpoint while the unit uploads: its files are durable, its marker
+        never written. (The unthreaded coordinator runs the phase between two batches;
+        a threaded one overlaps them, as here.)"""
+        actor = self.scheduler.current()
+        job = self._running.get(actor) if actor is not None else None
+        if job is None or self.recovering or job.coordinator is None \
+                or self.uploads_rng.random() >= self.uploads.lost_in_upload_p:
+            return
+        query = job.spark.running  # type: ignore[attr-defined]
+        if query is None or query.error is not None:
+            return
+        self.coverage["lost-in-upload"] += 1
+        self.scheduler.log("an executor is lost while a checkpoint uploads")
+        query.error = RuntimeError("executor lost while a checkpoint uploaded (simulated)")
+        job.coordinator.shutdown(wait=False)  # the restart's first step
+
     def run_life(self, number: int, life: str, restore: str, storage: SimStorage,
                  host: Host) -> str:
         """One driver life; how it ended."""
         job, sink = self.make_job(number, life, restore, storage, host)
         self.scheduler.log(f"{life} starts, restore={restore}")
+        actor = self.scheduler.current()
+        if actor is not None:
+            self._running[actor] = job
         try:
             result = job.run(lambda: job.spark.writer(  # type: ignore[attr-defined]
                 job.exactly_once(sink)))
@@ -1401,7 +1478,7 @@ class JobWorld(Judged):
         sched = self.scheduler
         self.requests = {}
         sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}; "
-                  f"{self.retention}")
+                  f"{self.retention}; {self.uploads.describe()}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:
@@ -1419,7 +1496,9 @@ class JobWorld(Judged):
                         interleave.installed(interleave.LEASE_AFTER_CLAIM, self.after_claim), \
                         interleave.installed(interleave.LEASE_BEFORE_BEAT, self.before_beat), \
                         interleave.installed(interleave.COMPLETE_BEFORE_METADATA,
-                                             self.before_marker):
+                                             self.before_marker), \
+                        interleave.installed(interleave.UPLOAD_BEFORE_FILE,
+                                             self.lost_in_upload):
                     sched.run()
                 if not sched.cut_off:
                     self.recovering = True
