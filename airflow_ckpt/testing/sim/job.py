@@ -423,6 +423,8 @@ class JobQuery(SimulatedQuery):
     """The ground truth's query: batch ``b`` reads ``per_batch`` records, keeps the
     running sum per key in two state partitions and emits ``(i, key, running)``."""
 
+    spark: JobSpark  # set by JobSpark.query
+
     def __init__(self, world: JobWorld, workdir: Path, fn: simquery.BatchFn,
                  on_batch: Callable[[int], None]) -> None:
         super().__init__(workdir, fn, on_batch)
@@ -465,7 +467,11 @@ class JobQuery(SimulatedQuery):
         job restarts the query in the same life (``restore=latest`` above its floor),
         replaying batches whose files an unfinished checkpoint may have uploaded."""
         world = self.world
-        if not world.recovering and world.fault_rng.random() < world.query_fail_p:
+        if world.recovering:
+            return
+        struck, self.spark.strike = self.spark.strike, None
+        if (struck is not None and world.strike_floor(self.spark.job, struck)) \
+                or world.fault_rng.random() < world.query_fail_p:
             world.coverage["query-failed"] += 1
             raise RuntimeError(f"executor lost in batch {batch} (simulated)")
 
@@ -493,9 +499,12 @@ class JobSpark(simquery.SimulatedSpark):
         super().__init__(lambda batch: world.scheduler.sleep(world.rng.uniform(0.2, 3.0)))
         self.world = world
         self.running: JobQuery | None = None  # the query started last
+        self.strike: int | None = None  # a floor strike in the next batch: its checkpoint
+        self.job: SimJob  # set by make_job
 
     def query(self, workdir: Path, fn: simquery.BatchFn) -> JobQuery:
         self.running = JobQuery(self.world, workdir, fn, self.on_batch)
+        self.running.spark = self
         return self.running
 
 
@@ -557,6 +566,11 @@ class JobWorld(Judged):
         self.retention = Retention.draw(random.Random(seed ^ 0x5A7E))
         self.uploads_rng = random.Random(seed ^ 0x6C0C)
         self.uploads = Uploads.draw(self.uploads_rng)
+        #: the vandal strikes a run's first checkpoint (see strike_floor), and a late life
+        #: restores an explicit target more often (drawn apart: other seeds keep theirs)
+        self.strike_rng = random.Random(seed ^ 0xF100)
+        self.floor_strike = self.strike_rng.random() < 0.3
+        self._struck: set[str] = set()  # lives whose first checkpoint was struck
         self.violations: list[Violation] = []
         self.objects = SimObjects()
         self.table = SimObjects()  # the Parquet table's bucket
@@ -713,6 +727,7 @@ class JobWorld(Judged):
                 if (number := _checkpoint_of(key)) is not None \
                         and (first_manifest := self.manifest(key)) is not None:
                     self._marker_epochs[number] = first_manifest.lease_epoch
+                    self._arm_floor_strike(number, first_manifest.lease_epoch)
             first = self._markers.setdefault(key, data)
             if first != data and key not in self.vandalized:
                 self.violate(CHECKPOINT_CHANGED, f"{key} changed after it completed")
@@ -731,6 +746,36 @@ class JobWorld(Judged):
                 first = self._results.setdefault(key, objects[key].data)
                 if first != objects[key].data:
                     self.violate(CONTROL, f"the answer {key} changed")
+
+    def _arm_floor_strike(self, number: int, epoch: int | None) -> None:
+        """With the seed's :attr:`floor_strike`: the first checkpoint marker of a live run
+        that started from an explicit target or from scratch (its floor) is struck in
+        the run's next batch (:meth:`strike_floor`)."""
+        if not self.floor_strike or epoch is None:
+            return
+        for job in self.jobs:
+            before = self._run_starts.get(job.life)
+            if before is None or not job.alive or job.life in self._struck \
+                    or self._life_epochs.get(job.life) != epoch or number in before:
+                continue
+            self._struck.add(job.life)
+            job.spark.strike = number  # type: ignore[attr-defined]
+            return
+
+    def strike_floor(self, job: SimJob, number: int) -> bool:
+        """In the batch after a run's first checkpoint completed: the vandal deletes its
+        marker, and an executor is lost (the caller fails the query). The query's
+        restart finds none of its run's checkpoints and must refuse rather than resume
+        an older run's state (``job-older-state`` below the floor). Only once the
+        checkpoint completed as the floor and no copy of its marker is in flight (a
+        late copy would put it back)."""
+        key = LAYOUT.checkpoint_metadata(number)
+        if job._run_floor != number or key not in self.objects.objects \
+                or any(key in held.label for held in self.scheduler.deferred):
+            return False
+        self.coverage["floor-struck"] += 1
+        self._damage(key, delete=True)
+        return True
 
     def _note_late(self, key: str) -> None:
         """A checkpoint marker seen for the first time: late if its writer's epoch is
@@ -998,6 +1043,7 @@ class JobWorld(Judged):
                      restore=restore, workdir=self.tmp / life, run_id=RUN_ID,
                      threaded=False)
         job.world, job.life = self, life
+        job.spark.job = job  # type: ignore[attr-defined]
         lease = job.lease
         lease.clock, lease.wall_clock, lease.sleep = sched.monotonic, sched.wall_clock, sched.sleep
         lease.ttl_s, lease.heartbeat_s, lease.max_write_s = TTL_S, HEARTBEAT_S, MAX_WRITE_S
@@ -1210,9 +1256,11 @@ class JobWorld(Judged):
         return program
 
     def explicit_target(self) -> str:
-        """``latest``, or with ``explicit_p`` an older retained checkpoint or a savepoint
-        (an operator restoring one on purpose)."""
-        if self.rng.random() >= self.setup.explicit_p:
+        """``latest``, or with ``explicit_p`` (or, in a seed with the floor strike, 0.4)
+        an older retained checkpoint or a savepoint (an operator restoring one on
+        purpose)."""
+        if self.rng.random() >= self.setup.explicit_p and not (
+                self.floor_strike and self.strike_rng.random() < 0.4):
             return "latest"
         catalog = CheckpointCatalog(self.oracle, JOB)
         choices = [f"chk-{n}" for n in catalog.checkpoint_ids()[:-1]] + \
@@ -1303,10 +1351,10 @@ class JobWorld(Judged):
         return sorted(key for f in _objects_of(manifests[-1]) if f.key not in older
                       and (key := f"{JOB}/{f.key}") in self.objects.objects)
 
-    def _damage(self, key: str) -> None:
-        """Other bytes of the same size (60 %), or the object deleted."""
+    def _damage(self, key: str, delete: bool = False) -> None:
+        """Other bytes of the same size (60 %), or the object deleted (or ``delete``)."""
         sched = self.scheduler
-        if self.rng.random() < 0.6:
+        if not delete and self.rng.random() < 0.6:
             data = self.objects.objects[key].data
             etag = self.objects.put(key, bytes((b + 1) & 0xFF for b in data) or b"x",
                                     sched.now, create_only=False, if_match=None,
