@@ -38,7 +38,12 @@ its lease gate, say: a deposed writer. A vandal damages or deletes a shared file
 checkpoint file or a ``_metadata`` at random. A control client sends savepoint and
 stop-with-savepoint requests through the real :class:`ControlChannel` (and one request
 from a *newer* version, with a field this one does not know), waits for the answer and
-expires its request when it gives up (``expire_request``). After the chaos, a faultless
+expires its request when it gives up (``expire_request``). An executor may be lost
+while a checkpoint uploads (:class:`Uploads`: the checkpoint is cancelled with its files
+durable, and the restarted query replays content-equal files), and in some seeds the
+vandal strikes the first checkpoint of a run that started from an explicit target or
+from scratch while an executor is lost in its next batch (:meth:`JobWorld.strike_floor`).
+After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
 Invariants (checked after every step unless said; each with the mutant that shows it
@@ -58,7 +63,10 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   verify by size and checksum, ``materialize`` (at the end) - unless the vandal
   touched one of its objects;
 * ``job-damaged-reference``: a checkpoint completed by a driver after its restore found
-  objects damaged never references one of them while it is still damaged;
+  objects damaged never references one of them while it is still damaged ("found": the
+  restore's word, and the world's ground truth: every object the vandal touched that a
+  checkpoint newer than the one resumed references, as a fallback reads every file of
+  each checkpoint it tries);
 * ``job-older-state``: ``restore=latest`` resumes the newest checkpoint that counts
   and restores (at or above the run's floor), never an older one nor a fresh start,
   unless every newer one is damaged; an explicit target is taken as asked;
