@@ -38,7 +38,12 @@ its lease gate, say: a deposed writer. A vandal damages or deletes a shared file
 checkpoint file or a ``_metadata`` at random. A control client sends savepoint and
 stop-with-savepoint requests through the real :class:`ControlChannel` (and one request
 from a *newer* version, with a field this one does not know), waits for the answer and
-expires its request when it gives up (``expire_request``). After the chaos, a faultless
+expires its request when it gives up (``expire_request``). An executor may be lost
+while a checkpoint uploads (:class:`Uploads`: the checkpoint is cancelled with its files
+durable, and the restarted query replays content-equal files), and in some seeds the
+vandal strikes the first checkpoint of a run that started from an explicit target or
+from scratch while an executor is lost in its next batch (:meth:`JobWorld.strike_floor`).
+After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
 Invariants (checked after every step unless said; each with the mutant that shows it
@@ -58,7 +63,10 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   verify by size and checksum, ``materialize`` (at the end) - unless the vandal
   touched one of its objects;
 * ``job-damaged-reference``: a checkpoint completed by a driver after its restore found
-  objects damaged never references one of them while it is still damaged;
+  objects damaged never references one of them while it is still damaged ("found": the
+  restore's word, and the world's ground truth: every object the vandal touched that a
+  checkpoint newer than the one resumed references, as a fallback reads every file of
+  each checkpoint it tries);
 * ``job-older-state``: ``restore=latest`` resumes the newest checkpoint that counts
   and restores (at or above the run's floor), never an older one nor a fresh start,
   unless every newer one is damaged; an explicit target is taken as asked;
@@ -353,6 +361,30 @@ class Contention:
                 f"suspend p {self.suspend_p}, before a marker p {self.marker_suspend_p}")
 
 
+@dataclass(frozen=True, slots=True)
+class Uploads:
+    """How one seed's checkpoints upload (issue 25, the GC group), drawn from a
+    generator of its own (other seeds keep their schedules): file merging on or off
+    (off: every small file is an object of its own, content-addressed, so a replayed
+    batch's files meet the keys an unfinished checkpoint uploaded one by one), and the
+    chance, per upload unit, that an executor is lost while a checkpoint's async phase
+    uploads (``upload.before_file``): the query fails, and the job's restart cancels the
+    checkpoint once its files are durable, before its marker. The restarted query
+    (same life, same lease epoch) replays the same batches: content-equal files whose
+    keys the new store's recovery stashed as unreferenced."""
+
+    file_merging: bool
+    lost_in_upload_p: float
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Uploads:
+        return cls(rng.random() < 0.5, rng.choice((0.0, 0.0, 0.1, 0.3)))
+
+    def describe(self) -> str:
+        return (f"file merging {self.file_merging}, executor lost in an upload p "
+                f"{self.lost_in_upload_p}")
+
+
 class SimLock:
     """A lock for actors: waiting for it is a yield point (a thread blocked on a real
     lock would keep the baton)."""
@@ -410,6 +442,8 @@ class JobQuery(SimulatedQuery):
     """The ground truth's query: batch ``b`` reads ``per_batch`` records, keeps the
     running sum per key in two state partitions and emits ``(i, key, running)``."""
 
+    spark: JobSpark  # set by JobSpark.query
+
     def __init__(self, world: JobWorld, workdir: Path, fn: simquery.BatchFn,
                  on_batch: Callable[[int], None]) -> None:
         super().__init__(workdir, fn, on_batch)
@@ -452,7 +486,11 @@ class JobQuery(SimulatedQuery):
         job restarts the query in the same life (``restore=latest`` above its floor),
         replaying batches whose files an unfinished checkpoint may have uploaded."""
         world = self.world
-        if not world.recovering and world.fault_rng.random() < world.query_fail_p:
+        if world.recovering:
+            return
+        struck, self.spark.strike = self.spark.strike, None
+        if (struck is not None and world.strike_floor(self.spark.job, struck)) \
+                or world.fault_rng.random() < world.query_fail_p:
             world.coverage["query-failed"] += 1
             raise RuntimeError(f"executor lost in batch {batch} (simulated)")
 
@@ -479,9 +517,14 @@ class JobSpark(simquery.SimulatedSpark):
     def __init__(self, world: JobWorld) -> None:
         super().__init__(lambda batch: world.scheduler.sleep(world.rng.uniform(0.2, 3.0)))
         self.world = world
+        self.running: JobQuery | None = None  # the query started last
+        self.strike: int | None = None  # a floor strike in the next batch: its checkpoint
+        self.job: SimJob  # set by make_job
 
     def query(self, workdir: Path, fn: simquery.BatchFn) -> JobQuery:
-        return JobQuery(self.world, workdir, fn, self.on_batch)
+        self.running = JobQuery(self.world, workdir, fn, self.on_batch)
+        self.running.spark = self
+        return self.running
 
 
 class SimParquetSink(ParquetSink):
@@ -540,6 +583,13 @@ class JobWorld(Judged):
         self.query_fail_p = self.fault_rng.choice((0.0, 0.0, 0.1, 0.25))
         self.whole_checkpoint_p = self.fault_rng.choice((0.0, 0.5))
         self.retention = Retention.draw(random.Random(seed ^ 0x5A7E))
+        self.uploads_rng = random.Random(seed ^ 0x6C0C)
+        self.uploads = Uploads.draw(self.uploads_rng)
+        #: the vandal strikes a run's first checkpoint (see strike_floor), and a late life
+        #: restores an explicit target more often (drawn apart: other seeds keep theirs)
+        self.strike_rng = random.Random(seed ^ 0xF100)
+        self.floor_strike = self.strike_rng.random() < 0.3
+        self._struck: set[str] = set()  # lives whose first checkpoint was struck
         self.violations: list[Violation] = []
         self.objects = SimObjects()
         self.table = SimObjects()  # the Parquet table's bucket
@@ -561,6 +611,7 @@ class JobWorld(Judged):
             "execution.checkpointing.mode": self.setup.mode,
             "execution.checkpointing.tolerable-failed-checkpoints": 1000,
             "execution.checkpointing.tolerable-storage-outage": "30 s",
+            "execution.checkpointing.file-merging.enabled": self.uploads.file_merging,
             **self.retention.options(),
         }
         self.tmp = Path(tempfile.mkdtemp(prefix="simjob-", dir=_scratch_dir()))
@@ -590,7 +641,10 @@ class JobWorld(Judged):
         self._savepoints: dict[str, tuple[int, bool]] = {}
         self._restored_marks: set[str] = set()  # savepoint directories ever marked
         self._restored_savepoints: set[str] = set()  # savepoints restored from
-        self._damaged_known: dict[str, frozenset[str]] = {}  # life -> keys its restore found
+        #: (life, its epoch, markers seen by then, damaged keys) per restore: the keys
+        #: the restore found (its own word) and those it must have found (ground truth)
+        self._damage_learnt: list[tuple[str, int | None, frozenset[str], frozenset[str]]] = []
+        self._running: dict[Actor, SimJob] = {}  # a driver actor -> its life's job
         self._life_epochs: dict[str, int] = {}  # life -> its lease epoch when it restored
         #: life -> the checkpoint its latest restore resumed (pinned until it has its own)
         self._restored_from: dict[str, int] = {}
@@ -703,6 +757,7 @@ class JobWorld(Judged):
                 if (number := _checkpoint_of(key)) is not None \
                         and (first_manifest := self.manifest(key)) is not None:
                     self._marker_epochs[number] = first_manifest.lease_epoch
+                    self._arm_floor_strike(number, first_manifest.lease_epoch)
             first = self._markers.setdefault(key, data)
             if first != data and key not in self.vandalized:
                 self.violate(CHECKPOINT_CHANGED, f"{key} changed after it completed")
@@ -734,6 +789,36 @@ class JobWorld(Judged):
         (a wrong floor is what ``job-marker-resurrected`` must find)."""
         return any(n > number for key in self.vandalized if key not in self._late_copies
                    and (n := _checkpoint_of(key)) is not None)
+
+    def _arm_floor_strike(self, number: int, epoch: int | None) -> None:
+        """With the seed's :attr:`floor_strike`: the first checkpoint marker of a live run
+        that started from an explicit target or from scratch (its floor) is struck in
+        the run's next batch (:meth:`strike_floor`)."""
+        if not self.floor_strike or epoch is None:
+            return
+        for job in self.jobs:
+            before = self._run_starts.get(job.life)
+            if before is None or not job.alive or job.life in self._struck \
+                    or self._life_epochs.get(job.life) != epoch or number in before:
+                continue
+            self._struck.add(job.life)
+            job.spark.strike = number  # type: ignore[attr-defined]
+            return
+
+    def strike_floor(self, job: SimJob, number: int) -> bool:
+        """In the batch after a run's first checkpoint completed: the vandal deletes its
+        marker, and an executor is lost (the caller fails the query). The query's
+        restart finds none of its run's checkpoints and must refuse rather than resume
+        an older run's state (``job-older-state`` below the floor). Only once the
+        checkpoint completed as the floor and no copy of its marker is in flight (a
+        late copy would put it back)."""
+        key = LAYOUT.checkpoint_metadata(number)
+        if job._run_floor != number or key not in self.objects.objects \
+                or any(key in held.label for held in self.scheduler.deferred):
+            return False
+        self.coverage["floor-struck"] += 1
+        self._damage(key, delete=True)
+        return True
 
     def _note_late(self, key: str) -> None:
         """A checkpoint marker seen for the first time: late if its writer's epoch is
@@ -874,7 +959,11 @@ class JobWorld(Judged):
 
     def on_restored(self, job: SimJob, restored: RestoreResult, target: str) -> None:
         """``job-older-state`` at each restore; the damaged keys it learnt."""
-        self._damaged_known[job.life] = restored.damaged_keys
+        epoch = job.lease.record.epoch if job.lease.record is not None else None
+        found = self._damage_found(restored, job._run_floor) if restored.from_latest \
+            else frozenset()
+        self._damage_learnt.append((job.life, epoch, frozenset(self._markers),
+                                    restored.damaged_keys | found))
         manifest = restored.manifest
         if manifest is not None and manifest.is_savepoint and manifest.savepoint_id:
             self._restored_savepoints.add(LAYOUT.savepoint_dir(manifest.savepoint_id))
@@ -941,6 +1030,23 @@ class JobWorld(Judged):
                          "which the vandal never touched (deleted by a collection)")
             return
 
+    def _damage_found(self, restored: RestoreResult, floor: int | None) -> frozenset[str]:
+        """What a ``restore=latest`` must have found damaged, by the world's own ground
+        truth: every object the vandal touched that a checkpoint newer than the one
+        resumed (at or above the run's floor) references, of those that count by the
+        design's rule (:meth:`counted`): the restore tried each and reads every file of
+        one it tries."""
+        resumed = restored.manifest.checkpoint_id if restored.manifest is not None else -1
+        keys: set[str] = set()
+        for number in self.counted():
+            if number <= resumed or (floor is not None and number < floor):
+                continue
+            manifest = self.manifest(LAYOUT.checkpoint_metadata(number))
+            if manifest is not None:
+                keys |= {key for f in _objects_of(manifest)
+                         if (key := f"{JOB}/{f.key}") in self.vandalized}
+        return frozenset(keys)
+
     def _check_run_floor(self, job: SimJob, restored_id: int | None) -> None:
         """``job-older-state`` below the floor: a life whose run started from an explicit
         target or from scratch never resumes (``restore=latest``, a query restart) a
@@ -957,15 +1063,16 @@ class JobWorld(Judged):
 
     def check_damaged_references(self) -> None:
         """``job-damaged-reference``: no checkpoint completed after its driver's restore
-        learnt of damaged keys references one still damaged."""
+        found damaged keys (the restore's word, and what it must have found: see
+        :meth:`_damage_found`) references one still damaged."""
         for key in self._markers:
             manifest = self.manifest(key)
             stored = self.objects.objects.get(key)
             if manifest is None or stored is None:
                 continue
-            for life, keys in self._damaged_known.items():
-                if not keys or manifest.lease_epoch is None or \
-                        self._life_epochs.get(life) != manifest.lease_epoch:
+            for life, epoch, before, keys in self._damage_learnt:
+                if not keys or key in before or manifest.lease_epoch is None or \
+                        epoch != manifest.lease_epoch:
                     continue
                 for entry in _objects_of(manifest):
                     full = f"{JOB}/{entry.key}"
@@ -988,6 +1095,7 @@ class JobWorld(Judged):
                      restore=restore, workdir=self.tmp / life, run_id=RUN_ID,
                      threaded=False)
         job.world, job.life = self, life
+        job.spark.job = job  # type: ignore[attr-defined]
         lease = job.lease
         lease.clock, lease.wall_clock, lease.sleep = sched.monotonic, sched.wall_clock, sched.sleep
         lease.ttl_s, lease.heartbeat_s, lease.max_write_s = TTL_S, HEARTBEAT_S, MAX_WRITE_S
@@ -1116,11 +1224,34 @@ class JobWorld(Judged):
         sched.log(f"host {host.name} suspended for {gone:.1f} s before a completion marker")
         sched.sleep(gone * host.rate)
 
+    def lost_in_upload(self) -> None:
+        """At ``upload.before_file`` (a checkpoint's async phase is about to upload a
+        unit): with the seed's chance (:class:`Uploads`) an executor is lost meanwhile.
+        The query fails, and the job's restart shuts the coordinator down, cancelling
+        the pending checkpoint while the unit uploads: its files are durable, its marker
+        never written. (The unthreaded coordinator runs the phase between two batches;
+        a threaded one overlaps them, as here.)"""
+        actor = self.scheduler.current()
+        job = self._running.get(actor) if actor is not None else None
+        if job is None or self.recovering or job.coordinator is None \
+                or self.uploads_rng.random() >= self.uploads.lost_in_upload_p:
+            return
+        query = job.spark.running  # type: ignore[attr-defined]
+        if query is None or query.error is not None:
+            return
+        self.coverage["lost-in-upload"] += 1
+        self.scheduler.log("an executor is lost while a checkpoint uploads")
+        query.error = RuntimeError("executor lost while a checkpoint uploaded (simulated)")
+        job.coordinator.shutdown(wait=False)  # the restart's first step
+
     def run_life(self, number: int, life: str, restore: str, storage: SimStorage,
                  host: Host) -> str:
         """One driver life; how it ended."""
         job, sink = self.make_job(number, life, restore, storage, host)
         self.scheduler.log(f"{life} starts, restore={restore}")
+        actor = self.scheduler.current()
+        if actor is not None:
+            self._running[actor] = job
         try:
             result = job.run(lambda: job.spark.writer(  # type: ignore[attr-defined]
                 job.exactly_once(sink)))
@@ -1177,9 +1308,11 @@ class JobWorld(Judged):
         return program
 
     def explicit_target(self) -> str:
-        """``latest``, or with ``explicit_p`` an older retained checkpoint or a savepoint
-        (an operator restoring one on purpose)."""
-        if self.rng.random() >= self.setup.explicit_p:
+        """``latest``, or with ``explicit_p`` (or, in a seed with the floor strike, 0.4)
+        an older retained checkpoint or a savepoint (an operator restoring one on
+        purpose)."""
+        if self.rng.random() >= self.setup.explicit_p and not (
+                self.floor_strike and self.strike_rng.random() < 0.4):
             return "latest"
         catalog = CheckpointCatalog(self.oracle, JOB)
         choices = [f"chk-{n}" for n in catalog.checkpoint_ids()[:-1]] + \
@@ -1271,10 +1404,10 @@ class JobWorld(Judged):
         return sorted(key for f in _objects_of(manifests[-1]) if f.key not in older
                       and (key := f"{JOB}/{f.key}") in self.objects.objects)
 
-    def _damage(self, key: str) -> None:
-        """Other bytes of the same size (60 %), or the object deleted."""
+    def _damage(self, key: str, delete: bool = False) -> None:
+        """Other bytes of the same size (60 %), or the object deleted (or ``delete``)."""
         sched = self.scheduler
-        if self.rng.random() < 0.6:
+        if not delete and self.rng.random() < 0.6:
             data = self.objects.objects[key].data
             etag = self.objects.put(key, bytes((b + 1) & 0xFF for b in data) or b"x",
                                     sched.now, create_only=False, if_match=None,
@@ -1446,7 +1579,7 @@ class JobWorld(Judged):
         sched = self.scheduler
         self.requests = {}
         sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}; "
-                  f"{self.retention}")
+                  f"{self.retention}; {self.uploads.describe()}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:
@@ -1464,7 +1597,9 @@ class JobWorld(Judged):
                         interleave.installed(interleave.LEASE_AFTER_CLAIM, self.after_claim), \
                         interleave.installed(interleave.LEASE_BEFORE_BEAT, self.before_beat), \
                         interleave.installed(interleave.COMPLETE_BEFORE_METADATA,
-                                             self.before_marker):
+                                             self.before_marker), \
+                        interleave.installed(interleave.UPLOAD_BEFORE_FILE,
+                                             self.lost_in_upload):
                     sched.run()
                 if not sched.cut_off:
                     self.recovering = True
