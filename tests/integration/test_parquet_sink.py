@@ -104,7 +104,7 @@ def test_crash_points_recover_exactly_once(spark: Any, sink: ParquetSink,
     # crash after the commit decision, before any file was published
     sink.stage(batch_df(spark, 1), 1)
 
-    def crash(decision: dict[str, Any]) -> None:
+    def crash(*_: Any) -> None:
         raise KeyboardInterrupt("killed")
 
     monkeypatch.setattr(sink, "_publish", crash)

@@ -143,7 +143,7 @@ class JobSinks:
             self.register(sink)
 
     def pending_transactions(self, batch_id: int) -> tuple[int, ...]:
-        pending = {b for s in self.sinks for b in s.pending() if b <= batch_id}
+        pending = {b for s in self.sinks for b in s.tracked_pending() if b <= batch_id}
         if not self._recovered:
             pending.update(self._restored_txns or ())  # no sink has committed them yet
         return tuple(sorted(pending))
@@ -154,6 +154,6 @@ class JobSinks:
             # a stop: its final checkpoint, taken before the savepoint).
             return
         for sink in self.sinks:
-            for batch_id in sink.pending():
+            for batch_id in sink.tracked_pending():
                 if batch_id <= manifest.batch_id:
                     sink.commit(batch_id)

@@ -116,12 +116,18 @@ class TwoPhaseCommitSink(ABC):
     def pending(self) -> list[int]:
         """Batch ids pre-committed and neither committed nor aborted, ascending."""
 
+    def tracked_pending(self) -> list[int]:
+        """:meth:`pending` as the running driver asks it, at every checkpoint barrier and
+        completion; a sink that tracks its own writes answers without a request. The
+        default is :meth:`pending`."""
+        return self.pending()
+
     def recover(self, commit: Iterable[int]) -> None:
         """After restore: commit the checkpoint's transactions, abort all others."""
         keep = set(commit)
         self._recovering = True
         try:
-            for batch_id in self.pending():
+            for batch_id in self.tracked_pending():
                 if batch_id in keep:
                     log.info("recover-and-commit transaction of batch %d", batch_id)
                     self.commit(batch_id)

@@ -112,6 +112,12 @@ class StagedSink(TwoPhaseCommitSink):
                     self.transactions.discard(self._staging(batch_id, aborted.attempt))
 
     def pending(self) -> list[int]:
+        """As storage holds them now (any reader, e.g. a check after a run)."""
+        return self.transactions.listed()
+
+    def tracked_pending(self) -> list[int]:
+        """As this sink knows them: listed once, then its own writes (see
+        :meth:`SinkTransactions.staged`): no request at a barrier or a completion."""
         return self.transactions.staged()
 
     def recover(self, commit: Iterable[int]) -> None:
@@ -123,7 +129,7 @@ class StagedSink(TwoPhaseCommitSink):
         self.transactions.forget()
         self.transactions.require_committable(keep)
         super().recover(keep)
-        pending = set(self.pending())
+        pending = set(self.tracked_pending())
         for name in self.storage.list_dirs(self.staging_root):
             if name.isdigit() and int(name) not in pending:
                 self.abort(int(name))

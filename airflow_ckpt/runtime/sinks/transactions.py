@@ -205,13 +205,21 @@ class SinkTransactions:
         holder writes records: what else may land is a deposed driver's late record,
         which this driver never staged and so must not commit (the next life's listing
         finds it and rolls it forward or aborts it). A write whose outcome is unknown
-        (it raised) makes the next call list again."""
+        (it raised) makes the next call list again. :meth:`listed` is what storage
+        holds now, for any reader."""
         with self._staged_lock:
             if self._staged is None:
-                self._staged = {
-                    (b, replay) for b, replay in self._records("_txn/")
-                    if (t := self.current(b, replay)) is not None and t.state == "staged"}
+                self._staged = self._listed_staged()
             return sorted({b for b, _ in self._staged})
+
+    def listed(self) -> list[int]:
+        """Batches with a staged record not decided, as storage holds them now (a LIST
+        of ``_txn/`` and a GET per record; this object's :meth:`staged` is unchanged)."""
+        return sorted({b for b, _ in self._listed_staged()})
+
+    def _listed_staged(self) -> set[tuple[int, str]]:
+        return {(b, replay) for b, replay in self._records("_txn/")
+                if (t := self.current(b, replay)) is not None and t.state == "staged"}
 
     def forget(self) -> None:
         """Make the next :meth:`staged` list the records again (a new life of the sink:
