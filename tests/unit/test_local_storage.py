@@ -120,3 +120,23 @@ def test_permission_denied(store: LocalStorage, monkeypatch: pytest.MonkeyPatch)
 def test_relative_root_is_rejected() -> None:
     with pytest.raises(ValueError, match="absolute"):
         LocalStorage("relative/dir")
+
+
+def test_a_listing_never_misses_an_object_moved_into_a_new_directory_meanwhile(
+    store: LocalStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI (Python 3.10, loaded): a history compaction wrote the first segment (creating
+    ``segments/``) and deleted the raw event it holds between the walk's read of
+    ``history/`` and its ``stat`` of the event: the walk skipped the vanished file and
+    never entered the new directory, so the job looked as if it had no event at all."""
+    store.put_bytes("j/history/0001.json", b"started")
+    real_stat = os.stat
+
+    def compaction_meanwhile(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if str(path).endswith("0001.json") and not store.exists("j/history/segments/s1"):
+            store.put_bytes("j/history/segments/s1", b"started")  # the segment first
+            store.delete_many(["j/history/0001.json"])  # then the raw event
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("airflow_ckpt.runtime.storage.local.os.stat", compaction_meanwhile)
+    assert [i.key for i in store.list("j/history/")] == ["j/history/segments/s1"]

@@ -41,6 +41,8 @@ _TMP_NAME = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$")
 _COPY_BUFFER = 1024 * 1024
 # Times a write retries when a concurrent delete removed its freshly created directory.
 _DIR_RACE_RETRIES = 5
+#: walks of one listing at most while files vanish during them (see LocalStorage.list)
+LIST_ATTEMPTS = 5
 
 
 def is_temp_name(name: str) -> bool:
@@ -368,35 +370,51 @@ class LocalStorage(CheckpointStorage):
         """Every object whose key starts with ``prefix``, recursively, sorted by key.
 
         Temporary files of in-flight writes are never listed. A missing root lists as
-        empty.
+        empty. A walk is not one snapshot: a file may vanish between its directory's
+        read and its ``stat`` while a directory created meanwhile is never entered (a
+        history compaction writing the first segment, then deleting the raw event it
+        holds: a walk that skipped the vanished file saw neither). So a walk during
+        which a file vanished is walked again (up to :data:`LIST_ATTEMPTS` times),
+        as an S3 LIST would have shown the file as it was.
         """
         check_prefix(prefix)
         base_key = prefix.rpartition("/")[0]
         start = self.root.joinpath(*base_key.split("/")) if base_key else self.root
-        out: list[ObjectInfo] = []
         with self._errors("list", prefix):
-            if not start.is_dir():
-                return []
-            for dirpath, dirnames, filenames in os.walk(start):
-                here = Path(dirpath)
-                rel = self._key(here) if here != self.root else ""
-                base = rel + "/" if rel else ""
-                # prune directories that cannot contain a matching key
-                dirnames[:] = [
-                    d for d in dirnames
-                    if (base + d + "/").startswith(prefix) or prefix.startswith(base + d + "/")
-                ]
-                for name in filenames:
-                    key = base + name
-                    if is_temp_name(name) or not key.startswith(prefix):
-                        continue
-                    try:
-                        st = os.stat(here / name)
-                    except FileNotFoundError:  # deleted while we listed
-                        continue
-                    out.append(ObjectInfo(key, st.st_size, st.st_mtime))
+            for attempt in range(LIST_ATTEMPTS):
+                if not start.is_dir():
+                    return []
+                out, vanished = self._walk(start, prefix)
+                if not vanished or attempt == LIST_ATTEMPTS - 1:
+                    break
         out.sort(key=lambda info: info.key)
         return out
+
+    def _walk(self, start: Path, prefix: str) -> tuple[builtins.list[ObjectInfo], bool]:
+        """One walk below ``start``: the objects under ``prefix``, and whether a file
+        vanished while it was walked."""
+        out: builtins.list[ObjectInfo] = []
+        vanished = False
+        for dirpath, dirnames, filenames in os.walk(start):
+            here = Path(dirpath)
+            rel = self._key(here) if here != self.root else ""
+            base = rel + "/" if rel else ""
+            # prune directories that cannot contain a matching key
+            dirnames[:] = [
+                d for d in dirnames
+                if (base + d + "/").startswith(prefix) or prefix.startswith(base + d + "/")
+            ]
+            for name in filenames:
+                key = base + name
+                if is_temp_name(name) or not key.startswith(prefix):
+                    continue
+                try:
+                    st = os.stat(here / name)
+                except FileNotFoundError:  # deleted while we listed
+                    vanished = True
+                    continue
+                out.append(ObjectInfo(key, st.st_size, st.st_mtime))
+        return out, vanished
 
     def list_dirs(self, prefix: str = "") -> builtins.list[str]:
         """Immediate sub-directories of ``prefix`` that hold at least one object.
