@@ -343,7 +343,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "self.storage.delete_many(old)\n            self.storage.delete_many(requests)",
            "an answered request is deleted before its answer (never acted on again)"),
     Mutant("control-forgets-busy-request", "runtime/control/channel.py",
-           "if request[len(self.layout.control_prefix):-len(\".json\")] in busy:",
+           "if self._request_id(request) in busy:",
            "if False:",
            "a request the driver still acts on is never deleted (its answer would land "
            "again)"),

@@ -343,8 +343,12 @@ class ControlChannel:
         self._unreadable = {k: r for k, r in read.items() if isinstance(r, UnreadableRequest)}
         return list(self._read.values())
 
+    def _request_id(self, key: str) -> str:
+        """The id of the request stored at ``key`` (``control/<id>.json``)."""
+        return key[len(self.layout.control_prefix):-len(".json")]
+
     def _read_request(self, key: str, stored_ts: float) -> ControlRequest | UnreadableRequest:
-        request_id = key[len(self.layout.control_prefix):-len(".json")]
+        request_id = self._request_id(key)
         return parse_request(self.storage.get_bytes(key), key, request_id, stored_ts)
 
     def _hang_up(self, heard: frozenset[str], keys: dict[str, float]) -> None:
@@ -370,7 +374,7 @@ class ControlChannel:
                 if not result.endswith(_RESULT_SUFFIX) or stored >= cutoff:
                     continue  # an answer younger than the retention: its request is too
                 request = result[: -len(_RESULT_SUFFIX)] + ".json"
-                if request[len(self.layout.control_prefix):-len(".json")] in busy:
+                if self._request_id(request) in busy:
                     continue  # acted on: its answer is still to come (or failed to land)
                 if request not in keys:
                     old.append(result)
