@@ -87,10 +87,14 @@ class CrashingStorage(CheckpointStorage):
         if self.count == self.at and self.moment == "before":
             self.dead = True
             raise Crash(f"killed before mutation {self.count}: {what}")
-        result = action()
-        if self.count == self.at and self.moment == "after":
-            self.dead = True
-            raise Crash(f"killed after mutation {self.count}: {what}")
+        try:
+            result = action()
+        finally:
+            # "after" also when the request failed (a create-only write refused: the
+            # driver dies right after the storage's answer, whatever it was)
+            if self.count == self.at and self.moment == "after":
+                self.dead = True
+                raise Crash(f"killed after mutation {self.count}: {what}")
         return result
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
