@@ -28,15 +28,18 @@ from airflow_ckpt.runtime.driver.process import HolderIdentity
 from airflow_ckpt.runtime.interleave import Pause
 from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.observer import LeaseObserver
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.lease.record import (
     ID_BLOCK,
     LeaseRecord,
+    lease_key,
     read_lease,
     valid_checkpoint_ids,
 )
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.delegating import DelegatingStorage
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
+from airflow_ckpt.runtime.storage.layout import JobLayout
 
 TTL, MAX_WRITE, BEAT = 100.0, 10.0, 50.0  # the heartbeat thread never fires in a test
 
@@ -448,3 +451,71 @@ def test_a_holder_whose_record_a_successor_deleted_loses_after_an_unanswered_bea
     with pytest.raises(ConcurrentDriverError):
         holder.beat()
     assert holder.lost.is_set()
+
+
+class Died(Exception):
+    """The claimant's process dies here (raised from a pause point)."""
+
+
+def _marker(store: CheckpointStorage, checkpoint_id: int) -> None:
+    """A completion marker (its content is not read by the adoption's counting)."""
+    store.put_bytes(JobLayout("job").checkpoint_metadata(checkpoint_id), b"{}")
+
+
+def _die() -> None:
+    raise Died("the claimant is killed between its claim and its second look")
+
+
+def test_a_claimant_that_dies_before_its_second_look_loses_no_checkpoint(
+    store: CheckpointStorage, clock: FakeClock
+) -> None:
+    """Issue 25 (job world, seeds 106676 and 106508): b judged a's lease expired and
+    listed chk-1; a, alive after all, completed and confirmed chk-2 before b's claim;
+    b claimed and died before its second look, so its record adopts chk-1 only. The
+    next driver judged by b's record alone and dropped chk-2, which a had confirmed
+    (and acted on: its sink committed under it, its retention subsumed chk-1). Now a
+    record is ``adoption_final`` only after its second look, and a successor of a
+    non-final one also judges by the older records still stored."""
+    adopt = CheckpointCatalog(store, "job").adopt
+    a = lease(store, clock, "run-a")
+    assert a.acquire(adopt=adopt).first_id == 1
+    _marker(store, 1)
+    b = lease(store, clock, "run-b")
+    with interleave.installed(interleave.LEASE_BEFORE_CLAIM, lambda: _marker(store, 2)), \
+            interleave.installed(interleave.LEASE_AFTER_CLAIM, _die), pytest.raises(Died):
+        b.acquire(adopt=adopt)
+    claimed = read_lease(store, "job")
+    assert claimed is not None and claimed.epoch == 2 and not claimed.adoption_final
+    assert claimed.adopted == (1,)  # what b listed before its claim
+    c = lease(store, clock, "run-c")
+    record = c.acquire(adopt=adopt)
+    assert record.epoch == 3 and record.adoption_final
+    assert record.adopted is not None and 2 in record.adopted, record
+    assert CheckpointCatalog(store, "job").checkpoint_ids() == [1, 2]
+    c.release()
+
+
+def test_a_final_record_is_never_judged_past(store: CheckpointStorage, clock: FakeClock) -> None:
+    """A holder whose record is final adopted every marker that landed before its
+    second look; one of the deposed holder's that landed later never counts, even while
+    the deposed holder's record is still stored (its successor died before deleting
+    it)."""
+    adopt = CheckpointCatalog(store, "job").adopt
+    a = lease(store, clock, "run-a")
+    a.acquire(adopt=adopt)
+    _marker(store, 1)
+    b = lease(store, clock, "run-b")
+    with interleave.installed(interleave.LEASE_AFTER_CLAIM, lambda: None):
+        b_record = b.acquire(adopt=adopt)
+    b.release()
+    prefix = JobLayout("job").lease_prefix
+    store.put_bytes(lease_key(prefix, 1), a.record.to_json() if a.record else b"")  # not swept
+    _marker(store, 2)  # a's late marker, after b's second look
+    final = read_lease(store, "job")
+    assert final is not None and final.adoption_final and final.adopted == (1,)
+    assert b_record.first_id is not None and b_record.first_id > 2
+    c = lease(store, clock, "run-c")
+    record = c.acquire(adopt=adopt)
+    assert record.adopted == (1,), record
+    assert CheckpointCatalog(store, "job").checkpoint_ids() == [1]
+    c.release()

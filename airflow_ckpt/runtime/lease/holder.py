@@ -72,6 +72,7 @@ from airflow_ckpt.runtime.lease.record import (
     LeaseRecord,
     lease_epochs,
     lease_key,
+    read_epoch,
 )
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
@@ -148,9 +149,10 @@ class JobLease:
         ``adopt`` (given the previous holder's record) returns the completed checkpoint
         ids this driver takes over and its first checkpoint id. It runs before the
         claim (so readers never see a record without them) and again after it: the
-        union is recorded with a compare-and-swap, so every marker that landed before
-        the claim counts (see the module doc). Raises ``ConcurrentDriverError`` naming
-        the holder if it stays alive.
+        union is recorded with a compare-and-swap that also marks the record
+        ``adoption_final``, so every marker that landed before the claim counts (see
+        the module doc and :meth:`_adopt_late_markers`). Raises
+        ``ConcurrentDriverError`` naming the holder if it stays alive.
         """
         budget = self.ttl_s + self.max_write_s + self.heartbeat_s if wait_s is None else wait_s
         deadline = self.clock() + budget
@@ -177,6 +179,7 @@ class JobLease:
                     max_write_s=self.max_write_s, boot_id=me.boot_id, pid_ns=me.pid_ns,
                     start_ticks=me.start_ticks, adopted=adopted, first_id=first_id,
                     id_limit=None if first_id is None else first_id + ID_BLOCK,
+                    adoption_final=adopt is None,
                 )
                 started = self.clock()
                 try:
@@ -221,15 +224,53 @@ class JobLease:
 
     def _adopt_late_markers(self, adopt: Adopt, previous: LeaseRecord | None) -> None:
         """After the claim: adopt the markers that landed between the first listing and
-        the claim (a deposed holder's writes land when they land). From the claim on, no
-        holder can confirm a marker any more, so this listing is final."""
+        the claim (a deposed holder's writes land when they land), and mark the record
+        ``adoption_final``. From the claim on, no holder can confirm a marker any more,
+        so this listing is final.
+
+        Judged by ``previous``'s record, and when that holder never finished this same
+        step (it died between its claim and its second look: its record adopts only
+        what it listed before its claim, not a marker its predecessor completed and
+        confirmed in between), also by each older record still stored, down to the
+        first final one (:meth:`_judges`)."""
         assert self.record is not None and self.record.adopted is not None
-        again, _ = adopt(previous)
-        late = sorted(set(again) - set(self.record.adopted))
+        again = {n for judge in self._judges(previous) for n in adopt(judge)[0]}
+        late = sorted(again - set(self.record.adopted))
         if late:
             log.info("job %s: adopting checkpoints %s whose markers landed during the "
                      "takeover", self.job, late)
-            self._swap(lambda r: replace(r, adopted=tuple(sorted({*(r.adopted or ()), *late}))))
+        self._swap(lambda r: replace(r, adopted=tuple(sorted({*(r.adopted or ()), *late})),
+                                     adoption_final=True))
+
+    def _judges(self, previous: LeaseRecord | None) -> list[LeaseRecord | None]:
+        """The records the post-claim look judges markers by: ``previous`` as stored
+        now, and while the one judged last is not ``adoption_final``, the next older
+        record still stored.
+
+        Why this is safe without a clock: a holder deletes the older records (and only
+        then collects anything) after its own record became final, so an older record
+        stored behind a non-final one was never swept, and nothing its holder's
+        successors could have collected is gone: every marker it counts still names
+        intact files. Read after our claim, a non-final predecessor can no longer
+        collect either (its confirmation sees our epoch). Costs one GET, and one
+        listing plus one GET per older record only when a claimant died mid-takeover.
+        """
+        if previous is None:
+            return [None]
+        current = read_epoch(self.storage, self.job, previous.epoch) or previous
+        judges: list[LeaseRecord | None] = [current]
+        if current.adoption_final:
+            return judges
+        for epoch in reversed(lease_epochs(self.storage, self.job)):
+            if epoch >= current.epoch:
+                continue
+            older = read_epoch(self.storage, self.job, epoch)
+            if older is None:
+                continue
+            judges.append(older)
+            if older.adoption_final:
+                break
+        return judges
 
     def _swap(self, change: Callable[[LeaseRecord], LeaseRecord]) -> None:
         """Replace our record by ``change(current record)``, conditioned on the version we

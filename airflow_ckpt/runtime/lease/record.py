@@ -36,8 +36,13 @@ class LeaseRecord:
 
     ``adopted``: the completed checkpoints the holder found valid when it took over;
     ``first_id``: the first checkpoint id it uses. Together they decide which
-    ``_metadata`` objects count (see :func:`valid_checkpoint_ids`). ``heartbeat_ts`` is
-    informational (shown in the UI); liveness is judged from ``seq`` alone.
+    ``_metadata`` objects count (see :func:`valid_checkpoint_ids`). ``adoption_final``:
+    the holder finished its takeover's second look (False from its claim until then: a
+    holder that died in between adopted only what it listed before its claim, and its
+    successor also judges by the older records still stored, see
+    :meth:`~airflow_ckpt.runtime.lease.holder.JobLease.acquire`; a record of a version
+    before the field counts as final). ``heartbeat_ts`` is informational (shown in the
+    UI); liveness is judged from ``seq`` alone.
     """
 
     epoch: int
@@ -57,6 +62,7 @@ class LeaseRecord:
     first_id: int | None = None
     #: checkpoint ids below this are reserved by this holder (see :meth:`JobLease.reserve_ids`)
     id_limit: int | None = None
+    adoption_final: bool = True
 
     @property
     def identity(self) -> HolderIdentity:
@@ -94,17 +100,22 @@ def lease_epochs(storage: CheckpointStorage, job: str) -> list[int]:
     return sorted(out)
 
 
+def read_epoch(storage: CheckpointStorage, job: str, epoch: int) -> LeaseRecord | None:
+    """The record of lease ``epoch`` (None if it is gone or unreadable)."""
+    try:
+        return LeaseRecord.from_json(
+            storage.get_bytes(lease_key(JobLayout(job).lease_prefix, epoch)))
+    except ObjectNotFoundError:
+        return None
+
+
 def newest_lease(storage: CheckpointStorage, job: str) -> tuple[int, LeaseRecord | None]:
     """The newest lease epoch listed for ``job`` (0: none) and its record (None if
     there is none, or it was gone when read)."""
     epochs = lease_epochs(storage, job)
     if not epochs:
         return 0, None
-    try:
-        raw = storage.get_bytes(lease_key(JobLayout(job).lease_prefix, epochs[-1]))
-    except ObjectNotFoundError:
-        return epochs[-1], None
-    return epochs[-1], LeaseRecord.from_json(raw)
+    return epochs[-1], read_epoch(storage, job, epochs[-1])
 
 
 def read_lease(storage: CheckpointStorage, job: str) -> LeaseRecord | None:

@@ -588,6 +588,9 @@ class JobWorld(Judged):
         #: the vandal strikes a run's first checkpoint (see strike_floor), and a late life
         #: restores an explicit target more often (drawn apart: other seeds keep theirs)
         self.strike_rng = random.Random(seed ^ 0xF100)
+        #: a claimant killed between its claim and its second look (drawn apart)
+        self.claim_crash_rng = random.Random(seed ^ 0xC1A3)
+        self.claim_crash_p = self.claim_crash_rng.choice((0.0, 0.0, 0.3, 0.6))
         self.floor_strike = self.strike_rng.random() < 0.3
         self._struck: set[str] = set()  # lives whose first checkpoint was struck
         self.violations: list[Violation] = []
@@ -1186,11 +1189,19 @@ class JobWorld(Judged):
 
     def after_claim(self) -> None:
         """At ``lease.after_claim`` (claimed, the older epochs' records not deleted
-        yet): with the seed's chance the new holder is slow to finish its takeover, so
-        the deposed holder's heartbeat finds its record still there."""
+        yet): with the seed's chance the new holder is killed here (its record adopts
+        only what it listed before its claim: its successor must judge past it), or is
+        slow to finish its takeover, so the deposed holder's heartbeat finds its record
+        still there."""
         actor, rng = self.scheduler.current(), self.contention_rng
-        if actor is None or not actor.name.startswith("driver") \
-                or rng.random() >= self.contention.claim_pause_p:
+        if actor is None or not actor.name.startswith("driver"):
+            return
+        if self.claim_crash_p and self.claim_crash_rng.random() < self.claim_crash_p:
+            self.coverage["killed-after-claim"] += 1
+            actor.killed = True
+            self.scheduler.log("killed between its claim and its second look")
+            self.scheduler.yield_point("killed after its claim")
+        if rng.random() >= self.contention.claim_pause_p:
             return
         self.coverage["takeover-paused"] += 1
         self.scheduler.sleep(rng.uniform(0.0, 2 * HEARTBEAT_S))
