@@ -239,6 +239,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "if adopt is not None:\n                    self._adopt_late_markers(",
            "if False:\n                    self._adopt_late_markers(",
            "markers that landed between the first listing and the claim are adopted"),
+    Mutant("adoption-judges-one-record", LEASE,
+           "if current.adoption_final:\n            return judges",
+           "if True:\n            return judges",
+           "a successor of a claimant that died before its second look also judges by "
+           "the older records still stored"),
+    Mutant("adoption-judges-past-final", LEASE,
+           "if older.adoption_final:\n                break",
+           "if False:\n                break",
+           "the post-claim look never judges past a final record (a marker a deposed "
+           "holder wrote after its successor's second look never counts)"),
     Mutant("first-id-reused", "runtime/checkpoint/catalog.py",
            "return max([floor - 1, *used]) + 1",
            "return max([0, *used]) + 1",

@@ -24,11 +24,11 @@ from airflow_ckpt.errors import (
     StorageError,
 )
 from airflow_ckpt.runtime import interleave
+from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.driver.process import HolderIdentity
 from airflow_ckpt.runtime.interleave import Pause
 from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.observer import LeaseObserver
-from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.lease.record import (
     ID_BLOCK,
     LeaseRecord,

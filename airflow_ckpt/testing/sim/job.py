@@ -591,6 +591,9 @@ class JobWorld(Judged):
         #: a claimant killed between its claim and its second look (drawn apart)
         self.claim_crash_rng = random.Random(seed ^ 0xC1A3)
         self.claim_crash_p = self.claim_crash_rng.choice((0.0, 0.0, 0.3, 0.6))
+        #: host -> when it wakes from a suspension before a completion marker (true time)
+        self.waking: dict[str, float] = {}
+        self._waited: set[str] = set()  # claimants that waited for a waking holder
         self.floor_strike = self.strike_rng.random() < 0.3
         self._struck: set[str] = set()  # lives whose first checkpoint was struck
         self.violations: list[Violation] = []
@@ -1180,23 +1183,47 @@ class JobWorld(Judged):
         the same epoch free, claim it, or even take it over from that claimant, in
         between (:class:`Contention`)."""
         actor, rng = self.scheduler.current(), self.contention_rng
-        if actor is None or not actor.name.startswith("driver") \
-                or rng.random() >= self.contention.claim_pause_p:
+        if actor is None or not actor.name.startswith("driver"):
+            return
+        self._wait_for_a_waking_holder(actor)
+        if rng.random() >= self.contention.claim_pause_p:
             return
         self.coverage["claim-paused"] += 1
         self.scheduler.log("pauses between judging the lease free and claiming it")
         self.scheduler.sleep(rng.uniform(*self.contention.claim_pause_s))
 
+    def _wait_for_a_waking_holder(self, actor: Actor) -> None:
+        """The rarest takeover made common: while another driver's host is suspended
+        before its completion marker (it was judged dead: that is why this claimant
+        found the lease free), with the seed's chance the claimant stops until just
+        after that host wakes, so the marker lands and is confirmed between the
+        claimant's first listing and its claim (the late marker its second look, or its
+        successor's, must adopt)."""
+        now = self.scheduler.now
+        waking = [t for host, t in self.waking.items() if host != actor.host.name and t > now]
+        if not waking or not self.claim_crash_p \
+                or self.claim_crash_rng.random() >= self.claim_crash_p:
+            return
+        until = min(waking) + self.claim_crash_rng.uniform(0.5, 2 * HEARTBEAT_S)
+        self._waited.add(actor.name)
+        self.coverage["claim-waited-for-marker"] += 1
+        self.scheduler.log("waits before its claim for a suspended holder to wake")
+        self.scheduler.sleep((until - now) * actor.host.rate)
+
     def after_claim(self) -> None:
         """At ``lease.after_claim`` (claimed, the older epochs' records not deleted
-        yet): with the seed's chance the new holder is killed here (its record adopts
-        only what it listed before its claim: its successor must judge past it), or is
-        slow to finish its takeover, so the deposed holder's heartbeat finds its record
-        still there."""
+        yet): a claimant that took over (with the seed's chance, and always after it
+        waited for a waking holder) is killed here: its record adopts only what it
+        listed before its claim, so its successor must judge past it. Otherwise, with
+        the seed's chance the new holder is slow to finish its takeover, so the deposed
+        holder's heartbeat finds its record still there."""
         actor, rng = self.scheduler.current(), self.contention_rng
         if actor is None or not actor.name.startswith("driver"):
             return
-        if self.claim_crash_p and self.claim_crash_rng.random() < self.claim_crash_p:
+        took_over = len(lease_epochs(self.oracle, JOB)) > 1
+        if actor.name in self._waited or (took_over and self.claim_crash_p and (
+                self.claim_crash_rng.random() < self.claim_crash_p / 3)):
+            self._waited.discard(actor.name)
             self.coverage["killed-after-claim"] += 1
             actor.killed = True
             self.scheduler.log("killed between its claim and its second look")
@@ -1222,8 +1249,9 @@ class JobWorld(Judged):
         so its gate still passes and the marker lands after the successor's claim."""
         sched, rng = self.scheduler, self.contention_rng
         actor = sched.current()
-        if actor is None or not actor.name.startswith("driver") \
-                or rng.random() >= self.contention.marker_suspend_p:
+        if actor is None or not actor.name.startswith("driver"):
+            return
+        if rng.random() >= self.contention.marker_suspend_p and not self._successor_waits(actor):
             return
         gone = rng.uniform(TTL_S + MAX_WRITE_S, 6 * TTL_S)  # true seconds
         host = actor.host
@@ -1231,9 +1259,19 @@ class JobWorld(Judged):
         for thread in sched.actors:  # the whole host stops: its threads too
             if thread.parent is actor and thread.alive:
                 thread.wake_at = max(thread.wake_at, sched.now + gone)
+        self.waking[host.name] = sched.now + gone
         self.coverage["suspended-before-marker"] += 1
         sched.log(f"host {host.name} suspended for {gone:.1f} s before a completion marker")
         sched.sleep(gone * host.rate)
+
+    def _successor_waits(self, actor: Actor) -> bool:
+        """With the seed's chance of a claimant killed mid-takeover, a driver whose
+        marker is due is suspended while another driver lives (the story
+        :meth:`_wait_for_a_waking_holder` completes)."""
+        others = [a for a in self.scheduler.actors if a.alive and a is not actor
+                  and a.name.startswith("driver") and a.parent is None]
+        return bool(others) and bool(self.claim_crash_p) \
+            and self.claim_crash_rng.random() < self.claim_crash_p / 2
 
     def lost_in_upload(self) -> None:
         """At ``upload.before_file`` (a checkpoint's async phase is about to upload a
