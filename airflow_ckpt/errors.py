@@ -282,6 +282,11 @@ class SavepointError(AirflowCkptError):
     """A savepoint request failed, timed out, or its job is not running."""
 
 
+class ControlAnswerLostError(SavepointError):
+    """The job answered a control request and deleted it with its answer before the
+    requester read the answer: the requester cannot tell what the job answered."""
+
+
 class SparkCheckpointError(AirflowCkptError):
     """A plain Spark checkpoint directory cannot be imported or exported: not a Spark
     checkpoint, a query that seems to be running, or a target that is not empty."""

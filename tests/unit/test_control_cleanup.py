@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt.errors import ObjectAlreadyExistsError
+from airflow_ckpt.errors import ControlAnswerLostError, ObjectAlreadyExistsError
 from airflow_ckpt.runtime.control.channel import (
     ANSWER_RETENTION_S,
     FORGET_PER_LOOK,
     ControlChannel,
     ControlResult,
 )
+from airflow_ckpt.runtime.control.savepoints import expire_request
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
 from airflow_ckpt.runtime.storage.delegating import DelegatingStorage
 
@@ -133,3 +134,34 @@ def test_a_request_the_driver_still_acts_on_keeps_its_expired_answer(
     assert answer is not None and answer.status == "failed"
     driver.look(2.0, storage_now=time.time() + LATER)  # answered: now it goes
     assert control_keys(storage) == []
+
+
+def test_a_requester_that_gives_up_after_the_clean_up_never_takes_its_answer_for_the_only_one(
+    storage: CheckpointStorage,
+) -> None:
+    """The job world (seed 390, found with a lease mutant): the job answered, and its
+    clean-up (the retention measured on the storage's clock) deleted the request and
+    the answer while the requester, whose reads failed, still waited; it then answered
+    "expired" create-only, which succeeded: a second answer, taken for the only one.
+    No clock can rule this out; the request's presence after our answer can: the job
+    deletes only answered requests, the request first."""
+    requester = ControlChannel(storage, JOB)
+    request_id = answered(requester)
+    ControlChannel(storage, JOB).look(0.0, storage_now=time.time() + LATER)
+    assert control_keys(storage) == []
+    with pytest.raises(ControlAnswerLostError, match="outcome is unknown"):
+        expire_request(storage, JOB, request_id, "expired")
+    with pytest.raises(ControlAnswerLostError):  # tried again: the same verdict
+        expire_request(storage, JOB, request_id, "expired")
+    ControlChannel(storage, JOB).look(1.0, storage_now=time.time() + LATER)  # the orphan goes
+    assert control_keys(storage) == []
+
+
+def test_a_requester_that_gives_up_first_cancels_the_request(storage: CheckpointStorage) -> None:
+    requester = ControlChannel(storage, JOB)
+    request = requester.request_savepoint(timeout_s=1.0)
+    assert expire_request(storage, JOB, request.request_id, "expired") is None
+    assert expire_request(storage, JOB, request.request_id, "expired") is None  # a retry
+    with pytest.raises(ObjectAlreadyExistsError):
+        ControlChannel(storage, JOB).answer(
+            ControlResult(request.request_id, "completed", time.time()))

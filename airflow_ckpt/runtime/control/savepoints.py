@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from airflow_ckpt.errors import (
+    ControlAnswerLostError,
     InvalidStorageUriError,
     MetadataError,
     ObjectAlreadyExistsError,
@@ -82,6 +83,16 @@ def expire_request(
     answers a request. Returns None when this cancellation was recorded (a job that
     later tries to answer gets ``ObjectAlreadyExistsError`` and must not act), or the
     job's answer when it was written first.
+
+    Why an answer written here is the first, without any clock: the job deletes only
+    answered requests, the request before its answer
+    (:class:`~airflow_ckpt.runtime.control.channel.ControlChannel`). So once ours is
+    stored, the request still being there proves no answer of the job existed before
+    ours; the request gone proves the job answered and cleaned up before this requester
+    read its answer (its reads failed, or it outlived its timeout plus the answer
+    retention): ours is then an orphan (the job deletes it) and
+    :class:`~airflow_ckpt.errors.ControlAnswerLostError` is raised, never a false
+    "nobody answered".
     """
     channel = ControlChannel(storage, job)
     ours = ControlResult(
@@ -91,9 +102,17 @@ def expire_request(
         channel.answer(ours)
     except ObjectAlreadyExistsError:
         theirs = channel.result(request_id)
-        if theirs is not None:
+        if theirs is None:
+            raise
+        if (theirs.status, theirs.failure_message) != ("failed", reason):
             return theirs
-        raise
+        # ours, from an earlier call whose answer was lost: judged like a fresh one
+    if not storage.exists(channel.layout.control_request(request_id)):
+        raise ControlAnswerLostError(
+            f"job {job!r} answered request {request_id} and deleted it with its answer "
+            "before this requester read the answer (its reads failed, or it waited past "
+            "the request's timeout plus the job's control answer retention): its outcome "
+            "is unknown here; a savepoint it took is listed by `airflow-ckpt savepoints`")
     return None
 
 

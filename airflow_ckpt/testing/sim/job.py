@@ -139,6 +139,7 @@ from typing import Any
 from airflow_ckpt.errors import (
     AirflowCkptError,
     ConcurrentDriverError,
+    ControlAnswerLostError,
     CorruptCheckpointError,
     LeaseExpiredError,
     MetadataError,
@@ -635,6 +636,7 @@ class JobWorld(Judged):
         self._referenced: dict[str, dict[str, str]] = {}  # marker -> key -> first ETag
         self._manifests: dict[tuple[str, str], Manifest | None] = {}
         self._results: dict[str, bytes] = {}  # control result key -> its first bytes
+        self._orphans: set[str] = set()  # answers written after their request was deleted
         self._covered = -1  # the newest batch a completed checkpoint or savepoint covers
         self._present_before: set[str] = set()
         self._counted_before: set[int] = set()
@@ -780,8 +782,12 @@ class JobWorld(Judged):
         for key in present:
             if key.startswith(LAYOUT.control_prefix) and key.endswith(".result.json"):
                 first = self._results.setdefault(key, objects[key].data)
-                if first != objects[key].data:
+                if first == objects[key].data or key in self._orphans:
+                    continue
+                if key[: -len(".result.json")] + ".json" in present:
                     self.violate(CONTROL, f"the answer {key} changed")
+                else:  # written after the job deleted the request and its answer: an
+                    self._orphans.add(key)  # orphan, which its writer must not trust
 
     def _floor_unknown(self, number: int) -> bool:
         """Whether the vandal damaged or deleted a marker above checkpoint ``number``:
@@ -1398,12 +1404,19 @@ class JobWorld(Judged):
     def _expire(self, storage: SimStorage, request_id: str) -> None:
         for _ in range(20):
             try:
-                expire_request(storage, JOB, request_id, "the requester gave up")
-                return
+                answer = expire_request(storage, JOB, request_id, "the requester gave up")
             except ObjectAlreadyExistsError:
+                return
+            except ControlAnswerLostError:
+                self.coverage["control-answer-lost"] += 1
                 return
             except StorageError:
                 self.scheduler.sleep(2.0)
+                continue
+            if answer is None and LAYOUT.control_result(request_id) in self._orphans:
+                self.violate(CONTROL, f"the requester of {request_id} took its own answer "
+                             "for the only one, but the job had answered and cleaned up")
+            return
 
     def _send(self, channel: ControlChannel, kind: str) -> str:
         if kind != NEWER:
