@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping
+from enum import Enum
 from typing import Any
 
 
@@ -152,6 +153,26 @@ class WorkdirNotSharedError(CheckpointDeclinedError, FinalError):
 
 class RestoreError(FinalError):
     """Nothing restorable was found, or the chosen checkpoint/savepoint is damaged."""
+
+
+class RestoreRefusal(str, Enum):
+    """Why ``restore=latest`` refused rather than fall back (docs/architecture.md,
+    "Retention floor"): each is a documented outcome, never data loss."""
+
+    #: none of the checkpoints this run completed restores; older ones are another run's
+    RUN_UNRESTORABLE = "run-unrestorable"
+    #: every checkpoint this run completed lost its marker; older ones are another run's
+    RUN_CHECKPOINTS_GONE = "run-checkpoints-gone"
+    #: none of the job's completed checkpoints restores; from scratch would replay
+    NONE_RESTORABLE = "none-restorable"
+
+
+class RestoreRefusedError(RestoreError):
+    """``restore=latest`` refused to fall back further (``reason``: why)."""
+
+    def __init__(self, message: str, reason: RestoreRefusal) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class NoCheckpointError(RestoreError):

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt.errors import CorruptCheckpointError, RestoreError
+from airflow_ckpt.errors import (
+    CorruptCheckpointError,
+    RestoreError,
+    RestoreRefusal,
+    RestoreRefusedError,
+)
 from airflow_ckpt.runtime.checkpoint import digests as digests_module
 from airflow_ckpt.runtime.checkpoint.digests import DigestCache
 from airflow_ckpt.runtime.history.journal import JobHistory
@@ -160,5 +165,10 @@ def test_an_in_process_fallback_never_resumes_an_older_run(
     history = JobHistory(file_storage, "job-a")
     older = restore(file_storage, "job-a", "latest", tmp_path / "wd", history)
     assert older.manifest is not None and older.manifest.checkpoint_id == 2  # no floor
-    with pytest.raises(RestoreError, match="would resume an older run's state"):
+    with pytest.raises(RestoreRefusedError, match="would resume an older run's state") as refused:
         restore(file_storage, "job-a", "latest", tmp_path / "wd", history, floor=3)
+    assert refused.value.reason is RestoreRefusal.RUN_UNRESTORABLE
+    file_storage.delete_many(["job-a/chk-3/_metadata"])  # the run's checkpoints gone
+    with pytest.raises(RestoreRefusedError) as refused:
+        restore(file_storage, "job-a", "latest", tmp_path / "wd", history, floor=3)
+    assert refused.value.reason is RestoreRefusal.RUN_CHECKPOINTS_GONE

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_ckpt.errors import CorruptCheckpointError, MetadataError, RestoreError
+from airflow_ckpt.errors import (
+    CorruptCheckpointError,
+    MetadataError,
+    RestoreError,
+    RestoreRefusal,
+    RestoreRefusedError,
+)
 from airflow_ckpt.runtime import workdir as wd
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.digests import DigestCache
@@ -122,26 +128,28 @@ def restore(
             return _restored(history, manifest, path, from_latest=True,
                              damaged=frozenset(damaged), by=by)
         if floor is not None and unusable:
-            raise RestoreError(
+            raise RestoreRefusedError(
                 f"restore=latest: none of the {len(unusable)} checkpoints this run of job "
                 f"{job!r} completed (ids from {floor} on) can be restored, and falling back "
                 "further would resume an older run's state:\n" + "\n".join(unusable)
-                + "\nRestore one explicitly (restore=<checkpoint or savepoint path>).")
+                + "\nRestore one explicitly (restore=<checkpoint or savepoint path>).",
+                RestoreRefusal.RUN_UNRESTORABLE)
         if floor is not None:  # its initial checkpoint completed: its marker was deleted
-            raise RestoreError(
+            raise RestoreRefusedError(
                 f"restore=latest: the checkpoints this run of job {job!r} completed (ids "
                 f"from {floor} on) are gone from {storage.uri.rstrip('/')}/{job}/ "
                 "(their _metadata was deleted), and falling back further would resume an "
                 "older run's state. Restore one explicitly (restore=<checkpoint or "
-                "savepoint path>).")
+                "savepoint path>).", RestoreRefusal.RUN_CHECKPOINTS_GONE)
         if unusable:
-            raise RestoreError(
+            raise RestoreRefusedError(
                 f"restore=latest: none of the {len(unusable)} completed checkpoints of job "
                 f"{job!r} can be restored, and starting from scratch would replay the "
                 "sources from their start over output already published:\n"
                 + "\n".join(unusable)
                 + "\nRepair or restore one explicitly (restore=<checkpoint or savepoint "
-                "path>), or start from scratch on purpose with restore=none."
+                "path>), or start from scratch on purpose with restore=none.",
+                RestoreRefusal.NONE_RESTORABLE,
             )
         log.info("restore=latest: %s has no completed checkpoint; starting from scratch", job)
         return RestoreResult(None, None, True)

@@ -146,6 +146,7 @@ from airflow_ckpt.errors import (
     ObjectAlreadyExistsError,
     RestartsExhaustedError,
     RestoreError,
+    RestoreRefusedError,
     SinkTransactionAbortedError,
     StorageError,
 )
@@ -1328,9 +1329,7 @@ class JobWorld(Judged):
         if isinstance(ending, str):
             self.coverage[f"life-{ending}"] += 1
             return
-        if isinstance(ending, RestoreError) and not isinstance(ending, CorruptCheckpointError) \
-                and ("can be restored" in str(ending) or "are gone from" in str(ending)) \
-                and self.vandalized:
+        if isinstance(ending, RestoreRefusedError) and self.vandalized:
             self.coverage["refusal"] += 1  # judged again at the end (check_refusal)
             return
         if isinstance(ending, SinkTransactionAbortedError):
