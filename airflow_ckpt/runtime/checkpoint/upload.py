@@ -30,18 +30,32 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from airflow_ckpt.errors import CheckpointDeclinedError
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.config import CheckpointConfig
 from airflow_ckpt.runtime.checkpoint.digests import DigestCache, copy_hashed
-from airflow_ckpt.runtime.checkpoint.metadata import FileEntry
+from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, OperatorInfo
 from airflow_ckpt.runtime.checkpoint.snapshot import CapturedFile, CapturedSnapshot
 from airflow_ckpt.runtime.checkpoint.store import SharedFileRegistry
 from airflow_ckpt.runtime.clock import SYSTEM_CLOCK, Clock
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
+
+
+class ManifestFields(TypedDict):
+    """The :class:`~airflow_ckpt.runtime.checkpoint.metadata.Manifest` fields an upload
+    decides (typed, so the coordinator's and the importer's ``Manifest(**fields)`` are
+    checked field by field)."""
+
+    batch_id: int
+    source_offsets: list[Any]
+    operators: tuple[OperatorInfo, ...]
+    files: tuple[FileEntry, ...]
+    state_size: int
+    checkpointed_size: int
+    num_subtasks: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +64,7 @@ class UploadResult:
     state_size: int  # bytes of state the checkpoint references
     checkpointed_size: int  # bytes uploaded by this checkpoint
 
-    def manifest_fields(self, snapshot: CapturedSnapshot) -> dict[str, Any]:
+    def manifest_fields(self, snapshot: CapturedSnapshot) -> ManifestFields:
         """The fields of a manifest that the uploaded ``snapshot`` and this upload
         decide (what it read, what it references and what it sent)."""
         return {"batch_id": snapshot.batch_id, "source_offsets": snapshot.source_offsets,
