@@ -9,7 +9,9 @@ repeat, in alternating order:
 
 * **capture** (the sync phase of a checkpoint of the last batch,
   :func:`~airflow_ckpt.runtime.checkpoint.snapshot.capture`): local hard links vs HDFS
-  snapshot + copy into local staging vs HDFS list + copy;
+  snapshot + copy into local staging vs HDFS list + copy, each HDFS way also with one
+  copy at a time (the capture before ``COPY_THREADS``) as the baseline of the parallel
+  copies;
 * **restore install** (what restore does after materialising and verifying a
   checkpoint locally, :func:`~airflow_ckpt.runtime.workdir.replace_with`): a rename on
   the local disk vs a copy to HDFS renamed into place.
@@ -87,6 +89,8 @@ def measure(spark: Any, uri: str, root: Path, files: int, repeats: int) -> dict[
         base = make_dir(spark, f"{uri}/bench/{name}", snapshots=snapshots)
         fs.copyFromLocalFile(False, True, path(local.as_uri()), path(base + "/work"))
         sides[name] = HadoopWorkdir.of(spark, base + "/work", root / name)
+        sides[f"{name}-1-thread"] = HadoopWorkdir.of(  # the capture before COPY_THREADS
+            spark, base + "/work", root / f"{name}-serial", copy_threads=1)
     captured = capture(local, batch, root / "template")  # what a restore installs
     count, size = len(captured.files), sum(f.size for f in captured.files)
     times: dict[str, list[float]] = {f"capture {k}": [] for k in sides}
@@ -117,6 +121,9 @@ def rows(times: dict[str, list[float]]) -> list[Row]:
 
     return [row("capture (sync phase)", "capture local", "capture hdfs-snapshot"),
             row("capture (sync phase)", "capture local", "capture hdfs-copy"),
+            row("capture, parallel copies", "capture hdfs-snapshot-1-thread",
+                "capture hdfs-snapshot"),
+            row("capture, parallel copies", "capture hdfs-copy-1-thread", "capture hdfs-copy"),
             row("restore install", "restore local", "restore hdfs")]
 
 

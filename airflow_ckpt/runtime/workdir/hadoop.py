@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,9 @@ _NOT_FOUND = ("java.io.FileNotFoundException",
               "org.apache.hadoop.fs.PathNotFoundException")
 #: prefix of the snapshots the capture takes (deleted once copied)
 SNAPSHOT_PREFIX = "airflow-ckpt-"
+#: files one capture copies at once: each copy is a few round trips (NameNode, DataNode,
+#: py4j) and little work, so they overlap well (py4j gives each thread its connection)
+COPY_THREADS = 8
 
 
 def _not_found(exc: BaseException) -> bool:
@@ -63,10 +67,15 @@ def _not_found(exc: BaseException) -> bool:
 class HadoopWorkdir:
     """The working directory ``location`` (a URI, e.g. ``hdfs://nn:8020/jobs/j/work``)
     on the Hadoop ``FileSystem`` of the driver JVM ``jvm`` configured by
-    ``hadoop_conf``; captures and restores are staged under the local ``local_root``."""
+    ``hadoop_conf``; captures and restores are staged under the local ``local_root``.
+    A capture copies up to ``copy_threads`` files at once."""
 
-    def __init__(self, location: str, local_root: Path, jvm: Any, hadoop_conf: Any) -> None:
+    def __init__(self, location: str, local_root: Path, jvm: Any, hadoop_conf: Any,
+                 copy_threads: int = COPY_THREADS) -> None:
+        if copy_threads < 1:
+            raise ValueError(f"copy_threads must be at least 1, not {copy_threads}")
         self.location = location.rstrip("/")
+        self.copy_threads = copy_threads
         self.local_root = local_root
         self._jvm = jvm
         self._path = jvm.org.apache.hadoop.fs.Path
@@ -80,10 +89,16 @@ class HadoopWorkdir:
         self._swept = False
 
     @classmethod
-    def of(cls, spark: SparkSession, location: str, local_root: Path) -> HadoopWorkdir:
+    def of(cls, spark: SparkSession, location: str, local_root: Path,
+           copy_threads: int = COPY_THREADS) -> HadoopWorkdir:
         """On ``spark``'s JVM and Hadoop configuration (what its queries use)."""
         return cls(location, local_root, spark._jvm,
-                   spark._jsc.hadoopConfiguration())
+                   spark._jsc.hadoopConfiguration(), copy_threads)
+
+    def _local(self, path: Path) -> Any:
+        """The Hadoop ``Path`` of a local file. Never from ``Path.as_uri()``: Hadoop's
+        ``Path(String)`` does not decode, so a space there (``%20``) named another file."""
+        return self._path(f"file://{path.resolve()}")
 
     def _at(self, rel: str) -> Any:
         return self._path(f"{self.location}/{rel}" if rel else self.location)
@@ -189,10 +204,10 @@ class HadoopWorkdir:
     def _copy(self, source: str, batch_id: int, staging_dir: Path,
               *, pinned: bool) -> list[CapturedFile]:
         """List ``source`` recursively and copy each file of the snapshot of
-        ``batch_id`` to ``staging_dir``; unless ``pinned``, a file deleted since the
-        listing is skipped."""
-        files: list[CapturedFile] = []
+        ``batch_id`` to ``staging_dir`` (:attr:`copy_threads` at once); unless
+        ``pinned``, a file deleted since the listing is skipped."""
         try:
+            wanted_files: list[tuple[Any, str, tuple[str, ...], str, bool]] = []
             listing = self._fs.listFiles(self._path(source), True)
             while listing.hasNext():
                 src = listing.next().getPath()
@@ -201,25 +216,32 @@ class HadoopWorkdir:
                 if any(p.startswith(".") for p in parts[:-1]) or hidden(parts[-1]):
                     continue
                 include, subtask, is_state = wanted(parts, batch_id)
-                if not include:
-                    continue
+                if include:
+                    wanted_files.append((src, rel, parts, subtask, is_state))
+
+            def copy_one(item: tuple[Any, str, tuple[str, ...], str, bool]
+                         ) -> CapturedFile | None:
+                src, rel, parts, subtask, is_state = item
                 dst = staging_dir.joinpath(*parts)
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 interleave.point(interleave.CAPTURE_BEFORE_LINK)
                 try:
-                    self._fs.copyToLocalFile(False, src, self._path(dst.as_uri()), True)
+                    self._fs.copyToLocalFile(False, src, self._local(dst), True)
                 except Exception as exc:
                     if pinned or not _not_found(exc):
                         raise
-                    continue  # purged by Spark's maintenance since it was listed
-                files.append(CapturedFile(rel, dst, dst.stat().st_size, subtask, is_state))
+                    return None  # purged by Spark's maintenance since it was listed
+                return CapturedFile(rel, dst, dst.stat().st_size, subtask, is_state)
+
+            workers = max(1, min(self.copy_threads, len(wanted_files)))
+            with ThreadPoolExecutor(workers, thread_name_prefix="hdfs-capture") as pool:
+                return [f for f in pool.map(copy_one, wanted_files) if f is not None]
         except Exception as exc:
             if not pinned and _not_found(exc):  # a listed directory was purged
                 raise CheckpointDeclinedError(
                     f"the working directory changed under the capture of batch {batch_id} "
                     f"({exc}); allow HDFS snapshots on it to pin it") from exc
             raise
-        return files
 
     def reset(self) -> None:
         self._fs.delete(self._path(self.location), True)
@@ -229,7 +251,7 @@ class HadoopWorkdir:
         ``local_dir`` is removed."""
         beside = self._path(f"{self.location}.restore-{uuid.uuid4().hex[:6]}")
         try:
-            self._fs.copyFromLocalFile(False, True, self._path(local_dir.as_uri()), beside)
+            self._fs.copyFromLocalFile(False, True, self._local(local_dir), beside)
             self.reset()
             if not self._fs.rename(beside, self._path(self.location)):
                 raise OSError(f"could not rename {beside.toString()} to {self.location}")
