@@ -79,13 +79,16 @@ def test_a_local_staging_path_with_a_space_or_percent_sign_is_captured_and_insta
     spark: Any, hdfs: MiniHdfs, tmp_path: Path
 ) -> None:
     """The local side was named by ``Path.as_uri()``, which Hadoop's ``Path(String)``
-    does not decode: a staging directory ``a b`` received its files under ``a%20b``."""
+    does not decode: a staging directory ``a b`` received its files under ``a%20b``.
+    The restore's parallel copy keeps empty directories too."""
     workdir = _workdir(spark, hdfs, "odd-local-names", tmp_path / "local 100%", snapshots=True)
     snap = workdir.capture(1, tmp_path / "stag ing %20" / "chk-1")
     assert {f.path for f in snap.files} == set(LAYOUT) - {"offsets/2", "state/0/0/3.delta"}
     assert all(f.staged.read_text() == LAYOUT[f.path] for f in snap.files)
+    (snap.staging_dir / "sources" / "0").mkdir(parents=True)  # an empty directory
     replace_with(workdir, snap.staging_dir)
     assert read_text(workdir, "commits/1") == LAYOUT["commits/1"]
+    assert workdir.exists("sources/0") and workdir.names("sources/0") == []
 
 
 def test_the_first_capture_deletes_the_snapshots_a_killed_driver_left_and_no_other(

@@ -247,11 +247,24 @@ class HadoopWorkdir:
         self._fs.delete(self._path(self.location), True)
 
     def replace_with(self, local_dir: Path) -> None:
-        """Copy ``local_dir`` beside the working directory, then rename it into place;
-        ``local_dir`` is removed."""
-        beside = self._path(f"{self.location}.restore-{uuid.uuid4().hex[:6]}")
+        """Copy ``local_dir`` beside the working directory (:attr:`copy_threads` files at
+        once), then rename it into place; ``local_dir`` is removed."""
+        name = f"{self.location}.restore-{uuid.uuid4().hex[:6]}"
+        beside = self._path(name)
+        found = sorted(local_dir.rglob("*"))
+        files = [p for p in found if p.is_file()]
+
+        def copy_one(file: Path) -> None:
+            rel = file.relative_to(local_dir).as_posix()
+            self._fs.copyFromLocalFile(False, True, self._local(file), self._path(f"{name}/{rel}"))
+
         try:
-            self._fs.copyFromLocalFile(False, True, self._local(local_dir), beside)
+            self._fs.mkdirs(beside)
+            for directory in (p for p in found if p.is_dir() and not any(p.iterdir())):
+                self._fs.mkdirs(self._path(f"{name}/{directory.relative_to(local_dir).as_posix()}"))
+            workers = max(1, min(self.copy_threads, len(files)))
+            with ThreadPoolExecutor(workers, thread_name_prefix="hdfs-restore") as pool:
+                list(pool.map(copy_one, files))
             self.reset()
             if not self._fs.rename(beside, self._path(self.location)):
                 raise OSError(f"could not rename {beside.toString()} to {self.location}")
