@@ -14,7 +14,8 @@ repeat, in alternating order:
   copies;
 * **restore install** (what restore does after materialising and verifying a
   checkpoint locally, :func:`~airflow_ckpt.runtime.workdir.replace_with`): a rename on
-  the local disk vs a copy to HDFS renamed into place.
+  the local disk vs a copy to HDFS renamed into place, the copy also one file at a time
+  as the baseline of the parallel copies.
 
 The download from checkpoint storage and its verification are the same bytes on either
 side and are not part of the figures. HDFS here is one DataNode on the same disk, so the
@@ -94,9 +95,10 @@ def measure(spark: Any, uri: str, root: Path, files: int, repeats: int) -> dict[
     captured = capture(local, batch, root / "template")  # what a restore installs
     count, size = len(captured.files), sum(f.size for f in captured.files)
     times: dict[str, list[float]] = {f"capture {k}": [] for k in sides}
-    times.update({"restore local": [], "restore hdfs": []})
+    times.update({"restore local": [], "restore hdfs": [], "restore hdfs-1-thread": []})
     targets: dict[str, Workdir] = {"restore local": root / "restored" / "work",
-                                   "restore hdfs": sides["hdfs-snapshot"]}
+                                   "restore hdfs": sides["hdfs-snapshot"],
+                                   "restore hdfs-1-thread": sides["hdfs-snapshot-1-thread"]}
     for repeat in range(repeats):
         order = list(sides) if repeat % 2 == 0 else list(reversed(sides))
         for name in order:
@@ -104,8 +106,8 @@ def measure(spark: Any, uri: str, root: Path, files: int, repeats: int) -> dict[
             times[f"capture {name}"].append(
                 _timed(lambda w=sides[name], s=staging: capture(w, batch, s)))
             shutil.rmtree(staging)
-        for label in (["restore local", "restore hdfs"] if repeat % 2 == 0
-                      else ["restore hdfs", "restore local"]):
+        labels = ["restore local", "restore hdfs", "restore hdfs-1-thread"]
+        for label in labels if repeat % 2 == 0 else list(reversed(labels)):
             tmp = root / "restore-tmp"
             shutil.copytree(captured.staging_dir, tmp)
             times[label].append(_timed(lambda t=targets[label], d=tmp: replace_with(t, d)))
@@ -124,7 +126,8 @@ def rows(times: dict[str, list[float]]) -> list[Row]:
             row("capture, parallel copies", "capture hdfs-snapshot-1-thread",
                 "capture hdfs-snapshot"),
             row("capture, parallel copies", "capture hdfs-copy-1-thread", "capture hdfs-copy"),
-            row("restore install", "restore local", "restore hdfs")]
+            row("restore install", "restore local", "restore hdfs"),
+            row("restore install, parallel copies", "restore hdfs-1-thread", "restore hdfs")]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
