@@ -102,11 +102,13 @@ def sink_of(kind: str, storage: CheckpointStorage, log: OffsetsLog,
 def run_batch(sink: StagedSink, log: OffsetsLog, batch_id: int, start: int, end: int,
               *, commit: bool = True) -> None:
     """Spark runs ``batch_id`` over ``[start, end)``: its offsets entry (the end), the
-    sink stages it and (``commit``) commits it."""
+    sink stages it and (``commit``) a checkpoint covering it completes: the runtime
+    commits the sink's pending transactions (a skipped replay has none)."""
     log.write(batch_id, json.dumps({"end": end}))
     sink.pre_commit(batch_id, rows(start, end))
     if commit:
-        sink.commit(batch_id)
+        for pending in sink.tracked_pending():
+            sink.commit(pending)
 
 
 def first_run(kind: str, storage: CheckpointStorage, log: OffsetsLog,

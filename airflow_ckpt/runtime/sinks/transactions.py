@@ -140,9 +140,10 @@ class SinkTransactions:
         #: listing plus its own writes since; None: list again (see :meth:`staged`)
         self._staged: set[tuple[int, str]] | None = None
         self._staged_lock = threading.Lock()
-        #: the newest batch this object recorded, decided or skipped in this life and
-        #: the offsets it read: a batch staged next that starts where it ended needs no
-        #: look for its input under another id (see :meth:`_published_elsewhere`)
+        #: the newest batch id whose record or decision this object wrote or read in
+        #: this life, with the offsets recorded there: a batch staged next that starts
+        #: where it ended needs no look for its input under another id
+        #: (:meth:`_published_elsewhere`)
         self._last: tuple[int, BatchOffsets] | None = None
 
     # ------------------------------------------------------------------ keys
@@ -242,7 +243,8 @@ class SinkTransactions:
             self._last = None
 
     def _note(self, batch_id: int, offsets: BatchOffsets | None) -> None:
-        """This object recorded, decided or skipped ``batch_id``, which read ``offsets``."""
+        """Storage holds ``offsets`` at ``batch_id`` (its record or decision), as this
+        object wrote or read them."""
         if offsets is None:
             return
         with self._staged_lock:
@@ -250,8 +252,8 @@ class SinkTransactions:
                 self._last = (batch_id, offsets)
 
     def _continues(self, batch_id: int, offsets: BatchOffsets) -> bool:
-        """Whether ``batch_id`` starts where the batch this object knew last, the one
-        before it, ended (or is that batch again): known without a request."""
+        """Whether ``batch_id`` starts where the batch id before it ended, as recorded
+        there (or is the batch recorded at its id): known without a request."""
         with self._staged_lock:
             last = self._last
         if last is None:
@@ -333,6 +335,7 @@ class SinkTransactions:
             if decided is not None:
                 verdict = (replays if not txn.replay else REFUSE).judge(
                     self.name, txn.batch, decided.get("offsets"), txn.offsets)
+                self._noted(txn.batch, txn.replay, decided)
                 if verdict is ReplayVerdict.PUBLISH:
                     assert txn.offsets is not None  # only known offsets can differ
                     extra = replace(txn, replay=txn.offsets.tag)
@@ -340,8 +343,6 @@ class SinkTransactions:
                         replays.announce(self.name, txn.batch, decided.get("offsets"),
                                          txn.offsets)
                     return self._record(extra, replays, describe)
-                if verdict is ReplayVerdict.SAME:
-                    self._note(txn.batch, txn.offsets)
                 raise ObjectAlreadyExistsError(
                     f"batch {txn.batch} is committed already; its replay "
                     + ("read the same source offsets" if verdict is ReplayVerdict.SAME else
@@ -430,8 +431,11 @@ class SinkTransactions:
         offsets = txn.offsets
         verdict = replays.judge(self.name, txn.batch, elsewhere.get("offsets"), offsets,
                                 published_as=published_as)
+        if decided is not None:
+            self._noted(txn.batch, "", decided)
+        elif published_as == txn.batch - 1 and verdict is ReplayVerdict.SAME:
+            self._note(txn.batch, offsets)  # as if recorded here: the batch below read it
         if verdict is ReplayVerdict.SAME:
-            self._note(txn.batch, offsets)
             raise ObjectAlreadyExistsError(
                 f"batch {txn.batch} read the source offsets batch {published_as} published "
                 "(its batch id shifted, e.g. by a rescale's repartition batch)")
