@@ -51,6 +51,19 @@ offsets. One that read others is refused, or, where the
 :class:`~airflow_ckpt.runtime.sinks.offsets.ReplayPolicy` publishes it, recorded as a
 transaction of its own (``<batch>.<tag>``) with the same rules: its decision is
 create-only and never changes, and a later replay with the same offsets is skipped.
+
+Why a replay is also looked for under a lower batch id (issue 29): a rescale on restore
+(``state_partitions``) appends Spark's repartition batch, which takes the restored
+batch's offsets under the next id, so every later batch reads under an id one higher
+than the batch that first read it. A batch's input is its start and end offsets, not
+its id: after a discontinuity (the decision at the id started elsewhere, or there is
+none and the id below did not end where the batch starts) the decisions below are read
+for one that started where the batch starts (:meth:`SinkTransactions._published_elsewhere`,
+at most :data:`LOOK_DOWN` GETs): the same end is published already (skipped), another
+end is judged as above. The steady path sends no extra request: the object remembers
+the newest batch id whose record or decision it wrote or read, with the offsets
+recorded *at that id*. Reads and notes only: nothing new is written, so every rule
+above stands as it was.
 """
 
 from __future__ import annotations
