@@ -285,6 +285,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "decision[\"offsets\"] = txn.offsets.to_dict()",
            "pass",
            "a commit decision records the batch's source offsets"),
+    Mutant("shifted-replay-not-looked-for", TXN,
+           "elsewhere = self._published_elsewhere(txn, decided)",
+           "elsewhere = None",
+           "a replay under a shifted batch id (a rescale's repartition batch) is found by "
+           "its start among the decisions below its id"),
+    Mutant("shifted-skip-notes-the-replay", TXN,
+           "if decided is not None:\n            self._noted(txn.batch, \"\", decided)",
+           "if decided is not None:\n            self._note(txn.batch, offsets)",
+           "the batch id a sink knew last is noted with the offsets recorded at that id, "
+           "not a skipped shifted replay's"),
     # ---------------------------------------------------------------- answer-once
     Mutant("answered-requests-pending", CHANNEL,
            "and key[: -len(\".json\")] + _RESULT_SUFFIX not in keys)",

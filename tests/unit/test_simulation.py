@@ -155,6 +155,7 @@ def test_the_sink_world_reaches_its_cases() -> None:
     texts = ["\n".join(o.trace) for o in outcomes]
     assert any("the replay of committed batch" in t and "skipped" in t for t in texts)
     assert any("refused: " in t for t in texts)  # SinkReplayMismatchError
+    assert any("(shifted id)" in t for t in texts)  # a rescale's replay found below its id
     assert any("restarts in-process" in t for t in texts)
     assert any(_late_over_a_takeover(o.trace) for o in outcomes)
 

@@ -16,7 +16,8 @@ the replay only if it read the same offsets; otherwise the job's
 :class:`~airflow_ckpt.runtime.sinks.offsets.ReplayPolicy` (:attr:`replay_policy`)
 decides: EXACTLY_ONCE raises :class:`~airflow_ckpt.errors.SinkReplayMismatchError`,
 AT_LEAST_ONCE publishes the replay as extra output, reported first (the built-in sinks
-do so through :class:`~airflow_ckpt.runtime.sinks.transactions.SinkTransactions`).
+do so through :class:`~airflow_ckpt.runtime.sinks.transactions.SinkTransactions`, which
+also recognises a replay under a shifted batch id, e.g. after a rescale, by its start).
 """
 
 from __future__ import annotations

@@ -208,35 +208,41 @@ class ReplayPolicy:
     report: ReplayReport | None = None
 
     def judge(self, sink: str, batch_id: int, committed: dict[str, Any] | None,
-              replay: BatchOffsets | None) -> ReplayVerdict:
+              replay: BatchOffsets | None, *, published_as: int | None = None) -> ReplayVerdict:
         """Decide a replay of a batch ``sink`` committed already, from the offsets the
         commit decision recorded (``committed``, ``BatchOffsets.to_dict``) and the
         replay's. Raises ``SinkReplayMismatchError`` for other offsets unless
         ``publish_other``; a sink that then publishes the replay calls
-        :meth:`announce` first, so an extra publication is never silent."""
+        :meth:`announce` first, so an extra publication is never silent.
+        ``published_as``: the committed batch's id when it is not ``batch_id`` (a
+        replay under a shifted id, found by where it started)."""
         if replay is None:
             return ReplayVerdict.UNVERIFIED
         if committed is not None and BatchOffsets.from_dict(committed).same_input(replay):
             return ReplayVerdict.SAME
         if not self.publish_other:
-            raise SinkReplayMismatchError(batch_id, sink, _shown(committed), replay.describe())
+            raise SinkReplayMismatchError(batch_id, sink, _shown(committed, published_as),
+                                          replay.describe())
         return ReplayVerdict.PUBLISH
 
     def announce(self, sink: str, batch_id: int, committed: dict[str, Any] | None,
-                 replay: BatchOffsets) -> None:
+                 replay: BatchOffsets, *, published_as: int | None = None) -> None:
         """Say that ``sink`` publishes a replay of ``batch_id`` that read other offsets
         than the committed batch: a WARNING log with both, then ``report``."""
+        shown = _shown(committed, published_as)
         log.warning("%s: batch %d is committed already, from source offsets %s; its replay "
                     "read other source offsets %s and is published as extra output "
                     "(AT_LEAST_ONCE: rows of both may appear twice, none is lost)",
-                    sink, batch_id, _shown(committed), replay.describe())
+                    sink, batch_id, shown, replay.describe())
         if self.report is not None:
-            self.report(sink, batch_id, _shown(committed), replay.describe())
+            self.report(sink, batch_id, shown, replay.describe())
 
 
-def _shown(committed: dict[str, Any] | None) -> str:
-    """The offsets a commit decision recorded, for a person."""
-    return BatchOffsets.from_dict(committed).describe() if committed else "(not recorded)"
+def _shown(committed: dict[str, Any] | None, published_as: int | None = None) -> str:
+    """The offsets a commit decision recorded, for a person (and the batch id it was
+    published under, when another than the replay's)."""
+    shown = BatchOffsets.from_dict(committed).describe() if committed else "(not recorded)"
+    return shown if published_as is None else f"{shown} (published as batch {published_as})"
 
 
 #: EXACTLY_ONCE's policy, and a sink's without the runtime: other offsets are refused

@@ -123,10 +123,10 @@ class StagedSink(TwoPhaseCommitSink):
     def recover(self, commit: Iterable[int]) -> None:
         """As the base class, and abort the staging a crash left without a record;
         refuse a restored transaction aborted since (``SinkTransactionAbortedError``).
-        Lists the records afresh (:meth:`SinkTransactions.forget`): an earlier life
+        Lists the records afresh (:meth:`SinkTransactions.restart`): an earlier life
         may have left any."""
         keep = set(commit)
-        self.transactions.forget()
+        self.transactions.restart()
         self.transactions.require_committable(keep)
         super().recover(keep)
         pending = set(self.tracked_pending())

@@ -51,6 +51,19 @@ offsets. One that read others is refused, or, where the
 :class:`~airflow_ckpt.runtime.sinks.offsets.ReplayPolicy` publishes it, recorded as a
 transaction of its own (``<batch>.<tag>``) with the same rules: its decision is
 create-only and never changes, and a later replay with the same offsets is skipped.
+
+Why a replay is also looked for under a lower batch id (issue 29): a rescale on restore
+(``state_partitions``) appends Spark's repartition batch, which takes the restored
+batch's offsets under the next id, so every later batch reads under an id one higher
+than the batch that first read it. A batch's input is its start and end offsets, not
+its id: after a discontinuity (the decision at the id started elsewhere, or there is
+none and the id below did not end where the batch starts) the decisions below are read
+for one that started where the batch starts (:meth:`SinkTransactions._published_elsewhere`,
+at most :data:`LOOK_DOWN` GETs): the same end is published already (skipped), another
+end is judged as above. The steady path sends no extra request: the object remembers
+the newest batch id whose record or decision it wrote or read, with the offsets
+recorded *at that id*. Reads and notes only: nothing new is written, so every rule
+above stands as it was.
 """
 
 from __future__ import annotations
@@ -79,6 +92,9 @@ TxnState = Literal["staged", "aborted"]
 Describe = Callable[["Transaction"], dict[str, Any]]
 #: compare-and-swap rounds before a record that keeps changing is reported
 _SWAP_ROUNDS = 8
+#: batch ids below a staged batch whose decisions a look for its input published under
+#: another id reads at most (one GET each; a rescale shifts the ids by one)
+LOOK_DOWN = 16
 
 
 class AttemptOutcome(enum.Enum):
@@ -137,6 +153,11 @@ class SinkTransactions:
         #: listing plus its own writes since; None: list again (see :meth:`staged`)
         self._staged: set[tuple[int, str]] | None = None
         self._staged_lock = threading.Lock()
+        #: the newest batch id whose record or decision this object wrote or read in
+        #: this life, with the offsets recorded there: a batch staged next that starts
+        #: where it ended needs no look for its input under another id
+        #: (:meth:`_published_elsewhere`)
+        self._last: tuple[int, BatchOffsets] | None = None
 
     # ------------------------------------------------------------------ keys
     @staticmethod
@@ -227,6 +248,33 @@ class SinkTransactions:
         with self._staged_lock:
             self._staged = None
 
+    def restart(self) -> None:
+        """A new life of the sink (its recovery): :meth:`forget`, and forget the batch
+        it knew last (a restore may plan any batch next)."""
+        self.forget()
+        with self._staged_lock:
+            self._last = None
+
+    def _note(self, batch_id: int, offsets: BatchOffsets | None) -> None:
+        """Storage holds ``offsets`` at ``batch_id`` (its record or decision), as this
+        object wrote or read them."""
+        if offsets is None:
+            return
+        with self._staged_lock:
+            if self._last is None or batch_id >= self._last[0]:
+                self._last = (batch_id, offsets)
+
+    def _continues(self, batch_id: int, offsets: BatchOffsets) -> bool:
+        """Whether ``batch_id`` starts where the batch id before it ended, as recorded
+        there (or is the batch recorded at its id): known without a request."""
+        with self._staged_lock:
+            last = self._last
+        if last is None:
+            return False
+        known, read = last
+        return (known == batch_id - 1 and read.sources == offsets.starts) or (
+            known == batch_id and read == offsets)
+
     def _known(self, batch_id: int, replay: str, *, staged: bool) -> None:
         """This object's own write just made the record staged (or gone, or aborted)."""
         with self._staged_lock:
@@ -285,11 +333,22 @@ class SinkTransactions:
     def _record(self, txn: Transaction, replays: ReplayPolicy,
                 describe: Describe | None) -> Transaction | None:
         key = self.txn_key(txn.batch, txn.replay)
+        looked = bool(txn.replay)  # an extra publication is judged by its own decision
         for _ in range(_SWAP_ROUNDS):
             decided = self.decision(txn.batch, txn.replay)
+            if not looked:
+                looked = True
+                elsewhere = self._published_elsewhere(txn, decided)
+                # (no decision at this id: published as the batch itself, below)
+                if elsewhere is not None and self._judge_elsewhere(txn, replays, decided,
+                                                                   *elsewhere):
+                    assert txn.offsets is not None  # only known offsets are looked for
+                    extra = replace(txn, replay=txn.offsets.tag)
+                    return self._record(extra, replays, describe)
             if decided is not None:
                 verdict = (replays if not txn.replay else REFUSE).judge(
                     self.name, txn.batch, decided.get("offsets"), txn.offsets)
+                self._noted(txn.batch, txn.replay, decided)
                 if verdict is ReplayVerdict.PUBLISH:
                     assert txn.offsets is not None  # only known offsets can differ
                     extra = replace(txn, replay=txn.offsets.tag)
@@ -310,6 +369,8 @@ class SinkTransactions:
                 pass
             else:
                 self._known(txn.batch, txn.replay, staged=True)
+                if not txn.replay:
+                    self._note(txn.batch, txn.offsets)
                 return None
             try:
                 stored = self.storage.get_versioned(key)
@@ -329,9 +390,73 @@ class SinkTransactions:
             except PreconditionFailedError:
                 continue
             self._known(txn.batch, txn.replay, staged=True)
+            if not txn.replay:
+                self._note(txn.batch, txn.offsets)
             return previous if previous.attempt != txn.attempt else None
         raise PreconditionFailedError(f"{key} kept changing while batch {txn.batch} was "
                                       "recorded: another driver writes this sink")
+
+    def _published_elsewhere(self, txn: Transaction, decided: dict[str, Any] | None
+                             ) -> tuple[int, dict[str, Any]] | None:
+        """The decision of a batch below ``txn.batch`` that started where ``txn`` starts,
+        with its id, if the batch ids shifted: Spark's offline state repartitioning
+        (``state_partitions``) appends a repartition batch that takes the restored
+        batch's offsets under the next id, so every later batch reads under an id one
+        higher than the batch that first read it.
+
+        Looked for (one GET per batch id, at most :data:`LOOK_DOWN`, downwards) only
+        after a discontinuity: the decision at ``txn.batch`` started elsewhere, or there
+        is none and the batch this object knew last is not the one before, ending where
+        ``txn`` starts. The look stops at a decision ending where ``txn`` starts (the
+        batch before it: nothing below started there). None: judged as before (by the
+        decision at ``txn.batch``, or recorded if there is none)."""
+        offsets = txn.offsets
+        if offsets is None or not offsets.starts:
+            return None  # no start to look for (no runtime, or purged)
+        if decided is not None:
+            recorded = decided.get("offsets")
+            at_id = BatchOffsets.from_dict(recorded) if recorded else None
+            if at_id is None or at_id.starts == offsets.starts or at_id.same_input(offsets):
+                return None  # the same batch, or a replay of this one to another end
+        elif self._continues(txn.batch, offsets):
+            return None  # the steady path: no request
+        for batch_id in range(txn.batch - 1, max(txn.batch - 1 - LOOK_DOWN, -1), -1):
+            below = self.decision(batch_id)
+            recorded = below.get("offsets") if below is not None else None
+            if below is None or recorded is None:
+                continue  # never decided here (e.g. the repartition batch's id)
+            read = BatchOffsets.from_dict(recorded)
+            if read.starts == offsets.starts:
+                return batch_id, below
+            if read.sources == offsets.starts:
+                return None  # the batch right before this input
+        return None
+
+    def _judge_elsewhere(self, txn: Transaction, replays: ReplayPolicy,
+                         decided: dict[str, Any] | None, published_as: int,
+                         elsewhere: dict[str, Any]) -> bool:
+        """Judge ``txn``, whose start batch ``published_as`` published already (its
+        decision ``elsewhere``): the same input is skipped (raises
+        ``ObjectAlreadyExistsError``: exactly once); another end is refused
+        (``SinkReplayMismatchError``, by ``replays``) or announced and published as
+        extra output: True to record it as an extra publication of ``txn.batch`` (which
+        has a decision, ``decided``), False as the batch itself (none)."""
+        offsets = txn.offsets
+        verdict = replays.judge(self.name, txn.batch, elsewhere.get("offsets"), offsets,
+                                published_as=published_as)
+        if decided is not None:
+            self._noted(txn.batch, "", decided)
+        elif published_as == txn.batch - 1 and verdict is ReplayVerdict.SAME:
+            self._note(txn.batch, offsets)  # as if recorded here: the batch below read it
+        if verdict is ReplayVerdict.SAME:
+            raise ObjectAlreadyExistsError(
+                f"batch {txn.batch} read the source offsets batch {published_as} published "
+                "(its batch id shifted, e.g. by a rescale's repartition batch)")
+        assert offsets is not None  # only known offsets are looked for
+        if decided is None or self.decision(txn.batch, offsets.tag) is None:
+            replays.announce(self.name, txn.batch, elsewhere.get("offsets"), offsets,
+                             published_as=published_as)
+        return decided is not None
 
     def decide(self, batch_id: int, describe: Describe,
                replay: str = "") -> dict[str, Any] | None:
@@ -350,7 +475,7 @@ class SinkTransactions:
         if txn is None or txn.state != "staged":
             existing = self.decision(batch_id, replay)
             if existing is not None:
-                return existing
+                return self._noted(batch_id, replay, existing)
             if txn is None:
                 return None
         # The record read above is not a successor's. An aborted record is a recovery's,
@@ -380,7 +505,14 @@ class SinkTransactions:
         except ObjectAlreadyExistsError:  # decided before: that decision stands
             decided = self.decision(batch_id, replay)
             assert decided is not None
-            return decided
+            return self._noted(batch_id, replay, decided)
+        return self._noted(batch_id, replay, decision)
+
+    def _noted(self, batch_id: int, replay: str, decision: dict[str, Any]) -> dict[str, Any]:
+        """``decision``, noted as the batch's (:meth:`_note`) if it is its own."""
+        recorded = decision.get("offsets")
+        if not replay and recorded:
+            self._note(batch_id, BatchOffsets.from_dict(recorded))
         return decision
 
     def abort(self, batch_id: int, replay: str = "") -> Transaction | AttemptOutcome | None:

@@ -20,6 +20,16 @@ Airflow declared dead that still runs, a second driver started by hand). Each dr
   of the batches after it,
   planned again from the source: the same end offsets as a batch planned before, or
   others (more input arrived, other batch sizing);
+* a rescale (issue 29): an explicit older restore may rescale (:data:`RESCALE_P`, drawn
+  from a generator of its own, so seeds that never rescale keep their schedules). Spark's
+  repartition batch takes the restored batch ``b``'s id ``b+1`` (never staged), the life's
+  batches run from ``b+2``, one id above the batch ids that first planned the same input
+  (the life's *shift*), and its checkpoints carry that shift. Restores then choose among
+  the checkpoints of the highest shift only (and no new start): the sinks find replays
+  under ids shifted upwards; restoring a snapshot from before a rescale after the rescaled
+  run published past it shifts them downwards, a documented limit (docs/sinks.md). A
+  shifted life commits what the sink has pending, as the runtime does (a skipped replay
+  has nothing); the others commit the batch they staged, as before;
 * per batch: ``pre_commit`` (the rows are the source's numbers ``start..end-1``), a
   while later (the checkpoint interval) the checkpoint's completion marker (create-only,
   then ``lease.confirm()``, as the coordinator completes a checkpoint), then ``commit``;
@@ -35,13 +45,16 @@ batch ``b`` planned from ``start`` to ``end`` holds exactly those numbers):
 
 * ``sink-lost``: once a driver's ``commit(b)`` (or ``recover`` of the restored
   checkpoint) returned, ``part-b`` holds exactly the rows of the batch that driver
-  staged (or restored): nothing lost, nothing else published;
+  staged (or restored): nothing lost, nothing else published (in a shifted life: or the
+  decision of a batch id below holds exactly them: published under the id that first
+  read them);
 * ``sink-duplicate``: no source number is published twice;
 * ``decision-changed``: a commit decision (``_committed/``) or a published part never
   changes nor disappears once written;
 * ``sink-replay``: a replay of a committed batch is skipped only if it read the
   committed batch's offsets, and refused (``SinkReplayMismatchError``) only if it read
-  others, never silently dropped;
+  others, never silently dropped (in a shifted life: skipped also when a decision below
+  its id holds exactly its rows; refused only when none does);
 * ``sink-error``: a driver dies of nothing but a lost lease, an unreachable storage or
   a refused replay (not, e.g., ``CorruptCheckpointError``: a wedged sink);
 * ``ungated-write``: every write a driver starts through its ``FencedStorage`` passed
@@ -70,6 +83,7 @@ from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.record import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S
 from airflow_ckpt.runtime.sinks.jsonl import JsonLinesSink
 from airflow_ckpt.runtime.sinks.offsets import BatchOffsets
+from airflow_ckpt.runtime.sinks.transactions import LOOK_DOWN
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing.sim.buggify import (
@@ -140,6 +154,16 @@ CLOCK_JUMP_P = 0.002
 HANG_P = 0.08
 #: base chance, per checkpoint a restore looks at, that it is damaged (half: missing)
 DAMAGED_P = 0.15
+#: chance that an explicit older restore rescales (``state_partitions``): its life's batch
+#: ids shift by one (drawn from the world's ``rescales`` generator)
+RESCALE_P = 0.7
+#: chance that a submission's first query goes to an older checkpoint (if there is one)
+#: whatever the seed's setup drew, drawn from the ``rescales`` generator: more rescales,
+#: and the schedules of the seeds that draw none unchanged
+RESCALE_OLDER_P = 0.3
+#: batch ids below a shifted replay where the invariants look for its rows (the sinks'
+#: :data:`~airflow_ckpt.runtime.sinks.transactions.LOOK_DOWN`)
+SHIFT_WINDOW = LOOK_DOWN
 
 
 class _ManualLease(JobLease):
@@ -160,6 +184,11 @@ class Checkpoint:
     start: int
     end: int
     driver: int
+    #: batch ids above the ones that first planned the same input (a rescale's each)
+    shift: int = 0
+    #: whether it lists the batch's transaction (not a rescale's repartition batch's,
+    #: nor, in a shifted life, a replay the sink skipped)
+    staged: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +251,12 @@ class SinkWorld(Judged):
         self.damaged: set[int] = set()  # checkpoints a restore found damaged
         self.floors: dict[int, int] = {}  # driver -> its run's initial checkpoint id
         #: driver -> where its run started, when not from the latest checkpoint
-        self.origins: dict[int, tuple[Checkpoint | None, int]] = {}
+        self.origins: dict[int, tuple[Checkpoint | None, int, bool]] = {}
+        #: whether an explicit older restore rescales: a generator of its own
+        self.rescales = random.Random(seed ^ 0x5CA1E)
+        #: the highest shift a life completed its initial checkpoint with: restores
+        #: choose among the checkpoints of that shift (see the module doc)
+        self.shift = 0
         self.plans: dict[int, list[tuple[int, int]]] = {}  # batch -> every (start, end)
         #: driver -> the batch it stages now: (batch, start, end)
         self.staging: dict[int, tuple[int, int, int]] = {}
@@ -277,16 +311,31 @@ class SinkWorld(Judged):
                                      f"and in {key}")
                     seen[n] = key
 
-    def check_published(self, batch: int, start: int, end: int, what: str) -> None:
-        """``sink-lost``: after ``what`` returned, ``part-<batch>`` is exactly the plan."""
+    def decided_below(self, batch: int, rows: list[int], *, start_only: bool = False
+                      ) -> int | None:
+        """The batch id below ``batch`` (within :data:`SHIFT_WINDOW`) whose decision
+        holds exactly ``rows`` (``start_only``: starts where they start), or None."""
+        for below in range(batch - 1, max(batch - 1 - SHIFT_WINDOW, -1), -1):
+            decided = self.decided(below)
+            if decided and (decided[0] == rows[0] if start_only else decided == rows):
+                return below
+        return None
+
+    def check_published(self, batch: int, start: int, end: int, what: str,
+                        shifted: bool = False) -> None:
+        """``sink-lost``: after ``what`` returned, ``part-<batch>`` is exactly the plan
+        (``shifted``: or a decision below it is)."""
         rows = self.published(batch)
-        if rows != list(range(start, end)):
+        planned = list(range(start, end))
+        if shifted and rows != planned and self.decided_below(batch, planned) is not None:
+            return
+        if rows != planned:
             self.violate(SINK_LOST, f"{what}, which read numbers {start}..{end - 1}, returned; "
                          + ("nothing is published" if rows is None else
                             f"part-{batch} holds {_span(rows)}"))
 
     def check_replay(self, batch: int, start: int, end: int, refused: bool,
-                     offsets: BatchOffsets | None = None) -> None:
+                     offsets: BatchOffsets | None = None, shifted: bool = False) -> None:
         """``sink-replay``: a skip only over the same numbers, a refusal only over
         others. A ``pre_commit`` that returned while the batch's record is its own
         staging (``offsets``: what it read) was staged, not dropped: a deposed driver
@@ -302,6 +351,19 @@ class SinkWorld(Judged):
                 return
         decided = self.decided(batch)
         planned = list(range(start, end))
+        if shifted and decided != planned:
+            below = self.decided_below(batch, planned)
+            if below is not None:
+                if refused:
+                    self.violate(SINK_REPLAY, f"batch {batch} ({start}..{end - 1}) was refused, "
+                                 f"but batch {below} published exactly its rows (shifted id)")
+                else:
+                    self.scheduler.log(f"the replay of batch {batch} read what batch {below} "
+                                       "published: skipped (shifted id)")
+                return
+            if refused and decided is None and self.decided_below(
+                    batch, planned, start_only=True) is not None:
+                return  # a batch below started there and read other rows: refused
         if refused and (decided is None or decided == planned):
             self.violate(SINK_REPLAY, f"batch {batch} ({start}..{end - 1}) was refused as a "
                          "replay of other offsets, but " + (
@@ -343,19 +405,23 @@ class SinkWorld(Judged):
             return BatchOffsets((json.dumps({"end": end}),), starts=starts)
         return read
 
-    def restore_target(self, explicit: bool,
-                       floor: int | None = None) -> tuple[Checkpoint | None, bool]:
+    def restore_target(self, explicit: bool, floor: int | None = None,
+                       older: bool = False) -> tuple[Checkpoint | None, bool]:
         """What a query restores, as :func:`~airflow_ckpt.runtime.restore.choose.restore` picks
         it, and whether it is an explicit (older) target. ``explicit``: this query may
         have been given one (a submission's first query: the operator's ``restore``;
         a restart in-process restores ``latest``). ``latest`` falls back past a newest
         checkpoint found damaged (for good: no later restore uses it), never below
         ``floor`` (the run's initial checkpoint: an in-process restart never resumes an
-        older run's state)."""
+        older run's state). ``older``: an explicit target goes to an older checkpoint
+        if there is one (the ``rescales`` generator's choice)."""
         usable = [c for c in self.checkpoints if c.checkpoint_id not in self.damaged
-                  and (floor is None or c.checkpoint_id >= floor)]
-        if explicit and len(usable) > 1 and self.rng.random() < self.setup.older_restore_p:
-            return self.rng.choice(usable[:-1]), True
+                  and (floor is None or c.checkpoint_id >= floor) and c.shift == self.shift]
+        if explicit and len(usable) > 1:
+            if self.rng.random() < self.setup.older_restore_p:
+                return self.rng.choice(usable[:-1]), True
+            if older:  # one more, chosen by the rescales generator
+                return self.rescales.choice(usable[:-1]), True
         while len(usable) > 1:
             if self.scheduler.chance(STORAGE_DAMAGED, DAMAGED_P):
                 how = "damaged"
@@ -369,11 +435,12 @@ class SinkWorld(Judged):
         return (usable[-1] if usable else None), False
 
     def complete_checkpoint(self, number: int, lease: JobLease, storage: FencedStorage,
-                            batch: int, start: int, end: int) -> Checkpoint:
+                            batch: int, start: int, end: int, shift: int = 0,
+                            staged: bool = True) -> Checkpoint:
         """The coordinator's completion: the marker (create-only, a fresh id), then
         ``lease.confirm()``; only then does the checkpoint count."""
         self.last_id += 1  # ids are never reused (the lease reserves them)
-        checkpoint = Checkpoint(self.last_id, batch, start, end, number)
+        checkpoint = Checkpoint(self.last_id, batch, start, end, number, shift, staged)
         storage.put_bytes(JobLayout(JOB).checkpoint_metadata(checkpoint.checkpoint_id),
                           json.dumps({"batch": batch}).encode(), create_only=True)
         lease.confirm()
@@ -422,59 +489,79 @@ class SinkWorld(Judged):
         for the run)."""
         sched, rng, setup = self.scheduler, self.rng, self.setup
         initial = 0  # where the source starts a query that restores nothing
+        rescaled = False
+        # an older restore, drawn apart so that seeds without one keep their schedules
+        older = first and self.rescales.random() < RESCALE_OLDER_P
         if not first and number in self.origins and number not in self.floors:
             # the run started elsewhere and its initial checkpoint never completed (in
             # the runtime that fails the attempt before any in-process restart, and the
             # supervisor resubmits the run from where it started): it starts over from
             # there, never from an older run's checkpoint
-            restored, initial = self.origins[number]
+            restored, initial, rescaled = self.origins[number]
             explicit = True
             sched.log(f"starts over from its own start {restored} at offset {initial}")
-        elif first and rng.random() < setup.new_start_p:
+        elif first and rng.random() < setup.new_start_p and self.shift == 0 and not older:
             # restore=none into the same output, the source started elsewhere (e.g.
             # Kafka's startingOffsets earliest after a first run from latest)
             restored, explicit, initial = None, True, rng.randint(0, 3)
             sched.log(f"restore=none: starts anew at offset {initial}")
         else:
-            restored, explicit = self.restore_target(first, self.floors.get(number))
-            sched.log(f"restores {restored}" + (" (explicit)" if explicit else ""))
+            restored, explicit = self.restore_target(first, self.floors.get(number), older)
+            rescaled = (explicit and restored is not None and restored.batch >= 0
+                        and self.rescales.random() < RESCALE_P)
+            sched.log(f"restores {restored}" + (" (explicit)" if explicit else "")
+                      + (", rescaled" if rescaled else ""))
         if explicit:
-            self.origins[number] = (restored, initial)
-        # nothing restored, or a new start's initial checkpoint: no transaction to commit
-        sink.recover(() if restored is None or restored.batch < 0 else (restored.batch,))
-        if restored is not None and restored.batch >= 0:
+            self.origins[number] = (restored, initial, rescaled)
+        shift = (restored.shift if restored is not None else 0) + rescaled
+        shifted = shift > 0
+        # nothing restored, a new start's initial checkpoint or a repartition batch: no
+        # transaction to commit
+        listed = restored is not None and restored.batch >= 0 and restored.staged
+        sink.recover((restored.batch,) if listed and restored is not None else ())
+        if listed and restored is not None:
             self.check_published(restored.batch, restored.start, restored.end,
-                                 f"recover of checkpoint {restored.checkpoint_id}")
+                                 f"recover of checkpoint {restored.checkpoint_id}", shifted)
         if explicit:
             # the runtime's initial checkpoint: a restart with restore=latest resumes
             # this run, never the newer checkpoints it went back past nor (restore=none)
             # an older run's (batch -1: nothing ran yet, the source starts at `initial`)
+            # (rescaled: at Spark's repartition batch, the restored batch's offsets)
             self.floors[number] = self.complete_checkpoint(
-                number, lease, storage, *((restored.batch, restored.start, restored.end)
-                                          if restored is not None else (-1, initial, initial))
-            ).checkpoint_id
-        batch, start = (0, initial) if restored is None else (restored.batch + 1, restored.end)
+                number, lease, storage, *((restored.batch + rescaled, restored.start,
+                                           restored.end) if restored is not None
+                                          else (-1, initial, initial)),
+                shift=shift, staged=listed and not rescaled).checkpoint_id
+            if rescaled:
+                self.shift = max(self.shift, shift)
+        batch, start = ((0, initial) if restored is None
+                        else (restored.batch + 1 + rescaled, restored.end))
         for _ in range(rng.randint(3, 16)):
             sched.sleep(rng.uniform(0.5, 4.0))
             if self.scheduler.chance(SCHED_PAUSE, setup.stall_p):
                 sched.log("stalls past its lease")
                 sched.sleep(rng.uniform(DEFAULT_TTL_S, HOLD_S))
             lease.beat()
-            end = self.plan(batch, start)
+            end = self.plan(batch - shift, start)  # as the batch id that first read it
             self.staging[number] = (batch, start, end)
             try:
                 sink.pre_commit(batch, [{"n": n} for n in range(start, end)])
             except SinkReplayMismatchError as exc:
                 sched.log(f"refused: {exc}")
-                self.check_replay(batch, start, end, refused=True)
+                self.check_replay(batch, start, end, refused=True, shifted=shifted)
                 return False  # final for the run
             self.check_replay(batch, start, end, refused=False,
-                              offsets=self.offsets_of(number)(batch))
+                              offsets=self.offsets_of(number)(batch), shifted=shifted)
             sched.sleep(rng.uniform(0.5, 8.0))  # until the checkpoint that covers it
             lease.beat()
-            self.complete_checkpoint(number, lease, storage, batch, start, end)
-            sink.commit(batch)
-            self.check_published(batch, start, end, f"driver-{number}'s commit of batch {batch}")
+            pending = sink.tracked_pending() if shifted else [batch]
+            self.complete_checkpoint(number, lease, storage, batch, start, end, shift=shift,
+                                     staged=batch in pending)
+            for committed in pending:
+                if committed <= batch:
+                    sink.commit(committed)
+            self.check_published(batch, start, end, f"driver-{number}'s commit of batch {batch}",
+                                 shifted)
             batch, start = batch + 1, end
         return True
 
