@@ -233,17 +233,21 @@ class SinkReplayMismatchError(RestoreError):
 
 class SinkTransactionAbortedError(RestoreError):
     """The restored checkpoint or savepoint lists a sink transaction that was aborted
-    since, and never committed: a run that did not restore this snapshot recovered the
-    sink (aborting every transaction its own restore did not list) and deleted the
-    batch's staged output. The restored state counts the batch as processed, so it is
-    never replayed: restoring this snapshot would lose the batch's output for good."""
+    since, and never committed, or committed from other source offsets by another
+    attempt: a run that did not restore this snapshot recovered the sink (aborting
+    every transaction its own restore did not list) and deleted the batch's staged
+    output. The restored state counts the batch as processed, so it is never replayed:
+    restoring this snapshot would lose the batch's output for good."""
 
-    def __init__(self, batch_id: int, sink: str) -> None:
+    def __init__(self, batch_id: int, sink: str, committed_other: str | None = None) -> None:
         self.batch_id, self.sink = batch_id, sink
+        fate = ("nobody committed" if committed_other is None else
+                f"then committed batch {batch_id} from other source offsets "
+                f"({committed_other})")
         super().__init__(
             f"{sink}: the restored checkpoint or savepoint lists the transaction of batch "
             f"{batch_id}, which a later run aborted (its staged output is deleted) and "
-            "nobody committed; restoring it would lose that batch's output. Restore a "
+            f"{fate}; restoring it would lose that batch's output. Restore a "
             "newer checkpoint or savepoint (restore=latest), or one that does not list "
             "this batch. See docs/sinks.md.")
 

@@ -402,6 +402,29 @@ def test_restoring_a_snapshot_whose_transaction_was_aborted_since_is_refused(
     assert published_numbers(restored) == []  # nothing half-published either
 
 
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_restoring_a_snapshot_whose_batch_another_start_published_is_refused(
+        kind: str, storage: CheckpointStorage, tmp_path: Path) -> None:
+    """Found by the sinks world (seed 1450): a checkpoint listed batch 0's staged
+    transaction (numbers 0..2); a run started anew (restore=none, its source at 3)
+    aborted it and published its own batch 0 (number 3); a later explicit restore of
+    the checkpoint found a decision for batch 0 and "recovered" onto it: numbers 0..2
+    were never published. The restored batch's offsets are compared with the
+    decision's; other offsets are the documented refusal."""
+    log = OffsetsLog(tmp_path / "work")
+    run_batch(tracked_sink(kind, storage, log), log, 0, 0, 3, commit=False)  # listed
+    anew = OffsetsLog(tmp_path / "anew")
+    fresh = tracked_sink(kind, storage, anew)
+    fresh.recover([])  # restore=none aborts it
+    run_batch(fresh, anew, 0, 3, 4)  # and publishes its own batch 0
+    restored = tracked_sink(kind, storage, log)  # Spark's restored log: batch 0 read 0..2
+    with pytest.raises(SinkTransactionAbortedError, match="other source offsets"):
+        restored.recover([0])
+    assert published_numbers(restored) == [3]  # what was published stays
+    again = tracked_sink(kind, storage, anew)  # a restore of the new start's checkpoint
+    again.recover([0])  # its own batch 0: the same offsets, recovered as committed
+
+
 def test_a_deposed_drivers_commit_of_an_aborted_attempt_raises(
         storage: CheckpointStorage) -> None:
     """Found by the simulation (sinks world, seed 58 once the swarm suspends hosts): a

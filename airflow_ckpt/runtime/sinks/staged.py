@@ -127,7 +127,7 @@ class StagedSink(TwoPhaseCommitSink):
         may have left any."""
         keep = set(commit)
         self.transactions.restart()
-        self.transactions.require_committable(keep)
+        self.transactions.require_committable(keep, self.batch_offsets)
         super().recover(keep)
         pending = set(self.tracked_pending())
         for name in self.storage.list_dirs(self.staging_root):

@@ -284,15 +284,33 @@ class SinkTransactions:
                 else:
                     self._staged.discard((batch_id, replay))
 
-    def require_committable(self, batches: Iterable[int]) -> None:
+    def require_committable(self, batches: Iterable[int],
+                            offsets: Callable[[int], BatchOffsets | None] | None = None) -> None:
         """Raise :class:`~airflow_ckpt.errors.SinkTransactionAbortedError` for the first
         of ``batches`` (a restored snapshot's transactions, about to be committed) whose
-        record was aborted and that has no decision: its output is gone, and the
-        restored state will not replay it."""
+        record was aborted and that has no decision, or whose decision recorded other
+        source offsets than the restored batch read (``offsets``: the restored working
+        directory's, per batch): its output is gone (another attempt, e.g. of a run
+        started anew, was published in its place), and the restored state will not
+        replay it (unless it is an extra publication of the batch, committed or staged
+        under its offsets' tag). One GET per batch (its decision), two more on a
+        mismatch."""
         for batch_id in sorted(set(batches)):
-            txn = self.current(batch_id)
-            if txn is not None and txn.state == "aborted" and self.decision(batch_id) is None:
-                raise SinkTransactionAbortedError(batch_id, self.name)
+            decided = self.decision(batch_id)
+            if decided is None:
+                txn = self.current(batch_id)
+                if txn is not None and txn.state == "aborted":
+                    raise SinkTransactionAbortedError(batch_id, self.name)
+                continue
+            restored = offsets(batch_id) if offsets is not None else None
+            recorded = decided.get("offsets")
+            if restored is None or recorded is None \
+                    or BatchOffsets.from_dict(recorded).same_input(restored):
+                continue
+            tag = restored.tag  # the restored batch may be an extra publication of it
+            if self.decision(batch_id, tag) is None and self.current(batch_id, tag) is None:
+                raise SinkTransactionAbortedError(
+                    batch_id, self.name, BatchOffsets.from_dict(recorded).describe())
 
     def replays(self, batch_id: int) -> list[str]:
         """Tags of the batch's extra publications that have a transaction record."""

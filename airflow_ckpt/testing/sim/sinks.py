@@ -260,6 +260,8 @@ class SinkWorld(Judged):
         self.plans: dict[int, list[tuple[int, int]]] = {}  # batch -> every (start, end)
         #: driver -> the batch it stages now: (batch, start, end)
         self.staging: dict[int, tuple[int, int, int]] = {}
+        #: driver -> the restored batch its recovery judges (Spark's restored offsets log)
+        self.recovering: dict[int, tuple[int, int, int]] = {}
         self.frozen: dict[str, str] = {}  # decision / part key -> its first ETag
         self.violations: list[Violation] = []
         self._seen_version = -1
@@ -398,6 +400,8 @@ class SinkWorld(Judged):
         def read(batch: int) -> BatchOffsets | None:
             staging = self.staging.get(driver)
             if staging is None or staging[0] != batch:
+                staging = self.recovering.get(driver)
+            if staging is None or staging[0] != batch:
                 return None
             _, start, end = staging
             starts = () if PLANT_NO_STARTS in self.setup.plants else (
@@ -518,7 +522,12 @@ class SinkWorld(Judged):
         # nothing restored, a new start's initial checkpoint or a repartition batch: no
         # transaction to commit
         listed = restored is not None and restored.batch >= 0 and restored.staged
-        sink.recover((restored.batch,) if listed and restored is not None else ())
+        if listed and restored is not None:
+            self.recovering[number] = (restored.batch, restored.start, restored.end)
+        try:
+            sink.recover((restored.batch,) if listed and restored is not None else ())
+        finally:
+            self.recovering.pop(number, None)
         if listed and restored is not None:
             self.check_published(restored.batch, restored.start, restored.end,
                                  f"recover of checkpoint {restored.checkpoint_id}", shifted)
