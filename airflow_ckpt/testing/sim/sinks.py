@@ -31,7 +31,8 @@ step or stall past its lease. A share of seeds (:data:`RACE_SEEDS`, drawn on a g
 of their own so other seeds keep their schedules) makes a deposed driver race a
 successor on the same batch's records (:class:`RecordRace`): its host is suspended right
 after it read a ``_txn/`` record (or found none), between that guard and the writes it
-guards, so its lease gate still passes when it wakes; and its transaction writes
+guards, or before it lists a batch's staged data to delete it, so its lease gate still
+passes when it wakes; and its transaction writes
 (a record's compare-and-swap, an outcome) hang in the network past the lease and land
 after the successor's. Only checkpoints whose marker was confirmed count (the
 ground truth of what a successor may restore).
@@ -60,6 +61,7 @@ compare-and-swap) and ``no-offsets`` (transactions keyed by batch id alone).
 
 from __future__ import annotations
 
+import builtins
 import json
 import random
 from collections.abc import Callable, Iterable
@@ -76,7 +78,7 @@ from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.record import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S
 from airflow_ckpt.runtime.sinks.jsonl import JsonLinesSink
 from airflow_ckpt.runtime.sinks.offsets import BatchOffsets
-from airflow_ckpt.runtime.storage.base import Versioned
+from airflow_ckpt.runtime.storage.base import ObjectInfo, Versioned
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing.sim.buggify import (
@@ -150,9 +152,9 @@ DAMAGED_P = 0.15
 
 
 #: the share of seeds whose drivers race a successor on the same batch's records
-RACE_SEEDS = 0.35
+RACE_SEEDS = 0.5
 #: per guard read / transaction write of such a seed: the chance it races
-RACE_P = (0.15, 0.3, 0.6)
+RACE_P = (0.5, 1.0)
 
 
 class RecordRace:
@@ -172,9 +174,9 @@ class RecordRace:
             return None
         return self.rng.uniform(DEFAULT_TTL_S, HOLD_S)
 
-    def after_read(self, key: str) -> None:
-        """Maybe suspend the reader's host (its monotonic clock stops) for longer than
-        a lease."""
+    def suspend(self, what: str) -> None:
+        """Maybe suspend the calling driver's host (its monotonic clock stops) for longer
+        than a lease."""
         gone = self._gone()
         if gone is not None:
             sched = self.scheduler
@@ -182,7 +184,7 @@ class RecordRace:
             assert actor is not None
             host = actor.host.name
             sched.suspended[host] = sched.suspended.get(host, 0.0) + gone * actor.host.rate
-            sched.log(f"host {host} suspended for {gone:.1f} s after reading {key}")
+            sched.log(f"host {host} suspended for {gone:.1f} s {what}")
             sched.sleep(gone * actor.host.rate)
 
     def before_write(self, key: str) -> None:
@@ -214,7 +216,12 @@ class _RacingView(SimStorage):
             return super().get_versioned(key)
         finally:
             if "/_txn/" in key:
-                self.race.after_read(key)
+                self.race.suspend(f"after reading {key}")
+
+    def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
+        if "/_pending/" in prefix:  # a recovery about to list a batch's staged data
+            self.race.suspend(f"before listing {prefix}")
+        return super().list(prefix)
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:
