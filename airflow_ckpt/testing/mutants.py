@@ -102,10 +102,13 @@ MUTANTS: tuple[Mutant, ...] = (
            "self.storage.put_bytes(key, outcome.value.encode(), create_only=False)",
            "an attempt's outcome _outcome/<b>.<attempt> is written create-only (commit "
            "and abort race on it)"),
-    Mutant("staged-overwrite", "runtime/sinks/jsonl.py",
-           "self.storage.put_bytes(staged, body.encode(), create_only=True)",
-           "self.storage.put_bytes(staged, body.encode(), create_only=False)",
-           "a JSON-lines attempt's staged data is written create-only"),
+    # staged-overwrite was equivalent: a staging key names a fresh random attempt id, so
+    # only its own writer (retrying the same bytes) writes it; the id's freshness is the
+    # condition (docs/architecture.md, "Mutation score")
+    Mutant("attempt-id-reused", "runtime/sinks/jsonl.py",
+           "attempt = self.ids().hex[:16]",
+           "attempt = f\"{batch_id:016x}\"",
+           "a JSON-lines staging is written under an attempt id fresh per staging"),
     Mutant("lease-claim-overwrite", LEASE,
            "record.to_json(), create_only=True)",
            "record.to_json(), create_only=False)",

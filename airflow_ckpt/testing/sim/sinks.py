@@ -37,7 +37,14 @@ Airflow declared dead that still runs, a second driver started by hand). Each dr
 
 A driver's writes may be delayed, get 503s, lose their answers or time out and land up
 to :data:`HOLD_S` later (after a successor took over), and a driver may crash at any
-step or stall past its lease. Only checkpoints whose marker was confirmed count (the
+step or stall past its lease. A share of seeds (:data:`RACE_SEEDS`, drawn on a generator
+of their own so other seeds keep their schedules) makes a deposed driver race a
+successor on the same batch's records (:class:`RecordRace`): its host is suspended right
+after it read a ``_txn/`` record (or found none), between that guard and the writes it
+guards, or before it lists a batch's staged data to delete it, so its lease gate still
+passes when it wakes; and its transaction writes
+(a record's compare-and-swap, an outcome) hang in the network past the lease and land
+after the successor's. Only checkpoints whose marker was confirmed count (the
 ground truth of what a successor may restore).
 
 Invariants, checked after every step against the source plan (the ground truth:
@@ -67,6 +74,7 @@ compare-and-swap) and ``no-offsets`` (transactions keyed by batch id alone).
 
 from __future__ import annotations
 
+import builtins
 import json
 import random
 from collections.abc import Callable, Iterable
@@ -84,6 +92,7 @@ from airflow_ckpt.runtime.lease.record import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S
 from airflow_ckpt.runtime.sinks.jsonl import JsonLinesSink
 from airflow_ckpt.runtime.sinks.offsets import BatchOffsets
 from airflow_ckpt.runtime.sinks.transactions import LOOK_DOWN
+from airflow_ckpt.runtime.storage.base import ObjectInfo, Versioned
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing.sim.buggify import (
@@ -166,6 +175,85 @@ RESCALE_OLDER_P = 0.3
 SHIFT_WINDOW = LOOK_DOWN
 
 
+#: the share of seeds whose drivers race a successor on the same batch's records
+RACE_SEEDS = 0.5
+#: per guard read / transaction write of such a seed: the chance it races
+RACE_P = (0.5, 1.0)
+
+
+class RecordRace:
+    """A deposed driver racing its successor on one batch's transaction records: a host
+    suspended right after reading a ``_txn/`` record (the confirm or the conditions of
+    the writes that follow are all that stops it: its monotonic clock stopped, so its
+    lease gate passes), and a record swap or outcome write that passed the gate and then
+    hangs in the network past the lease. Drawn per seed on a generator of its own."""
+
+    def __init__(self, seed: int, scheduler: Scheduler) -> None:
+        self.rng = random.Random(f"sinks-record-race-{seed}")
+        self.scheduler = scheduler
+        self.p = self.rng.choice(RACE_P) if self.rng.random() < RACE_SEEDS else 0.0
+
+    def _gone(self) -> float | None:
+        if not self.p or self.scheduler.current() is None or self.rng.random() >= self.p:
+            return None
+        return self.rng.uniform(DEFAULT_TTL_S, HOLD_S)
+
+    def suspend(self, what: str) -> None:
+        """Maybe suspend the calling driver's host (its monotonic clock stops) for longer
+        than a lease."""
+        gone = self._gone()
+        if gone is not None:
+            sched = self.scheduler
+            actor = sched.current()
+            assert actor is not None
+            host = actor.host.name
+            sched.suspended[host] = sched.suspended.get(host, 0.0) + gone * actor.host.rate
+            sched.log(f"host {host} suspended for {gone:.1f} s {what}")
+            sched.sleep(gone * actor.host.rate)
+
+    def before_write(self, key: str) -> None:
+        """Maybe hold a gated write in the network for longer than a lease."""
+        gone = self._gone()
+        if gone is not None:
+            self.scheduler.log(f"{key}: the write hangs {gone:.1f} s in the network")
+            self.scheduler.sleep(gone)
+
+
+class _RacingView(SimStorage):
+    """A driver's storage view whose transaction-record reads and writes race
+    (:class:`RecordRace`)."""
+
+    race: RecordRace
+
+    @classmethod
+    def of(cls, view: SimStorage, race: RecordRace) -> _RacingView:
+        racing = cls.__new__(cls)
+        racing.__dict__.update(view.__dict__)
+        racing.race = race
+        return racing
+
+    def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
+        return _RacingView.of(super().checked_view(check), self.race)
+
+    def get_versioned(self, key: str) -> Versioned:
+        try:
+            return super().get_versioned(key)
+        finally:
+            if "/_txn/" in key:
+                self.race.suspend(f"after reading {key}")
+
+    def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
+        if "/_pending/" in prefix:  # a recovery about to list a batch's staged data
+            self.race.suspend(f"before listing {prefix}")
+        return super().list(prefix)
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
+        if ("/_txn/" in key and if_match is not None) or "/_outcome/" in key:
+            self.race.before_write(key)
+        return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
+
+
 class _ManualLease(JobLease):
     """The real lease without its heartbeat thread: the driver actor beats explicitly."""
 
@@ -243,6 +331,7 @@ class SinkWorld(Judged):
                                    clock_jump_p=CLOCK_JUMP_P)
         self.rng = self.scheduler.rng
         self.setup = SinkSetup.draw(self.rng, plants, self.scheduler.swarm)
+        self.race = RecordRace(seed, self.scheduler)
         self.objects = SimObjects()
         self.base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True)
         self.truth = JsonLinesSink(self.base, SINK)  # the harness's faultless reader
@@ -464,8 +553,8 @@ class SinkWorld(Judged):
 
     def _drive(self, number: int) -> None:
         sched, rng, setup = self.scheduler, self.rng, self.setup
-        view = self.base.view(setup.faults, f"driver-{number}", unconditional=(
-            "/_txn/" if PLANT_PLAIN_TXN in setup.plants else None))
+        view = _RacingView.of(self.base.view(setup.faults, f"driver-{number}", unconditional=(
+            "/_txn/" if PLANT_PLAIN_TXN in setup.plants else None)), self.race)
         lease = _ManualLease(view, JOB, owner=f"driver-{number}", clock=sched.monotonic,
                              wall_clock=sched.wall_clock, sleep=sched.sleep)
         self.acquire(lease)
