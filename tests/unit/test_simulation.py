@@ -217,11 +217,12 @@ def test_the_job_world_reaches_its_cases() -> None:
 
 
 def test_a_subsumed_checkpoint_never_reappears() -> None:
-    """A late copy of a subsumed marker lands (seed 11) and no reader counts it."""
-    # 183 until the sinks' fewer requests (issue 26, requests per checkpoint) redrew the
-    # job world's schedules, 129 until the savepoint history (issue 26), 29 until the
-    # lease contention (session 11), 45 before
-    outcome = run_job_seed(11)
+    """A late copy of a subsumed marker lands (seed 57) and no reader counts it."""
+    # 11 until the claimant killed mid-takeover and the faithful host suspensions
+    # (session 13) redrew the job world's schedules, 183 until the sinks' fewer requests
+    # (issue 26, requests per checkpoint), 129 until the savepoint history (issue 26),
+    # 29 until the lease contention (session 11), 45 before
+    outcome = run_job_seed(57)
     assert MARKER_RESURRECTED not in {v.invariant for v in outcome.violations}, \
         format_outcome(outcome, 40)
     assert outcome.coverage.components["marker-resurrected"] > 0  # it did land
