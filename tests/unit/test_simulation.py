@@ -138,6 +138,49 @@ def test_a_held_write_lands_no_sooner_than_asked() -> None:
     assert landed[0] - started <= 61.0
 
 
+def test_a_suspended_host_stops_as_a_whole_and_its_monotonic_clock_stands_still() -> None:
+    """A host suspended for 50 s (a suspended VM): its monotonic clock reads the same at
+    the end as at the start, then runs on (it never jumps back: job-world seed 105454
+    once saw a heartbeat that returned before it started); no actor of the host runs
+    meanwhile (the heartbeat thread of the suspended driver neither), a timer that was
+    running moves past the suspension by what it had left; other hosts run on."""
+    scheduler = Scheduler(3)
+    host, other = Host("h", rate=2.0), Host("o")
+    ran: dict[str, list[float]] = {"beat": [], "other": []}
+    readings: list[tuple[float, float]] = []  # (true time, the host's monotonic clock)
+
+    def driver() -> None:
+        readings.append((scheduler.now, scheduler.monotonic()))
+        scheduler.suspend(50.0, "a write")
+        readings.append((scheduler.now, scheduler.monotonic()))
+        scheduler.sleep(1.0)
+        readings.append((scheduler.now, scheduler.monotonic()))
+
+    def loop(name: str, period: float) -> Callable[[], None]:
+        def program() -> None:
+            while scheduler.now < 1_800_000_100.0:
+                ran[name].append(scheduler.now)
+                scheduler.sleep(period)
+        return program
+
+    scheduler.spawn("beat", host, loop("beat", 6.0))  # on the suspended host
+    scheduler.spawn("other", other, loop("other", 1.0))
+    driver_actor = scheduler.spawn("driver", host, driver)
+    scheduler.run()
+    assert driver_actor.done and driver_actor.error is None, driver_actor.error
+    start, end = scheduler.suspended["h"]
+    assert end - start == 50.0
+    (before, mono_before), (woke, mono_woke), (slept, mono_slept) = readings
+    assert before == start and woke >= end
+    # stood still for the 50 s (neither back nor on), ran on at rate 2 since the end
+    assert mono_woke - mono_before == pytest.approx((woke - end) * 2.0)
+    assert mono_slept - mono_woke == pytest.approx((slept - woke) * 2.0)
+    assert not [t for t in ran["beat"] if start <= t < end], ran["beat"]
+    assert [t for t in ran["beat"] if t >= end]  # beats again after
+    assert min(t for t in ran["beat"] if t >= end) - end < 6.0  # what its timer had left
+    assert len([t for t in ran["other"] if start <= t < end]) > 40  # another host runs on
+
+
 def _late_over_a_takeover(trace: list[str]) -> bool:
     """A write that timed out before another driver claimed the lease lands after."""
     claims = [i for i, line in enumerate(trace)
@@ -174,11 +217,12 @@ def test_the_job_world_reaches_its_cases() -> None:
 
 
 def test_a_subsumed_checkpoint_never_reappears() -> None:
-    """A late copy of a subsumed marker lands (seed 11) and no reader counts it."""
-    # 183 until the sinks' fewer requests (issue 26, requests per checkpoint) redrew the
-    # job world's schedules, 129 until the savepoint history (issue 26), 29 until the
-    # lease contention (session 11), 45 before
-    outcome = run_job_seed(11)
+    """A late copy of a subsumed marker lands (seed 57) and no reader counts it."""
+    # 11 until the claimant killed mid-takeover and the faithful host suspensions
+    # (session 13) redrew the job world's schedules, 183 until the sinks' fewer requests
+    # (issue 26, requests per checkpoint), 129 until the savepoint history (issue 26),
+    # 29 until the lease contention (session 11), 45 before
+    outcome = run_job_seed(57)
     assert MARKER_RESURRECTED not in {v.invariant for v in outcome.violations}, \
         format_outcome(outcome, 40)
     assert outcome.coverage.components["marker-resurrected"] > 0  # it did land

@@ -1252,8 +1252,9 @@ class JobWorld(Judged):
     def before_marker(self) -> None:
         """At ``coordinator.before_metadata`` (a snapshot's files are durable, its marker
         not written yet): with the seed's chance the driver's host is suspended long
-        enough for a successor to take over; its monotonic clock misses the suspension,
-        so its gate still passes and the marker lands after the successor's claim."""
+        enough for a successor to take over (its heartbeat thread stops with it); its
+        monotonic clock stands still meanwhile, so its gate still passes and the marker
+        lands after the successor's claim."""
         sched, rng = self.scheduler, self.contention_rng
         actor = sched.current()
         if actor is None or not actor.name.startswith("driver"):
@@ -1261,15 +1262,9 @@ class JobWorld(Judged):
         if rng.random() >= self.contention.marker_suspend_p and not self._successor_waits(actor):
             return
         gone = rng.uniform(TTL_S + MAX_WRITE_S, 6 * TTL_S)  # true seconds
-        host = actor.host
-        sched.suspended[host.name] = sched.suspended.get(host.name, 0.0) + gone * host.rate
-        for thread in sched.actors:  # the whole host stops: its threads too
-            if thread.parent is actor and thread.alive:
-                thread.wake_at = max(thread.wake_at, sched.now + gone)
-        self.waking[host.name] = sched.now + gone
+        self.waking[actor.host.name] = sched.now + gone
         self.coverage["suspended-before-marker"] += 1
-        sched.log(f"host {host.name} suspended for {gone:.1f} s before a completion marker")
-        sched.sleep(gone * host.rate)
+        sched.suspend(gone, "a completion marker")
 
     def _successor_waits(self, actor: Actor) -> bool:
         """With the seed's chance of a claimant killed mid-takeover, a driver whose

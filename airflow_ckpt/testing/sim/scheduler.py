@@ -31,6 +31,16 @@ nothing. A process that dies leaves what it wrote and nothing else.
 only when the seed enables their site, and :meth:`Scheduler.chance` is how every other
 part of the simulation (storage faults, the worlds) asks whether a site fires. Without
 ``sites`` every chance is a plain draw (the building blocks' own tests).
+
+**Suspensions** (:meth:`Scheduler.suspend`, site ``scheduler.suspend``): a suspended host
+(a VM paused by its hypervisor, a laptop lid closed) stops as a whole. None of its actors
+is scheduled until the suspension ends: every thread of every process on it, so a lease's
+heartbeat thread does not beat while its driver is suspended. Its monotonic clock stands
+still meanwhile (Linux's ``CLOCK_MONOTONIC`` does not count a suspend): it reads the same
+at the end as at the start, then runs on at its rate, and never goes back (checked at
+every reading); its actors' timers stand still too (a sleep that had 3 s left wakes 3 s
+after the host does). Its wall clock runs on (true time plus skew): on waking it is
+right again. Requests its actors had in flight are the network's and land as they would.
 """
 
 from __future__ import annotations
@@ -91,8 +101,8 @@ class Actor:
     pause_p: float = 0.0
     pause_s: tuple[float, float] = (0.0, 0.0)
     #: chance, at each yield point, that its host is suspended for a time drawn from
-    #: ``pause_s``: a pause its monotonic clock does not count (the host runs this
-    #: actor alone)
+    #: ``pause_s``: every actor of the host stops, and its monotonic clock does not
+    #: count the suspension (see :meth:`Scheduler.suspend`)
     suspend_p: float = 0.0
     go: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
     wake_at: float = 0.0
@@ -138,7 +148,12 @@ class Scheduler:
         self.swarm = Swarm(self.rng, sites) if sites is not None else None
         self.clock_jump_p = clock_jump_p
         self.jumps: dict[str, float] = {}  # host -> how far its clock stepped so far
-        self.suspended: dict[str, float] = {}  # host -> time its monotonic clock missed
+        #: host -> its latest suspension, [start, end) in true time
+        self.suspended: dict[str, tuple[float, float]] = {}
+        #: host -> true time its earlier suspensions took (its monotonic clock missed it)
+        self.missed: dict[str, float] = {}
+        #: host -> its last monotonic reading (a reading never goes back)
+        self.readings: dict[str, float] = {}
         self.ids = random.Random(seed ^ 0x5EED)
         self.now = start
         self.start = start
@@ -183,13 +198,50 @@ class Scheduler:
 
     def monotonic(self) -> float:
         """The calling actor's host's monotonic clock: it runs at the host's ``rate``
-        (drift), less the time the host was suspended (skew does not matter; the harness
-        reads true time)."""
+        (drift) and stands still while the host is suspended (skew does not matter; the
+        harness reads true time). Raises :class:`AssertionError` if a host's reading
+        went back (a modelling error of the simulation)."""
         actor = self.current()
         if actor is None:
             return self.now
-        return (self.start + (self.now - self.start) * actor.host.rate
-                - self.suspended.get(actor.host.name, 0.0))
+        host = actor.host.name
+        start, end = self.suspended.get(host, (self.now, self.now))
+        stood = self.missed.get(host, 0.0) + max(0.0, min(self.now, end) - start)
+        reading = self.start + (self.now - self.start - stood) * actor.host.rate
+        last = self.readings.get(host, reading)
+        assert reading >= last - 1e-6, (
+            f"the monotonic clock of {host} went back from {last} to {reading}")
+        reading = max(reading, last)  # rounding only (asserted above)
+        self.readings[host] = reading
+        return reading
+
+    def suspended_until(self, host: Host) -> float:
+        """The true time at which ``host``'s latest suspension ends (its actors are not
+        scheduled before)."""
+        return self.suspended.get(host.name, (0.0, 0.0))[1]
+
+    def suspend(self, seconds: float, what: str = "") -> None:
+        """Suspend the calling actor's host for ``seconds`` of true time from now, then
+        give the baton back (see the module doc): none of the host's actors runs
+        before the suspension ends (their wake-ups move past it by as much as they had
+        left: their timers stand still), and its monotonic clock stands still."""
+        actor = self.current()
+        if actor is None:
+            raise RuntimeError("only actors suspend their host")
+        self._suspend(actor.host, seconds, what)
+        self._give_back(actor, what)
+
+    def _suspend(self, host: Host, seconds: float, what: str) -> None:
+        start, end = self.suspended.get(host.name, (self.now, self.now))
+        # an actor of a suspended host never runs, so none suspends it again
+        assert end <= self.now, f"{host.name} suspended while suspended"
+        self.missed[host.name] = self.missed.get(host.name, 0.0) + end - start
+        self.suspended[host.name] = (self.now, self.now + seconds)
+        for actor in self.actors:
+            if actor.host.name == host.name and actor.alive:
+                actor.wake_at = max(actor.wake_at, self.now) + seconds
+        self.log(f"host {host.name} suspended for {seconds:.1f} s (its actors stop, its "
+                 f"monotonic clock stands still) before {what}")
 
     def uuid4(self) -> real_uuid.UUID:
         """A random id drawn from the seed (the simulation's id source)."""
@@ -215,12 +267,10 @@ class Scheduler:
                 if thread.parent is actor and thread.alive:
                     thread.wake_at = max(thread.wake_at, actor.wake_at)
         elif actor.suspend_p and self.chance(SCHED_SUSPEND, actor.suspend_p):
-            gone = self.rng.uniform(*actor.pause_s)
-            actor.wake_at = self.now + gone
-            host = actor.host.name
-            self.suspended[host] = self.suspended.get(host, 0.0) + gone
-            self.log(f"host {host} suspended for {gone:.1f} s (its monotonic clock stops) "
-                     f"before {what}")
+            self._suspend(actor.host, self.rng.uniform(*actor.pause_s), what)
+        self._give_back(actor, what)
+
+    def _give_back(self, actor: Actor, what: str) -> None:
         self._back.release()
         actor.go.acquire()
         if actor.killed:
@@ -241,7 +291,8 @@ class Scheduler:
         it is a thread of that actor's process and ends when the parent does; with
         ``pause_p`` it may pause at any yield point (see :class:`Actor`)."""
         actor = Actor(name, host, program, crash_p, pause_p=pause_p, pause_s=pause_s,
-                      suspend_p=suspend_p, wake_at=self.now, parent=parent)
+                      suspend_p=suspend_p, parent=parent,
+                      wake_at=max(self.now, self.suspended_until(host)))
 
         def body() -> None:
             self._local.actor = actor
@@ -297,6 +348,8 @@ class Scheduler:
                 continue
             self.now += self.rng.choice(TICKS)
             actor = self.rng.choice(ready)
+            assert self.suspended_until(actor.host) <= self.now, (
+                f"{actor.name} scheduled while {actor.host.name} is suspended")
             if actor.crash_p and self.chance(SCHED_CRASH, actor.crash_p):
                 actor.killed = True
                 self.log(f"crash {actor.name}")
