@@ -203,13 +203,7 @@ class RecordRace:
         than a lease."""
         gone = self._gone()
         if gone is not None:
-            sched = self.scheduler
-            actor = sched.current()
-            assert actor is not None
-            host = actor.host.name
-            sched.suspended[host] = sched.suspended.get(host, 0.0) + gone * actor.host.rate
-            sched.log(f"host {host} suspended for {gone:.1f} s {what}")
-            sched.sleep(gone * actor.host.rate)
+            self.scheduler.suspend(gone, what)
 
     def before_write(self, key: str) -> None:
         """Maybe hold a gated write in the network for longer than a lease."""
