@@ -144,6 +144,7 @@ from airflow_ckpt.errors import (
     LeaseExpiredError,
     MetadataError,
     ObjectAlreadyExistsError,
+    OutcomeUnknownError,
     RestartsExhaustedError,
     RestoreError,
     RestoreRefusedError,
@@ -176,7 +177,7 @@ from airflow_ckpt.testing.sim.outcome import (
     Violation,
 )
 from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
-from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage, Stored
+from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage, Stored, _outcome
 from airflow_ckpt.testing.simquery import SimulatedQuery, write_file
 
 JOB = "simjob"
@@ -387,6 +388,86 @@ class Uploads:
                 f"{self.lost_in_upload_p}")
 
 
+@dataclass(frozen=True, slots=True)
+class Landings:
+    """Which of one seed's driver writes lose their answer while the request stays in
+    the network (it lands later, after its caller gave up), drawn from a generator of
+    its own (other seeds keep their schedules): a completion marker's PUT (the outage
+    wrapper repeats it, retention may subsume the checkpoint, then the first copy lands:
+    a late copy of a subsumed marker, seed 129's story) and a delete of answered control
+    requests or their answers (the next look runs while it is in flight)."""
+
+    marker_p: float  # chance per completion marker PUT
+    marker_hold_s: tuple[float, float]  # how long its first copy stays in the network
+    control_delete_p: float  # chance per delete under ``control/``
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Landings:
+        return cls(rng.choice((0.0, 0.0, 0.3, 0.6)),
+                   rng.choice(((2.0, 10.0), (5.0, HOLD_S))),
+                   rng.choice((0.0, 0.0, 0.8, 1.0)))
+
+    def hold(self, rng: random.Random, op: str, key: str) -> float | None:
+        """How long the network holds this write (None: it is answered as usual)."""
+        if op.startswith("put") and key.endswith("/_metadata") \
+                and _checkpoint_of(key) is not None and rng.random() < self.marker_p:
+            return rng.uniform(*self.marker_hold_s)
+        if op == "delete" and key.startswith(LAYOUT.control_prefix) \
+                and rng.random() < self.control_delete_p:
+            return rng.uniform(0.0, HOLD_S)
+        return None
+
+    def describe(self) -> str:
+        return (f"late markers p {self.marker_p} held {list(self.marker_hold_s)} s, late "
+                f"control deletes p {self.control_delete_p}")
+
+
+class DriverStorage(SimStorage):
+    """A driver's view whose writes :class:`Landings` picks land late: the caller meets
+    ``OutcomeUnknownError`` and the request is applied (its conditions judged then) when
+    the network delivers it."""
+
+    landings: Landings
+    rng: random.Random
+
+    def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
+        view = DriverStorage(self.store, self.scheduler, faults=self.faults, tag=self.tag)
+        view.landings, view.rng, view.checked = self.landings, self.rng, check
+        return view
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
+        op = "put" + (" create-only" if create_only else "") + (" if-match" if if_match else "")
+        hold = self.landings.hold(self.rng, op, key)
+        if hold is None or self.scheduler.current() is None:
+            return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
+        return self._late(op, key, hold, lambda: self.store.put(
+            key, data, self.scheduler.now, create_only=create_only, if_match=if_match,
+            writer=self.tag))
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        hold = self.landings.hold(self.rng, "delete", keys[0]) if keys else None
+        if hold is None or self.scheduler.current() is None:
+            super().delete_many(keys)
+            return
+
+        def apply() -> str:
+            self.store.delete(keys)
+            return "deleted"
+        self._late("delete", keys[0], hold, apply)
+
+    def _late(self, op: str, key: str, hold: float, apply: Callable[[], str]) -> str:
+        if self.checked is not None:
+            self.checked(op, key)
+        self._enter(op, key)
+        applied = self._tracked(op, key, apply)
+        self.scheduler.defer(f"late {op} {key}", lambda: _outcome(applied),
+                             self.scheduler.now + hold)
+        self._log(op, key, f"timeout (held {hold:.1f} s in the network)")
+        raise OutcomeUnknownError(f"sim: {op} {key}: no answer (it may land later)")
+
+
 class SimLock:
     """A lock for actors: waiting for it is a yield point (a thread blocked on a real
     lock would keep the baton)."""
@@ -587,6 +668,8 @@ class JobWorld(Judged):
         self.retention = Retention.draw(random.Random(seed ^ 0x5A7E))
         self.uploads_rng = random.Random(seed ^ 0x6C0C)
         self.uploads = Uploads.draw(self.uploads_rng)
+        self.landings_rng = random.Random(seed ^ 0x1A7E)
+        self.landings = Landings.draw(self.landings_rng)
         #: the vandal strikes a run's first checkpoint (see strike_floor), and a late life
         #: restores an explicit target more often (drawn apart: other seeds keep theirs)
         self.strike_rng = random.Random(seed ^ 0xF100)
@@ -1346,7 +1429,8 @@ class JobWorld(Judged):
     def driver(self, number: int) -> Callable[[], None]:
         setup, sched = self.setup, self.scheduler
         host = Host(f"driver-{number}", setup.skews[number - 1], setup.rates[number - 1])
-        storage = SimStorage(self.objects, sched, faults=setup.faults, tag=f"driver-{number}")
+        storage = DriverStorage(self.objects, sched, faults=setup.faults, tag=f"driver-{number}")
+        storage.landings, storage.rng = self.landings, self.landings_rng
 
         def program() -> None:
             if not setup.together and not self.contention.together:
@@ -1640,7 +1724,7 @@ class JobWorld(Judged):
         sched = self.scheduler
         self.requests = {}
         sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}; "
-                  f"{self.retention}; {self.uploads.describe()}")
+                  f"{self.retention}; {self.uploads.describe()}; {self.landings.describe()}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:
