@@ -676,6 +676,9 @@ class JobWorld(Judged):
         #: a claimant killed between its claim and its second look (drawn apart)
         self.claim_crash_rng = random.Random(seed ^ 0xC1A3)
         self.claim_crash_p = self.claim_crash_rng.choice((0.0, 0.0, 0.3, 0.6))
+        #: a heartbeat thread starved until a successor claims (drawn apart)
+        self.starve_rng = random.Random(seed ^ 0xBEA7)
+        self.starve_p = self.starve_rng.choice((0.0, 0.0, 0.1, 0.3))
         #: host -> when it wakes from a suspension before a completion marker (true time)
         self.waking: dict[str, float] = {}
         self._waited: set[str] = set()  # claimants that waited for a waking holder
@@ -1325,12 +1328,31 @@ class JobWorld(Judged):
 
     def before_beat(self) -> None:
         """At ``lease.before_beat``: with the seed's chance the heartbeat thread stalls
-        (its driver writes on, its gate closing on its own clock)."""
+        (its driver writes on, its gate closing on its own clock); with the chance of
+        :attr:`starve_p` it is starved until a successor, having judged the silent
+        holder dead, claimed the job: its rewrite then lands while the successor's
+        takeover still keeps the older record (a deposed holder's heartbeat that must
+        not extend its validity)."""
         actor, rng = self.scheduler.current(), self.contention_rng
+        if actor is not None and self.starve_rng.random() < self.starve_p:
+            self._starve(actor)
+            return
         if actor is None or rng.random() >= self.contention.beat_stall_p:
             return
         self.coverage["beat-stalled"] += 1
         self.scheduler.sleep(rng.uniform(0.0, TTL_S))
+
+    def _starve(self, actor: Actor) -> None:
+        job = next((j for a, j in self._running.items() if a is actor.parent), None)
+        record = job.lease.record if job is not None else None
+        if record is None:
+            return
+        self.coverage["beat-starved"] += 1
+        self.scheduler.log("heartbeat thread starved until a successor claims")
+        deadline = self.scheduler.now + 4 * TTL_S
+        while self.scheduler.now < deadline and \
+                max(lease_epochs(self.oracle, JOB), default=0) <= record.epoch:
+            self.scheduler.sleep(0.05)
 
     def before_marker(self) -> None:
         """At ``coordinator.before_metadata`` (a snapshot's files are durable, its marker
