@@ -645,6 +645,10 @@ class SimJob(CheckpointedJob):
     restores = 0
     alive = True  # its ``run`` has not returned
 
+    def _run_supervised(self, build: Any) -> Any:
+        self.world.before_run()
+        return super()._run_supervised(build)
+
     def _start_coordinator(self, restored: RestoreResult, *, initial: bool = False) -> Any:
         target = self.restore_target if self.restores == 0 else "latest"
         self.restores += 1
@@ -679,6 +683,9 @@ class JobWorld(Judged):
         #: a heartbeat thread starved until a successor claims (drawn apart)
         self.starve_rng = random.Random(seed ^ 0xBEA7)
         self.starve_p = self.starve_rng.choice((0.0, 0.0, 0.1, 0.3))
+        #: a new holder's run waiting for a suspended holder to wake (drawn apart)
+        self.slow_start_rng = random.Random(seed ^ 0x5107)
+        self.slow_start_p = self.slow_start_rng.choice((0.0, 0.5, 1.0))
         #: host -> when it wakes from a suspension before a completion marker (true time)
         self.waking: dict[str, float] = {}
         self._waited: set[str] = set()  # claimants that waited for a waking holder
@@ -1363,7 +1370,8 @@ class JobWorld(Judged):
         actor = sched.current()
         if actor is None or not actor.name.startswith("driver"):
             return
-        if rng.random() >= self.contention.marker_suspend_p and not self._successor_waits(actor):
+        if rng.random() >= self.contention.marker_suspend_p \
+                and not self._successor_waits(actor) and not self._late_start_waits(actor):
             return
         gone = rng.uniform(TTL_S + MAX_WRITE_S, 6 * TTL_S)  # true seconds
         host = actor.host
@@ -1376,13 +1384,41 @@ class JobWorld(Judged):
         sched.log(f"host {host.name} suspended for {gone:.1f} s before a completion marker")
         sched.sleep(gone * host.rate)
 
+    def before_run(self) -> None:
+        """A new holder's run starts (its lease acquired, its takeover over, its restore
+        not made yet): while another driver's host is suspended before its completion
+        marker, with the seed's :attr:`slow_start_p` the run starts only just after that
+        host wakes (a driver slow to start its query), so the deposed holder's marker
+        lands after the takeover and is the newest one the restore lists (a late marker,
+        which never counts)."""
+        actor, rng = self.scheduler.current(), self.slow_start_rng
+        if actor is None or self.recovering:
+            return
+        now = self.scheduler.now
+        waking = [t for host, t in self.waking.items() if host != actor.host.name and t > now]
+        if not waking or rng.random() >= self.slow_start_p:
+            return
+        self.coverage["start-waited-for-marker"] += 1
+        self.scheduler.log("starts its run only after a suspended holder wakes")
+        until = min(waking) + rng.uniform(0.5, 2 * HEARTBEAT_S)
+        self.scheduler.sleep((until - now) * actor.host.rate)
+
+    def _late_start_waits(self, actor: Actor) -> bool:
+        """With the seed's :attr:`slow_start_p`, now and then a driver whose marker is due
+        is suspended while another driver lives (the story :meth:`before_run`
+        completes)."""
+        return bool(self.slow_start_p) and bool(self._other_drivers(actor)) \
+            and self.slow_start_rng.random() < self.slow_start_p / 5
+
+    def _other_drivers(self, actor: Actor) -> list[Actor]:
+        return [a for a in self.scheduler.actors if a.alive and a is not actor
+                and a.name.startswith("driver") and a.parent is None]
+
     def _successor_waits(self, actor: Actor) -> bool:
         """With the seed's chance of a claimant killed mid-takeover, a driver whose
         marker is due is suspended while another driver lives (the story
         :meth:`_wait_for_a_waking_holder` completes)."""
-        others = [a for a in self.scheduler.actors if a.alive and a is not actor
-                  and a.name.startswith("driver") and a.parent is None]
-        return bool(others) and bool(self.claim_crash_p) \
+        return bool(self._other_drivers(actor)) and bool(self.claim_crash_p) \
             and self.claim_crash_rng.random() < self.claim_crash_p / 2
 
     def lost_in_upload(self) -> None:
