@@ -686,6 +686,9 @@ class JobWorld(Judged):
         #: a new holder's run waiting for a suspended holder to wake (drawn apart)
         self.slow_start_rng = random.Random(seed ^ 0x5107)
         self.slow_start_p = self.slow_start_rng.choice((0.0, 0.5, 1.0))
+        #: a request for the named savepoint sent again by a retried task (drawn apart)
+        self.retry_rng = random.Random(seed ^ 0x2E72)
+        self.retry_named_p = self.retry_rng.choice((0.0, 0.5, 1.0))
         #: host -> when it wakes from a suspension before a completion marker (true time)
         self.waking: dict[str, float] = {}
         self._waited: set[str] = set()  # claimants that waited for a waking holder
@@ -1523,7 +1526,7 @@ class JobWorld(Judged):
         sched = self.scheduler
         storage = SimStorage(self.objects, sched, faults=Faults(unavailable=0.02), tag="client")
         channel = ControlChannel(storage, JOB, clock=sched.wall_clock, ids=sched.uuid4)
-        for kind in self.setup.requests:
+        for kind in self._requests():
             sched.sleep(self.rng.uniform(2.0, 40.0))
             try:
                 request_id = self._send(channel, kind)
@@ -1541,6 +1544,16 @@ class JobWorld(Judged):
                     continue
             else:
                 self._expire(storage, request_id)
+
+    def _requests(self) -> Iterable[str]:
+        """The seed's requests; with the seed's :attr:`retry_named_p` a request for the
+        named savepoint is sent again once its first ended (a retried Airflow task
+        asking for ``nightly`` again: never answered with the first one's savepoint)."""
+        for kind in self.setup.requests:
+            yield kind
+            if kind == NAMED and self.retry_rng.random() < self.retry_named_p:
+                self.coverage["named-request-retried"] += 1
+                yield NAMED
 
     def _expire(self, storage: SimStorage, request_id: str) -> None:
         for _ in range(20):
