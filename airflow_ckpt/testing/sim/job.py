@@ -1526,8 +1526,9 @@ class JobWorld(Judged):
         sched = self.scheduler
         storage = SimStorage(self.objects, sched, faults=Faults(unavailable=0.02), tag="client")
         channel = ControlChannel(storage, JOB, clock=sched.wall_clock, ids=sched.uuid4)
-        for kind in self._requests():
-            sched.sleep(self.rng.uniform(2.0, 40.0))
+        for kind, retried in self._requests():
+            sched.sleep(self.retry_rng.uniform(0.0, 2.0) if retried
+                        else self.rng.uniform(2.0, 40.0))
             try:
                 request_id = self._send(channel, kind)
             except StorageError:
@@ -1545,15 +1546,16 @@ class JobWorld(Judged):
             else:
                 self._expire(storage, request_id)
 
-    def _requests(self) -> Iterable[str]:
-        """The seed's requests; with the seed's :attr:`retry_named_p` a request for the
-        named savepoint is sent again once its first ended (a retried Airflow task
-        asking for ``nightly`` again: never answered with the first one's savepoint)."""
+    def _requests(self) -> Iterable[tuple[str, bool]]:
+        """The seed's requests (kind, whether a retry); with the seed's
+        :attr:`retry_named_p` a request for the named savepoint is sent again at once
+        when its first ended (a retried Airflow task asking for ``nightly`` again: never
+        answered with the first one's savepoint)."""
         for kind in self.setup.requests:
-            yield kind
+            yield kind, False
             if kind == NAMED and self.retry_rng.random() < self.retry_named_p:
                 self.coverage["named-request-retried"] += 1
-                yield NAMED
+                yield NAMED, True
 
     def _expire(self, storage: SimStorage, request_id: str) -> None:
         for _ in range(20):
