@@ -1411,7 +1411,7 @@ class JobWorld(Judged):
         is suspended while another driver lives (the story :meth:`before_run`
         completes)."""
         return bool(self.slow_start_p) and bool(self._other_drivers(actor)) \
-            and self.slow_start_rng.random() < self.slow_start_p / 5
+            and self.slow_start_rng.random() < self.slow_start_p / 2
 
     def _other_drivers(self, actor: Actor) -> list[Actor]:
         return [a for a in self.scheduler.actors if a.alive and a is not actor
