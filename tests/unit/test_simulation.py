@@ -211,7 +211,8 @@ def test_the_job_world_reaches_its_cases() -> None:
     for case in ("gc-shared-files", "subsumed", "outage-ridden", "parquet-sink",
                  "control-answered", "newer-request-refused", "holder-deposed-alive",
                  "documented-refusal", "explicit-restore", "life-stopped",
-                 "lost-in-upload", "floor-struck"):
+                 "lost-in-upload", "floor-struck", "beat-starved", "start-waited-for-marker",
+                 "named-request-retried", "marker-resurrected"):
         assert seen.get(case), (case, seen)
     assert seen["second-holder"] > 30, seen  # contention in most schedules
 

@@ -144,6 +144,7 @@ from airflow_ckpt.errors import (
     LeaseExpiredError,
     MetadataError,
     ObjectAlreadyExistsError,
+    OutcomeUnknownError,
     RestartsExhaustedError,
     RestoreError,
     RestoreRefusedError,
@@ -176,7 +177,7 @@ from airflow_ckpt.testing.sim.outcome import (
     Violation,
 )
 from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
-from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage, Stored
+from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage, Stored, _outcome
 from airflow_ckpt.testing.simquery import SimulatedQuery, write_file
 
 JOB = "simjob"
@@ -387,6 +388,86 @@ class Uploads:
                 f"{self.lost_in_upload_p}")
 
 
+@dataclass(frozen=True, slots=True)
+class Landings:
+    """Which of one seed's driver writes lose their answer while the request stays in
+    the network (it lands later, after its caller gave up), drawn from a generator of
+    its own (other seeds keep their schedules): a completion marker's PUT (the outage
+    wrapper repeats it, retention may subsume the checkpoint, then the first copy lands:
+    a late copy of a subsumed marker, seed 129's story) and a delete of answered control
+    requests or their answers (the next look runs while it is in flight)."""
+
+    marker_p: float  # chance per completion marker PUT
+    marker_hold_s: tuple[float, float]  # how long its first copy stays in the network
+    control_delete_p: float  # chance per delete under ``control/``
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Landings:
+        return cls(rng.choice((0.0, 0.0, 0.3, 0.6)),
+                   rng.choice(((2.0, 10.0), (5.0, HOLD_S))),
+                   rng.choice((0.0, 0.0, 0.8, 1.0)))
+
+    def hold(self, rng: random.Random, op: str, key: str) -> float | None:
+        """How long the network holds this write (None: it is answered as usual)."""
+        if op.startswith("put") and key.endswith("/_metadata") \
+                and _checkpoint_of(key) is not None and rng.random() < self.marker_p:
+            return rng.uniform(*self.marker_hold_s)
+        if op == "delete" and key.startswith(LAYOUT.control_prefix) \
+                and rng.random() < self.control_delete_p:
+            return rng.uniform(0.0, HOLD_S)
+        return None
+
+    def describe(self) -> str:
+        return (f"late markers p {self.marker_p} held {list(self.marker_hold_s)} s, late "
+                f"control deletes p {self.control_delete_p}")
+
+
+class DriverStorage(SimStorage):
+    """A driver's view whose writes :class:`Landings` picks land late: the caller meets
+    ``OutcomeUnknownError`` and the request is applied (its conditions judged then) when
+    the network delivers it."""
+
+    landings: Landings
+    rng: random.Random
+
+    def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
+        view = DriverStorage(self.store, self.scheduler, faults=self.faults, tag=self.tag)
+        view.landings, view.rng, view.checked = self.landings, self.rng, check
+        return view
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
+        op = "put" + (" create-only" if create_only else "") + (" if-match" if if_match else "")
+        hold = self.landings.hold(self.rng, op, key)
+        if hold is None or self.scheduler.current() is None:
+            return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
+        return self._late(op, key, hold, lambda: self.store.put(
+            key, data, self.scheduler.now, create_only=create_only, if_match=if_match,
+            writer=self.tag))
+
+    def delete_many(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        hold = self.landings.hold(self.rng, "delete", keys[0]) if keys else None
+        if hold is None or self.scheduler.current() is None:
+            super().delete_many(keys)
+            return
+
+        def apply() -> str:
+            self.store.delete(keys)
+            return "deleted"
+        self._late("delete", keys[0], hold, apply)
+
+    def _late(self, op: str, key: str, hold: float, apply: Callable[[], str]) -> str:
+        if self.checked is not None:
+            self.checked(op, key)
+        self._enter(op, key)
+        applied = self._tracked(op, key, apply)
+        self.scheduler.defer(f"late {op} {key}", lambda: _outcome(applied),
+                             self.scheduler.now + hold)
+        self._log(op, key, f"timeout (held {hold:.1f} s in the network)")
+        raise OutcomeUnknownError(f"sim: {op} {key}: no answer (it may land later)")
+
+
 class SimLock:
     """A lock for actors: waiting for it is a yield point (a thread blocked on a real
     lock would keep the baton)."""
@@ -564,6 +645,10 @@ class SimJob(CheckpointedJob):
     restores = 0
     alive = True  # its ``run`` has not returned
 
+    def _run_supervised(self, build: Any) -> Any:
+        self.world.before_run()
+        return super()._run_supervised(build)
+
     def _start_coordinator(self, restored: RestoreResult, *, initial: bool = False) -> Any:
         target = self.restore_target if self.restores == 0 else "latest"
         self.restores += 1
@@ -587,12 +672,23 @@ class JobWorld(Judged):
         self.retention = Retention.draw(random.Random(seed ^ 0x5A7E))
         self.uploads_rng = random.Random(seed ^ 0x6C0C)
         self.uploads = Uploads.draw(self.uploads_rng)
+        self.landings_rng = random.Random(seed ^ 0x1A7E)
+        self.landings = Landings.draw(self.landings_rng)
         #: the vandal strikes a run's first checkpoint (see strike_floor), and a late life
         #: restores an explicit target more often (drawn apart: other seeds keep theirs)
         self.strike_rng = random.Random(seed ^ 0xF100)
         #: a claimant killed between its claim and its second look (drawn apart)
         self.claim_crash_rng = random.Random(seed ^ 0xC1A3)
         self.claim_crash_p = self.claim_crash_rng.choice((0.0, 0.0, 0.3, 0.6))
+        #: a heartbeat thread starved until a successor claims (drawn apart)
+        self.starve_rng = random.Random(seed ^ 0xBEA7)
+        self.starve_p = self.starve_rng.choice((0.0, 0.0, 0.1, 0.3))
+        #: a new holder's run waiting for a suspended holder to wake (drawn apart)
+        self.slow_start_rng = random.Random(seed ^ 0x5107)
+        self.slow_start_p = self.slow_start_rng.choice((0.0, 0.5, 1.0))
+        #: a request for the named savepoint sent again by a retried task (drawn apart)
+        self.retry_rng = random.Random(seed ^ 0x2E72)
+        self.retry_named_p = self.retry_rng.choice((0.0, 0.5, 1.0))
         #: host -> when it wakes from a suspension before a completion marker (true time)
         self.waking: dict[str, float] = {}
         self._waited: set[str] = set()  # claimants that waited for a waking holder
@@ -1242,12 +1338,31 @@ class JobWorld(Judged):
 
     def before_beat(self) -> None:
         """At ``lease.before_beat``: with the seed's chance the heartbeat thread stalls
-        (its driver writes on, its gate closing on its own clock)."""
+        (its driver writes on, its gate closing on its own clock); with the chance of
+        :attr:`starve_p` it is starved until a successor, having judged the silent
+        holder dead, claimed the job: its rewrite then lands while the successor's
+        takeover still keeps the older record (a deposed holder's heartbeat that must
+        not extend its validity)."""
         actor, rng = self.scheduler.current(), self.contention_rng
+        if actor is not None and self.starve_rng.random() < self.starve_p:
+            self._starve(actor)
+            return
         if actor is None or rng.random() >= self.contention.beat_stall_p:
             return
         self.coverage["beat-stalled"] += 1
         self.scheduler.sleep(rng.uniform(0.0, TTL_S))
+
+    def _starve(self, actor: Actor) -> None:
+        job = next((j for a, j in self._running.items() if a is actor.parent), None)
+        record = job.lease.record if job is not None else None
+        if record is None:
+            return
+        self.coverage["beat-starved"] += 1
+        self.scheduler.log("heartbeat thread starved until a successor claims")
+        deadline = self.scheduler.now + 4 * TTL_S
+        while self.scheduler.now < deadline and \
+                max(lease_epochs(self.oracle, JOB), default=0) <= record.epoch:
+            self.scheduler.sleep(0.05)
 
     def before_marker(self) -> None:
         """At ``coordinator.before_metadata`` (a snapshot's files are durable, its marker
@@ -1259,20 +1374,49 @@ class JobWorld(Judged):
         actor = sched.current()
         if actor is None or not actor.name.startswith("driver"):
             return
-        if rng.random() >= self.contention.marker_suspend_p and not self._successor_waits(actor):
+        if rng.random() >= self.contention.marker_suspend_p \
+                and not self._successor_waits(actor) and not self._late_start_waits(actor):
             return
         gone = rng.uniform(TTL_S + MAX_WRITE_S, 6 * TTL_S)  # true seconds
         self.waking[actor.host.name] = sched.now + gone
         self.coverage["suspended-before-marker"] += 1
         sched.suspend(gone, "a completion marker")
 
+    def before_run(self) -> None:
+        """A new holder's run starts (its lease acquired, its takeover over, its restore
+        not made yet): while another driver's host is suspended before its completion
+        marker, with the seed's :attr:`slow_start_p` the run starts only just after that
+        host wakes (a driver slow to start its query), so the deposed holder's marker
+        lands after the takeover and is the newest one the restore lists (a late marker,
+        which never counts)."""
+        actor, rng = self.scheduler.current(), self.slow_start_rng
+        if actor is None or self.recovering:
+            return
+        now = self.scheduler.now
+        waking = [t for host, t in self.waking.items() if host != actor.host.name and t > now]
+        if not waking or rng.random() >= self.slow_start_p:
+            return
+        self.coverage["start-waited-for-marker"] += 1
+        self.scheduler.log("starts its run only after a suspended holder wakes")
+        until = min(waking) + rng.uniform(0.5, 2 * HEARTBEAT_S)
+        self.scheduler.sleep((until - now) * actor.host.rate)
+
+    def _late_start_waits(self, actor: Actor) -> bool:
+        """With the seed's :attr:`slow_start_p`, now and then a driver whose marker is due
+        is suspended while another driver lives (the story :meth:`before_run`
+        completes)."""
+        return bool(self.slow_start_p) and bool(self._other_drivers(actor)) \
+            and self.slow_start_rng.random() < self.slow_start_p / 2
+
+    def _other_drivers(self, actor: Actor) -> list[Actor]:
+        return [a for a in self.scheduler.actors if a.alive and a is not actor
+                and a.name.startswith("driver") and a.parent is None]
+
     def _successor_waits(self, actor: Actor) -> bool:
         """With the seed's chance of a claimant killed mid-takeover, a driver whose
         marker is due is suspended while another driver lives (the story
         :meth:`_wait_for_a_waking_holder` completes)."""
-        others = [a for a in self.scheduler.actors if a.alive and a is not actor
-                  and a.name.startswith("driver") and a.parent is None]
-        return bool(others) and bool(self.claim_crash_p) \
+        return bool(self._other_drivers(actor)) and bool(self.claim_crash_p) \
             and self.claim_crash_rng.random() < self.claim_crash_p / 2
 
     def lost_in_upload(self) -> None:
@@ -1341,7 +1485,8 @@ class JobWorld(Judged):
     def driver(self, number: int) -> Callable[[], None]:
         setup, sched = self.setup, self.scheduler
         host = Host(f"driver-{number}", setup.skews[number - 1], setup.rates[number - 1])
-        storage = SimStorage(self.objects, sched, faults=setup.faults, tag=f"driver-{number}")
+        storage = DriverStorage(self.objects, sched, faults=setup.faults, tag=f"driver-{number}")
+        storage.landings, storage.rng = self.landings, self.landings_rng
 
         def program() -> None:
             if not setup.together and not self.contention.together:
@@ -1376,8 +1521,9 @@ class JobWorld(Judged):
         sched = self.scheduler
         storage = SimStorage(self.objects, sched, faults=Faults(unavailable=0.02), tag="client")
         channel = ControlChannel(storage, JOB, clock=sched.wall_clock, ids=sched.uuid4)
-        for kind in self.setup.requests:
-            sched.sleep(self.rng.uniform(2.0, 40.0))
+        for kind, retried in self._requests():
+            sched.sleep(self.retry_rng.uniform(0.0, 2.0) if retried
+                        else self.rng.uniform(2.0, 40.0))
             try:
                 request_id = self._send(channel, kind)
             except StorageError:
@@ -1394,6 +1540,17 @@ class JobWorld(Judged):
                     continue
             else:
                 self._expire(storage, request_id)
+
+    def _requests(self) -> Iterable[tuple[str, bool]]:
+        """The seed's requests (kind, whether a retry); with the seed's
+        :attr:`retry_named_p` a request for the named savepoint is sent again at once
+        when its first ended (a retried Airflow task asking for ``nightly`` again: never
+        answered with the first one's savepoint)."""
+        for kind in self.setup.requests:
+            yield kind, False
+            if kind == NAMED and self.retry_rng.random() < self.retry_named_p:
+                self.coverage["named-request-retried"] += 1
+                yield NAMED, True
 
     def _expire(self, storage: SimStorage, request_id: str) -> None:
         for _ in range(20):
@@ -1635,7 +1792,7 @@ class JobWorld(Judged):
         sched = self.scheduler
         self.requests = {}
         sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}; "
-                  f"{self.retention}; {self.uploads.describe()}")
+                  f"{self.retention}; {self.uploads.describe()}; {self.landings.describe()}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:
