@@ -219,6 +219,17 @@ def test_the_job_world_reaches_its_cases() -> None:
     assert seen["second-holder"] > 30, seen  # contention in most schedules
 
 
+def test_a_deposed_driver_never_restores_after_a_query_failure() -> None:
+    """Found by the job world (seeds 100252 and 101566 of a scan from 100000, session
+    13): a holder suspended before its first checkpoint's marker was deposed, its marker
+    landed uncounted, and an executor lost made it restart in-process: not knowing its
+    first checkpoint completed, it had no run floor and resumed nothing with
+    restore=latest (its next write then stopped it). A driver now confirms its lease
+    before it records a restart or restores; deposed, it stops there."""
+    outcome = run_job_seed(100252)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+
+
 def test_a_subsumed_checkpoint_never_reappears() -> None:
     """A late copy of a subsumed marker lands (seed 11) and no reader counts it; under
     the mutants ``reader-ignores-retention-floor`` and ``floor-below-retained`` this

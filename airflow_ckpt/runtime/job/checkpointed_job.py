@@ -360,6 +360,11 @@ class CheckpointedJob:
             finally:
                 coordinator.shutdown()
             lapsed = self._lapsed_in_outage()
+            if not lapsed:
+                # A driver deposed meanwhile (its host suspended past a takeover, its
+                # marker landing uncounted) stops here, before it records a restart or
+                # restores anything: what counts is its successor's decision.
+                self.outage.call("confirm the lease", self.lease.confirm)
             if failure is not None and (not lapsed or self.outage.spent):
                 self._record_failure(failure)  # counted once; returns to restart
             if lapsed:
