@@ -231,25 +231,27 @@ def test_a_deposed_driver_never_restores_after_a_query_failure() -> None:
 
 
 def test_a_subsumed_checkpoint_never_reappears() -> None:
-    """A late copy of a subsumed marker lands (seed 11) and no reader counts it; under
+    """A late copy of a subsumed marker lands (seed 14) and no reader counts it; under
     the mutants ``reader-ignores-retention-floor`` and ``floor-below-retained`` this
     seed breaks ``job-marker-resurrected`` (make mutants, session 13)."""
-    # 11 again after session 13's merges (the claimant killed mid-takeover, the
+    # 14 since the post-claim look became a heartbeat (session 13); 11 again after
+    # session 13's merges (the claimant killed mid-takeover, the
     # faithful host suspensions, the late marker landings moved it to 57 and 63 on
     # their branches), 183 until the sinks' fewer requests (issue 26), 129 until the
     # savepoint history (issue 26), 29 until the lease contention (session 11), 45 before
-    outcome = run_job_seed(11)
+    outcome = run_job_seed(14)
     assert MARKER_RESURRECTED not in {v.invariant for v in outcome.violations}, \
         format_outcome(outcome, 40)
     assert outcome.coverage.components["marker-resurrected"] > 0  # it did land
 
 
 def test_a_run_whose_only_checkpoint_marker_was_deleted_never_starts_from_scratch() -> None:
-    """Seed 155 (153 before the sink's requests were cut): a run that found nothing to
+    """Seed 14 (155 before session 13's draws, 153 before the sink's requests were cut;
+    the mutant ``job-drops-floor`` fails at seed 14): a run that found nothing to
     restore completes chk-1, the vandal deletes its marker, and the in-process restart
     must refuse (``RestoreError``), not replay the sources from scratch over the output
     it published."""
-    outcome = run_job_seed(155)
+    outcome = run_job_seed(14)
     assert not outcome.violations, format_outcome(outcome, 40)
     assert outcome.coverage.components["refusal"] > 0
 
@@ -378,8 +380,8 @@ def test_a_savepoint_whose_lease_confirmation_fails_is_never_answered_failed() -
     failed) although the catalog counted it and it restored. Now such a checkpoint or
     savepoint is abandoned like a marker of unknown outcome (neither failed nor
     completed; the driver stops and a new epoch settles it). Replay:
-    ``python -m airflow_ckpt.testing.simulation --world savepoints --seed 1 --trace``."""
-    outcome = run_savepoint_seed(1)  # the schedules were redrawn by issues 25 B and 26
+    ``python -m airflow_ckpt.testing.simulation --world savepoints --seed 3 --trace``."""
+    outcome = run_savepoint_seed(3)  # redrawn by issues 25 B and 26, and session 13 (1)
     assert outcome.violations == [], "\n".join(str(v) for v in outcome.violations)
     assert any("503" in line and "lease" in line for line in outcome.trace), outcome.trace[-40:]
 

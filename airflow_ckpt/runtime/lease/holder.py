@@ -239,8 +239,15 @@ class JobLease:
         if late:
             log.info("job %s: adopting checkpoints %s whose markers landed during the "
                      "takeover", self.job, late)
+        # also a heartbeat (the record's second write must not spend the validity the
+        # claim started: with slow lease PUTs the first beat came too late)
+        started = self.clock()
         self._swap(lambda r: replace(r, adopted=tuple(sorted({*(r.adopted or ()), *late})),
-                                     adoption_final=True))
+                                     adoption_final=True, seq=r.seq + 1,
+                                     heartbeat_ts=self.wall_clock()))
+        self.confirm()  # a newer epoch: deposed already, the validity is not extended
+        self._valid_until = started + self.ttl_s - self.max_write_s
+        self._renewed()
 
     def _judges(self, previous: LeaseRecord | None) -> list[LeaseRecord | None]:
         """The records the post-claim look judges markers by: ``previous`` as stored
