@@ -225,8 +225,10 @@ def test_a_deposed_driver_never_restores_after_a_query_failure() -> None:
     landed uncounted, and an executor lost made it restart in-process: not knowing its
     first checkpoint completed, it had no run floor and resumed nothing with
     restore=latest (its next write then stopped it). A driver now confirms its lease
-    before it records a restart or restores; deposed, it stops there."""
-    outcome = run_job_seed(100252)
+    before it records a restart or restores; deposed, it stops there. Since the
+    post-claim look became a heartbeat the story is at seed 100137 (without the
+    confirm: ``job-older-state``; seeds 100137 and 100440 of 100000-101499)."""
+    outcome = run_job_seed(100137)
     assert outcome.violations == [], format_outcome(outcome, 40)
 
 
