@@ -283,7 +283,7 @@ def test_latest_refuses_a_fresh_start_when_no_retained_checkpoint_verifies(
     with pytest.raises(RestoreError):
         run_job(spark, file_storage, input_dir, tmp_path / "w")
     assert JsonLinesSink(file_storage, "_out").committed_batches() == before
-    assert history.events([ev.JOB_FAILED])[-1].data["error"] == "RestoreError"
+    assert history.events([ev.JOB_FAILED])[-1].data["error"] == "RestoreRefusedError"
 
 
 def test_a_fallback_never_subsumes_the_checkpoint_it_restored_from(

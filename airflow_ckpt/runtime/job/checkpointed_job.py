@@ -360,7 +360,7 @@ class CheckpointedJob:
             finally:
                 coordinator.shutdown()
             lapsed = self._lapsed_in_outage()
-            if not lapsed:
+            if not lapsed and not self.outage.spent:  # a spent outage is the failure
                 # A driver deposed meanwhile (its host suspended past a takeover, its
                 # marker landing uncounted) stops here, before it records a restart or
                 # restores anything: what counts is its successor's decision.
