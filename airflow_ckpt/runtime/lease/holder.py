@@ -195,11 +195,9 @@ class JobLease:
                 self._valid_until = started + self.ttl_s - self.max_write_s
                 self._renewed()
                 interleave.point(interleave.LEASE_AFTER_CLAIM)
-                if adopt is not None:
-                    self._adopt_late_markers(adopt, previous)
-                self.storage.delete_many(
-                    lease_key(self.prefix, e) for e in lease_epochs(self.storage, self.job)
-                    if e < epoch)
+                epochs = (self._adopt_late_markers(adopt, previous) if adopt is not None
+                          else lease_epochs(self.storage, self.job))
+                self.storage.delete_many(lease_key(self.prefix, e) for e in epochs if e < epoch)
                 self._start_heartbeat()
                 log.info("acquired the lease of job %s (epoch %d)%s", self.job, epoch,
                          f" from {previous.owner} ({state.status}, heartbeat unchanged "
@@ -222,11 +220,15 @@ class JobLease:
                 )
             self.sleep(min(0.5, self.heartbeat_s, max(deadline - now, 0.01)))
 
-    def _adopt_late_markers(self, adopt: Adopt, previous: LeaseRecord | None) -> None:
+    def _adopt_late_markers(self, adopt: Adopt, previous: LeaseRecord | None) -> list[int]:
         """After the claim: adopt the markers that landed between the first listing and
         the claim (a deposed holder's writes land when they land), and mark the record
         ``adoption_final``. From the claim on, no holder can confirm a marker any more,
-        so this listing is final.
+        so this listing is final. The record's write is also a heartbeat
+        (:meth:`_renew`): with slow lease PUTs, a second write that did not extend the
+        validity the claim started made the first beat come too late. Returns the
+        epochs its confirmation listed (the caller deletes the older records by them:
+        one listing of ``lease/`` per takeover).
 
         Judged by ``previous``'s record, and when that holder never finished this same
         step (it died between its claim and its second look: its record adopts only
@@ -239,15 +241,8 @@ class JobLease:
         if late:
             log.info("job %s: adopting checkpoints %s whose markers landed during the "
                      "takeover", self.job, late)
-        # also a heartbeat (the record's second write must not spend the validity the
-        # claim started: with slow lease PUTs the first beat came too late)
-        started = self.clock()
-        self._swap(lambda r: replace(r, adopted=tuple(sorted({*(r.adopted or ()), *late})),
-                                     adoption_final=True, seq=r.seq + 1,
-                                     heartbeat_ts=self.wall_clock()))
-        self.confirm()  # a newer epoch: deposed already, the validity is not extended
-        self._valid_until = started + self.ttl_s - self.max_write_s
-        self._renewed()
+        return self._renew(self.clock(), lambda r: replace(
+            r, adopted=tuple(sorted({*(r.adopted or ()), *late})), adoption_final=True))
 
     def _judges(self, previous: LeaseRecord | None) -> list[LeaseRecord | None]:
         """The records the post-claim look judges markers by: ``previous`` as stored
@@ -371,6 +366,10 @@ class JobLease:
         listing a collection deletes from) and before acting on it. Storage only: no
         clock is read.
         """
+        self._confirmed_epochs()
+
+    def _confirmed_epochs(self) -> list[int]:
+        """:meth:`confirm`, returning the epochs it listed (ours the newest)."""
         if self.record is None:
             raise ConcurrentDriverError(f"job {self.job!r}: the lease is not held")
         epochs = lease_epochs(self.storage, self.job)
@@ -380,6 +379,7 @@ class JobLease:
                 f"ours {self.record.epoch}); this driver must stop"))
             assert self.failure is not None
             raise self.failure
+        return epochs
 
     def reserve_ids(self, checkpoint_id: int) -> None:
         """Make sure ``checkpoint_id`` is reserved in the lease record before it is used.
@@ -397,6 +397,18 @@ class JobLease:
             return
         self.gate()
         self._swap(lambda r: replace(r, id_limit=max(r.id_limit or 0, checkpoint_id + ID_BLOCK)))
+
+    def _renew(self, started: float,
+               change: Callable[[LeaseRecord], LeaseRecord] = lambda r: r) -> list[int]:
+        """Write ``change(record)`` as the next heartbeat (``seq`` + 1), confirm, and only
+        then extend the validity from ``started`` (a clock reading taken before the
+        write was sent: a newer epoch means we were deposed, and nothing is extended).
+        Returns the epochs the confirmation listed."""
+        self._swap(lambda r: replace(change(r), seq=r.seq + 1, heartbeat_ts=self.wall_clock()))
+        epochs = self._confirmed_epochs()
+        self._valid_until = started + self.ttl_s - self.max_write_s
+        self._renewed()
+        return epochs
 
     def _renewed(self) -> None:
         if self.on_renewed is not None:
@@ -422,10 +434,7 @@ class JobLease:
             self._in_flight = True
         try:
             interleave.point(interleave.LEASE_BEFORE_BEAT)
-            self._swap(lambda r: replace(r, seq=r.seq + 1, heartbeat_ts=self.wall_clock()))
-            self.confirm()  # a newer epoch means we were deposed: do not extend
-            self._valid_until = started + self.ttl_s - self.max_write_s
-            self._renewed()
+            self._renew(started)
         finally:
             with self._beating:
                 self._in_flight = False

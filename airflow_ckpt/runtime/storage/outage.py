@@ -12,6 +12,12 @@ of the outage fails with :class:`~airflow_ckpt.errors.StorageOutageError`, whose
 message names the outage's *first* error (its real cause, e.g. ``SlowDown`` on a sink's
 PUT), not the last one met by whichever request gave up.
 
+One request's own failures are bounded by the same budget, whatever other requests do:
+a key whose every answer is lost while the heartbeat's requests succeed (each success
+closes the outage) would otherwise be repeated forever, the driver stuck on it with a
+healthy lease (simulation, job seeds 200062 and 200178: every DELETE of one control
+request held in the network).
+
 **Why repeating is safe.** Every write here is idempotent at its key with the same
 bytes: a plain put replaces with equal bytes, a create-only or compare-and-swap put
 that finds its own bytes in place succeeds (storage/base.py, "three outcomes"), a
@@ -100,6 +106,7 @@ class OutageBudget:
         if self.budget_s <= 0:
             return fn()
         backoff = FIRST_BACKOFF_S
+        own_since: float | None = None  # clock() at this request's first failure
         while True:
             try:
                 result = fn()
@@ -107,6 +114,9 @@ class OutageBudget:
                 if isinstance(exc, StorageOutageError):
                     raise  # an inner call gave up already: this outage is spent
                 lasted = self._failed(what, exc)
+                now = self.clock()
+                own_since = now if own_since is None else own_since
+                lasted = max(lasted, now - own_since)
                 if lasted >= self.budget_s:
                     raise self._spent(what, exc, lasted) from exc
                 self.sleep(min(backoff, max(self.budget_s - lasted, 0.0)))
