@@ -393,7 +393,11 @@ def test_random_schedules_break_no_invariant() -> None:
     found = "\n".join(format_outcome(o, 40) for o in unexpected.values())
     assert not unexpected, found
     assert result.schedules == len(WORLDS) * SEEDS  # every world
-    assert result.coverage["job"].cut_off == 0
+    # no world's schedule is cut off at its step limit (the history world's limit is
+    # 30,000 since session 14: seeds 103 and 188 were long, not stuck - the task waited
+    # out a restart delay while two idle compactors spent the 12,000 steps)
+    assert {name: covered.cut_off for name, covered in result.coverage.items()} \
+        == dict.fromkeys(result.coverage, 0)
     print(f"{result.schedules} simulated schedules explored, 0 violations")
     # rare made common (issue 25 B): every fault site of every world fired, a second
     # driver held the lease in most schedules of the worlds about deposed drivers, their

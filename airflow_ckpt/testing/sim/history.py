@@ -477,7 +477,7 @@ class SimOperator(CheckpointedSparkSubmitOperator):
 class World(Judged):
     """The simulated system of one seed: actors, storage, ground truth and invariants."""
 
-    def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 12000) -> None:
+    def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 30000) -> None:
         self.scheduler = Scheduler(seed, max_steps=max_steps, sites=SITES,
                                    clock_jump_p=CLOCK_JUMP_P)
         self.rng = self.scheduler.rng
