@@ -160,7 +160,12 @@ from airflow_ckpt.runtime.control.savepoints import expire_request
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.job import checkpointed_job as job_module
 from airflow_ckpt.runtime.lease.holder import JobLease
-from airflow_ckpt.runtime.lease.record import lease_epochs, read_lease, valid_checkpoint_ids
+from airflow_ckpt.runtime.lease.record import (
+    lease_epochs,
+    lease_key,
+    read_lease,
+    valid_checkpoint_ids,
+)
 from airflow_ckpt.runtime.restore.choose import RestoreResult
 from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.sinks import JsonLinesSink, TwoPhaseCommitSink
@@ -218,10 +223,12 @@ UNCOUNTED = "job-uncounted"
 RENEWED_DEPOSED = "job-renewed-deposed"
 GC_DAMAGE = "job-gc-damage"
 SAVEPOINT_KEPT = "job-savepoint-kept"
+ONE_HOLDER = "job-one-holder"
 INVARIANTS = (JOB_OUTPUT, UNCOVERED_COMMIT, CHECKPOINT_CHANGED, CHECKPOINT_VERIFIES,
               DAMAGED_REFERENCE, OLDER_STATE, CONTROL, DRIVER_ERROR, CUT_OFF,
               MARKER_RESURRECTED, RESTORED_UNCOUNTED, RETENTION, UNGATED_WRITE,
-              WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED, GC_DAMAGE, SAVEPOINT_KEPT)
+              WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED, GC_DAMAGE, SAVEPOINT_KEPT,
+              ONE_HOLDER)
 #: invariants the runtime still breaks (a defect found, not fixed yet): reported by every
 #: run, not failed on by the seeds of ``make test`` (see docs/architecture.md)
 KNOWN_DEFECTS: frozenset[str] = frozenset()
@@ -422,23 +429,60 @@ class Landings:
                 f"control deletes p {self.control_delete_p}")
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimRace:
+    """Two claimants of one epoch (issue 25, the lease group), drawn from a generator of
+    its own (other seeds keep their schedules): a claimant at ``lease.before_claim``
+    (judged the lease free) waits there for another driver to judge it free too, so both
+    judge the same state and claim the same epoch (the create-only claim makes one
+    lose); and a claim PUT held in the network (it lands after its caller gave up:
+    after the winner's takeover, or after a successor deleted the older records, a
+    record created again behind the newer ones)."""
+
+    rendezvous: bool  # a claimant waits for a second one before claiming
+    late_p: float  # chance per claim PUT: held in the network
+    hold_s: tuple[float, float]
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> ClaimRace:
+        return cls(rng.random() < 0.5, rng.choice((0.0, 0.3, 0.6)),
+                   rng.choice(((1.0, 8.0), (5.0, HOLD_S))))
+
+    def hold(self, rng: random.Random, key: str, if_match: str | None) -> float | None:
+        """How long the network holds this write: a claim (a lease record's PUT that is
+        not a swap of the holder's own version)."""
+        if if_match is None and key.startswith(LAYOUT.lease_prefix) \
+                and key[len(LAYOUT.lease_prefix):-5].isdigit() and key.endswith(".json") \
+                and rng.random() < self.late_p:
+            return rng.uniform(*self.hold_s)
+        return None
+
+    def describe(self) -> str:
+        return (f"claim race: rendezvous {self.rendezvous}, late claims p {self.late_p} "
+                f"held {list(self.hold_s)} s")
+
+
 class DriverStorage(SimStorage):
-    """A driver's view whose writes :class:`Landings` picks land late: the caller meets
-    ``OutcomeUnknownError`` and the request is applied (its conditions judged then) when
-    the network delivers it."""
+    """A driver's view whose writes :class:`Landings` and :class:`ClaimRace` pick land
+    late: the caller meets ``OutcomeUnknownError`` and the request is applied (its
+    conditions judged then) when the network delivers it."""
 
     landings: Landings
     rng: random.Random
+    race: ClaimRace
+    race_rng: random.Random
 
     def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
         view = DriverStorage(self.store, self.scheduler, faults=self.faults, tag=self.tag)
         view.landings, view.rng, view.checked = self.landings, self.rng, check
+        view.race, view.race_rng = self.race, self.race_rng
         return view
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:
         op = "put" + (" create-only" if create_only else "") + (" if-match" if if_match else "")
-        hold = self.landings.hold(self.rng, op, key)
+        hold = self.race.hold(self.race_rng, key, if_match)
+        hold = self.landings.hold(self.rng, op, key) if hold is None else hold
         if hold is None or self.scheduler.current() is None:
             return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
         return self._late(op, key, hold, lambda: self.store.put(
@@ -689,6 +733,10 @@ class JobWorld(Judged):
         #: a request for the named savepoint sent again by a retried task (drawn apart)
         self.retry_rng = random.Random(seed ^ 0x2E72)
         self.retry_named_p = self.retry_rng.choice((0.0, 0.5, 1.0))
+        #: two claimants of one epoch, claim PUTs landing late (drawn apart)
+        self.claim_race_rng = random.Random(seed ^ 0xC1A5)
+        self.claim_race = ClaimRace.draw(self.claim_race_rng)
+        self._rendezvous: set[str] = set()  # claimants waiting at lease.before_claim
         #: host -> when it wakes from a suspension before a completion marker (true time)
         self.waking: dict[str, float] = {}
         self._waited: set[str] = set()  # claimants that waited for a waking holder
@@ -1229,6 +1277,7 @@ class JobWorld(Judged):
         def gate() -> None:
             checked_gate()
             self.check_validity(lease, life)
+            self.check_one_holder(lease, life, storage.tag)
         fenced.gate = gate
         job.history.clock, job.history.ids = sched.wall_clock, sched.uuid4
         job.history.compaction = None
@@ -1288,6 +1337,19 @@ class JobWorld(Judged):
                          f"{now - renewed:.1f} s after its last successful heartbeat "
                          f"(validity {TTL_S - MAX_WRITE_S:g} s)")
 
+    def check_one_holder(self, lease: JobLease, life: str, tag: str) -> None:
+        """``job-one-holder``: a driver's lease gate passes only while the stored record
+        of its epoch is its own claim (written by its storage view: the world's ground
+        truth, not the record the driver believes it wrote). Two claimants of one epoch
+        must never both write as its holder: of two claims of one epoch one fails."""
+        record = lease.record
+        stored = self.objects.objects.get(lease_key(LAYOUT.lease_prefix, record.epoch)) \
+            if record is not None else None
+        if stored is not None and stored.writer != tag:
+            self.violate(ONE_HOLDER, f"{life}'s lease gate passed as the holder of epoch "
+                         f"{record.epoch if record else '?'}, whose record {stored.writer} "
+                         "wrote (two holders of one epoch)")
+
     def before_claim(self) -> None:
         """At ``lease.before_claim`` (a driver judged the lease free, has not claimed):
         with the seed's chance, the claimant stops a while, so that other drivers judge
@@ -1297,11 +1359,30 @@ class JobWorld(Judged):
         if actor is None or not actor.name.startswith("driver"):
             return
         self._wait_for_a_waking_holder(actor)
-        if rng.random() >= self.contention.claim_pause_p:
+        if rng.random() < self.contention.claim_pause_p:
+            self.coverage["claim-paused"] += 1
+            self.scheduler.log("pauses between judging the lease free and claiming it")
+            self.scheduler.sleep(rng.uniform(*self.contention.claim_pause_s))
+        self._meet_a_second_claimant(actor)
+
+    def _meet_a_second_claimant(self, actor: Actor) -> None:
+        """With the seed's :class:`ClaimRace`: the first claimant here waits (a while)
+        for a second one; the second releases it, and both go on to claim the same
+        epoch from the same judgement."""
+        if not self.claim_race.rendezvous or self.recovering:
             return
-        self.coverage["claim-paused"] += 1
-        self.scheduler.log("pauses between judging the lease free and claiming it")
-        self.scheduler.sleep(rng.uniform(*self.contention.claim_pause_s))
+        if self._rendezvous:
+            self._rendezvous.clear()  # releases the waiting one
+            self.coverage["claims-met"] += 1
+            self.scheduler.log("meets a claimant that judged the lease free too")
+            return
+        self._rendezvous.add(actor.name)
+        deadline = self.scheduler.now + self.claim_race_rng.uniform(HEARTBEAT_S, TTL_S)
+        try:
+            while actor.name in self._rendezvous and self.scheduler.now < deadline:
+                self.scheduler.sleep(0.05)
+        finally:
+            self._rendezvous.discard(actor.name)
 
     def _wait_for_a_waking_holder(self, actor: Actor) -> None:
         """The rarest takeover made common: while another driver's host is suspended
@@ -1495,6 +1576,7 @@ class JobWorld(Judged):
         host = Host(f"driver-{number}", setup.skews[number - 1], setup.rates[number - 1])
         storage = DriverStorage(self.objects, sched, faults=setup.faults, tag=f"driver-{number}")
         storage.landings, storage.rng = self.landings, self.landings_rng
+        storage.race, storage.race_rng = self.claim_race, self.claim_race_rng
 
         def program() -> None:
             if not setup.together and not self.contention.together:
@@ -1800,7 +1882,8 @@ class JobWorld(Judged):
         sched = self.scheduler
         self.requests = {}
         sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}; "
-                  f"{self.retention}; {self.uploads.describe()}; {self.landings.describe()}")
+                  f"{self.retention}; {self.uploads.describe()}; {self.landings.describe()}; "
+                  f"{self.claim_race.describe()}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:
