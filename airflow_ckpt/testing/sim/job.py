@@ -132,7 +132,7 @@ import tempfile
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -471,6 +471,8 @@ class DriverStorage(SimStorage):
     rng: random.Random
     race: ClaimRace
     race_rng: random.Random
+    #: told of every write this view issues (op, keys), before it is sent
+    observe: Callable[[str, list[str]], None] | None = None
 
     def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
         view = DriverStorage(self.store, self.scheduler, faults=self.faults, tag=self.tag)
@@ -481,6 +483,8 @@ class DriverStorage(SimStorage):
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:
         op = "put" + (" create-only" if create_only else "") + (" if-match" if if_match else "")
+        if self.observe is not None:
+            self.observe("put", [key])
         hold = self.race.hold(self.race_rng, key, if_match)
         hold = self.landings.hold(self.rng, op, key) if hold is None else hold
         if hold is None or self.scheduler.current() is None:
@@ -491,6 +495,8 @@ class DriverStorage(SimStorage):
 
     def delete_many(self, keys: Iterable[str]) -> None:
         keys = list(keys)
+        if self.observe is not None:
+            self.observe("delete", keys)
         hold = self.landings.hold(self.rng, "delete", keys[0]) if keys else None
         if hold is None or self.scheduler.current() is None:
             super().delete_many(keys)
@@ -737,11 +743,41 @@ class JobWorld(Judged):
         self.claim_race_rng = random.Random(seed ^ 0xC1A5)
         self.claim_race = ClaimRace.draw(self.claim_race_rng)
         self._rendezvous: set[str] = set()  # claimants waiting at lease.before_claim
+        #: (life, request id) of the requests whose request object a life deleted
+        self._forgotten: set[tuple[str, str]] = set()
         #: host -> when it wakes from a suspension before a completion marker (true time)
         self.waking: dict[str, float] = {}
         self._waited: set[str] = set()  # claimants that waited for a waking holder
         self.floor_strike = self.strike_rng.random() < 0.3
         self._struck: set[str] = set()  # lives whose first checkpoint was struck
+        #: with the floor strike, a later run restores an older checkpoint on purpose
+        #: while the older run's newer ones are retained (num-retained >= 2): what a
+        #: fallback below the floor would resume (drawn apart)
+        self.rerun_rng = random.Random(seed ^ 0xF101)
+        self.older_run = self.floor_strike and self.rerun_rng.random() < 0.7
+        if self.older_run:
+            self.setup = replace(self.setup, num_retained=max(2, self.setup.num_retained),
+                                 lives=max(2, self.setup.lives))
+        #: a requester that gives up on its savepoint request soon (a short Airflow task
+        #: timeout: the request's own timeout) and is retried at once, its retry's
+        #: doorbell making the driver look (and clean up answered requests, the job
+        #: keeping none past its expiry) while the first request's savepoint is still in
+        #: flight (drawn apart)
+        self.impatience_rng = random.Random(seed ^ 0x1A7A)
+        self.impatient = self.impatience_rng.random() < 0.4
+        if self.impatient:
+            self.retention = replace(self.retention, answer_retention_s=0.0)
+            if not {SAVEPOINT, NAMED} & set(self.setup.requests):
+                self.setup = replace(self.setup, requests=(*self.setup.requests, SAVEPOINT))
+        #: the operator's wrong cleanup: once the drivers are gone, every object of the
+        #: newest checkpoint is damaged, one object per file (no file merging, no
+        #: inline files) and incremental, so the recovery falls back past several
+        #: damaged keys and its replay meets them again by content (drawn apart)
+        self.cleanup_rng = random.Random(seed ^ 0xC1EA)
+        self.cleanup = self.cleanup_rng.random() < 0.3
+        if self.cleanup:
+            self.setup = replace(self.setup, incremental=True, memory_threshold=0)
+            self.uploads = replace(self.uploads, file_merging=False)
         self.violations: list[Violation] = []
         self.objects = SimObjects()
         self.table = SimObjects()  # the Parquet table's bucket
@@ -1274,6 +1310,9 @@ class JobWorld(Judged):
         fenced = job.storage.inner  # type: ignore[attr-defined]
         fenced.inner, checked_gate = self.fence(storage, fenced.gate, life)
 
+        if isinstance(fenced.inner, DriverStorage):
+            fenced.inner.observe = lambda op, keys: self.check_forgotten(life, op, keys)
+
         def gate() -> None:
             checked_gate()
             self.check_validity(lease, life)
@@ -1337,17 +1376,38 @@ class JobWorld(Judged):
                          f"{now - renewed:.1f} s after its last successful heartbeat "
                          f"(validity {TTL_S - MAX_WRITE_S:g} s)")
 
+    def check_forgotten(self, life: str, op: str, keys: list[str]) -> None:
+        """``job-control``: a driver life never answers a request whose request object it
+        deleted itself (its clean-up of answered requests keeps those it still acts on:
+        were the requester's "expired" answer deleted, the driver's answer would land as
+        a second one). Judged from the writes the life issued (the world's view)."""
+        prefix = LAYOUT.control_prefix
+        for key in keys:
+            if not key.startswith(prefix) or not key.endswith(".json"):
+                continue
+            if op == "delete" and not key.endswith(".result.json"):
+                self._forgotten.add((life, key[len(prefix):-len(".json")]))
+            elif op == "put" and key.endswith(".result.json") \
+                    and (life, request_id := key[len(prefix):-len(".result.json")]) \
+                    in self._forgotten:
+                self.violate(CONTROL, f"{life} answers request {request_id}, which its own "
+                             "clean-up deleted (it still acted on it: its answer lands as a "
+                             "second one, after the requester's)")
+
     def check_one_holder(self, lease: JobLease, life: str, tag: str) -> None:
-        """``job-one-holder``: a driver's lease gate passes only while the stored record
-        of its epoch is its own claim (written by its storage view: the world's ground
-        truth, not the record the driver believes it wrote). Two claimants of one epoch
-        must never both write as its holder: of two claims of one epoch one fails."""
+        """``job-one-holder``: a holder's lease gate (its epoch the newest ever seen)
+        passes only while the stored record of its epoch is its own claim (written by its
+        storage view: the world's ground truth, not the record the driver believes it
+        wrote). Two claimants of one epoch must never both write as its holder: of two
+        claims of one epoch one fails. (A deposed holder's epoch may be claimed again by
+        a late claim PUT landing after the sweep: its confirm stops it, judged apart.)"""
         record = lease.record
-        stored = self.objects.objects.get(lease_key(LAYOUT.lease_prefix, record.epoch)) \
-            if record is not None else None
+        if record is None or record.epoch != max(self._epochs_seen, default=0):
+            return  # deposed: its confirm stops it (a claim of its epoch may land late)
+        stored = self.objects.objects.get(lease_key(LAYOUT.lease_prefix, record.epoch))
         if stored is not None and stored.writer != tag:
             self.violate(ONE_HOLDER, f"{life}'s lease gate passed as the holder of epoch "
-                         f"{record.epoch if record else '?'}, whose record {stored.writer} "
+                         f"{record.epoch}, whose record {stored.writer} "
                          "wrote (two holders of one epoch)")
 
     def before_claim(self) -> None:
@@ -1596,7 +1656,8 @@ class JobWorld(Judged):
         an older retained checkpoint or a savepoint (an operator restoring one on
         purpose)."""
         if self.rng.random() >= self.setup.explicit_p and not (
-                self.floor_strike and self.strike_rng.random() < 0.4):
+                self.floor_strike and self.strike_rng.random() < 0.4) and not (
+                self.older_run and self.rerun_rng.random() < 0.8):
             return "latest"
         catalog = CheckpointCatalog(self.oracle, JOB)
         choices = [f"chk-{n}" for n in catalog.checkpoint_ids()[:-1]] + \
@@ -1611,18 +1672,27 @@ class JobWorld(Judged):
         sched = self.scheduler
         storage = SimStorage(self.objects, sched, faults=Faults(unavailable=0.02), tag="client")
         channel = ControlChannel(storage, JOB, clock=sched.wall_clock, ids=sched.uuid4)
-        for kind, retried in self._requests():
-            sched.sleep(self.retry_rng.uniform(0.0, 2.0) if retried
+        requests, again, retries = iter(self._requests()), None, 2
+        while (sent := again or next(requests, None)) is not None:
+            kind, retried = sent
+            impatient = self.impatient and kind in (SAVEPOINT, NAMED)
+            sched.sleep(self.impatience_rng.uniform(0.0, 1.0) if again
+                        else self.retry_rng.uniform(0.0, 2.0) if retried
                         else self.rng.uniform(2.0, 40.0))
+            again = None
+            # often racing the job's answer; an impatient one gives up at its timeout
+            timeout = self.impatience_rng.uniform(3.0, 8.0) if impatient \
+                else self.retention.request_timeout_s
             try:
-                request_id = self._send(channel, kind)
+                request_id = self._send(channel, kind, timeout)
             except StorageError:
                 continue
             self.requests[request_id] = kind
-            patience = self.rng.uniform(5.0, 120.0)  # often racing the job's answer
+            patience = timeout if impatient else self.rng.uniform(5.0, 120.0)
+            step = 1.0 if impatient else 5.0
             while patience > 0:
-                sched.sleep(5.0)
-                patience -= 5.0
+                sched.sleep(step)
+                patience -= step
                 try:
                     if channel.result(request_id) is not None:
                         break
@@ -1630,6 +1700,9 @@ class JobWorld(Judged):
                     continue
             else:
                 self._expire(storage, request_id)
+                if impatient and retries:  # the task is retried: it asks again
+                    again, retries = (kind, True), retries - 1
+                    self.coverage["impatient-request-retried"] += 1
 
     def _requests(self) -> Iterable[tuple[str, bool]]:
         """The seed's requests (kind, whether a retry); with the seed's
@@ -1659,17 +1732,17 @@ class JobWorld(Judged):
                              "for the only one, but the job had answered and cleaned up")
             return
 
-    def _send(self, channel: ControlChannel, kind: str) -> str:
+    def _send(self, channel: ControlChannel, kind: str, timeout_s: float) -> str:
         if kind != NEWER:
             return channel.request_savepoint(
-                stop=kind == STOP, timeout_s=self.retention.request_timeout_s,
+                stop=kind == STOP, timeout_s=timeout_s,
                 requested_by="sim",
                 savepoint_id=NAMED_SAVEPOINT if kind == NAMED else None).request_id
         # a request from a newer provider: a field this version does not know
         now = channel.clock()
         request_id = f"{int(now * 1000):013d}-{channel.ids().hex[:8]}"
         body = json.loads(ControlRequest(request_id, "savepoint", now,
-                                         now + self.retention.request_timeout_s).to_json())
+                                         now + timeout_s).to_json())
         body["priority"] = "high"
         channel.storage.put_bytes(channel.layout.control_request(request_id),
                                   json.dumps(body).encode(), create_only=True)
@@ -1682,12 +1755,7 @@ class JobWorld(Judged):
         for _ in range(self.setup.damages):
             sched.sleep(self.rng.uniform(5.0, 80.0))
             if self.fault_rng.random() < self.whole_checkpoint_p:
-                # an operator's wrong cleanup once the drivers are gone: the recovery
-                # falls back past the newest checkpoint, finding several keys damaged
-                while any(a.alive for a in sched.actors if a.name.startswith("driver")):
-                    sched.sleep(5.0)
-                for key in self._newest_checkpoint_objects():
-                    self._damage(key)
+                self._wrong_cleanup()
                 continue
             keys = sorted(k for k in self.objects.objects
                           if k.startswith(f"{JOB}/shared/") or _checkpoint_of(k) is not None
@@ -1695,6 +1763,21 @@ class JobWorld(Judged):
             if not keys:
                 continue
             self._damage(self.rng.choice(keys))
+        if self.cleanup:
+            self._wrong_cleanup()
+
+    def _wrong_cleanup(self) -> None:
+        """An operator's wrong cleanup once the drivers are gone: every object of the
+        newest checkpoint is damaged, so the recovery falls back past it, finding
+        several keys damaged."""
+        sched = self.scheduler
+        while any(a.alive for a in sched.actors if a.name.startswith("driver")):
+            sched.sleep(5.0)
+        keys = self._newest_checkpoint_objects()
+        if len(keys) > 1:
+            self.coverage["wrong-cleanup"] += 1
+        for key in keys:
+            self._damage(key)
 
     def _newest_checkpoint_objects(self) -> list[str]:
         """The objects the newest checkpoint uploaded (referenced by no older marker):
