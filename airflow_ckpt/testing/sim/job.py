@@ -771,12 +771,14 @@ class JobWorld(Judged):
                 self.setup = replace(self.setup, requests=(*self.setup.requests, SAVEPOINT))
         #: the operator's wrong cleanup: once the drivers are gone, every object of the
         #: newest checkpoint is damaged, one object per file (no file merging, no
-        #: inline files) and incremental, so the recovery falls back past several
-        #: damaged keys and its replay meets them again by content (drawn apart)
+        #: inline files), incremental, an older checkpoint retained: the recovery falls
+        #: back past several damaged keys and its replay meets them again by content
+        #: (drawn apart)
         self.cleanup_rng = random.Random(seed ^ 0xC1EA)
         self.cleanup = self.cleanup_rng.random() < 0.3
         if self.cleanup:
-            self.setup = replace(self.setup, incremental=True, memory_threshold=0)
+            self.setup = replace(self.setup, incremental=True, memory_threshold=0,
+                                 num_retained=max(2, self.setup.num_retained))
             self.uploads = replace(self.uploads, file_merging=False)
         self.violations: list[Violation] = []
         self.objects = SimObjects()
@@ -841,6 +843,7 @@ class JobWorld(Judged):
         #: life -> checkpoint ids seen when its run started from an explicit target or
         #: from scratch (its floor: its own first checkpoint, the first id not among them)
         self._run_starts: dict[str, set[int]] = {}
+        self._explicit_runs: set[str] = set()  # lives whose run started from a target
         self.scheduler.observers.append(self.check)
 
     # ------------------------------------------------------------------ ground truth
@@ -985,14 +988,17 @@ class JobWorld(Judged):
 
     def _arm_floor_strike(self, number: int, epoch: int | None) -> None:
         """With the seed's :attr:`floor_strike`: the first checkpoint marker of a live run
-        that started from an explicit target or from scratch (its floor) is struck in
-        the run's next batch (:meth:`strike_floor`)."""
+        that started from an explicit target or from scratch (its floor; with
+        :attr:`older_run`, from an explicit target only: the older run's checkpoints
+        are there to fall back to) is struck in the run's next batch
+        (:meth:`strike_floor`)."""
         if not self.floor_strike or epoch is None:
             return
         for job in self.jobs:
             before = self._run_starts.get(job.life)
             if before is None or not job.alive or job.life in self._struck \
-                    or self._life_epochs.get(job.life) != epoch or number in before:
+                    or self._life_epochs.get(job.life) != epoch or number in before \
+                    or (self.older_run and job.life not in self._explicit_runs):
                 continue
             self._struck.add(job.life)
             job.spark.strike = number  # type: ignore[attr-defined]
@@ -1172,6 +1178,8 @@ class JobWorld(Judged):
             self._restored_from[job.life] = restored_id
         if job.restores == 1 and (target != "latest" or restored.manifest is None):
             self._run_starts[job.life] = set(self._marker_epochs)
+            if target != "latest":
+                self._explicit_runs.add(job.life)
         elif job.restores > 1 and job.life in self._run_starts:
             self._check_run_floor(job, restored_id)
         record = job.lease.record
@@ -1680,6 +1688,8 @@ class JobWorld(Judged):
                         else self.retry_rng.uniform(0.0, 2.0) if retried
                         else self.rng.uniform(2.0, 40.0))
             again = None
+            if impatient:
+                self._wait_for_a_running_job()
             # often racing the job's answer; an impatient one gives up at its timeout
             timeout = self.impatience_rng.uniform(3.0, 8.0) if impatient \
                 else self.retention.request_timeout_s
@@ -1703,6 +1713,15 @@ class JobWorld(Judged):
                 if impatient and retries:  # the task is retried: it asks again
                     again, retries = (kind, True), retries - 1
                     self.coverage["impatient-request-retried"] += 1
+
+    def _wait_for_a_running_job(self) -> None:
+        """An impatient requester asks a running job (as ``ensure_job_running`` makes
+        sure): it waits (a while) until a live driver's query runs."""
+        deadline = self.scheduler.now + 300.0
+        while self.scheduler.now < deadline and not any(
+                job.alive and job.coordinator is not None and job.lease.failure is None
+                for job in self.jobs):
+            self.scheduler.sleep(1.0)
 
     def _requests(self) -> Iterable[tuple[str, bool]]:
         """The seed's requests (kind, whether a retry); with the seed's
