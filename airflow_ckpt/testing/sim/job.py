@@ -1680,7 +1680,7 @@ class JobWorld(Judged):
         sched = self.scheduler
         storage = SimStorage(self.objects, sched, faults=Faults(unavailable=0.02), tag="client")
         channel = ControlChannel(storage, JOB, clock=sched.wall_clock, ids=sched.uuid4)
-        requests, again, retries = iter(self._requests()), None, 2
+        requests, again, retries = iter(self._requests()), None, 4
         while (sent := again or next(requests, None)) is not None:
             kind, retried = sent
             impatient = self.impatient and kind in (SAVEPOINT, NAMED)
@@ -1691,7 +1691,7 @@ class JobWorld(Judged):
             if impatient:
                 self._wait_for_a_running_job()
             # often racing the job's answer; an impatient one gives up at its timeout
-            timeout = self.impatience_rng.uniform(3.0, 8.0) if impatient \
+            timeout = self.impatience_rng.uniform(1.0, 6.0) if impatient \
                 else self.retention.request_timeout_s
             try:
                 request_id = self._send(channel, kind, timeout)
