@@ -5,7 +5,11 @@ over it, against a ground truth (issue 25 items A and C).
 drivers started together, claimants pausing between judging the lease free and
 claiming it (``lease.before_claim``) or before deleting the older epochs' records
 (``lease.after_claim``), heartbeat threads stalling (``lease.before_beat``)
-and hosts suspended mid-write (their gate passes while a successor took over).
+and hosts suspended mid-write (their gate passes while a successor took over). The
+**claim race** (:class:`ClaimRace`, drawn apart too): two claimants meeting at
+``lease.before_claim`` (both judge the same state and claim the same epoch), and claim
+PUTs held in the network (landing after the winner's takeover, or after a successor's
+sweep: a record created again behind newer ones).
 
 2-4 drivers of one job (each on its own host, clocks skewed), started together or late,
 each a process that may run 1-3 *lives* (a retried Airflow task: a driver that met
@@ -42,7 +46,12 @@ expires its request when it gives up (``expire_request``). An executor may be lo
 while a checkpoint uploads (:class:`Uploads`: the checkpoint is cancelled with its files
 durable, and the restarted query replays content-equal files), and in some seeds the
 vandal strikes the first checkpoint of a run that started from an explicit target or
-from scratch while an executor is lost in its next batch (:meth:`JobWorld.strike_floor`).
+from scratch while an executor is lost in its next batch (:meth:`JobWorld.strike_floor`;
+with :attr:`JobWorld.older_run`, a later run restores an older checkpoint on purpose
+and only such runs are struck). Each drawn from a generator of its own: an operator's
+wrong cleanup damages every object of the newest checkpoint once the drivers are gone
+(:attr:`JobWorld.cleanup`), and an impatient requester gives up at its request's short
+timeout and asks again at once (:attr:`JobWorld.impatient`).
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
@@ -78,7 +87,8 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   savepoint taken after its request was made (a second request for the same savepoint
   id is never answered with the first one's); an answered request is not acted on
   again (its savepoint events stored after the answer: at most one per query run
-  started before it);
+  started before it); a driver life never answers a request whose request object its
+  own clean-up deleted (judged from the writes it issued);
 * ``job-driver-error``: a driver life ends finished, stopped, or of a lost lease, an
   unreachable storage, spent restarts or a documented refusal - never of anything else
   (e.g. ``CorruptCheckpointError`` from its sink: a wedged job);
@@ -105,6 +115,9 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   from it (as the world saw it: after its mark is durable), it is not the newest
   history savepoint seen, and at least ``savepoint.history.max.count`` newer history
   savepoints were seen (:class:`Retention`, drawn from a generator of its own);
+* ``job-one-holder``: a holder's lease gate passes only while the stored record of its
+  epoch is its own claim (the store's writer of that record: two claimants of one
+  epoch never both write as its holder);
 * ``job-cut-off``: no schedule is cut off at the step limit (a driver stuck on
   something; counted and reported);
 * ``job-marker-resurrected``: a checkpoint whose ``_metadata`` was deleted (subsumed)
