@@ -661,7 +661,7 @@ class JobSpark(simquery.SimulatedSpark):
     virtual time."""
 
     def __init__(self, world: JobWorld) -> None:
-        super().__init__(lambda batch: world.scheduler.sleep(world.rng.uniform(0.2, 3.0)))
+        super().__init__(lambda batch: world.scheduler.sleep(world.batch_time()))
         self.world = world
         self.running: JobQuery | None = None  # the query started last
         self.strike: int | None = None  # a floor strike in the next batch: its checkpoint
@@ -1704,7 +1704,7 @@ class JobWorld(Judged):
             if impatient:
                 self._wait_for_a_running_job()
             # often racing the job's answer; an impatient one gives up at its timeout
-            timeout = self.impatience_rng.uniform(1.0, 6.0) if impatient \
+            timeout = self.impatience_rng.uniform(1.0, 10.0) if impatient \
                 else self.retention.request_timeout_s
             try:
                 request_id = self._send(channel, kind, timeout)
@@ -1726,6 +1726,14 @@ class JobWorld(Judged):
                 if impatient and retries:  # the task is retried: it asks again
                     again, retries = (kind, True), retries - 1
                     self.coverage["impatient-request-retried"] += 1
+
+    def batch_time(self) -> float:
+        """How long a batch takes (virtual seconds); with :attr:`impatient`, batches are
+        slow (a straggler executor): a savepoint triggered at one look completes after
+        the next batch, while the requester's retry rings for another look."""
+        if self.impatient:
+            return self.impatience_rng.uniform(1.0, 8.0)
+        return self.rng.uniform(0.2, 3.0)
 
     def _wait_for_a_running_job(self) -> None:
         """An impatient requester asks a running job (as ``ensure_job_running`` makes
