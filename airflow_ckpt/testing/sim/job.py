@@ -763,11 +763,11 @@ class JobWorld(Judged):
         self._waited: set[str] = set()  # claimants that waited for a waking holder
         self.floor_strike = self.strike_rng.random() < 0.3
         self._struck: set[str] = set()  # lives whose first checkpoint was struck
-        #: with the floor strike, a later run restores an older checkpoint on purpose
-        #: while the older run's newer ones are retained (num-retained >= 2): what a
-        #: fallback below the floor would resume (drawn apart)
+        #: a later run restores an older checkpoint on purpose while the older run's
+        #: newer ones are retained (num-retained >= 2), and its first checkpoint is
+        #: struck: what a fallback below the floor would resume (drawn apart)
         self.rerun_rng = random.Random(seed ^ 0xF101)
-        self.older_run = self.floor_strike and self.rerun_rng.random() < 0.7
+        self.older_run = self.rerun_rng.random() < 0.4
         if self.older_run:
             self.setup = replace(self.setup, num_retained=max(2, self.setup.num_retained),
                                  lives=max(2, self.setup.lives))
@@ -1005,7 +1005,7 @@ class JobWorld(Judged):
         :attr:`older_run`, from an explicit target only: the older run's checkpoints
         are there to fall back to) is struck in the run's next batch
         (:meth:`strike_floor`)."""
-        if not self.floor_strike or epoch is None:
+        if not (self.floor_strike or self.older_run) or epoch is None:
             return
         for job in self.jobs:
             before = self._run_starts.get(job.life)
