@@ -117,6 +117,23 @@ def test_the_restored_checkpoint_is_pinned_until_the_run_has_its_own(tmp_path: P
     assert not storage.exists(L.shared_file("aa1"))
 
 
+def test_the_restored_checkpoint_is_never_swept_when_it_no_longer_counts(
+    tmp_path: Path,
+) -> None:
+    """Found by the job world (seed 108, session 14): an operator restored chk-4, which
+    counted when chosen; the takeover then adopted chk-8, whose retention floor (6)
+    leaves chk-4 below it, so the run's own ``recover`` swept chk-4 as never completed:
+    the run's base gone before it had a checkpoint of its own (``job-retention``)."""
+    storage = open_storage((tmp_path / "s").as_uri())
+    put_checkpoint(storage, 4, ["aa1"])
+    put_checkpoint(storage, 6, ["bb1"])
+    put_checkpoint(storage, 8, ["cc1"], retention_floor=6)
+    store = CompletedCheckpointStore(storage, "j", num_retained=2)
+    assert store.recover(pinned=4) == 9
+    assert storage.exists(L.checkpoint_metadata(4)), "the run's restored base was swept"
+    assert [m.checkpoint_id for m in store.retained] == [6, 8]
+
+
 def test_a_damaged_marker_is_not_retained_and_fails_no_driver(tmp_path: Path) -> None:
     """Found by the job world of the simulation (seed 6): a vandalised ``_metadata``
     made ``recover`` raise ``MetadataError`` in every later driver (the job wedged for

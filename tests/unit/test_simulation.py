@@ -208,7 +208,9 @@ def test_the_sink_world_reaches_its_cases() -> None:
 def test_the_job_world_reaches_its_cases() -> None:
     """The real CheckpointedJob's components run in the job world, over non-empty
     sets, and most schedules have a second lease holder."""
-    result = explore(range(60), worlds=["job"])
+    # 64 seeds since session 14's draws (`leasemut`): the first late copy of a
+    # subsumed marker is at seed 63 (52 was redrawn)
+    result = explore(range(64), worlds=["job"])
     seen = result.coverage["job"].components
     for case in ("gc-shared-files", "subsumed", "outage-ridden", "parquet-sink",
                  "control-answered", "newer-request-refused", "holder-deposed-alive",
@@ -227,33 +229,37 @@ def test_a_deposed_driver_never_restores_after_a_query_failure() -> None:
     restore=latest (its next write then stopped it). A driver now confirms its lease
     before it records a restart or restores; deposed, it stops there. Since the
     post-claim look became a heartbeat the story is at seed 100137 (without the
-    confirm: ``job-older-state``; seeds 100137 and 100440 of 100000-101499)."""
-    outcome = run_job_seed(100137)
+    confirm: ``job-older-state``; seeds 100137 and 100440 of 100000-101499); since
+    session 14's draws (the claim race, the impatient requester, the older run) at seed
+    101355 (without the confirm: ``job-older-state``; the only one of 100000-101499)."""
+    outcome = run_job_seed(101355)
     assert outcome.violations == [], format_outcome(outcome, 40)
 
 
 def test_a_subsumed_checkpoint_never_reappears() -> None:
-    """A late copy of a subsumed marker lands (seed 11) and no reader counts it; under
+    """A late copy of a subsumed marker lands (seed 63) and no reader counts it; under
     the mutants ``reader-ignores-retention-floor`` and ``floor-below-retained`` this
-    seed breaks ``job-marker-resurrected`` (make mutants, session 14)."""
-    # 11 since one listing of lease/ per takeover (session 14); 14 since the post-claim
+    seed breaks ``job-marker-resurrected`` (both also at seeds 52 and 150 of 0-199)."""
+    # 63 since session 14's claim race (`leasemut`); 11 since one listing of lease/ per
+    # takeover (session 14); 14 since the post-claim
     # look became a heartbeat (session 13); 11 again after session 13's merges, 183
     # until the sinks' fewer requests (issue 26), 129 until the savepoint history
     # (issue 26), 29 until the lease contention (session 11), 45 before
-    outcome = run_job_seed(11)
+    outcome = run_job_seed(63)
     assert MARKER_RESURRECTED not in {v.invariant for v in outcome.violations}, \
         format_outcome(outcome, 40)
     assert outcome.coverage.components["marker-resurrected"] > 0  # it did land
 
 
 def test_a_run_whose_only_checkpoint_marker_was_deleted_never_starts_from_scratch() -> None:
-    """Seed 39 (14 before session 14's one listing per takeover, 155 before session
-    13's draws, 153 before the sink's requests were cut; the mutant ``job-drops-floor``
-    fails at seed 39 with ``job-older-state``): a run that found nothing to restore
-    completes a checkpoint, the vandal deletes its marker, and the in-process restart
-    must refuse (``RestoreError``), not replay the sources from scratch over the output
-    it published."""
-    outcome = run_job_seed(39)
+    """Seed 56 (39 before session 14's claim race, 14 before session 14's one listing
+    per takeover, 155 before session 13's draws, 153 before the sink's requests were
+    cut; the mutant ``job-drops-floor`` fails at seed 56 with ``job-older-state``, the
+    first of 0-199 with this story: at 41 it is the older run's): a run that found
+    nothing to restore completes a checkpoint, the vandal deletes its marker, and the
+    in-process restart must refuse (``RestoreError``), not replay the sources from
+    scratch over the output it published."""
+    outcome = run_job_seed(56)
     assert not outcome.violations, format_outcome(outcome, 40)
 
 

@@ -180,7 +180,10 @@ class CompletedCheckpointStore:
             log.info("aborted %d incomplete multipart uploads of a previous driver", aborted)
         completed = self.catalog.checkpoint_ids()
         every = self.catalog.checkpoint_ids(completed_only=False)
-        abandoned = sorted(set(every) - set(completed))
+        # The run's own base is never swept, also when it does not count (an operator's
+        # explicit target below the retention floor of markers that count since: job
+        # seed 108, session 14): a restart before the run's first checkpoint needs it.
+        abandoned = sorted(set(every) - set(completed) - {pinned})
         if abandoned:
             # A successor's marker may land between the two listings (this driver deposed,
             # its gate passing on a drifting clock): confirm before sweeping. A successor

@@ -5,7 +5,11 @@ over it, against a ground truth (issue 25 items A and C).
 drivers started together, claimants pausing between judging the lease free and
 claiming it (``lease.before_claim``) or before deleting the older epochs' records
 (``lease.after_claim``), heartbeat threads stalling (``lease.before_beat``)
-and hosts suspended mid-write (their gate passes while a successor took over).
+and hosts suspended mid-write (their gate passes while a successor took over). The
+**claim race** (:class:`ClaimRace`, drawn apart too): two claimants meeting at
+``lease.before_claim`` (both judge the same state and claim the same epoch), and claim
+PUTs held in the network (landing after the winner's takeover, or after a successor's
+sweep: a record created again behind newer ones).
 
 2-4 drivers of one job (each on its own host, clocks skewed), started together or late,
 each a process that may run 1-3 *lives* (a retried Airflow task: a driver that met
@@ -42,7 +46,12 @@ expires its request when it gives up (``expire_request``). An executor may be lo
 while a checkpoint uploads (:class:`Uploads`: the checkpoint is cancelled with its files
 durable, and the restarted query replays content-equal files), and in some seeds the
 vandal strikes the first checkpoint of a run that started from an explicit target or
-from scratch while an executor is lost in its next batch (:meth:`JobWorld.strike_floor`).
+from scratch while an executor is lost in its next batch (:meth:`JobWorld.strike_floor`;
+with :attr:`JobWorld.older_run`, a later run restores an older checkpoint on purpose
+and only such runs are struck). Each drawn from a generator of its own: an operator's
+wrong cleanup damages every object of the newest checkpoint once the drivers are gone
+(:attr:`JobWorld.cleanup`), and an impatient requester gives up at its request's short
+timeout and asks again at once (:attr:`JobWorld.impatient`).
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
@@ -78,7 +87,8 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   savepoint taken after its request was made (a second request for the same savepoint
   id is never answered with the first one's); an answered request is not acted on
   again (its savepoint events stored after the answer: at most one per query run
-  started before it);
+  started before it); a driver life never answers a request whose request object its
+  own clean-up deleted (judged from the writes it issued);
 * ``job-driver-error``: a driver life ends finished, stopped, or of a lost lease, an
   unreachable storage, spent restarts or a documented refusal - never of anything else
   (e.g. ``CorruptCheckpointError`` from its sink: a wedged job);
@@ -105,6 +115,9 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   from it (as the world saw it: after its mark is durable), it is not the newest
   history savepoint seen, and at least ``savepoint.history.max.count`` newer history
   savepoints were seen (:class:`Retention`, drawn from a generator of its own);
+* ``job-one-holder``: a holder's lease gate passes only while the stored record of its
+  epoch is its own claim (the store's writer of that record: two claimants of one
+  epoch never both write as its holder);
 * ``job-cut-off``: no schedule is cut off at the step limit (a driver stuck on
   something; counted and reported);
 * ``job-marker-resurrected``: a checkpoint whose ``_metadata`` was deleted (subsumed)
@@ -132,7 +145,7 @@ import tempfile
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +173,12 @@ from airflow_ckpt.runtime.control.savepoints import expire_request
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.job import checkpointed_job as job_module
 from airflow_ckpt.runtime.lease.holder import JobLease
-from airflow_ckpt.runtime.lease.record import lease_epochs, read_lease, valid_checkpoint_ids
+from airflow_ckpt.runtime.lease.record import (
+    lease_epochs,
+    lease_key,
+    read_lease,
+    valid_checkpoint_ids,
+)
 from airflow_ckpt.runtime.restore.choose import RestoreResult
 from airflow_ckpt.runtime.restore.materialize import materialize
 from airflow_ckpt.runtime.sinks import JsonLinesSink, TwoPhaseCommitSink
@@ -218,10 +236,12 @@ UNCOUNTED = "job-uncounted"
 RENEWED_DEPOSED = "job-renewed-deposed"
 GC_DAMAGE = "job-gc-damage"
 SAVEPOINT_KEPT = "job-savepoint-kept"
+ONE_HOLDER = "job-one-holder"
 INVARIANTS = (JOB_OUTPUT, UNCOVERED_COMMIT, CHECKPOINT_CHANGED, CHECKPOINT_VERIFIES,
               DAMAGED_REFERENCE, OLDER_STATE, CONTROL, DRIVER_ERROR, CUT_OFF,
               MARKER_RESURRECTED, RESTORED_UNCOUNTED, RETENTION, UNGATED_WRITE,
-              WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED, GC_DAMAGE, SAVEPOINT_KEPT)
+              WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED, GC_DAMAGE, SAVEPOINT_KEPT,
+              ONE_HOLDER)
 #: invariants the runtime still breaks (a defect found, not fixed yet): reported by every
 #: run, not failed on by the seeds of ``make test`` (see docs/architecture.md)
 KNOWN_DEFECTS: frozenset[str] = frozenset()
@@ -422,23 +442,64 @@ class Landings:
                 f"control deletes p {self.control_delete_p}")
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimRace:
+    """Two claimants of one epoch (issue 25, the lease group), drawn from a generator of
+    its own (other seeds keep their schedules): a claimant at ``lease.before_claim``
+    (judged the lease free) waits there for another driver to judge it free too, so both
+    judge the same state and claim the same epoch (the create-only claim makes one
+    lose); and a claim PUT held in the network (it lands after its caller gave up:
+    after the winner's takeover, or after a successor deleted the older records, a
+    record created again behind the newer ones)."""
+
+    rendezvous: bool  # a claimant waits for a second one before claiming
+    late_p: float  # chance per claim PUT: held in the network
+    hold_s: tuple[float, float]
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> ClaimRace:
+        return cls(rng.random() < 0.5, rng.choice((0.0, 0.3, 0.6)),
+                   rng.choice(((1.0, 8.0), (5.0, HOLD_S))))
+
+    def hold(self, rng: random.Random, key: str, if_match: str | None) -> float | None:
+        """How long the network holds this write: a claim (a lease record's PUT that is
+        not a swap of the holder's own version)."""
+        if if_match is None and key.startswith(LAYOUT.lease_prefix) \
+                and key[len(LAYOUT.lease_prefix):-5].isdigit() and key.endswith(".json") \
+                and rng.random() < self.late_p:
+            return rng.uniform(*self.hold_s)
+        return None
+
+    def describe(self) -> str:
+        return (f"claim race: rendezvous {self.rendezvous}, late claims p {self.late_p} "
+                f"held {list(self.hold_s)} s")
+
+
 class DriverStorage(SimStorage):
-    """A driver's view whose writes :class:`Landings` picks land late: the caller meets
-    ``OutcomeUnknownError`` and the request is applied (its conditions judged then) when
-    the network delivers it."""
+    """A driver's view whose writes :class:`Landings` and :class:`ClaimRace` pick land
+    late: the caller meets ``OutcomeUnknownError`` and the request is applied (its
+    conditions judged then) when the network delivers it."""
 
     landings: Landings
     rng: random.Random
+    race: ClaimRace
+    race_rng: random.Random
+    #: told of every write this view issues (op, keys), before it is sent
+    observe: Callable[[str, list[str]], None] | None = None
 
     def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
         view = DriverStorage(self.store, self.scheduler, faults=self.faults, tag=self.tag)
         view.landings, view.rng, view.checked = self.landings, self.rng, check
+        view.race, view.race_rng = self.race, self.race_rng
         return view
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:
         op = "put" + (" create-only" if create_only else "") + (" if-match" if if_match else "")
-        hold = self.landings.hold(self.rng, op, key)
+        if self.observe is not None:
+            self.observe("put", [key])
+        hold = self.race.hold(self.race_rng, key, if_match)
+        hold = self.landings.hold(self.rng, op, key) if hold is None else hold
         if hold is None or self.scheduler.current() is None:
             return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
         return self._late(op, key, hold, lambda: self.store.put(
@@ -447,6 +508,8 @@ class DriverStorage(SimStorage):
 
     def delete_many(self, keys: Iterable[str]) -> None:
         keys = list(keys)
+        if self.observe is not None:
+            self.observe("delete", keys)
         hold = self.landings.hold(self.rng, "delete", keys[0]) if keys else None
         if hold is None or self.scheduler.current() is None:
             super().delete_many(keys)
@@ -598,7 +661,7 @@ class JobSpark(simquery.SimulatedSpark):
     virtual time."""
 
     def __init__(self, world: JobWorld) -> None:
-        super().__init__(lambda batch: world.scheduler.sleep(world.rng.uniform(0.2, 3.0)))
+        super().__init__(lambda batch: world.scheduler.sleep(world.batch_time()))
         self.world = world
         self.running: JobQuery | None = None  # the query started last
         self.strike: int | None = None  # a floor strike in the next batch: its checkpoint
@@ -689,11 +752,47 @@ class JobWorld(Judged):
         #: a request for the named savepoint sent again by a retried task (drawn apart)
         self.retry_rng = random.Random(seed ^ 0x2E72)
         self.retry_named_p = self.retry_rng.choice((0.0, 0.5, 1.0))
+        #: two claimants of one epoch, claim PUTs landing late (drawn apart)
+        self.claim_race_rng = random.Random(seed ^ 0xC1A5)
+        self.claim_race = ClaimRace.draw(self.claim_race_rng)
+        self._rendezvous: set[str] = set()  # claimants waiting at lease.before_claim
+        #: (life, request id) of the requests whose request object a life deleted
+        self._forgotten: set[tuple[str, str]] = set()
         #: host -> when it wakes from a suspension before a completion marker (true time)
         self.waking: dict[str, float] = {}
         self._waited: set[str] = set()  # claimants that waited for a waking holder
         self.floor_strike = self.strike_rng.random() < 0.3
         self._struck: set[str] = set()  # lives whose first checkpoint was struck
+        #: a later run restores an older checkpoint on purpose while the older run's
+        #: newer ones are retained (num-retained >= 2), and its first checkpoint is
+        #: struck: what a fallback below the floor would resume (drawn apart)
+        self.rerun_rng = random.Random(seed ^ 0xF101)
+        self.older_run = self.rerun_rng.random() < 0.4
+        if self.older_run:
+            self.setup = replace(self.setup, num_retained=max(2, self.setup.num_retained),
+                                 lives=max(2, self.setup.lives))
+        #: a requester that gives up on its savepoint request soon (a short Airflow task
+        #: timeout: the request's own timeout) and is retried at once, its retry's
+        #: doorbell making the driver look (and clean up answered requests, the job
+        #: keeping none past its expiry) while the first request's savepoint is still in
+        #: flight (drawn apart)
+        self.impatience_rng = random.Random(seed ^ 0x1A7A)
+        self.impatient = self.impatience_rng.random() < 0.4
+        if self.impatient:
+            self.retention = replace(self.retention, answer_retention_s=0.0)
+            if not {SAVEPOINT, NAMED} & set(self.setup.requests):
+                self.setup = replace(self.setup, requests=(*self.setup.requests, SAVEPOINT))
+        #: the operator's wrong cleanup: once the drivers are gone, every object of the
+        #: newest checkpoint is damaged, one object per file (no file merging, no
+        #: inline files), incremental, an older checkpoint retained: the recovery falls
+        #: back past several damaged keys and its replay meets them again by content
+        #: (drawn apart)
+        self.cleanup_rng = random.Random(seed ^ 0xC1EA)
+        self.cleanup = self.cleanup_rng.random() < 0.3
+        if self.cleanup:
+            self.setup = replace(self.setup, incremental=True, memory_threshold=0,
+                                 num_retained=max(2, self.setup.num_retained))
+            self.uploads = replace(self.uploads, file_merging=False)
         self.violations: list[Violation] = []
         self.objects = SimObjects()
         self.table = SimObjects()  # the Parquet table's bucket
@@ -757,6 +856,7 @@ class JobWorld(Judged):
         #: life -> checkpoint ids seen when its run started from an explicit target or
         #: from scratch (its floor: its own first checkpoint, the first id not among them)
         self._run_starts: dict[str, set[int]] = {}
+        self._explicit_runs: set[str] = set()  # lives whose run started from a target
         self.scheduler.observers.append(self.check)
 
     # ------------------------------------------------------------------ ground truth
@@ -901,14 +1001,17 @@ class JobWorld(Judged):
 
     def _arm_floor_strike(self, number: int, epoch: int | None) -> None:
         """With the seed's :attr:`floor_strike`: the first checkpoint marker of a live run
-        that started from an explicit target or from scratch (its floor) is struck in
-        the run's next batch (:meth:`strike_floor`)."""
-        if not self.floor_strike or epoch is None:
+        that started from an explicit target or from scratch (its floor; with
+        :attr:`older_run`, from an explicit target only: the older run's checkpoints
+        are there to fall back to) is struck in the run's next batch
+        (:meth:`strike_floor`)."""
+        if not (self.floor_strike or self.older_run) or epoch is None:
             return
         for job in self.jobs:
             before = self._run_starts.get(job.life)
             if before is None or not job.alive or job.life in self._struck \
-                    or self._life_epochs.get(job.life) != epoch or number in before:
+                    or self._life_epochs.get(job.life) != epoch or number in before \
+                    or (self.older_run and job.life not in self._explicit_runs):
                 continue
             self._struck.add(job.life)
             job.spark.strike = number  # type: ignore[attr-defined]
@@ -1088,6 +1191,8 @@ class JobWorld(Judged):
             self._restored_from[job.life] = restored_id
         if job.restores == 1 and (target != "latest" or restored.manifest is None):
             self._run_starts[job.life] = set(self._marker_epochs)
+            if target != "latest":
+                self._explicit_runs.add(job.life)
         elif job.restores > 1 and job.life in self._run_starts:
             self._check_run_floor(job, restored_id)
         record = job.lease.record
@@ -1226,9 +1331,13 @@ class JobWorld(Judged):
         fenced = job.storage.inner  # type: ignore[attr-defined]
         fenced.inner, checked_gate = self.fence(storage, fenced.gate, life)
 
+        if isinstance(fenced.inner, DriverStorage):
+            fenced.inner.observe = lambda op, keys: self.check_forgotten(life, op, keys)
+
         def gate() -> None:
             checked_gate()
             self.check_validity(lease, life)
+            self.check_one_holder(lease, life, storage.tag)
         fenced.gate = gate
         job.history.clock, job.history.ids = sched.wall_clock, sched.uuid4
         job.history.compaction = None
@@ -1288,6 +1397,40 @@ class JobWorld(Judged):
                          f"{now - renewed:.1f} s after its last successful heartbeat "
                          f"(validity {TTL_S - MAX_WRITE_S:g} s)")
 
+    def check_forgotten(self, life: str, op: str, keys: list[str]) -> None:
+        """``job-control``: a driver life never answers a request whose request object it
+        deleted itself (its clean-up of answered requests keeps those it still acts on:
+        were the requester's "expired" answer deleted, the driver's answer would land as
+        a second one). Judged from the writes the life issued (the world's view)."""
+        prefix = LAYOUT.control_prefix
+        for key in keys:
+            if not key.startswith(prefix) or not key.endswith(".json"):
+                continue
+            if op == "delete" and not key.endswith(".result.json"):
+                self._forgotten.add((life, key[len(prefix):-len(".json")]))
+            elif op == "put" and key.endswith(".result.json") \
+                    and (life, request_id := key[len(prefix):-len(".result.json")]) \
+                    in self._forgotten:
+                self.violate(CONTROL, f"{life} answers request {request_id}, which its own "
+                             "clean-up deleted (it still acted on it: its answer lands as a "
+                             "second one, after the requester's)")
+
+    def check_one_holder(self, lease: JobLease, life: str, tag: str) -> None:
+        """``job-one-holder``: a holder's lease gate (its epoch the newest ever seen)
+        passes only while the stored record of its epoch is its own claim (written by its
+        storage view: the world's ground truth, not the record the driver believes it
+        wrote). Two claimants of one epoch must never both write as its holder: of two
+        claims of one epoch one fails. (A deposed holder's epoch may be claimed again by
+        a late claim PUT landing after the sweep: its confirm stops it, judged apart.)"""
+        record = lease.record
+        if record is None or record.epoch != max(self._epochs_seen, default=0):
+            return  # deposed: its confirm stops it (a claim of its epoch may land late)
+        stored = self.objects.objects.get(lease_key(LAYOUT.lease_prefix, record.epoch))
+        if stored is not None and stored.writer != tag:
+            self.violate(ONE_HOLDER, f"{life}'s lease gate passed as the holder of epoch "
+                         f"{record.epoch}, whose record {stored.writer} "
+                         "wrote (two holders of one epoch)")
+
     def before_claim(self) -> None:
         """At ``lease.before_claim`` (a driver judged the lease free, has not claimed):
         with the seed's chance, the claimant stops a while, so that other drivers judge
@@ -1297,11 +1440,30 @@ class JobWorld(Judged):
         if actor is None or not actor.name.startswith("driver"):
             return
         self._wait_for_a_waking_holder(actor)
-        if rng.random() >= self.contention.claim_pause_p:
+        if rng.random() < self.contention.claim_pause_p:
+            self.coverage["claim-paused"] += 1
+            self.scheduler.log("pauses between judging the lease free and claiming it")
+            self.scheduler.sleep(rng.uniform(*self.contention.claim_pause_s))
+        self._meet_a_second_claimant(actor)
+
+    def _meet_a_second_claimant(self, actor: Actor) -> None:
+        """With the seed's :class:`ClaimRace`: the first claimant here waits (a while)
+        for a second one; the second releases it, and both go on to claim the same
+        epoch from the same judgement."""
+        if not self.claim_race.rendezvous or self.recovering:
             return
-        self.coverage["claim-paused"] += 1
-        self.scheduler.log("pauses between judging the lease free and claiming it")
-        self.scheduler.sleep(rng.uniform(*self.contention.claim_pause_s))
+        if self._rendezvous:
+            self._rendezvous.clear()  # releases the waiting one
+            self.coverage["claims-met"] += 1
+            self.scheduler.log("meets a claimant that judged the lease free too")
+            return
+        self._rendezvous.add(actor.name)
+        deadline = self.scheduler.now + self.claim_race_rng.uniform(HEARTBEAT_S, TTL_S)
+        try:
+            while actor.name in self._rendezvous and self.scheduler.now < deadline:
+                self.scheduler.sleep(0.05)
+        finally:
+            self._rendezvous.discard(actor.name)
 
     def _wait_for_a_waking_holder(self, actor: Actor) -> None:
         """The rarest takeover made common: while another driver's host is suspended
@@ -1495,6 +1657,7 @@ class JobWorld(Judged):
         host = Host(f"driver-{number}", setup.skews[number - 1], setup.rates[number - 1])
         storage = DriverStorage(self.objects, sched, faults=setup.faults, tag=f"driver-{number}")
         storage.landings, storage.rng = self.landings, self.landings_rng
+        storage.race, storage.race_rng = self.claim_race, self.claim_race_rng
 
         def program() -> None:
             if not setup.together and not self.contention.together:
@@ -1514,7 +1677,8 @@ class JobWorld(Judged):
         an older retained checkpoint or a savepoint (an operator restoring one on
         purpose)."""
         if self.rng.random() >= self.setup.explicit_p and not (
-                self.floor_strike and self.strike_rng.random() < 0.4):
+                self.floor_strike and self.strike_rng.random() < 0.4) and not (
+                self.older_run and self.rerun_rng.random() < 0.8):
             return "latest"
         catalog = CheckpointCatalog(self.oracle, JOB)
         choices = [f"chk-{n}" for n in catalog.checkpoint_ids()[:-1]] + \
@@ -1529,18 +1693,29 @@ class JobWorld(Judged):
         sched = self.scheduler
         storage = SimStorage(self.objects, sched, faults=Faults(unavailable=0.02), tag="client")
         channel = ControlChannel(storage, JOB, clock=sched.wall_clock, ids=sched.uuid4)
-        for kind, retried in self._requests():
-            sched.sleep(self.retry_rng.uniform(0.0, 2.0) if retried
+        requests, again, retries = iter(self._requests()), None, 4
+        while (sent := again or next(requests, None)) is not None:
+            kind, retried = sent
+            impatient = self.impatient and kind in (SAVEPOINT, NAMED)
+            sched.sleep(self.impatience_rng.uniform(0.0, 1.0) if again
+                        else self.retry_rng.uniform(0.0, 2.0) if retried
                         else self.rng.uniform(2.0, 40.0))
+            again = None
+            if impatient:
+                self._wait_for_a_running_job()
+            # often racing the job's answer; an impatient one gives up at its timeout
+            timeout = self.impatience_rng.uniform(1.0, 10.0) if impatient \
+                else self.retention.request_timeout_s
             try:
-                request_id = self._send(channel, kind)
+                request_id = self._send(channel, kind, timeout)
             except StorageError:
                 continue
             self.requests[request_id] = kind
-            patience = self.rng.uniform(5.0, 120.0)  # often racing the job's answer
+            patience = timeout if impatient else self.rng.uniform(5.0, 120.0)
+            step = 1.0 if impatient else 5.0
             while patience > 0:
-                sched.sleep(5.0)
-                patience -= 5.0
+                sched.sleep(step)
+                patience -= step
                 try:
                     if channel.result(request_id) is not None:
                         break
@@ -1548,6 +1723,26 @@ class JobWorld(Judged):
                     continue
             else:
                 self._expire(storage, request_id)
+                if impatient and retries:  # the task is retried: it asks again
+                    again, retries = (kind, True), retries - 1
+                    self.coverage["impatient-request-retried"] += 1
+
+    def batch_time(self) -> float:
+        """How long a batch takes (virtual seconds); with :attr:`impatient`, batches are
+        slow (a straggler executor): a savepoint triggered at one look completes after
+        the next batch, while the requester's retry rings for another look."""
+        if self.impatient:
+            return self.impatience_rng.uniform(1.0, 8.0)
+        return self.rng.uniform(0.2, 3.0)
+
+    def _wait_for_a_running_job(self) -> None:
+        """An impatient requester asks a running job (as ``ensure_job_running`` makes
+        sure): it waits (a while) until a live driver's query runs."""
+        deadline = self.scheduler.now + 300.0
+        while self.scheduler.now < deadline and not any(
+                job.alive and job.coordinator is not None and job.lease.failure is None
+                for job in self.jobs):
+            self.scheduler.sleep(1.0)
 
     def _requests(self) -> Iterable[tuple[str, bool]]:
         """The seed's requests (kind, whether a retry); with the seed's
@@ -1577,17 +1772,17 @@ class JobWorld(Judged):
                              "for the only one, but the job had answered and cleaned up")
             return
 
-    def _send(self, channel: ControlChannel, kind: str) -> str:
+    def _send(self, channel: ControlChannel, kind: str, timeout_s: float) -> str:
         if kind != NEWER:
             return channel.request_savepoint(
-                stop=kind == STOP, timeout_s=self.retention.request_timeout_s,
+                stop=kind == STOP, timeout_s=timeout_s,
                 requested_by="sim",
                 savepoint_id=NAMED_SAVEPOINT if kind == NAMED else None).request_id
         # a request from a newer provider: a field this version does not know
         now = channel.clock()
         request_id = f"{int(now * 1000):013d}-{channel.ids().hex[:8]}"
         body = json.loads(ControlRequest(request_id, "savepoint", now,
-                                         now + self.retention.request_timeout_s).to_json())
+                                         now + timeout_s).to_json())
         body["priority"] = "high"
         channel.storage.put_bytes(channel.layout.control_request(request_id),
                                   json.dumps(body).encode(), create_only=True)
@@ -1600,12 +1795,7 @@ class JobWorld(Judged):
         for _ in range(self.setup.damages):
             sched.sleep(self.rng.uniform(5.0, 80.0))
             if self.fault_rng.random() < self.whole_checkpoint_p:
-                # an operator's wrong cleanup once the drivers are gone: the recovery
-                # falls back past the newest checkpoint, finding several keys damaged
-                while any(a.alive for a in sched.actors if a.name.startswith("driver")):
-                    sched.sleep(5.0)
-                for key in self._newest_checkpoint_objects():
-                    self._damage(key)
+                self._wrong_cleanup()
                 continue
             keys = sorted(k for k in self.objects.objects
                           if k.startswith(f"{JOB}/shared/") or _checkpoint_of(k) is not None
@@ -1613,6 +1803,21 @@ class JobWorld(Judged):
             if not keys:
                 continue
             self._damage(self.rng.choice(keys))
+        if self.cleanup:
+            self._wrong_cleanup()
+
+    def _wrong_cleanup(self) -> None:
+        """An operator's wrong cleanup once the drivers are gone: every object of the
+        newest checkpoint is damaged, so the recovery falls back past it, finding
+        several keys damaged."""
+        sched = self.scheduler
+        while any(a.alive for a in sched.actors if a.name.startswith("driver")):
+            sched.sleep(5.0)
+        keys = self._newest_checkpoint_objects()
+        if len(keys) > 1:
+            self.coverage["wrong-cleanup"] += 1
+        for key in keys:
+            self._damage(key)
 
     def _newest_checkpoint_objects(self) -> list[str]:
         """The objects the newest checkpoint uploaded (referenced by no older marker):
@@ -1800,7 +2005,8 @@ class JobWorld(Judged):
         sched = self.scheduler
         self.requests = {}
         sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}; "
-                  f"{self.retention}; {self.uploads.describe()}; {self.landings.describe()}")
+                  f"{self.retention}; {self.uploads.describe()}; {self.landings.describe()}; "
+                  f"{self.claim_race.describe()}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:
