@@ -722,7 +722,7 @@ class SimJob(CheckpointedJob):
 class JobWorld(Judged):
     """The job world of one seed (see the module doc)."""
 
-    def __init__(self, seed: int, max_steps: int = 12000) -> None:
+    def __init__(self, seed: int, max_steps: int = 30000) -> None:
         self.scheduler = Scheduler(seed, max_steps=max_steps)
         self.rng = self.scheduler.rng
         self.setup = JobSetup.draw(self.rng)
