@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.factory import open_storage
@@ -56,7 +57,7 @@ REQUEST_LOG_PATH = "/_airflow_ckpt/requests"
 class LoggedRequest:
     """One request an endpoint received: its S3 operation
     (:func:`~airflow_ckpt.testing.request_count.operation_of`), its ``/bucket/key``
-    path and the bytes of its body."""
+    path (a listing's: ``/bucket/<prefix>``) and the bytes of its body."""
 
     operation: str
     path: str
@@ -274,8 +275,12 @@ class _RequestLog:
                                       ("Content-Length", str(len(body)))])
             return [body]
         method = str(environ.get("REQUEST_METHOD", ""))
-        operation = operation_of(method, path, str(environ.get("QUERY_STRING", "")),
+        query = str(environ.get("QUERY_STRING", ""))
+        operation = operation_of(method, path, query,
                                  copy_source="HTTP_X_AMZ_COPY_SOURCE" in environ)
+        listed = parse_qs(query).get("prefix")
+        if operation.startswith("List") and listed:  # what a listing is about
+            path = f"{path.rstrip('/')}/{listed[0]}"
         size = int(environ.get("HTTP_X_AMZ_DECODED_CONTENT_LENGTH")
                    or environ.get("CONTENT_LENGTH") or 0)
         with self.lock:
