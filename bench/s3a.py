@@ -155,7 +155,7 @@ def run_query(spark: Any, input_dir: Path, location: str, endpoint_url: str | No
 
     per_batch: dict[int, list[LoggedRequest]] = {}
 
-    class Drain(StreamingQueryListener):  # type: ignore[misc]
+    class Drain(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:
             pass
 
@@ -303,11 +303,11 @@ def per_day(per_event: dict[str, float], every_s: float) -> tuple[float, float]:
     return float(sum(counts.values())), cost_per_day(counts)
 
 
-def _kinds(by_operation: dict[str, float]) -> dict[str, float]:
-    kinds: Counter[str] = Counter()
+def _kinds(by_operation: dict[str, int]) -> dict[str, float]:
+    kinds: dict[str, float] = {}
     for operation, n in by_operation.items():
-        kinds[kind_of(operation)] += n
-    return dict(kinds)
+        kinds[kind_of(operation)] = kinds.get(kind_of(operation), 0.0) + n
+    return kinds
 
 
 def _median_ms(batches: list[dict[str, Any]], key: str) -> float:
