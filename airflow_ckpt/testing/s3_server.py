@@ -144,7 +144,7 @@ class S3Endpoint:
 
     def s3a_conf(self) -> dict[str, str]:
         """Spark settings (``spark.hadoop.fs.s3a.*``) that point Hadoop's S3A at this
-        endpoint, for ``s3a://`` paths: the endpoint URL over plain HTTP, path-style
+        endpoint, for ``s3a://`` paths: the endpoint URL (TLS as its scheme says), path-style
         addressing (no per-bucket host names on 127.0.0.1), a region for SigV4 signing,
         and these keys as static credentials. No output committer is set: Spark's
         ``checkpointLocation`` is written by its ``CheckpointFileManager``, not through
@@ -153,7 +153,7 @@ class S3Endpoint:
             "fs.s3a.endpoint": self.url,
             "fs.s3a.endpoint.region": self.region_name,
             "fs.s3a.path.style.access": "true",
-            "fs.s3a.connection.ssl.enabled": "false",
+            "fs.s3a.connection.ssl.enabled": str(self.url.startswith("https:")).lower(),
             "fs.s3a.aws.credentials.provider":
                 "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
             "fs.s3a.access.key": self.access_key_id,
