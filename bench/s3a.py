@@ -24,7 +24,10 @@ Then, on the files the S3A run left in the bucket, the capture of its last batch
 * **by server-side COPY** (boto3 ``copy_object`` against the same endpoint,
   ``COPY_THREADS`` at once): every file of the batch (a full checkpoint), and only the
   files new since the previous batch's capture (incremental), plus the GETs that the
-  manifest's SHA-256 of those new files would need.
+  manifest's SHA-256 of those new files would need;
+* **restore's install** of today's capture (``HadoopWorkdir.replace_with``: copied
+  beside the working directory, renamed into place: on S3A a COPY + DELETE per file),
+  after which the state is read back and checked again.
 
 moto on 127.0.0.1 has no network latency and copies in memory, so the request counts
 are what AWS would bill while the times are a lower bound of what S3 takes (tens of ms
@@ -47,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_ckpt.runtime.checkpoint.snapshot import hidden, wanted
+from airflow_ckpt.runtime.workdir import replace_with
 from airflow_ckpt.runtime.workdir.hadoop import COPY_THREADS, HadoopWorkdir
 from airflow_ckpt.testing.jars import hadoop_aws
 from airflow_ckpt.testing.request_count import kind_of
@@ -237,7 +241,9 @@ def _parallel(fn: Any, items: Sequence[Any]) -> float:
 def measure_captures(spark: Any, endpoint: S3Endpoint, prefix: str, batch: int,
                      root: Path) -> dict[str, Any]:
     """The capture of ``batch`` from the bucket: today's (S3A list + GET to local), and
-    by server-side COPY (full and incremental), with the GETs hashing needs."""
+    by server-side COPY (full and incremental), with the GETs hashing needs; then
+    restore's install of today's capture (copied beside the working directory on S3A,
+    renamed into place)."""
     out: dict[str, Any] = {}
     drain_request_log(endpoint.url)
     workdir = HadoopWorkdir.of(spark, f"s3a://{BUCKET}/{prefix}", root / "hadoop")
@@ -270,6 +276,11 @@ def measure_captures(spark: Any, endpoint: S3Endpoint, prefix: str, batch: int,
                           "bytes": 0}
     finally:
         client.close()
+    started = time.perf_counter()  # last: it replaces the query's working directory
+    replace_with(workdir, captured.staging_dir)
+    out["restore install"] = {"s": time.perf_counter() - started, "files": len(captured.files),
+                              "bytes": out["today"]["bytes"],
+                              "requests": _by_operation(drain_request_log(endpoint.url))}
     return out
 
 
@@ -359,6 +370,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"{runs[side]['wall_s']:.1f} s")
             last = runs["s3a"]["batches"][-1]["batch"]
             captures = measure_captures(spark, endpoint, prefix, last, root)
+            if (why := check_state(spark, f"s3a://{BUCKET}/{prefix}", args.keys,
+                                   expected_rows)):
+                wrong.append(f"after restore's install: {why}")
         finally:
             spark.stop()
         state_local = _state_bytes(root / "work")
