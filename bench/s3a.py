@@ -8,12 +8,13 @@ One real query (local Spark, ``local[2]``): a keyed aggregation over Parquet fil
 checkpointing (what the examples use), the sink ``noop``, trigger ``availableNow``.
 Batch 0 loads ``--keys`` keys, each with a random ``--pad``-byte value kept in state
 (the state size); every later batch updates ``--updates`` random keys. The same query
-runs twice in one process: ``checkpointLocation`` on a local directory, then on
-``s3a://`` against moto's S3 server in its own process
+runs in one process with ``checkpointLocation`` on a local directory and on
+``s3a://`` (``--repeats`` runs of each, in alternating order, each from a fresh
+location) against moto's S3 server in its own process
 (:func:`~airflow_ckpt.testing.s3_server.s3_server_process`), which notes every request
 it receives (:func:`~airflow_ckpt.testing.s3_server.drain_request_log`): what S3A sends,
 counted at the endpoint, attributed to the batch whose progress event follows it.
-Both runs' state is read back (Spark's ``statestore`` source) and checked against the
+Every run's state is read back (Spark's ``statestore`` source) and checked against the
 input's ground truth.
 
 Then, on the files the S3A run left in the bucket, the capture of its last batch:
@@ -44,7 +45,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ from airflow_ckpt.testing.s3_server import (
     s3_server_process,
 )
 from bench.requests import DAY_S, PRICE_PER_1000, cost_per_day
-from bench.suites import Row, table, write_report
+from bench.suites import Row, paired_spread, table, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "s3a.json"
 BUCKET = "airflow-ckpt-s3a"
@@ -85,6 +86,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--batches", type=int, help="batches after the load (default 12; quick 6)")
     p.add_argument("--partitions", type=int,
                    help="shuffle (state store) partitions (default 8; quick 4)")
+    p.add_argument("--repeats", type=int,
+                   help="runs of each side, in alternating order (default 2; quick 1)")
     p.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     args = p.parse_args(argv)
     args.keys = args.keys or (20_000 if args.quick else 400_000)
@@ -92,6 +95,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args.updates = args.updates or (2_000 if args.quick else 20_000)
     args.batches = args.batches or (6 if args.quick else 12)
     args.partitions = args.partitions or (4 if args.quick else 8)
+    args.repeats = args.repeats or (1 if args.quick else 2)
     return args
 
 
@@ -288,21 +292,27 @@ def _by_operation(requests: Sequence[LoggedRequest]) -> dict[str, int]:
     return dict(Counter(r.operation for r in requests))
 
 
-def request_summary(requests: dict[int, list[tuple[str, str, int]]], steady: list[int],
-                    prefix: str) -> dict[str, Any]:
-    """Requests per steady batch: by operation, by billing kind, by area, bytes PUT."""
-    rows = [r for b in steady for r in requests.get(b, [])]
-    n = max(1, len(steady))
-    by_operation = Counter(r[0] for r in rows)
-    by_kind = Counter(kind_of(r[0]) for r in rows)
-    by_area = Counter(area_of(r[1], f"{BUCKET}/{prefix}") for r in rows)
+def request_summary(runs: Sequence[dict[str, Any]], key: str) -> dict[str, Any]:
+    """Requests per batch of ``key`` (``steady`` or ``first``) over the S3A ``runs``:
+    by operation, by billing kind, by area, bytes sent."""
+    rows: list[tuple[str, str, int]] = []
+    counts: list[int] = []
+    areas: Counter[str] = Counter()
+    for run in runs:
+        batches = run[key] if key == "steady" else [run[key]]
+        for batch in batches:
+            sent = run["requests"].get(batch["batch"], [])
+            rows.extend(sent)
+            counts.append(len(sent))
+            areas.update(area_of(r[1], f"{BUCKET}/{run['prefix']}") for r in sent)
+    n = max(1, len(counts))
     return {
         "per_batch": len(rows) / n,
-        "by_operation": {k: v / n for k, v in by_operation.most_common()},
-        "by_kind": {k: v / n for k, v in by_kind.most_common()},
-        "by_area": {k: v / n for k, v in by_area.most_common()},
+        "by_operation": {k: v / n for k, v in Counter(r[0] for r in rows).most_common()},
+        "by_kind": {k: v / n for k, v in Counter(kind_of(r[0]) for r in rows).most_common()},
+        "by_area": {k: v / n for k, v in areas.most_common()},
         "bytes_sent_per_batch": sum(r[2] for r in rows) / n,
-        "per_batch_each": [len(requests.get(b, [])) for b in steady],
+        "per_batch_each": counts,
     }
 
 
@@ -321,30 +331,102 @@ def _kinds(by_operation: dict[str, int]) -> dict[str, float]:
     return kinds
 
 
-def _median_ms(batches: list[dict[str, Any]], key: str) -> float:
+def _median_ms(batches: Iterable[dict[str, Any]], key: str) -> float:
     return statistics.median(b["ms"].get(key, 0) for b in batches)
 
 
-def rows(local: dict[str, Any], s3a: dict[str, Any]) -> list[Row]:
-    def row(metric: str, key: str) -> Row:
-        return Row("s3a", metric, "ms", "local", _median_ms(local["steady"], key), "s3a",
-                   _median_ms(s3a["steady"], key))
+def rows(local: Sequence[dict[str, Any]], s3a: Sequence[dict[str, Any]]) -> list[Row]:
+    """Medians over every steady batch of every repeat; the spread of the repeats'
+    medians paired by repeat."""
+    def row(metric: str, key: str, part: str = "steady") -> Row:
+        def medians(runs: Sequence[dict[str, Any]]) -> list[float]:
+            return [_median_ms(r[part] if part == "steady" else [r[part]], key) for r in runs]
+
+        def over(runs: Sequence[dict[str, Any]]) -> float:
+            return _median_ms([b for r in runs for b in (
+                r[part] if part == "steady" else [r[part]])], key)
+
+        return Row("s3a", metric, "ms", "local", over(local), "s3a", over(s3a),
+                   paired_spread(medians(s3a), medians(local)))
 
     return [row("batch (triggerExecution)", "triggerExecution"),
             row("batch: addBatch", "addBatch"),
             row("batch: walCommit", "walCommit"),
             row("batch: commitOffsets", "commitOffsets"),
-            Row("s3a", "load batch 0", "ms", "local", local["first"]["ms"]["triggerExecution"],
-                "s3a", s3a["first"]["ms"]["triggerExecution"])]
+            row("load batch 0", "triggerExecution", "first")]
 
 
 def _state_bytes(directory: Path) -> int:
     return sum(p.stat().st_size for p in (directory / "state").rglob("*") if p.is_file())
 
 
+def run_both(spark: Any, endpoint: S3Endpoint, root: Path, input_dir: Path,
+             args: argparse.Namespace, wrong: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """``--repeats`` runs of the query on each side, in alternating order, each from a
+    fresh checkpoint location; each run's state checked against the ground truth."""
+    expected_rows = args.keys + args.batches * args.updates
+    runs: dict[str, list[dict[str, Any]]] = {"local": [], "s3a": []}
+    for repeat in range(args.repeats):
+        prefix = f"q-{os.urandom(3).hex()}"
+        sides = [("local", str(root / f"work-{repeat}"), None),
+                 ("s3a", f"s3a://{BUCKET}/{prefix}", endpoint.url)]
+        for side, location, url in sides if repeat % 2 == 0 else reversed(sides):
+            run = run_query(spark, input_dir, location, url)
+            run.update(prefix=prefix, location=location, first=run["batches"][0],
+                       steady=run["batches"][1:])
+            if (why := check_state(spark, location, args.keys, expected_rows)):
+                wrong.append(why)
+            runs[side].append(run)
+            _log(f"repeat {repeat} {side}: {len(run['batches'])} batches in "
+                 f"{run['wall_s']:.1f} s")
+    return runs
+
+
+def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
+           captures: dict[str, Any], state_bytes: int) -> dict[str, Any]:
+    """Print the figures; the JSON document of them."""
+    requests = request_summary(runs["s3a"], "steady")
+    load = request_summary(runs["s3a"], "first")
+    batch_day = per_day(requests["by_kind"], BATCH_EVERY_S)
+    copy_day = per_day(_kinds(captures["copy incremental"]["requests"]), CHECKPOINT_EVERY_S)
+    table_rows = rows(runs["local"], runs["s3a"])
+    print(f"\nS3A vs local checkpointLocation: RocksDB state {state_bytes / 1e6:.1f} MB on "
+          f"disk ({args.keys} keys x {args.pad} B), {args.partitions} partitions, "
+          f"{args.batches} batches of {args.updates} updates, {args.repeats} repeats, "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    print(table(table_rows))
+    print(f"\nS3 requests per batch (S3A, counted at the endpoint): "
+          f"{requests['per_batch']:.0f} (each: {requests['per_batch_each']}); "
+          f"loading batch: {load['per_batch']:.0f}")
+    print("  by operation: " + ", ".join(f"{k} {v:.1f}" for k, v in
+                                         requests["by_operation"].items()))
+    print("  by area: " + ", ".join(f"{k} {v:.1f}" for k, v in requests["by_area"].items()))
+    print(f"  bytes sent per batch: {requests['bytes_sent_per_batch'] / 1e6:.2f} MB")
+    print(f"  a batch every {BATCH_EVERY_S:.0f} s: {batch_day[0]:,.0f} requests/day, "
+          f"${batch_day[1]:.2f}/day (prices per 1,000: {PRICE_PER_1000})")
+    print("\ncapture of the last batch of the last S3A run, from the bucket:")
+    for name, c in captures.items():
+        if name == "differ":
+            print(f"  files that only one of today's capture and the COPY set took: {c}")
+            continue
+        seconds = "" if c["s"] is None else f"{c['s'] * 1000:.0f} ms, "
+        print(f"  {name:<22} {seconds}{c['files']} files, {c['bytes'] / 1e6:.2f} MB, "
+              f"requests {c['requests']}")
+    print(f"  incremental COPY capture every {CHECKPOINT_EVERY_S:.0f} s: "
+          f"{copy_day[0]:,.0f} requests/day, ${copy_day[1]:.2f}/day")
+    return {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "state_bytes_local": state_bytes, "load_avg": os.getloadavg()[0],
+            "runs": {side: [{k: v for k, v in run.items() if k != "requests"} for run in rs]
+                     for side, rs in runs.items()},
+            "s3a_requests": {"steady": requests, "load": load},
+            "per_day": {"batches": batch_day, "incremental_copy_capture": copy_day,
+                        "batch_every_s": BATCH_EVERY_S,
+                        "checkpoint_every_s": CHECKPOINT_EVERY_S},
+            "captures": captures, "rows": [r.to_dict() for r in table_rows]}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    prefix = f"q-{os.urandom(3).hex()}"
     expected_rows = args.keys + args.batches * args.updates
     wrong: list[str] = []
     with tempfile.TemporaryDirectory(prefix="airflow-ckpt-bench-s3a-") as tmp, \
@@ -358,64 +440,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     args.batches)
             _log(f"input written: {args.keys} keys x {args.pad} B, {args.batches} batches "
                  f"of {args.updates} updates, {args.partitions} partitions")
-            runs: dict[str, dict[str, Any]] = {}
-            for side, location, url in (("local", str(root / "work"), None),
-                                        ("s3a", f"s3a://{BUCKET}/{prefix}", endpoint.url)):
-                runs[side] = run_query(spark, input_dir, location, url)
-                runs[side]["first"] = runs[side]["batches"][0]
-                runs[side]["steady"] = runs[side]["batches"][1:]
-                if (why := check_state(spark, location, args.keys, expected_rows)):
-                    wrong.append(why)
-                _log(f"{side}: {len(runs[side]['batches'])} batches in "
-                     f"{runs[side]['wall_s']:.1f} s")
-            last = runs["s3a"]["batches"][-1]["batch"]
-            captures = measure_captures(spark, endpoint, prefix, last, root)
-            if (why := check_state(spark, f"s3a://{BUCKET}/{prefix}", args.keys,
-                                   expected_rows)):
+            runs = run_both(spark, endpoint, root, input_dir, args, wrong)
+            last = runs["s3a"][-1]
+            captures = measure_captures(spark, endpoint, last["prefix"],
+                                        last["batches"][-1]["batch"], root)
+            if (why := check_state(spark, last["location"], args.keys, expected_rows)):
                 wrong.append(f"after restore's install: {why}")
         finally:
             spark.stop()
-        state_local = _state_bytes(root / "work")
-    steady = [b["batch"] for b in runs["s3a"]["steady"]]
-    requests = request_summary(runs["s3a"]["requests"], steady, prefix)
-    load = request_summary(runs["s3a"]["requests"], [runs["s3a"]["first"]["batch"]], prefix)
-    batch_day = per_day(requests["by_kind"], BATCH_EVERY_S)
-    copy_day = per_day(_kinds(captures["copy incremental"]["requests"]), CHECKPOINT_EVERY_S)
-    table_rows = rows(runs["local"], runs["s3a"])
-    print(f"\nS3A vs local checkpointLocation: RocksDB state {state_local / 1e6:.1f} MB on "
-          f"disk ({args.keys} keys x {args.pad} B), {args.partitions} partitions, "
-          f"{len(steady)} batches of {args.updates} updates, {os.cpu_count()} CPUs, "
-          f"load {os.getloadavg()[0]:.1f}")
-    print(table(table_rows))
-    print(f"\nS3 requests per batch (S3A, counted at the endpoint): "
-          f"{requests['per_batch']:.0f} (each: {requests['per_batch_each']}); "
-          f"loading batch: {load['per_batch']:.0f}")
-    print("  by operation: " + ", ".join(f"{k} {v:.1f}" for k, v in
-                                         requests["by_operation"].items()))
-    print("  by area: " + ", ".join(f"{k} {v:.1f}" for k, v in requests["by_area"].items()))
-    print(f"  bytes sent per batch: {requests['bytes_sent_per_batch'] / 1e6:.2f} MB")
-    print(f"  a batch every {BATCH_EVERY_S:.0f} s: {batch_day[0]:,.0f} requests/day, "
-          f"${batch_day[1]:.2f}/day (prices per 1,000: {PRICE_PER_1000})")
-    print(f"\ncapture of batch {last} from the bucket:")
-    for name, c in captures.items():
-        if name == "differ":
-            print(f"  files that only one of today's capture and the COPY set took: {c}")
-            continue
-        seconds = "" if c["s"] is None else f"{c['s'] * 1000:.0f} ms, "
-        print(f"  {name:<22} {seconds}{c['files']} files, {c['bytes'] / 1e6:.2f} MB, "
-              f"requests {c['requests']}")
-    print(f"  incremental COPY capture every {CHECKPOINT_EVERY_S:.0f} s: "
-          f"{copy_day[0]:,.0f} requests/day, ${copy_day[1]:.2f}/day")
-    document = {"args": {k: (str(v) if isinstance(v, Path) else v)
-                         for k, v in vars(args).items()},
-                "state_bytes_local": state_local, "load_avg": os.getloadavg()[0],
-                "runs": {side: {k: v for k, v in run.items() if k != "requests"}
-                         for side, run in runs.items()},
-                "s3a_requests": {"steady": requests, "load": load},
-                "per_day": {"batches": batch_day, "incremental_copy_capture": copy_day,
-                            "batch_every_s": BATCH_EVERY_S,
-                            "checkpoint_every_s": CHECKPOINT_EVERY_S},
-                "captures": captures, "rows": [r.to_dict() for r in table_rows]}
+        state_bytes = _state_bytes(root / "work-0")
+    document = report(args, runs, captures, state_bytes)
     return write_report(args.out, json.loads(json.dumps(document, default=str)), wrong)
 
 
