@@ -25,10 +25,12 @@ Then, on the files the S3A run left in the bucket, the capture of its last batch
 * **by server-side COPY** (boto3 ``copy_object`` against the same endpoint,
   ``COPY_THREADS`` at once): every file of the batch (a full checkpoint), and only the
   files new since the previous batch's capture (incremental), plus the GETs that the
-  manifest's SHA-256 of those new files would need;
-* **restore's install** of today's capture (``HadoopWorkdir.replace_with``: copied
-  beside the working directory, renamed into place: on S3A a COPY + DELETE per file),
-  after which the state is read back and checked again.
+  manifest's SHA-256 of those new files would need.
+
+Restore's install (``HadoopWorkdir.replace_with``: ``copyFromLocalFile`` beside the
+working directory, then a rename) is not measured: against moto, S3A's file upload
+fails (the AWS SDK v2 sends ``Expect: 100-continue`` and reports moto's answer as an
+error with status 100; ``fs.s3a.connection.expect.continue=false`` did not change it).
 
 moto on 127.0.0.1 has no network latency and copies in memory, so the request counts
 are what AWS would bill while the times are a lower bound of what S3 takes (tens of ms
@@ -51,7 +53,6 @@ from pathlib import Path
 from typing import Any
 
 from airflow_ckpt.runtime.checkpoint.snapshot import hidden, wanted
-from airflow_ckpt.runtime.workdir import replace_with
 from airflow_ckpt.runtime.workdir.hadoop import COPY_THREADS, HadoopWorkdir
 from airflow_ckpt.testing.jars import hadoop_aws
 from airflow_ckpt.testing.request_count import kind_of
@@ -245,9 +246,7 @@ def _parallel(fn: Any, items: Sequence[Any]) -> float:
 def measure_captures(spark: Any, endpoint: S3Endpoint, prefix: str, batch: int,
                      root: Path) -> dict[str, Any]:
     """The capture of ``batch`` from the bucket: today's (S3A list + GET to local), and
-    by server-side COPY (full and incremental), with the GETs hashing needs; then
-    restore's install of today's capture (copied beside the working directory on S3A,
-    renamed into place)."""
+    by server-side COPY (full and incremental), with the GETs hashing needs."""
     out: dict[str, Any] = {}
     drain_request_log(endpoint.url)
     workdir = HadoopWorkdir.of(spark, f"s3a://{BUCKET}/{prefix}", root / "hadoop")
@@ -280,11 +279,6 @@ def measure_captures(spark: Any, endpoint: S3Endpoint, prefix: str, batch: int,
                           "bytes": 0}
     finally:
         client.close()
-    started = time.perf_counter()  # last: it replaces the query's working directory
-    replace_with(workdir, captured.staging_dir)
-    out["restore install"] = {"s": time.perf_counter() - started, "files": len(captured.files),
-                              "bytes": out["today"]["bytes"],
-                              "requests": _by_operation(drain_request_log(endpoint.url))}
     return out
 
 
@@ -427,7 +421,6 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    expected_rows = args.keys + args.batches * args.updates
     wrong: list[str] = []
     with tempfile.TemporaryDirectory(prefix="airflow-ckpt-bench-s3a-") as tmp, \
             s3_server_process(serialize_writes=False, log_requests=True) as server:
@@ -444,8 +437,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             last = runs["s3a"][-1]
             captures = measure_captures(spark, endpoint, last["prefix"],
                                         last["batches"][-1]["batch"], root)
-            if (why := check_state(spark, last["location"], args.keys, expected_rows)):
-                wrong.append(f"after restore's install: {why}")
         finally:
             spark.stop()
         state_bytes = _state_bytes(root / "work-0")
