@@ -52,6 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from airflow_ckpt.examples.job_setup import ROCKSDB
 from airflow_ckpt.runtime.checkpoint.snapshot import hidden, wanted
 from airflow_ckpt.runtime.workdir.hadoop import COPY_THREADS, HadoopWorkdir
 from airflow_ckpt.testing.jars import hadoop_aws
@@ -67,7 +68,6 @@ from bench.suites import Row, paired_spread, table, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "s3a.json"
 BUCKET = "airflow-ckpt-s3a"
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 #: the batch interval the per-day figures assume (a 10 s processing-time trigger)
 BATCH_EVERY_S = 10.0
 #: the checkpoint interval the per-day capture figures assume
