@@ -10,7 +10,7 @@ root) and used offline afterwards:
   pyspark's version, with what it needs beyond the jars pyspark ships (the token
   provider, ``kafka-clients``, ``commons-pool2``; ~7 MB), for ``spark.jars``;
 * :func:`hadoop_aws`: ``org.apache.hadoop:hadoop-aws`` at the Hadoop version pyspark
-  ships, with the AWS SDK v2 ``bundle`` it is built against (~650 MB: only for
+  ships, with the AWS SDK v2 ``bundle`` it is built against (~690 MB: only for
   ``make bench-s3a``, never fetched by ``make venv`` or the tests).
 
 Versions are pinned here and nowhere else; the connector's follows pyspark, because a
