@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv jars kafka kafka-e2e test test-seaweedfs lint unit unit-matrix demo bench bench-scale bench-hdfs clean chromium crash-points soak simulate faults mutants
+.PHONY: venv jars kafka kafka-e2e test test-seaweedfs lint unit unit-matrix demo bench bench-scale bench-hdfs bench-s3a clean chromium crash-points soak simulate faults mutants
 
 venv: $(STAMP)
 
@@ -165,6 +165,14 @@ bench-scale: venv
 # fetched once by scripts/fetch_hadoop_jars.sh) vs on the local disk, as ratios.
 bench-hdfs: venv
 	$(PY) -m bench.hdfs
+
+# Spark's working directory on s3a:// (moto's S3 server) vs local: time and S3 requests
+# per batch, and a checkpoint's capture by S3A GETs vs by server-side COPY. Needs
+# hadoop-aws and the AWS SDK v2 bundle (~690 MB, fetched once by Maven into
+# ~/.cache/airflow-ckpt/jars/hadoop-aws/; never by `make jars` or the tests).
+bench-s3a: venv
+	$(PY) -m airflow_ckpt.testing.jars --s3a
+	$(PY) -m bench.s3a
 
 clean:
 	rm -rf $(VENV) .venv-3.* .pytest_cache .mypy_cache .ruff_cache build *.egg-info

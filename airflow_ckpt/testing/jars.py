@@ -8,7 +8,10 @@ root) and used offline afterwards:
   started with ``java -cp 'dir/*' kafka.Kafka``; ~43 MB);
 * :func:`connector`: ``org.apache.spark:spark-sql-kafka-0-10_2.13`` at the installed
   pyspark's version, with what it needs beyond the jars pyspark ships (the token
-  provider, ``kafka-clients``, ``commons-pool2``; ~7 MB), for ``spark.jars``.
+  provider, ``kafka-clients``, ``commons-pool2``; ~7 MB), for ``spark.jars``;
+* :func:`hadoop_aws`: ``org.apache.hadoop:hadoop-aws`` at the Hadoop version pyspark
+  ships, with the AWS SDK v2 ``bundle`` it is built against (~690 MB: only for
+  ``make bench-s3a``, never fetched by ``make venv`` or the tests).
 
 Versions are pinned here and nowhere else; the connector's follows pyspark, because a
 connector of another Spark version fails at run time with linkage errors. Fetching runs
@@ -16,7 +19,8 @@ connector of another Spark version fails at run time with linkage errors. Fetchi
 renamed into place when complete, so an interrupted fetch leaves nothing half-made.
 
 ``python -m airflow_ckpt.testing.jars`` (``scripts/fetch_jars.sh``, called by
-``make venv``) fetches both and prints their directories.
+``make venv``) fetches the first two and prints their directories; ``--s3a`` fetches
+:func:`hadoop_aws` instead.
 """
 
 from __future__ import annotations
@@ -77,6 +81,26 @@ def connector(spark_version: str | None = None) -> Closure:
         spark_version = str(__version__)
     return Closure("org.apache.spark", f"spark-sql-kafka-0-10_{SCALA}", spark_version,
                    beside_pyspark=True)
+
+
+def hadoop_aws(hadoop_version: str | None = None) -> Closure:
+    """S3A (``hadoop-aws``) matching ``hadoop_version`` (default: the Hadoop pyspark
+    ships) with its runtime closure: the AWS SDK v2 ``bundle``, the analytics
+    accelerator and wildfly-openssl. Its version follows Hadoop's, because S3A of another
+    release fails at run time with linkage errors against ``hadoop-client-api``."""
+    return Closure("org.apache.hadoop", "hadoop-aws", hadoop_version or pyspark_hadoop(),
+                   beside_pyspark=True)
+
+
+def pyspark_hadoop() -> str:
+    """The Hadoop version of the ``hadoop-client-api`` jar pyspark ships (``3.5.0``)."""
+    import pyspark
+
+    jars = (Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar")
+    for jar in jars:
+        return jar.name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+    raise JarFetchError("pyspark ships no hadoop-client-api jar: cannot tell which "
+                        "hadoop-aws matches it")
 
 
 def artifact_id(jar: str) -> str:
@@ -148,8 +172,9 @@ def fetch(closure: Closure, root: Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    del argv
-    for closure in (BROKER, connector()):
+    args = sys.argv[1:] if argv is None else argv
+    closures = (hadoop_aws(),) if "--s3a" in args else (BROKER, connector())
+    for closure in closures:
         cached = closure.directory().is_dir()
         started = time.monotonic()
         try:

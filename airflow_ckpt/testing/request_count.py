@@ -43,6 +43,52 @@ _NOT_CALLERS = ("airflow_ckpt.runtime.storage.", "airflow_ckpt.runtime.lease.rec
                 "airflow_ckpt.testing.request_count")
 
 
+def operation_of(method: str, path: str, query: str, copy_source: bool = False) -> str:
+    """The S3 API operation of a path-style request as an endpoint receives it: its
+    ``method``, ``path`` (``/bucket[/key]``), query string and whether it carries an
+    ``x-amz-copy-source`` header. Names are botocore's (``PutObject``, ``CopyObject``,
+    ...); :func:`kind_of` bills them. A request of no operation named here is its
+    method (billed ``OTHER``)."""
+    params = parse_qs(query, keep_blank_values=True)
+    bucket, _, key = path.lstrip("/").partition("/")
+    has_key = bool(key)
+    if method in ("GET", "HEAD") and not bucket:
+        return "ListBuckets" if method == "GET" else method
+    if method == "GET":
+        if "uploads" in params:
+            return "ListMultipartUploads"
+        if "uploadId" in params:
+            return "ListParts"
+        if not has_key:
+            return "ListObjectsV2" if params.get("list-type") == ["2"] else "ListObjects"
+        return "GetObject"
+    if method == "HEAD":
+        return "HeadObject" if has_key else "HeadBucket"
+    if method == "PUT":
+        if not has_key:
+            return "CreateBucket"
+        if copy_source:
+            return "UploadPartCopy" if "partNumber" in params else "CopyObject"
+        return "UploadPart" if "partNumber" in params else "PutObject"
+    if method == "POST":
+        if "delete" in params:
+            return "DeleteObjects"
+        if "uploads" in params:
+            return "CreateMultipartUpload"
+        if "uploadId" in params:
+            return "CompleteMultipartUpload"
+    if method == "DELETE":
+        if "uploadId" in params:
+            return "AbortMultipartUpload"
+        return "DeleteObject" if has_key else "DeleteBucket"
+    return method
+
+
+def kind_of(operation: str) -> str:
+    """The billing kind (:data:`KINDS`) of an S3 operation (botocore's name)."""
+    return _KIND_OF.get(operation, "OTHER")
+
+
 def caller_of(depth: int = 2) -> str:
     """Who sent the request being sent on this thread: the two innermost ``airflow_ckpt``
     (or ``bench``) functions on its stack outside the storage layer, of different
@@ -110,7 +156,7 @@ class RequestCounter:
 
     def _sent(self, request: Any, event_name: str, **_: Any) -> None:
         operation = event_name.rsplit(".", 1)[-1]
-        kind = _KIND_OF.get(operation, "OTHER")
+        kind = kind_of(operation)
         caller = caller_of()
         with self._lock:
             self._counts[(area_of(_key_of(request)), kind)] += 1

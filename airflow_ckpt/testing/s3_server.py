@@ -43,11 +43,25 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.factory import open_storage
 
 _MUTATING = frozenset({"PUT", "POST", "DELETE"})
+#: where a server started with ``log_requests`` answers (and forgets) what it received
+REQUEST_LOG_PATH = "/_airflow_ckpt/requests"
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedRequest:
+    """One request an endpoint received: its S3 operation
+    (:func:`~airflow_ckpt.testing.request_count.operation_of`), its ``/bucket/key``
+    path (a listing's: ``/bucket/<prefix>``) and the bytes of its body."""
+
+    operation: str
+    path: str
+    body_bytes: int
 
 
 @dataclass(frozen=True)
@@ -127,6 +141,25 @@ class S3Endpoint:
             "AWS_SECRET_ACCESS_KEY": self.secret_access_key,
             "AWS_DEFAULT_REGION": self.region_name,
         }
+
+    def s3a_conf(self) -> dict[str, str]:
+        """Spark settings (``spark.hadoop.fs.s3a.*``) that point Hadoop's S3A at this
+        endpoint, for ``s3a://`` paths: the endpoint URL (TLS as its scheme says), path-style
+        addressing (no per-bucket host names on 127.0.0.1), a region for SigV4 signing,
+        and these keys as static credentials. No output committer is set: Spark's
+        ``checkpointLocation`` is written by its ``CheckpointFileManager``, not through
+        a committer (a committer matters only for file sinks on ``s3a://``)."""
+        conf = {
+            "fs.s3a.endpoint": self.url,
+            "fs.s3a.endpoint.region": self.region_name,
+            "fs.s3a.path.style.access": "true",
+            "fs.s3a.connection.ssl.enabled": str(self.url.startswith("https:")).lower(),
+            "fs.s3a.aws.credentials.provider":
+                "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+            "fs.s3a.access.key": self.access_key_id,
+            "fs.s3a.secret.key": self.secret_access_key,
+        }
+        return {f"spark.hadoop.{k}": v for k, v in conf.items()}
 
     def airflow_connection(self) -> str:
         """This endpoint as an Airflow ``aws`` connection (the JSON form that
@@ -218,6 +251,50 @@ class _ConditionalWriteGuard:
         return [body]
 
 
+class _RequestLog:
+    """WSGI middleware: note every request's operation, path and body size; answer
+    ``GET`` :data:`REQUEST_LOG_PATH` with the notes so far (JSON rows) and forget them.
+    Counting at the endpoint sees every client alike (a JVM's S3A, boto3)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+        self.rows: list[tuple[str, str, int]] = []
+
+    def __call__(
+        self, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
+        from airflow_ckpt.testing.request_count import operation_of
+
+        path = str(environ.get("PATH_INFO", ""))
+        if path == REQUEST_LOG_PATH:
+            with self.lock:
+                rows, self.rows = self.rows, []
+            body = json.dumps(rows).encode()
+            start_response("200 OK", [("Content-Type", "application/json"),
+                                      ("Content-Length", str(len(body)))])
+            return [body]
+        method = str(environ.get("REQUEST_METHOD", ""))
+        query = str(environ.get("QUERY_STRING", ""))
+        operation = operation_of(method, path, query,
+                                 copy_source="HTTP_X_AMZ_COPY_SOURCE" in environ)
+        listed = parse_qs(query).get("prefix")
+        if operation.startswith("List") and listed:  # what a listing is about
+            path = f"{path.rstrip('/')}/{listed[0]}"
+        size = int(environ.get("HTTP_X_AMZ_DECODED_CONTENT_LENGTH")
+                   or environ.get("CONTENT_LENGTH") or 0)
+        with self.lock:
+            self.rows.append((operation, path, size))
+        return self.app(environ, start_response)
+
+
+def drain_request_log(url: str) -> list[LoggedRequest]:
+    """What the server at ``url`` (started with ``log_requests``) received since the
+    last call."""
+    with urllib.request.urlopen(url + REQUEST_LOG_PATH, timeout=30) as response:
+        return [LoggedRequest(*row) for row in json.loads(response.read())]
+
+
 @contextmanager
 def local_s3_server(
     port: int = 0,
@@ -225,6 +302,7 @@ def local_s3_server(
     serialize_writes: bool = True,
     honour_if_none_match: bool = True,
     quiet: bool = True,
+    log_requests: bool = False,
 ) -> Iterator[S3Endpoint]:
     """Run moto's S3 server on ``127.0.0.1:<port>`` (0 = a free port) while in the block.
 
@@ -233,6 +311,7 @@ def local_s3_server(
     :param honour_if_none_match: ``False`` strips ``If-None-Match`` from requests, to
         imitate an S3-compatible server without conditional writes
     :param quiet: do not log every request to stderr
+    :param log_requests: note every request for :func:`drain_request_log`
     """
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
@@ -250,11 +329,13 @@ def local_s3_server(
 
         handler = _QuietHandler
 
-    app = _ConditionalWriteGuard(
+    app: Any = _ConditionalWriteGuard(
         DomainDispatcherApplication(create_backend_app),
         serialize_writes=serialize_writes,
         honour_if_none_match=honour_if_none_match,
     )
+    if log_requests:
+        app = _RequestLog(app)
     server = make_server("127.0.0.1", port, app, threaded=True, request_handler=handler)
     thread = threading.Thread(
         target=server.serve_forever, name=f"moto-s3-{server.server_port}", daemon=True
@@ -475,18 +556,22 @@ class S3ServerProcess:
 
 
 @contextmanager
-def s3_server_process(*, serialize_writes: bool = True) -> Iterator[S3ServerProcess]:
+def s3_server_process(*, serialize_writes: bool = True,
+                      log_requests: bool = False) -> Iterator[S3ServerProcess]:
     """Run :func:`local_s3_server` in a child process while in the block.
 
     The child prints its URL, then serves until its stdin closes (the end of the block),
     bulk-loading the objects of every JSON-lines file named on a stdin line
     (:meth:`S3ServerProcess.bulk_load`). ``serialize_writes`` as in
-    :func:`local_s3_server` (benchmarks with one writer per key may turn it off).
+    :func:`local_s3_server` (benchmarks with one writer per key may turn it off);
+    ``log_requests``: the server notes every request (:func:`drain_request_log`).
     """
     # -c, not -m: the package imports this module, which -m would then run a second time
     cmd = [sys.executable, "-c", "from airflow_ckpt.testing.s3_server import _serve; _serve()"]
     if not serialize_writes:
         cmd.append("--parallel-writes")
+    if log_requests:
+        cmd.append("--log-requests")
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -510,11 +595,14 @@ def _serve(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--parallel-writes", action="store_true",
                    help="do not serialise PUT/POST/DELETE (see the module docstring)")
+    p.add_argument("--log-requests", action="store_true",
+                   help=f"note every request; GET {REQUEST_LOG_PATH} drains the notes")
     args = p.parse_args(argv)
     from moto.core import DEFAULT_ACCOUNT_ID
     from moto.s3.models import s3_backends
 
-    with local_s3_server(args.port, serialize_writes=not args.parallel_writes) as endpoint:
+    with local_s3_server(args.port, serialize_writes=not args.parallel_writes,
+                         log_requests=args.log_requests) as endpoint:
         print(endpoint.url, flush=True)
         backend = s3_backends[DEFAULT_ACCOUNT_ID]["global"]
         for line in sys.stdin:  # until the parent closes our stdin

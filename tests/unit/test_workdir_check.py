@@ -26,9 +26,13 @@ def test_every_partition_with_state_data_passes() -> None:
 
 def test_only_driver_written_files_is_the_other_host_case() -> None:
     # what a completed checkpoint listed on a real two-host cluster
-    with pytest.raises(WorkdirNotSharedError, match=r"state/0/0, state/0/1.*NFS"):
+    with pytest.raises(WorkdirNotSharedError, match=r"state/0/0, state/0/1.*NFS") as err:
         check_state_visible("/w", ["state/0/_metadata/metadata",
                                    "state/0/0/_metadata/schema"], OPS)
+    # the way out is HDFS; S3A's status is said, not implied (docs/architecture.md,
+    # "S3A as Spark's working directory (measured)")
+    assert "hdfs://" in str(err.value)
+    assert "s3a:// working directory is not supported" in str(err.value)
 
 
 def test_one_partition_on_another_host() -> None:

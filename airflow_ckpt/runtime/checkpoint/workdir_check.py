@@ -57,6 +57,8 @@ def check_state_visible(workdir: str, paths: Iterable[str],
             "directory on HDFS (spark.airflow_ckpt.workdir=hdfs://<namenode>/<dir>, "
             "ideally a directory with snapshots allowed), or on a filesystem every "
             "executor and the driver mount at the same path (NFS...), or run the "
-            "executors on the driver's host (local mode); see docs/deploy.md. No "
-            "checkpoint was completed."
+            "executors on the driver's host (local mode); see docs/deploy.md (an s3a:// "
+            "working directory is not supported: it runs through the HDFS path untested, "
+            "without snapshots, and costs S3 requests on every batch). No checkpoint was "
+            "completed."
         )
