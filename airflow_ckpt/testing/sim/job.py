@@ -1822,13 +1822,15 @@ class JobWorld(Judged):
     def _newest_checkpoint_objects(self) -> list[str]:
         """The objects the newest checkpoint uploaded (referenced by no older marker):
         a restore finds several keys damaged at once and falls back to an older one."""
-        numbers = sorted(n for k in self.objects.objects if (n := _checkpoint_of(k)) is not None)
+        numbers = sorted({n for k in self.objects.objects if (n := _checkpoint_of(k)) is not None})
         manifests = [self.manifest(LAYOUT.checkpoint_metadata(n)) for n in numbers]
         if not manifests or manifests[-1] is None:
             return []
         older = {f.key for m in manifests[:-1] if m is not None for f in _objects_of(m)}
-        return sorted(key for f in _objects_of(manifests[-1]) if f.key not in older
-                      and (key := f"{JOB}/{f.key}") in self.objects.objects)
+        # a set: merged files share one object (damaging it twice, the second time
+        # after deleting it, killed the vandal: job seed 304536 on session 14's code)
+        return sorted({key for f in _objects_of(manifests[-1]) if f.key not in older
+                       and (key := f"{JOB}/{f.key}") in self.objects.objects})
 
     def _damage(self, key: str, delete: bool = False) -> None:
         """Other bytes of the same size (60 %), or the object deleted (or ``delete``)."""
