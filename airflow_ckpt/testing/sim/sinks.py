@@ -77,6 +77,7 @@ from __future__ import annotations
 import builtins
 import json
 import random
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -179,31 +180,81 @@ SHIFT_WINDOW = LOOK_DOWN
 RACE_SEEDS = 0.5
 #: per guard read / transaction write of such a seed: the chance it races
 RACE_P = (0.5, 1.0)
+#: a racing driver's host is suspended in steps of this, until another driver changed
+#: the batch it works on
+SUSPEND_STEP_S = 2.0
+#: a key of a sink's batch: its record, outcome, decision or staging
+_BATCH = re.compile(r"/(_txn|_outcome|_committed|_pending)/(\d{12})")
 
 
 class RecordRace:
     """A deposed driver racing its successor on one batch's transaction records: a host
-    suspended right after reading a ``_txn/`` record (the confirm or the conditions of
-    the writes that follow are all that stops it: its monotonic clock stopped, so its
-    lease gate passes), and a record swap or outcome write that passed the gate and then
-    hangs in the network past the lease. Drawn per seed on a generator of its own."""
+    suspended right before or after it reads a ``_txn/`` record, right before it writes
+    one or an outcome (past its gate and the confirm before it), or before it lists a
+    batch's staged data: the confirm or the conditions of the writes that follow are
+    all that stops it (its monotonic clock stopped, so its lease gate passes). The
+    suspension lasts until another driver changed 1-3 of that batch's objects (record,
+    outcome, decision, staging: its successor working on the batch), the worst moment
+    to wake, or at most :data:`HOLD_S`. And a record swap or outcome write that passed
+    the gate hangs in the network past the lease. Drawn per seed on a generator of its
+    own, and only while another driver runs (a successor to race)."""
 
-    def __init__(self, seed: int, scheduler: Scheduler) -> None:
+    def __init__(self, seed: int, scheduler: Scheduler, objects: SimObjects) -> None:
         self.rng = random.Random(f"sinks-record-race-{seed}")
         self.scheduler = scheduler
+        self.objects = objects
         self.p = self.rng.choice(RACE_P) if self.rng.random() < RACE_SEEDS else 0.0
+        #: whether a driver is suspended racing now (its successor is left to work)
+        self.racing = False
 
     def _gone(self) -> float | None:
-        if not self.p or self.scheduler.current() is None or self.rng.random() >= self.p:
+        if not self.p or self.racing or not self._contended() or self.rng.random() >= self.p:
             return None
         return self.rng.uniform(DEFAULT_TTL_S, HOLD_S)
 
-    def suspend(self, what: str) -> None:
-        """Maybe suspend the calling driver's host (its monotonic clock stops) for longer
-        than a lease."""
-        gone = self._gone()
-        if gone is not None:
-            self.scheduler.suspend(gone, what)
+    def _contended(self) -> bool:
+        """Whether another driver runs beside the calling one (a successor to race)."""
+        current = self.scheduler.current()
+        return current is not None and any(
+            actor.alive and actor.name.startswith("driver-") and actor.host != current.host
+            for actor in self.scheduler.actors)
+
+    def _watched(self, key: str, whole_batch: bool) -> dict[str, str]:
+        """The ETags of the objects under ``key`` (an object or a prefix), or of every
+        object of its batch (record, outcomes, decision, staging), as storage holds
+        them now."""
+        found = _BATCH.search(key)
+        objects = self.objects.objects
+        if not whole_batch or found is None:
+            return {k: stored.etag for k, stored in objects.items() if k.startswith(key)}
+        return {k: stored.etag for k, stored in objects.items()
+                if (m := _BATCH.search(k)) is not None and m.group(2) == found.group(2)}
+
+    def suspend(self, key: str, what: str) -> None:
+        """Maybe suspend the calling driver's host (its monotonic clock stops) until
+        another driver changed ``key`` once or twice, or its batch 1-5 times (or at most
+        :data:`HOLD_S`)."""
+        if self._gone() is None:
+            return
+        whole_batch = self.rng.random() < 0.5
+        changes = self.rng.randint(1, 5) if whole_batch else self.rng.randint(1, 2)
+        seen = self._watched(key, whole_batch)
+        gone = 0.0
+        self.racing = True
+        try:
+            while gone < HOLD_S:
+                self.scheduler.suspend(SUSPEND_STEP_S, what)
+                gone += SUSPEND_STEP_S
+                now = self._watched(key, whole_batch)
+                changes -= sum(now.get(k) != etag for k, etag in seen.items()) + len(
+                    now.keys() - seen.keys())
+                seen = now
+                if changes <= 0:
+                    self.scheduler.log(f"wakes after {gone:g} s: another driver changed "
+                                       + ("its batch" if whole_batch else key))
+                    return
+        finally:
+            self.racing = False
 
     def before_write(self, key: str) -> None:
         """Maybe hold a gated write in the network for longer than a lease."""
@@ -229,20 +280,30 @@ class _RacingView(SimStorage):
     def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
         return _RacingView.of(super().checked_view(check), self.race)
 
+    def get_bytes(self, key: str) -> bytes:
+        if "/_txn/" in key:  # e.g. a commit about to read the record it decides from
+            self.race.suspend(key, f"reading {key}")
+        return super().get_bytes(key)
+
     def get_versioned(self, key: str) -> Versioned:
+        if "/_txn/" in key:  # e.g. an abort about to read the record it aborts
+            self.race.suspend(key, f"reading {key}")
         try:
             return super().get_versioned(key)
         finally:
             if "/_txn/" in key:
-                self.race.suspend(f"after reading {key}")
+                self.race.suspend(key, f"its next request, after reading {key}")
 
     def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
         if "/_pending/" in prefix:  # a recovery about to list a batch's staged data
-            self.race.suspend(f"before listing {prefix}")
+            self.race.suspend(prefix, f"listing {prefix}")
         return super().list(prefix)
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:
+        if "/_txn/" in key or "/_outcome/" in key:
+            # passed its gate (and the confirm before it): the host stops before sending
+            self.race.suspend(key, f"writing {key}")
         if ("/_txn/" in key and if_match is not None) or "/_outcome/" in key:
             self.race.before_write(key)
         return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
@@ -325,8 +386,8 @@ class SinkWorld(Judged):
                                    clock_jump_p=CLOCK_JUMP_P)
         self.rng = self.scheduler.rng
         self.setup = SinkSetup.draw(self.rng, plants, self.scheduler.swarm)
-        self.race = RecordRace(seed, self.scheduler)
         self.objects = SimObjects()
+        self.race = RecordRace(seed, self.scheduler, self.objects)
         self.base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True)
         self.truth = JsonLinesSink(self.base, SINK)  # the harness's faultless reader
         self.checkpoints: list[Checkpoint] = []
@@ -651,11 +712,26 @@ class SinkWorld(Judged):
                                      staged=batch in pending)
             for committed in pending:
                 if committed <= batch:
-                    sink.commit(committed)
+                    self.commit(number, sink, committed)
             self.check_published(batch, start, end, f"driver-{number}'s commit of batch {batch}",
                                  shifted)
             batch, start = batch + 1, end
         return True
+
+    def commit(self, number: int, sink: JsonLinesSink, batch: int) -> None:
+        """``sink.commit(batch)`` of a batch the driver staged in this life, which its
+        checkpoint (marker confirmed) lists: ``sink-lost`` if it is refused as aborted.
+        Only a holder aborts an attempt, one it read before its confirm: a successor
+        aborts this attempt after its claim, and then this driver's own confirm raises
+        first; a predecessor's confirm after reading this attempt's record (written
+        after this driver's claim) raises. A refusal is a counted checkpoint's output
+        lost by another driver's abort."""
+        try:
+            sink.commit(batch)
+        except SinkTransactionAbortedError as exc:
+            self.violate(SINK_LOST, f"driver-{number}'s commit of batch {batch}, which its "
+                         f"completed checkpoint lists, was refused: {exc}")
+            raise
 
     def supervisor(self) -> None:
         """Starts the drivers: the next one when the last ended, or earlier (it then
