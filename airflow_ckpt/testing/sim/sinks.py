@@ -79,7 +79,7 @@ import json
 import random
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from airflow_ckpt.errors import (
     ConcurrentDriverError,
@@ -206,10 +206,15 @@ class RecordRace:
         self.p = self.rng.choice(RACE_P) if self.rng.random() < RACE_SEEDS else 0.0
         #: whether a driver is suspended racing now (its successor is left to work)
         self.racing = False
+        #: the drivers' hosts that raced once (woken, a racer runs on undisturbed)
+        self.raced: set[str] = set()
 
     def _gone(self) -> float | None:
-        if not self.p or self.racing or not self._contended() or self.rng.random() >= self.p:
+        current = self.scheduler.current()
+        if (not self.p or self.racing or current is None or current.host.name in self.raced
+                or not self._contended() or self.rng.random() >= self.p):
             return None
+        self.raced.add(current.host.name)
         return self.rng.uniform(DEFAULT_TTL_S, HOLD_S)
 
     def _contended(self) -> bool:
@@ -388,6 +393,8 @@ class SinkWorld(Judged):
         self.setup = SinkSetup.draw(self.rng, plants, self.scheduler.swarm)
         self.objects = SimObjects()
         self.race = RecordRace(seed, self.scheduler, self.objects)
+        if self.race.p:  # the successor lives to work on the racer's batch
+            self.setup = replace(self.setup, crash_p=0.0)
         self.base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True)
         self.truth = JsonLinesSink(self.base, SINK)  # the harness's faultless reader
         self.checkpoints: list[Checkpoint] = []
