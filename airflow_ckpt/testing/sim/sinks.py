@@ -119,7 +119,7 @@ from airflow_ckpt.testing.sim.outcome import (
     Outcome,
     Violation,
 )
-from airflow_ckpt.testing.sim.scheduler import Host, Scheduler
+from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
 
 JOB = "simjob"
@@ -179,7 +179,9 @@ SHIFT_WINDOW = LOOK_DOWN
 #: the share of seeds whose drivers race a successor on the same batch's records
 RACE_SEEDS = 0.5
 #: per guard read / transaction write of such a seed: the chance it races
-RACE_P = (0.5, 1.0)
+RACE_P = (0.1, 0.25, 0.5)
+#: drivers started per race seed in place of one that went silent while no other ran
+REPLACEMENTS = 2
 #: a racing driver's host is suspended in steps of this, until another driver changed
 #: the batch it works on
 SUSPEND_STEP_S = 2.0
@@ -199,10 +201,13 @@ class RecordRace:
     the gate hangs in the network past the lease. Drawn per seed on a generator of its
     own, and only while another driver runs (a successor to race)."""
 
-    def __init__(self, seed: int, scheduler: Scheduler, objects: SimObjects) -> None:
+    def __init__(self, seed: int, scheduler: Scheduler, objects: SimObjects,
+                 replace: Callable[[], None]) -> None:
         self.rng = random.Random(f"sinks-record-race-{seed}")
         self.scheduler = scheduler
         self.objects = objects
+        self.replace = replace  # starts one more driver (Airflow's replacement)
+        self.replacements = REPLACEMENTS
         self.p = self.rng.choice(RACE_P) if self.rng.random() < RACE_SEEDS else 0.0
         #: whether a driver is suspended racing now (its successor is left to work)
         self.racing = False
@@ -210,11 +215,19 @@ class RecordRace:
         self.raced: set[str] = set()
 
     def _gone(self) -> float | None:
+        """Whether the calling driver races now (drawn), and for how long at most; a
+        driver races once. With no other driver running, Airflow declares the silent
+        driver dead and starts another (:data:`REPLACEMENTS` per seed at most)."""
         current = self.scheduler.current()
-        if (not self.p or self.racing or current is None or current.host.name in self.raced
-                or not self._contended() or self.rng.random() >= self.p):
+        if not self.p or self.racing or current is None or current.host.name in self.raced:
+            return None
+        contended = self._contended()
+        if (not contended and not self.replacements) or self.rng.random() >= self.p:
             return None
         self.raced.add(current.host.name)
+        if not contended:
+            self.replacements -= 1
+            self.replace()
         return self.rng.uniform(DEFAULT_TTL_S, HOLD_S)
 
     def _contended(self) -> bool:
@@ -392,7 +405,8 @@ class SinkWorld(Judged):
         self.rng = self.scheduler.rng
         self.setup = SinkSetup.draw(self.rng, plants, self.scheduler.swarm)
         self.objects = SimObjects()
-        self.race = RecordRace(seed, self.scheduler, self.objects)
+        self.race = RecordRace(seed, self.scheduler, self.objects, self.replace_driver)
+        self.started = self.setup.drivers  # drivers started (the supervisor's, replacements)
         if self.race.p:  # the successor lives to work on the racer's batch
             self.setup = replace(self.setup, crash_p=0.0)
         self.base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True)
@@ -743,11 +757,21 @@ class SinkWorld(Judged):
     def supervisor(self) -> None:
         """Starts the drivers: the next one when the last ended, or earlier (it then
         waits for the lease, or gives up if the holder is alive)."""
+        self.start_drivers(self.setup.drivers, self.spawn_driver)
+
+    def spawn_driver(self, number: int) -> Actor:
         setup = self.setup
-        self.start_drivers(setup.drivers, lambda number: self.scheduler.spawn(
-            f"driver-{number}", Host(f"driver-{number}", setup.skews[number - 1]),
+        return self.scheduler.spawn(
+            f"driver-{number}", Host(f"driver-{number}", setup.skews[(number - 1) % setup.drivers]),
             self.driver(number), crash_p=setup.crash_p, pause_p=setup.stall_p / 10,
-            pause_s=(DEFAULT_TTL_S, HOLD_S), suspend_p=setup.stall_p / 10))
+            pause_s=(DEFAULT_TTL_S, HOLD_S), suspend_p=setup.stall_p / 10)
+
+    def replace_driver(self) -> None:
+        """Airflow declares the calling driver dead (it went silent) and starts another
+        (:class:`RecordRace`)."""
+        self.started += 1
+        self.scheduler.log(f"Airflow starts driver-{self.started} in its place")
+        self.spawn_driver(self.started)
 
     def run(self) -> Outcome:
         sched = self.scheduler
