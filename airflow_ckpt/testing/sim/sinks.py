@@ -179,7 +179,9 @@ SHIFT_WINDOW = LOOK_DOWN
 #: the share of seeds whose drivers race a successor on the same batch's records
 RACE_SEEDS = 0.5
 #: per guard read / transaction write of such a seed: the chance it races
-RACE_P = (0.1, 0.25, 0.5)
+RACE_P = (0.3, 0.6, 1.0)
+#: where a race seed's drivers race (one per seed; see :class:`RecordRace`)
+RACE_PLACES = ("read", "after-read", "write", "list", "hang")
 #: drivers started per race seed in place of one that went silent while no other ran
 REPLACEMENTS = 2
 #: a racing driver's host is suspended in steps of this, until another driver changed
@@ -190,16 +192,25 @@ _BATCH = re.compile(r"/(_txn|_outcome|_committed|_pending)/(\d{12})")
 
 
 class RecordRace:
-    """A deposed driver racing its successor on one batch's transaction records: a host
-    suspended right before or after it reads a ``_txn/`` record, right before it writes
-    one or an outcome (past its gate and the confirm before it), or before it lists a
-    batch's staged data: the confirm or the conditions of the writes that follow are
-    all that stops it (its monotonic clock stopped, so its lease gate passes). The
-    suspension lasts until another driver changed 1-3 of that batch's objects (record,
-    outcome, decision, staging: its successor working on the batch), the worst moment
-    to wake, or at most :data:`HOLD_S`. And a record swap or outcome write that passed
-    the gate hangs in the network past the lease. Drawn per seed on a generator of its
-    own, and only while another driver runs (a successor to race)."""
+    """A deposed driver racing its successor on one batch's transaction records. Each
+    race seed draws one place where its drivers race (:data:`RACE_PLACES`), each driver
+    races once, at that place, with the seed's chance each time it gets there:
+
+    * ``read``, ``after-read``: its host is suspended right before, or right after, it
+      reads a ``_txn/`` record (a commit about to read the record it decides from, an
+      abort or a staging the record it supersedes);
+    * ``write``: right before it sends a ``_txn/`` or ``_outcome/`` write, past its
+      gate and the confirm before it;
+    * ``list``: right before it lists a batch's staged data (to delete it);
+
+    so only the confirm or the conditions of the writes that follow can stop it: its
+    monotonic clock stopped, so its lease gate passes. The suspension lasts until
+    another driver changed the object (once or twice) or the batch (1-5 times: record,
+    outcomes, decision, staging), the worst moment to wake, or :data:`HOLD_S` at most.
+    ``hang``: a record swap or outcome write that passed the gate hangs in the network
+    past the lease. A driver races only while another one runs (a successor to race);
+    with none, Airflow declares the silent driver dead and starts another
+    (:data:`REPLACEMENTS` per seed). Drawn on a generator of its own."""
 
     def __init__(self, seed: int, scheduler: Scheduler, objects: SimObjects,
                  replace: Callable[[], None]) -> None:
@@ -209,26 +220,26 @@ class RecordRace:
         self.replace = replace  # starts one more driver (Airflow's replacement)
         self.replacements = REPLACEMENTS
         self.p = self.rng.choice(RACE_P) if self.rng.random() < RACE_SEEDS else 0.0
+        self.place = self.rng.choice(RACE_PLACES)
         #: whether a driver is suspended racing now (its successor is left to work)
         self.racing = False
         #: the drivers' hosts that raced once (woken, a racer runs on undisturbed)
         self.raced: set[str] = set()
 
-    def _gone(self) -> float | None:
-        """Whether the calling driver races now (drawn), and for how long at most; a
-        driver races once. With no other driver running, Airflow declares the silent
-        driver dead and starts another (:data:`REPLACEMENTS` per seed at most)."""
+    def _races(self, place: str) -> bool:
+        """Whether the calling driver races now, at ``place`` (drawn)."""
         current = self.scheduler.current()
-        if not self.p or self.racing or current is None or current.host.name in self.raced:
-            return None
+        if (not self.p or place != self.place or self.racing or current is None
+                or current.host.name in self.raced):
+            return False
         contended = self._contended()
         if (not contended and not self.replacements) or self.rng.random() >= self.p:
-            return None
+            return False
         self.raced.add(current.host.name)
         if not contended:
             self.replacements -= 1
             self.replace()
-        return self.rng.uniform(DEFAULT_TTL_S, HOLD_S)
+        return True
 
     def _contended(self) -> bool:
         """Whether another driver runs beside the calling one (a successor to race)."""
@@ -248,11 +259,11 @@ class RecordRace:
         return {k: stored.etag for k, stored in objects.items()
                 if (m := _BATCH.search(k)) is not None and m.group(2) == found.group(2)}
 
-    def suspend(self, key: str, what: str) -> None:
-        """Maybe suspend the calling driver's host (its monotonic clock stops) until
-        another driver changed ``key`` once or twice, or its batch 1-5 times (or at most
-        :data:`HOLD_S`)."""
-        if self._gone() is None:
+    def suspend(self, place: str, key: str, what: str) -> None:
+        """Maybe (``place``) suspend the calling driver's host (its monotonic clock
+        stops) until another driver changed ``key`` once or twice, or its batch 1-5
+        times (or :data:`HOLD_S` at most)."""
+        if not self._races(place):
             return
         whole_batch = self.rng.random() < 0.5
         changes = self.rng.randint(1, 5) if whole_batch else self.rng.randint(1, 2)
@@ -274,10 +285,10 @@ class RecordRace:
         finally:
             self.racing = False
 
-    def before_write(self, key: str) -> None:
+    def hang(self, key: str) -> None:
         """Maybe hold a gated write in the network for longer than a lease."""
-        gone = self._gone()
-        if gone is not None:
+        if self._races("hang"):
+            gone = self.rng.uniform(DEFAULT_TTL_S, HOLD_S)
             self.scheduler.log(f"{key}: the write hangs {gone:.1f} s in the network")
             self.scheduler.sleep(gone)
 
@@ -300,30 +311,30 @@ class _RacingView(SimStorage):
 
     def get_bytes(self, key: str) -> bytes:
         if "/_txn/" in key:  # e.g. a commit about to read the record it decides from
-            self.race.suspend(key, f"reading {key}")
+            self.race.suspend("read", key, f"reading {key}")
         return super().get_bytes(key)
 
     def get_versioned(self, key: str) -> Versioned:
         if "/_txn/" in key:  # e.g. an abort about to read the record it aborts
-            self.race.suspend(key, f"reading {key}")
+            self.race.suspend("read", key, f"reading {key}")
         try:
             return super().get_versioned(key)
         finally:
             if "/_txn/" in key:
-                self.race.suspend(key, f"its next request, after reading {key}")
+                self.race.suspend("after-read", key, f"its next request, after reading {key}")
 
     def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
-        if "/_pending/" in prefix:  # a recovery about to list a batch's staged data
-            self.race.suspend(prefix, f"listing {prefix}")
+        if "/_pending/" in prefix:  # e.g. a recovery about to list a batch's staged data
+            self.race.suspend("list", prefix, f"listing {prefix}")
         return super().list(prefix)
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:
         if "/_txn/" in key or "/_outcome/" in key:
             # passed its gate (and the confirm before it): the host stops before sending
-            self.race.suspend(key, f"writing {key}")
+            self.race.suspend("write", key, f"writing {key}")
         if ("/_txn/" in key and if_match is not None) or "/_outcome/" in key:
-            self.race.before_write(key)
+            self.race.hang(key)
         return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
 
 
