@@ -177,11 +177,11 @@ SHIFT_WINDOW = LOOK_DOWN
 
 
 #: the share of seeds whose drivers race a successor on the same batch's records
-RACE_SEEDS = 0.5
+RACE_SEEDS = 0.7
 #: per guard read / transaction write of such a seed: the chance it races
 RACE_P = (0.3, 0.6, 1.0)
 #: where a race seed's drivers race (one per seed; see :class:`RecordRace`)
-RACE_PLACES = ("read", "after-read", "write", "list", "hang")
+RACE_PLACES = ("write", "write", "write", "read", "read", "list", "after-read", "hang")
 #: drivers started per race seed in place of one that went silent while no other ran
 REPLACEMENTS = 2
 #: a racing driver's host is suspended in steps of this, until another driver changed
