@@ -181,7 +181,8 @@ RACE_SEEDS = 0.7
 #: per guard read / transaction write of such a seed: the chance it races
 RACE_P = (0.3, 0.6, 1.0)
 #: where a race seed's drivers race (one per seed; see :class:`RecordRace`)
-RACE_PLACES = ("write", "write", "write", "read", "read", "list", "after-read", "hang")
+RACE_PLACES = ("write", "write", "write", "write", "read", "read", "list", "list", "after-read",
+               "hang")
 #: drivers started per race seed in place of one that went silent while no other ran
 REPLACEMENTS = 2
 #: a racing driver's host is suspended in steps of this, until another driver changed
@@ -266,7 +267,7 @@ class RecordRace:
         if not self._races(place):
             return
         whole_batch = self.rng.random() < 0.5
-        changes = self.rng.randint(1, 5) if whole_batch else self.rng.randint(1, 2)
+        changes = self.rng.randint(1, 5) if whole_batch else self.rng.randint(1, 3)
         seen = self._watched(key, whole_batch)
         gone = 0.0
         self.racing = True
