@@ -181,8 +181,8 @@ RACE_SEEDS = 0.7
 #: per guard read / transaction write of such a seed: the chance it races
 RACE_P = (0.3, 0.6, 1.0)
 #: where a race seed's drivers race (one per seed; see :class:`RecordRace`)
-RACE_PLACES = ("write", "write", "write", "write", "read", "read", "list", "list", "after-read",
-               "hang")
+RACE_PLACES = ("write", "write", "write", "swap", "swap", "read", "read", "list", "list",
+               "after-read", "hang")
 #: drivers started per race seed in place of one that went silent while no other ran
 REPLACEMENTS = 2
 #: a racing driver's host is suspended in steps of this, until another driver changed
@@ -190,6 +190,8 @@ REPLACEMENTS = 2
 SUSPEND_STEP_S = 2.0
 #: a key of a sink's batch: its record, outcome, decision or staging
 _BATCH = re.compile(r"/(_txn|_outcome|_committed|_pending)/(\d{12})")
+#: the prefix of a batch's whole staging (every attempt)
+_STAGING = re.compile(r"/_pending/\d{12}/$")
 
 
 class RecordRace:
@@ -200,9 +202,9 @@ class RecordRace:
     * ``read``, ``after-read``: its host is suspended right before, or right after, it
       reads a ``_txn/`` record (a commit about to read the record it decides from, an
       abort or a staging the record it supersedes);
-    * ``write``: right before it sends a ``_txn/`` or ``_outcome/`` write, past its
-      gate and the confirm before it;
-    * ``list``: right before it lists a batch's staged data (to delete it);
+    * ``write``: right before it sends a ``_txn/`` or ``_outcome/`` write (``swap``: a
+      ``_txn/`` compare-and-swap only), past its gate and the confirm before it;
+    * ``list``: right before it lists a batch's whole staging (to delete it);
 
     so only the confirm or the conditions of the writes that follow can stop it: its
     monotonic clock stopped, so its lease gate passes. The suspension lasts until
@@ -325,7 +327,7 @@ class _RacingView(SimStorage):
                 self.race.suspend("after-read", key, f"its next request, after reading {key}")
 
     def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
-        if "/_pending/" in prefix:  # e.g. a recovery about to list a batch's staged data
+        if _STAGING.search(prefix):  # a recovery or abort about to sweep a batch's staging
             self.race.suspend("list", prefix, f"listing {prefix}")
         return super().list(prefix)
 
@@ -333,7 +335,8 @@ class _RacingView(SimStorage):
                   if_match: str | None = None) -> str:
         if "/_txn/" in key or "/_outcome/" in key:
             # passed its gate (and the confirm before it): the host stops before sending
-            self.race.suspend("write", key, f"writing {key}")
+            self.race.suspend("swap" if "/_txn/" in key and if_match is not None else "write",
+                              key, f"writing {key}")
         if ("/_txn/" in key and if_match is not None) or "/_outcome/" in key:
             self.race.hang(key)
         return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
