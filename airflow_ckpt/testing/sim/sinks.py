@@ -38,14 +38,15 @@ Airflow declared dead that still runs, a second driver started by hand). Each dr
 A driver's writes may be delayed, get 503s, lose their answers or time out and land up
 to :data:`HOLD_S` later (after a successor took over), and a driver may crash at any
 step or stall past its lease. A share of seeds (:data:`RACE_SEEDS`, drawn on a generator
-of their own so other seeds keep their schedules) makes a deposed driver race a
-successor on the same batch's records (:class:`RecordRace`): its host is suspended right
-after it read a ``_txn/`` record (or found none), between that guard and the writes it
-guards, or before it lists a batch's staged data to delete it, so its lease gate still
-passes when it wakes; and its transaction writes
-(a record's compare-and-swap, an outcome) hang in the network past the lease and land
-after the successor's. Only checkpoints whose marker was confirmed count (the
-ground truth of what a successor may restore).
+of their own so other seeds keep their schedules; they crash no driver) makes a deposed
+driver race a successor on the same batch's records (:class:`RecordRace`): its host is
+suspended at one place per seed (before or after reading a ``_txn/`` record, before a
+record or outcome write past its gate and confirm, before sweeping a batch's staging)
+until another driver changed that object or batch, so its lease gate still passes when
+it wakes at the worst moment; or its transaction writes hang in the network past the
+lease. With no other driver running, Airflow starts a replacement for the silent one.
+Only checkpoints whose marker was confirmed count (the ground truth of what a successor
+may restore).
 
 Invariants, checked after every step against the source plan (the ground truth:
 batch ``b`` planned from ``start`` to ``end`` holds exactly those numbers):
@@ -54,7 +55,8 @@ batch ``b`` planned from ``start`` to ``end`` holds exactly those numbers):
   checkpoint) returned, ``part-b`` holds exactly the rows of the batch that driver
   staged (or restored): nothing lost, nothing else published (in a shifted life: or the
   decision of a batch id below holds exactly them: published under the id that first
-  read them);
+  read them); and a driver's commit of a batch its completed checkpoint lists is never
+  refused as aborted (:meth:`SinkWorld.commit`);
 * ``sink-duplicate``: no source number is published twice;
 * ``decision-changed``: a commit decision (``_committed/``) or a published part never
   changes nor disappears once written;
