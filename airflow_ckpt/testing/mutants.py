@@ -209,6 +209,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "if keys:\n            self.confirm()",
            "if keys:\n            pass",
            "a sink deletes staged data only after confirming the lease after its listing"),
+    Mutant("decided-unconfirmed", TXN,
+           "self.confirm()\n                return self._noted(batch_id, replay, existing)",
+           "pass\n                return self._noted(batch_id, replay, existing)",
+           "a commit that finds a decision and no staged record returns it only after "
+           "confirming the lease (a successor's decision of the batch id is not its batch)"),
+    Mutant("recover-judges-unlisted", "runtime/sinks/staged.py",
+           "self.tracked_pending()\n        self.transactions.require_committable(",
+           "self.transactions.require_committable(",
+           "a sink's recovery lists the records before it judges the restored batches "
+           "(one aborted in between is committed, and confirmed, or refused)"),
     Mutant("collect-unconfirmed", STORE,
            "cleared, self._cleared = self._cleared, []",
            "cleared, self._cleared = [*self._cleared, *(k for _, ks in self._stash "

@@ -127,6 +127,11 @@ class StagedSink(TwoPhaseCommitSink):
         may have left any."""
         keep = set(commit)
         self.transactions.restart()
+        # Listed before the restored batches are judged: one a successor aborts after
+        # the judgement is listed staged, and its commit's confirm raises; one it
+        # aborted before is refused here (a kept batch missing from the listing would
+        # otherwise be neither committed nor refused).
+        self.tracked_pending()
         self.transactions.require_committable(keep, self.batch_offsets)
         super().recover(keep)
         pending = set(self.tracked_pending())

@@ -493,6 +493,10 @@ class SinkTransactions:
         if txn is None or txn.state != "staged":
             existing = self.decision(batch_id, replay)
             if existing is not None:
+                # A successor's decision (its own staging of the batch id, after it
+                # aborted this driver's: a restore=none or an older restore) is not
+                # this driver's batch: its confirm, after the read, raises.
+                self.confirm()
                 return self._noted(batch_id, replay, existing)
             if txn is None:
                 return None

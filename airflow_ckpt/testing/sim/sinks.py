@@ -38,14 +38,15 @@ Airflow declared dead that still runs, a second driver started by hand). Each dr
 A driver's writes may be delayed, get 503s, lose their answers or time out and land up
 to :data:`HOLD_S` later (after a successor took over), and a driver may crash at any
 step or stall past its lease. A share of seeds (:data:`RACE_SEEDS`, drawn on a generator
-of their own so other seeds keep their schedules) makes a deposed driver race a
-successor on the same batch's records (:class:`RecordRace`): its host is suspended right
-after it read a ``_txn/`` record (or found none), between that guard and the writes it
-guards, or before it lists a batch's staged data to delete it, so its lease gate still
-passes when it wakes; and its transaction writes
-(a record's compare-and-swap, an outcome) hang in the network past the lease and land
-after the successor's. Only checkpoints whose marker was confirmed count (the
-ground truth of what a successor may restore).
+of their own so other seeds keep their schedules; they crash no driver) makes a deposed
+driver race a successor on the same batch's records (:class:`RecordRace`): its host is
+suspended at one place per seed (before or after reading a ``_txn/`` record, before a
+record or outcome write past its gate and confirm, before sweeping a batch's staging)
+until another driver changed that object or batch, so its lease gate still passes when
+it wakes at the worst moment; or its transaction writes hang in the network past the
+lease. With no other driver running, Airflow starts a replacement for the silent one.
+Only checkpoints whose marker was confirmed count (the ground truth of what a successor
+may restore).
 
 Invariants, checked after every step against the source plan (the ground truth:
 batch ``b`` planned from ``start`` to ``end`` holds exactly those numbers):
@@ -54,7 +55,8 @@ batch ``b`` planned from ``start`` to ``end`` holds exactly those numbers):
   checkpoint) returned, ``part-b`` holds exactly the rows of the batch that driver
   staged (or restored): nothing lost, nothing else published (in a shifted life: or the
   decision of a batch id below holds exactly them: published under the id that first
-  read them);
+  read them); and a driver's commit of a batch its completed checkpoint lists is never
+  refused as aborted (:meth:`SinkWorld.commit`);
 * ``sink-duplicate``: no source number is published twice;
 * ``decision-changed``: a commit decision (``_committed/``) or a published part never
   changes nor disappears once written;
@@ -77,8 +79,9 @@ from __future__ import annotations
 import builtins
 import json
 import random
+import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from airflow_ckpt.errors import (
     ConcurrentDriverError,
@@ -118,7 +121,7 @@ from airflow_ckpt.testing.sim.outcome import (
     Outcome,
     Violation,
 )
-from airflow_ckpt.testing.sim.scheduler import Host, Scheduler
+from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
 
 JOB = "simjob"
@@ -176,39 +179,121 @@ SHIFT_WINDOW = LOOK_DOWN
 
 
 #: the share of seeds whose drivers race a successor on the same batch's records
-RACE_SEEDS = 0.5
+RACE_SEEDS = 0.7
 #: per guard read / transaction write of such a seed: the chance it races
-RACE_P = (0.5, 1.0)
+RACE_P = (0.3, 0.6, 1.0)
+#: where a race seed's drivers race (one per seed; see :class:`RecordRace`)
+RACE_PLACES = ("write", "write", "write", "swap", "swap", "read", "read", "list", "list",
+               "after-read", "hang")
+#: drivers started per race seed in place of one that went silent while no other ran
+REPLACEMENTS = 2
+#: a racing driver's host is suspended in steps of this, until another driver changed
+#: the batch it works on
+SUSPEND_STEP_S = 2.0
+#: a key of a sink's batch: its record, outcome, decision or staging
+_BATCH = re.compile(r"/(_txn|_outcome|_committed|_pending)/(\d{12})")
+#: the prefix of a batch's whole staging (every attempt)
+_STAGING = re.compile(r"/_pending/\d{12}/$")
 
 
 class RecordRace:
-    """A deposed driver racing its successor on one batch's transaction records: a host
-    suspended right after reading a ``_txn/`` record (the confirm or the conditions of
-    the writes that follow are all that stops it: its monotonic clock stopped, so its
-    lease gate passes), and a record swap or outcome write that passed the gate and then
-    hangs in the network past the lease. Drawn per seed on a generator of its own."""
+    """A deposed driver racing its successor on one batch's transaction records. Each
+    race seed draws one place where its drivers race (:data:`RACE_PLACES`), each driver
+    races once, at that place, with the seed's chance each time it gets there:
 
-    def __init__(self, seed: int, scheduler: Scheduler) -> None:
+    * ``read``, ``after-read``: its host is suspended right before, or right after, it
+      reads a ``_txn/`` record (a commit about to read the record it decides from, an
+      abort or a staging the record it supersedes);
+    * ``write``: right before it sends a ``_txn/`` or ``_outcome/`` write (``swap``: a
+      ``_txn/`` compare-and-swap only), past its gate and the confirm before it;
+    * ``list``: right before it lists a batch's whole staging (to delete it);
+
+    so only the confirm or the conditions of the writes that follow can stop it: its
+    monotonic clock stopped, so its lease gate passes. The suspension lasts until
+    another driver changed the object (once or twice) or the batch (1-5 times: record,
+    outcomes, decision, staging), the worst moment to wake, or :data:`HOLD_S` at most.
+    ``hang``: a record swap or outcome write that passed the gate hangs in the network
+    past the lease. A driver races only while another one runs (a successor to race);
+    with none, Airflow declares the silent driver dead and starts another
+    (:data:`REPLACEMENTS` per seed). Drawn on a generator of its own."""
+
+    def __init__(self, seed: int, scheduler: Scheduler, objects: SimObjects,
+                 replace: Callable[[], None]) -> None:
         self.rng = random.Random(f"sinks-record-race-{seed}")
         self.scheduler = scheduler
+        self.objects = objects
+        self.replace = replace  # starts one more driver (Airflow's replacement)
+        self.replacements = REPLACEMENTS
         self.p = self.rng.choice(RACE_P) if self.rng.random() < RACE_SEEDS else 0.0
+        self.place = self.rng.choice(RACE_PLACES)
+        #: whether a driver is suspended racing now (its successor is left to work)
+        self.racing = False
+        #: the drivers' hosts that raced once (woken, a racer runs on undisturbed)
+        self.raced: set[str] = set()
 
-    def _gone(self) -> float | None:
-        if not self.p or self.scheduler.current() is None or self.rng.random() >= self.p:
-            return None
-        return self.rng.uniform(DEFAULT_TTL_S, HOLD_S)
+    def _races(self, place: str) -> bool:
+        """Whether the calling driver races now, at ``place`` (drawn)."""
+        current = self.scheduler.current()
+        if (not self.p or place != self.place or self.racing or current is None
+                or current.host.name in self.raced):
+            return False
+        contended = self._contended()
+        if (not contended and not self.replacements) or self.rng.random() >= self.p:
+            return False
+        self.raced.add(current.host.name)
+        if not contended:
+            self.replacements -= 1
+            self.replace()
+        return True
 
-    def suspend(self, what: str) -> None:
-        """Maybe suspend the calling driver's host (its monotonic clock stops) for longer
-        than a lease."""
-        gone = self._gone()
-        if gone is not None:
-            self.scheduler.suspend(gone, what)
+    def _contended(self) -> bool:
+        """Whether another driver runs beside the calling one (a successor to race)."""
+        current = self.scheduler.current()
+        return current is not None and any(
+            actor.alive and actor.name.startswith("driver-") and actor.host != current.host
+            for actor in self.scheduler.actors)
 
-    def before_write(self, key: str) -> None:
+    def _watched(self, key: str, whole_batch: bool) -> dict[str, str]:
+        """The ETags of the objects under ``key`` (an object or a prefix), or of every
+        object of its batch (record, outcomes, decision, staging), as storage holds
+        them now."""
+        found = _BATCH.search(key)
+        objects = self.objects.objects
+        if not whole_batch or found is None:
+            return {k: stored.etag for k, stored in objects.items() if k.startswith(key)}
+        return {k: stored.etag for k, stored in objects.items()
+                if (m := _BATCH.search(k)) is not None and m.group(2) == found.group(2)}
+
+    def suspend(self, place: str, key: str, what: str) -> None:
+        """Maybe (``place``) suspend the calling driver's host (its monotonic clock
+        stops) until another driver changed ``key`` once or twice, or its batch 1-5
+        times (or :data:`HOLD_S` at most)."""
+        if not self._races(place):
+            return
+        whole_batch = self.rng.random() < 0.5
+        changes = self.rng.randint(1, 5) if whole_batch else self.rng.randint(1, 3)
+        seen = self._watched(key, whole_batch)
+        gone = 0.0
+        self.racing = True
+        try:
+            while gone < HOLD_S:
+                self.scheduler.suspend(SUSPEND_STEP_S, what)
+                gone += SUSPEND_STEP_S
+                now = self._watched(key, whole_batch)
+                changes -= sum(now.get(k) != etag for k, etag in seen.items()) + len(
+                    now.keys() - seen.keys())
+                seen = now
+                if changes <= 0:
+                    self.scheduler.log(f"wakes after {gone:g} s: another driver changed "
+                                       + ("its batch" if whole_batch else key))
+                    return
+        finally:
+            self.racing = False
+
+    def hang(self, key: str) -> None:
         """Maybe hold a gated write in the network for longer than a lease."""
-        gone = self._gone()
-        if gone is not None:
+        if self._races("hang"):
+            gone = self.rng.uniform(DEFAULT_TTL_S, HOLD_S)
             self.scheduler.log(f"{key}: the write hangs {gone:.1f} s in the network")
             self.scheduler.sleep(gone)
 
@@ -229,22 +314,33 @@ class _RacingView(SimStorage):
     def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
         return _RacingView.of(super().checked_view(check), self.race)
 
+    def get_bytes(self, key: str) -> bytes:
+        if "/_txn/" in key:  # e.g. a commit about to read the record it decides from
+            self.race.suspend("read", key, f"reading {key}")
+        return super().get_bytes(key)
+
     def get_versioned(self, key: str) -> Versioned:
+        if "/_txn/" in key:  # e.g. an abort about to read the record it aborts
+            self.race.suspend("read", key, f"reading {key}")
         try:
             return super().get_versioned(key)
         finally:
             if "/_txn/" in key:
-                self.race.suspend(f"after reading {key}")
+                self.race.suspend("after-read", key, f"its next request, after reading {key}")
 
     def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
-        if "/_pending/" in prefix:  # a recovery about to list a batch's staged data
-            self.race.suspend(f"before listing {prefix}")
+        if _STAGING.search(prefix):  # a recovery or abort about to sweep a batch's staging
+            self.race.suspend("list", prefix, f"listing {prefix}")
         return super().list(prefix)
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:
+        if "/_txn/" in key or "/_outcome/" in key:
+            # passed its gate (and the confirm before it): the host stops before sending
+            self.race.suspend("swap" if "/_txn/" in key and if_match is not None else "write",
+                              key, f"writing {key}")
         if ("/_txn/" in key and if_match is not None) or "/_outcome/" in key:
-            self.race.before_write(key)
+            self.race.hang(key)
         return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
 
 
@@ -325,8 +421,11 @@ class SinkWorld(Judged):
                                    clock_jump_p=CLOCK_JUMP_P)
         self.rng = self.scheduler.rng
         self.setup = SinkSetup.draw(self.rng, plants, self.scheduler.swarm)
-        self.race = RecordRace(seed, self.scheduler)
         self.objects = SimObjects()
+        self.race = RecordRace(seed, self.scheduler, self.objects, self.replace_driver)
+        self.started = self.setup.drivers  # drivers started (the supervisor's, replacements)
+        if self.race.p:  # the successor lives to work on the racer's batch
+            self.setup = replace(self.setup, crash_p=0.0)
         self.base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True)
         self.truth = JsonLinesSink(self.base, SINK)  # the harness's faultless reader
         self.checkpoints: list[Checkpoint] = []
@@ -651,20 +750,45 @@ class SinkWorld(Judged):
                                      staged=batch in pending)
             for committed in pending:
                 if committed <= batch:
-                    sink.commit(committed)
+                    self.commit(number, sink, committed)
             self.check_published(batch, start, end, f"driver-{number}'s commit of batch {batch}",
                                  shifted)
             batch, start = batch + 1, end
         return True
 
+    def commit(self, number: int, sink: JsonLinesSink, batch: int) -> None:
+        """``sink.commit(batch)`` of a batch the driver staged in this life, which its
+        checkpoint (marker confirmed) lists: ``sink-lost`` if it is refused as aborted.
+        Only a holder aborts an attempt, one it read before its confirm: a successor
+        aborts this attempt after its claim, and then this driver's own confirm raises
+        first; a predecessor's confirm after reading this attempt's record (written
+        after this driver's claim) raises. A refusal is a counted checkpoint's output
+        lost by another driver's abort."""
+        try:
+            sink.commit(batch)
+        except SinkTransactionAbortedError as exc:
+            self.violate(SINK_LOST, f"driver-{number}'s commit of batch {batch}, which its "
+                         f"completed checkpoint lists, was refused: {exc}")
+            raise
+
     def supervisor(self) -> None:
         """Starts the drivers: the next one when the last ended, or earlier (it then
         waits for the lease, or gives up if the holder is alive)."""
+        self.start_drivers(self.setup.drivers, self.spawn_driver)
+
+    def spawn_driver(self, number: int) -> Actor:
         setup = self.setup
-        self.start_drivers(setup.drivers, lambda number: self.scheduler.spawn(
-            f"driver-{number}", Host(f"driver-{number}", setup.skews[number - 1]),
+        return self.scheduler.spawn(
+            f"driver-{number}", Host(f"driver-{number}", setup.skews[(number - 1) % setup.drivers]),
             self.driver(number), crash_p=setup.crash_p, pause_p=setup.stall_p / 10,
-            pause_s=(DEFAULT_TTL_S, HOLD_S), suspend_p=setup.stall_p / 10))
+            pause_s=(DEFAULT_TTL_S, HOLD_S), suspend_p=setup.stall_p / 10)
+
+    def replace_driver(self) -> None:
+        """Airflow declares the calling driver dead (it went silent) and starts another
+        (:class:`RecordRace`)."""
+        self.started += 1
+        self.scheduler.log(f"Airflow starts driver-{self.started} in its place")
+        self.spawn_driver(self.started)
 
     def run(self) -> Outcome:
         sched = self.scheduler
