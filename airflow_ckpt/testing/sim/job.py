@@ -97,7 +97,8 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   record (adopted, or the holder's own), not by the runtime's filter;
 * ``job-retention``: a checkpoint that counts loses its ``_metadata`` (not by the vandal)
   only while ``num-retained`` newer checkpoints count (a deposed driver acting on a
-  marker that never counted must not subsume what its successor adopted);
+  marker that never counted must not subsume what its successor adopted; during a
+  takeover, a marker stored at the claim counts by the older records: seed 301107);
 * ``ungated-write``: every write a driver starts through its ``FencedStorage`` passed
   its lease gate first (as in the sink and savepoint worlds);
 * ``job-uncounted`` (each restore by the holder, its takeover over): a checkpoint that
@@ -840,6 +841,9 @@ class JobWorld(Judged):
         self._counted_before: set[int] = set()
         #: lease epoch -> checkpoint ids whose markers were stored when its record appeared
         self._markers_at_claim: dict[int, frozenset[int]] = {}
+        #: markers that count (at the last :meth:`counted`) only by a record older than
+        #: the newest, which is not ``adoption_final`` yet
+        self._counted_by_older: set[int] = set()
         self._ever_counted: set[int] = set()  # ids that counted at some step
         self._renewed: dict[int, float] = {}  # id(lease) -> when its claim or beat returned
         self._late: set[int] = set()  # checkpoint ids whose markers landed late
@@ -904,12 +908,14 @@ class JobWorld(Judged):
         ids = {n for key in self.objects.objects if (n := _checkpoint_of(key)) is not None
                and key not in self._subsumed_markers}  # subsumed once: never again
         records = self._judged_records() if ids else []
+        self._counted_by_older = set()
         if not records:
             return ids - self._late
         counts = {n for n in ids if _counts_by(records[0], n)}
         landed = self._markers_at_claim.get(records[0].epoch, frozenset()) & ids
-        counts |= {n for n in landed for older in records[1:] if _counts_by(older, n)}
-        return counts - self._late
+        self._counted_by_older = {n for n in landed - counts
+                                  for older in records[1:] if _counts_by(older, n)}
+        return (counts | self._counted_by_older) - self._late
 
     def _judged_records(self) -> list[LeaseRecord]:
         """The newest lease record, and while the one taken last is not
@@ -1092,6 +1098,8 @@ class JobWorld(Judged):
             if number is None or number not in before or key in self.vandalized:
                 continue
             newer = sorted(n for n in newer_pool if n > number)
+            if any(n > number for n in self._counted_by_older):
+                self.coverage["subsumed-in-takeover"] += 1  # seed 301107's story
             if len(newer) < self.num_retained:
                 self.violate(RETENTION, f"{key} was deleted while it counted, with only "
                              f"{newer} newer checkpoint(s) counting (num-retained "
