@@ -97,7 +97,8 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   record (adopted, or the holder's own), not by the runtime's filter;
 * ``job-retention``: a checkpoint that counts loses its ``_metadata`` (not by the vandal)
   only while ``num-retained`` newer checkpoints count (a deposed driver acting on a
-  marker that never counted must not subsume what its successor adopted);
+  marker that never counted must not subsume what its successor adopted; during a
+  takeover, a marker stored at the claim counts by the older records: seed 301107);
 * ``ungated-write``: every write a driver starts through its ``FencedStorage`` passed
   its lease gate first (as in the sink and savepoint worlds);
 * ``job-uncounted`` (each restore by the holder, its takeover over): a checkpoint that
@@ -174,8 +175,10 @@ from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.job import checkpointed_job as job_module
 from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.record import (
+    LeaseRecord,
     lease_epochs,
     lease_key,
+    read_epoch,
     read_lease,
     valid_checkpoint_ids,
 )
@@ -836,6 +839,11 @@ class JobWorld(Judged):
         self._covered = -1  # the newest batch a completed checkpoint or savepoint covers
         self._present_before: set[str] = set()
         self._counted_before: set[int] = set()
+        #: lease epoch -> checkpoint ids whose markers were stored when its record appeared
+        self._markers_at_claim: dict[int, frozenset[int]] = {}
+        #: markers that count (at the last :meth:`counted`) only by a record older than
+        #: the newest, which is not ``adoption_final`` yet
+        self._counted_by_older: set[int] = set()
         self._ever_counted: set[int] = set()  # ids that counted at some step
         self._renewed: dict[int, float] = {}  # id(lease) -> when its claim or beat returned
         self._late: set[int] = set()  # checkpoint ids whose markers landed late
@@ -886,18 +894,51 @@ class JobWorld(Judged):
 
     def counted(self) -> set[int]:
         """Ids of the checkpoints with a marker that count by the design's rule, judged
-        here from the newest lease record alone (not by the runtime's
-        ``valid_checkpoint_ids``, which a bug may change): adopted at the takeover, or
-        the holder's own (id >= its ``first_id``); everything counts before adoption
-        existed (no record, or one without it). A *late* marker never counts: one of an
-        older epoch that first landed after a newer holder's takeover was over (its
-        adoption final), whatever a record says."""
+        here from the lease records (not by the runtime's ``valid_checkpoint_ids``,
+        which a bug may change): adopted at the takeover, or the holder's own (id >= its
+        ``first_id``); everything counts before adoption existed (no record, or one
+        without it). While the newest record is not ``adoption_final`` (its claimant's
+        post-claim look is not over), a marker that landed before its claim also counts
+        if an older record still stored counts it, down to the first final one: the
+        look adopts it (the old holder may have confirmed it and acted on it, seed
+        301107: subsumed the checkpoint below it), and so does the next claimant's if
+        this one dies first. A *late* marker never counts: one of an older epoch that
+        first landed after a newer holder's takeover was over (its adoption final),
+        whatever a record says."""
         ids = {n for key in self.objects.objects if (n := _checkpoint_of(key)) is not None
                and key not in self._subsumed_markers}  # subsumed once: never again
-        lease = read_lease(self.oracle, JOB) if ids else None
-        if lease is None or lease.adopted is None or lease.first_id is None:
+        records = self._judged_records() if ids else []
+        self._counted_by_older = set()
+        if not records:
             return ids - self._late
-        return {n for n in ids if n in lease.adopted or n >= lease.first_id} - self._late
+        counts = {n for n in ids if _counts_by(records[0], n)}
+        landed = self._markers_at_claim.get(records[0].epoch, frozenset()) & ids
+        self._counted_by_older = {n for n in landed - counts
+                                  for older in records[1:] if _counts_by(older, n)}
+        return (counts | self._counted_by_older) - self._late
+
+    def _judged_records(self) -> list[LeaseRecord]:
+        """The newest lease record, and while the one taken last is not
+        ``adoption_final``, the next older one still stored (newest first)."""
+        records: list[LeaseRecord] = []
+        for epoch in reversed(lease_epochs(self.oracle, JOB)):
+            record = read_epoch(self.oracle, JOB, epoch)
+            if record is None and not records:
+                return []  # the newest unreadable: nothing is judged by it
+            if record is not None:
+                records.append(record)
+                if record.adoption_final:
+                    break
+        return records
+
+    def _note_claims(self, new: set[str]) -> None:
+        """For each lease record that appeared in this step: the checkpoint ids whose
+        markers were stored at its claim (:meth:`counted`)."""
+        for key in new:
+            if key.startswith(LAYOUT.lease_prefix) and key.endswith(".json"):
+                markers = frozenset(n for k in self.objects.objects
+                                    if (n := _checkpoint_of(k)) is not None)
+                self._markers_at_claim[int(key[len(LAYOUT.lease_prefix):-5])] = markers
 
     def damaged(self, manifest: Manifest, marker: str) -> bool:
         """Whether the vandal touched the marker or an object it references."""
@@ -920,6 +961,7 @@ class JobWorld(Judged):
             self.coverage["subsumed"] += 1
         if any(k.startswith(LAYOUT.control_prefix) for k in gone):
             self.coverage["control-forgotten"] += 1  # answered requests deleted (issue 26)
+        self._note_claims(present - self._present_before)
         self._present_before = present
         self._check_retention(gone)
         self._check_savepoint_history(present, gone)
@@ -1056,6 +1098,8 @@ class JobWorld(Judged):
             if number is None or number not in before or key in self.vandalized:
                 continue
             newer = sorted(n for n in newer_pool if n > number)
+            if any(n > number for n in self._counted_by_older):
+                self.coverage["subsumed-in-takeover"] += 1  # seed 301107's story
             if len(newer) < self.num_retained:
                 self.violate(RETENTION, f"{key} was deleted while it counted, with only "
                              f"{newer} newer checkpoint(s) counting (num-retained "
@@ -2060,6 +2104,14 @@ class JobWorld(Judged):
 def _objects_of(manifest: Manifest) -> list[FileEntry]:
     """The manifest's files stored as objects of their own (not inline in ``_metadata``)."""
     return [f for f in manifest.files if not f.is_inline]
+
+
+def _counts_by(record: LeaseRecord, number: int) -> bool:
+    """Whether checkpoint ``number``'s marker counts by ``record`` alone: adopted, the
+    holder's own, or any (a record without adoption)."""
+    if record.adopted is None or record.first_id is None:
+        return True
+    return number in record.adopted or number >= record.first_id
 
 
 def _checkpoint_of(key: str) -> int | None:
