@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -24,6 +26,8 @@ from airflow_ckpt.errors import (
     PreconditionFailedError,
 )
 from airflow_ckpt.restart import restart_strategy_from_params
+from airflow_ckpt.runtime.lease.record import LeaseRecord, lease_key
+from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing.sim.flink import expected_decisions
 from airflow_ckpt.testing.sim.history import (
     EVENT_LOST,
@@ -38,7 +42,14 @@ from airflow_ckpt.testing.sim.history import (
     TERMINAL_RESTARTED,
     run_seed,
 )
-from airflow_ckpt.testing.sim.job import KNOWN_DEFECTS, MARKER_RESURRECTED, run_job_seed
+from airflow_ckpt.testing.sim.job import (
+    JOB,
+    KNOWN_DEFECTS,
+    MARKER_RESURRECTED,
+    RETENTION,
+    JobWorld,
+    run_job_seed,
+)
 from airflow_ckpt.testing.sim.outcome import Outcome
 from airflow_ckpt.testing.sim.savepoints import (
     PLANT_SHARED_DIR,
@@ -249,6 +260,44 @@ def test_a_subsumed_checkpoint_never_reappears() -> None:
     assert MARKER_RESURRECTED not in {v.invariant for v in outcome.violations}, \
         format_outcome(outcome, 40)
     assert outcome.coverage.components["marker-resurrected"] > 0  # it did land
+
+
+def test_a_subsumption_during_a_takeover_counts_the_markers_stored_at_the_claim() -> None:
+    """Job seed 301107 (on b240485 with the pinned checkpoint never swept): the holder
+    confirmed chk-4 and subsumed chk-2 while a claimant's record, listed before chk-4
+    landed, was not ``adoption_final`` yet; its post-claim look then adopted chk-4. The
+    world judged by that record alone and saw chk-2 deleted with one newer checkpoint
+    (``job-retention``). A marker stored at the claim counts by the older records while
+    the newest is not final; one landing after the claim does not."""
+    world = JobWorld(0)
+    world.setup = replace(world.setup, num_retained=2)
+    layout = JobLayout(JOB)
+    try:
+        def put(key: str, data: bytes) -> None:
+            world.objects.put(key, data, 0.0, create_only=False, if_match=None)
+            world.check()
+
+        def claim(epoch: int, adopted: tuple[int, ...], first_id: int, final: bool) -> None:
+            record = LeaseRecord(epoch, "o", "h", 1, 0.0, 0.0, adopted=adopted,
+                                 first_id=first_id, adoption_final=final)
+            put(lease_key(layout.lease_prefix, epoch), record.to_json())
+
+        def subsume(number: int) -> None:
+            world.objects.delete([layout.checkpoint_metadata(number)])
+            world.check()
+
+        claim(1, (), 1, final=True)
+        for number in (2, 3, 4):
+            put(layout.checkpoint_metadata(number), b"marker")
+        claim(2, (2, 3), 101, final=False)  # listed before chk-4 landed
+        subsume(2)  # the holder retains chk-3 and chk-4 (num-retained 2)
+        assert world.violations == []
+        assert world.coverage["subsumed-in-takeover"] == 1
+        put(layout.checkpoint_metadata(5), b"marker")  # after the claim: never counts
+        subsume(3)  # with only chk-4 newer that counts
+        assert [v.invariant for v in world.violations] == [RETENTION], world.violations
+    finally:
+        shutil.rmtree(world.tmp, ignore_errors=True)
 
 
 def test_a_run_whose_only_checkpoint_marker_was_deleted_never_starts_from_scratch() -> None:
