@@ -76,14 +76,22 @@ class StagedSink(TwoPhaseCommitSink):
     def commit(self, batch_id: int) -> None:
         with self._lock:
             for replay in self._slots(batch_id, self._seeks_extra):
-                self._commit(batch_id, replay, sweep=self._recovering)
+                self._commit(batch_id, replay, sweep=self._recovering,
+                             restored=self._recovering)
 
-    def _commit(self, batch_id: int, replay: str, *, sweep: bool) -> None:
+    def _commit(self, batch_id: int, replay: str, *, sweep: bool,
+                restored: bool = False) -> None:
         """Decide, publish and clean up one publication of the batch; ``sweep``: also
-        delete the batch's other attempts (abort and recovery: listed, then confirmed)."""
+        delete the batch's other attempts (abort and recovery: listed, then confirmed).
+        ``restored``: the batch is a restored snapshot's, whose decision must be of the
+        input the restored batch read; a record superseded after :meth:`recover` judged
+        it (a deposed driver's swap landing late) raises here, before publishing."""
         decision = self.transactions.decide(batch_id, self._describe, replay)
         if decision is None:
             return  # never staged (aborted, or a crash before its record)
+        if restored and not replay:
+            self.transactions.require_restored_input(batch_id, decision.get("offsets"),
+                                                     self.batch_offsets)
         self._publish(batch_id, replay, decision)
         attempt = decision["attempt"]
         if sweep and not replay:
