@@ -448,6 +448,18 @@ def test_a_savepoint_whose_lease_confirmation_fails_is_never_answered_failed() -
     assert any("503" in line and "lease" in line for line in outcome.trace), outcome.trace[-40:]
 
 
+def test_the_savepoint_world_races_a_deposed_drivers_marker() -> None:
+    """The marker race (session 15): a driver suspended right before its savepoint
+    marker PUT, past its gate, wakes once its successor wrote that marker, and its own
+    PUT meets the create-only condition; this is what tells ``marker-overwrite`` apart
+    (savepoint seed 18 kills it)."""
+    traces = ["\n".join(run_savepoint_seed(seed).trace) for seed in range(40)]
+    woken = [t for t in traces if "another driver wrote" in t and "_metadata" in t]
+    assert woken
+    assert any("put create-only simjob/savepoints/sp-v/_metadata -> ObjectAlreadyExistsError"
+               in t for t in woken)
+
+
 def test_random_schedules_break_no_invariant() -> None:
     result = explore(range(SEEDS), stop_when_any=set(INVARIANTS) - KNOWN_DEFECTS)
     unexpected = {i: o for i, o in result.first.items() if i not in KNOWN_DEFECTS}
