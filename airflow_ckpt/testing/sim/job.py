@@ -845,6 +845,9 @@ class JobWorld(Judged):
         #: the newest, which is not ``adoption_final`` yet
         self._counted_by_older: set[int] = set()
         self._ever_counted: set[int] = set()  # ids that counted at some step
+        #: checkpoint id -> the retention floor it records, judged by the world when its
+        #: marker first landed (lowest, highest it may be): see :meth:`_note_floor`
+        self._floors: dict[int, tuple[int, int]] = {}
         self._renewed: dict[int, float] = {}  # id(lease) -> when its claim or beat returned
         self._late: set[int] = set()  # checkpoint ids whose markers landed late
         self._settled_epoch = 0  # the newest epoch whose holder finished its takeover
@@ -1001,7 +1004,9 @@ class JobWorld(Judged):
             data = objects[key].data
             if key not in self._markers and key not in self._deleted_markers:
                 self._note_late(key)
-                if (number := _checkpoint_of(key)) is not None \
+                if (number := _checkpoint_of(key)) is not None:
+                    self._note_floor(number)
+                if number is not None \
                         and (first_manifest := self.manifest(key)) is not None:
                     self._marker_epochs[number] = first_manifest.lease_epoch
                     self._arm_floor_strike(number, first_manifest.lease_epoch)
@@ -1073,6 +1078,40 @@ class JobWorld(Judged):
         self.coverage["floor-struck"] += 1
         self._damage(key, delete=True)
         return True
+
+    def _note_floor(self, number: int) -> None:
+        """The retention floor of checkpoint ``number``, whose marker first landed in this
+        step, by the design's rule and the world's own ground truth (never the floor its
+        manifest records, which a bug may change): the lowest of the newest
+        ``num-retained`` of it and the checkpoints retained when it completed, those
+        that counted then (:meth:`counted`). Its writer read each older marker before or
+        after the vandal touched it (retaining it or not), so the floor is a range:
+        without the checkpoints whose marker the vandal damaged or deleted, and with
+        them."""
+        counted = {n for n in self._counted_before if n < number}
+        touched = {n for k in self.vandalized if k not in self._late_copies
+                   and (n := _checkpoint_of(k)) is not None and n < number}
+        keep = max(self.num_retained, 1)
+        self._floors[number] = (sorted(counted - touched | {number})[-keep:][0],
+                                sorted(counted | touched | {number})[-keep:][0])
+
+    def reader_floor(self) -> tuple[int, int] | None:
+        """The retention floor every reader applies now (the design's rule: the floor of
+        the newest marker that counts and can be read), as the range (lowest, highest)
+        it may be by the world's ground truth: the floor of the newest checkpoint that
+        counts (:meth:`counted`) with a marker the vandal never touched, and at most
+        that of a newer marker that parses and the runtime's filter counts (a late copy
+        the world does not count). None: no marker is read."""
+        intact = [n for n in self.counted()
+                  if LAYOUT.checkpoint_metadata(n) not in self.vandalized]
+        if not intact:
+            return None
+        newest = max(intact)
+        low, high = self._floors.get(newest, (0, newest))
+        for number in self.counting():
+            if number > newest and self.manifest(LAYOUT.checkpoint_metadata(number)):
+                high = max(high, self._floors.get(number, (0, number))[1])
+        return low, high
 
     def _note_late(self, key: str) -> None:
         """A checkpoint marker seen for the first time: late if its writer's epoch is
@@ -1270,6 +1309,11 @@ class JobWorld(Judged):
             self.violate(RESTORED_UNCOUNTED, f"{job.life} restored chk-{restored_id} with "
                          "restore=latest, but it does not count (a marker its holder "
                          "neither adopted nor wrote)")
+        elif restored_id is not None and (retention := self.reader_floor()) is not None \
+                and restored_id < retention[0]:
+            self.violate(OLDER_STATE, f"{job.life} restored chk-{restored_id} with "
+                         f"restore=latest, below the retention floor chk-{retention[0]} "
+                         "of the newest checkpoint that counts (a fallback below it)")
         for number in self.counting():
             if (restored_id is not None and number <= restored_id) or \
                     (floor is not None and number < floor):
@@ -1919,19 +1963,29 @@ class JobWorld(Judged):
 
     def check_refusal(self) -> bool:
         """Whether the recovery's failure is the documented refusal: no checkpoint that
-        counts is intact (the vandal damaged each)."""
+        counts is intact (the vandal damaged each) at or above the retention floor
+        (:meth:`reader_floor`; its highest): one below it is no candidate of
+        ``restore=latest`` (a design decision, job seed 304536 on session 14's code:
+        the refusal names the damaged files and ``restore=<chk-n>`` takes it)."""
         last = self.endings[-1][1] if self.endings else None
         if isinstance(last, SinkTransactionAbortedError):
             self.coverage["documented-refusal"] += 1
             return True
         if not isinstance(last, RestoreError) or isinstance(last, CorruptCheckpointError):
             return False
+        floor = self.reader_floor()
+        below = False
         for number in self.counting():
             key = LAYOUT.checkpoint_metadata(number)
             manifest = self.manifest(key)
-            if manifest is not None and not self.damaged(manifest, key):
+            if manifest is None or self.damaged(manifest, key):
+                continue
+            if floor is None or number >= floor[1]:
                 return False
+            below = True
         self.coverage["documented-refusal"] += 1
+        if below:
+            self.coverage["refused-below-floor"] += 1
         return True
 
     def check_verifies(self) -> None:
