@@ -796,6 +796,21 @@ class JobWorld(Judged):
             self.setup = replace(self.setup, incremental=True, memory_threshold=0,
                                  num_retained=max(2, self.setup.num_retained))
             self.uploads = replace(self.uploads, file_merging=False)
+        #: job seed 304536's story made common (session 14's code found it once in
+        #: 22,000 schedules): num-retained 1, a holder suspended before its completion
+        #: marker, its successor killed between its claim and its second look (its
+        #: record adopts the checkpoint below, not the marker landing after the claim),
+        #: so the next claimant adopts both: one below the other's retention floor, never
+        #: subsumed (its writer is deposed); then the vandal strikes the checkpoints at
+        #: or above the floor (:meth:`strike_retention_floor`). Not with the older run
+        #: or the wrong cleanup (num-retained >= 2; drawn apart)
+        self.floor_takeover = not (self.older_run or self.cleanup) \
+            and random.Random(seed ^ 0xF102).random() < 0.25
+        if self.floor_takeover:
+            self.setup = replace(self.setup, num_retained=1)
+            self.contention = replace(self.contention, marker_suspend_p=max(
+                self.contention.marker_suspend_p, 0.5))
+        self._retention_struck = False
         self.violations: list[Violation] = []
         self.objects = SimObjects()
         self.table = SimObjects()  # the Parquet table's bucket
@@ -1023,6 +1038,7 @@ class JobWorld(Judged):
             if key not in self.vandalized:
                 self._check_references(key, manifest)
         self._check_commits()
+        self.strike_retention_floor()
         for key in present:
             if key.startswith(LAYOUT.control_prefix) and key.endswith(".result.json"):
                 first = self._results.setdefault(key, objects[key].data)
@@ -1112,6 +1128,43 @@ class JobWorld(Judged):
             if number > newest and self.manifest(LAYOUT.checkpoint_metadata(number)):
                 high = max(high, self._floors.get(number, (0, number))[1])
         return low, high
+
+    def strike_retention_floor(self) -> None:
+        """With the seed's :attr:`floor_takeover`, once: while a checkpoint below the
+        retention floor still counts (by the design's rule) with its marker stored and
+        intact, because the newest checkpoint's writer was deposed before its retention
+        deleted it (job seed 304536 on session 14's code: the claimant that listed it
+        died before its post-claim look, the next one adopted it with the marker that
+        raised the floor), the vandal deletes every object of the checkpoints at or
+        above the floor that it does not reference. ``restore=latest`` must then refuse
+        (naming the damaged files) rather than fall back below the floor
+        (``job-older-state``; a refusal judged by :meth:`check_refusal`)."""
+        if not self.floor_takeover or self._retention_struck:
+            return
+        floor = self.reader_floor()
+        counted = self._counted_before
+        if floor is None or not self._epochs_seen:
+            return
+        newest = max(n for n in counted if LAYOUT.checkpoint_metadata(n) not in self.vandalized)
+        writer = self._marker_epochs.get(newest)
+        if writer is None or writer >= max(self._epochs_seen):
+            return  # its writer may still delete what is below the floor
+        below = [m for n in counted if n < floor[0]
+                 and (m := self.manifest(LAYOUT.checkpoint_metadata(n))) is not None
+                 and not self.damaged(m, LAYOUT.checkpoint_metadata(n))]
+        if not below:
+            return
+        kept = {f.key for m in below for f in _objects_of(m)}
+        keys = sorted({key for n in counted if n >= floor[0]
+                       and (m := self.manifest(LAYOUT.checkpoint_metadata(n))) is not None
+                       for f in _objects_of(m) if f.key not in kept
+                       and (key := f"{JOB}/{f.key}") in self.objects.objects})
+        if not keys:
+            return
+        self._retention_struck = True
+        self.coverage["retention-floor-struck"] += 1
+        for key in keys:
+            self._damage(key, delete=True)
 
     def _note_late(self, key: str) -> None:
         """A checkpoint marker seen for the first time: late if its writer's epoch is
@@ -1583,7 +1636,8 @@ class JobWorld(Judged):
             return
         took_over = len(lease_epochs(self.oracle, JOB)) > 1
         if actor.name in self._waited or (took_over and self.claim_crash_p and (
-                self.claim_crash_rng.random() < self.claim_crash_p / 3)):
+                self.claim_crash_rng.random() < self.claim_crash_p / 3)) \
+                or (took_over and self.floor_takeover and self._holder_waking(actor)):
             self._waited.discard(actor.name)
             self.coverage["killed-after-claim"] += 1
             actor.killed = True
@@ -1593,6 +1647,12 @@ class JobWorld(Judged):
             return
         self.coverage["takeover-paused"] += 1
         self.scheduler.sleep(rng.uniform(0.0, 2 * HEARTBEAT_S))
+
+    def _holder_waking(self, actor: Actor) -> bool:
+        """Whether another driver's host is suspended before its completion marker (it
+        lands after this claim when the host wakes)."""
+        now = self.scheduler.now
+        return any(t > now for host, t in self.waking.items() if host != actor.host.name)
 
     def before_beat(self) -> None:
         """At ``lease.before_beat``: with the seed's chance the heartbeat thread stalls
