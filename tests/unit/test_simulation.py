@@ -352,6 +352,18 @@ def test_a_refusal_whose_only_intact_checkpoint_is_below_the_retention_floor_is_
         shutil.rmtree(world.tmp, ignore_errors=True)
 
 
+def test_a_restore_never_falls_back_below_the_retention_floor() -> None:
+    """Seed 304536's story, drawn apart (``floor_takeover``): with num-retained 1 a
+    holder suspended before chk-3's marker is taken over, its successor killed between
+    its claim and its second look (its record adopts chk-1 only), and chk-3 lands late;
+    the next claimant adopts both, so chk-1 still counts below chk-3's retention floor
+    and the vandal strikes chk-3's files. ``restore=latest`` must not resume chk-1: the
+    mutant ``restore-below-retention-floor`` breaks ``job-older-state`` at this seed."""
+    outcome = run_job_seed(150)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    assert outcome.coverage.components["retention-floor-struck"] == 1
+
+
 def test_a_run_whose_only_checkpoint_marker_was_deleted_never_starts_from_scratch() -> None:
     """Seed 56 (39 before session 14's claim race, 14 before session 14's one listing
     per takeover, 155 before session 13's draws, 153 before the sink's requests were
