@@ -51,7 +51,10 @@ with :attr:`JobWorld.older_run`, a later run restores an older checkpoint on pur
 and only such runs are struck). Each drawn from a generator of its own: an operator's
 wrong cleanup damages every object of the newest checkpoint once the drivers are gone
 (:attr:`JobWorld.cleanup`), and an impatient requester gives up at its request's short
-timeout and asks again at once (:attr:`JobWorld.impatient`).
+timeout and asks again at once (:attr:`JobWorld.impatient`). Seed 304536's story
+(:attr:`JobWorld.floor_takeover`): a checkpoint left below the retention floor of a
+deposed writer's marker still counts, and the vandal strikes the checkpoints at or
+above the floor (:meth:`JobWorld.strike_retention_floor`).
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
@@ -61,8 +64,10 @@ can fail, see docs/architecture.md "Deterministic simulation"):
 * ``job-output`` (at the end, against the ground truth): after recovery every record
   is published exactly once (EXACTLY_ONCE; at least once in AT_LEAST_ONCE) with its
   right running sum, or a documented refusal happened (``restore=latest`` found no
-  restorable checkpoint because the vandal damaged every one, or the restored snapshot
-  lists a sink transaction a later run aborted: ``SinkTransactionAbortedError``);
+  restorable checkpoint at or above the retention floor because the vandal damaged
+  every one - one below the floor is no candidate, a design decision: seed 304536 on
+  session 14's code - or the restored snapshot lists a sink transaction a later run
+  aborted: ``SinkTransactionAbortedError``);
 * ``job-uncovered-commit`` (EXACTLY_ONCE): no batch is committed (a sink decision
   exists) unless a checkpoint or savepoint whose batch covers it completed;
 * ``job-checkpoint-changed``: a completed checkpoint's or savepoint's ``_metadata``,
@@ -78,7 +83,9 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   each checkpoint it tries);
 * ``job-older-state``: ``restore=latest`` resumes the newest checkpoint that counts
   and restores (at or above the run's floor), never an older one nor a fresh start,
-  unless every newer one is damaged; an explicit target is taken as asked;
+  unless every newer one is damaged, and never one below the retention floor (judged
+  by the world's own floors, :meth:`JobWorld.reader_floor`); an explicit target is
+  taken as asked;
 * ``job-control``: every control request whose write the client saw succeed is
   answered, exactly once (the answer never changes), by the end (one whose write
   failed may land later unseen: nobody waits for it, it expires by its own clock); the
