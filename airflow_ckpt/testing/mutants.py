@@ -377,6 +377,16 @@ MUTANTS: tuple[Mutant, ...] = (
            "return ids[0]",
            "a manifest records as its retention floor the lowest id retained once it "
            "completed (not an older one retention deletes)"),
+    Mutant("restore-below-retention-floor", CHOOSE,
+           "counted = catalog.counted()",
+           "counted = catalog.counted()\n"
+           "        from airflow_ckpt.runtime.lease.record import read_lease, "
+           "valid_checkpoint_ids\n"
+           "        counted = type(counted)(tuple(valid_checkpoint_ids(sorted(catalog."
+           "_checkpoint_dirs(completed_only=True)), read_lease(storage, job))), counted.read)",
+           "restore(latest) falls back only to checkpoints at or above the retention floor: "
+           "when none of them restores it refuses, never resumes one below (a design "
+           "decision, docs/architecture.md: job seed 304536)"),
     Mutant("resubmit-ignores-own-checkpoint", "supervision.py",
            "if first_restore == RESTORE_LATEST or progress.may_restore_latest:",
            "if first_restore == RESTORE_LATEST:",

@@ -10,6 +10,7 @@ refused replays); each planted defect is found; and ``SIM_TEST_SEEDS`` random se
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import shutil
@@ -24,8 +25,11 @@ from airflow_ckpt.errors import (
     ObjectNotFoundError,
     OutcomeUnknownError,
     PreconditionFailedError,
+    RestoreRefusal,
+    RestoreRefusedError,
 )
 from airflow_ckpt.restart import restart_strategy_from_params
+from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, Timings
 from airflow_ckpt.runtime.lease.record import LeaseRecord, lease_key
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing.sim.flink import expected_decisions
@@ -304,6 +308,66 @@ def test_a_subsumption_during_a_takeover_counts_the_markers_stored_at_the_claim(
         assert [v.invariant for v in world.violations] == [RETENTION], world.violations
     finally:
         shutil.rmtree(world.tmp, ignore_errors=True)
+
+
+@pytest.mark.parametrize(("num_retained", "floor", "documented"),
+                         [(1, 104, True), (2, 103, False)])
+def test_a_refusal_whose_only_intact_checkpoint_is_below_the_retention_floor_is_documented(
+        num_retained: int, floor: int, documented: bool) -> None:
+    """Job seed 304536 (on b240485 with the vandal's cleanup fixed): chk-104
+    (num-retained 1) completed and counted, its deposed writer never deleted chk-103,
+    and the vandal deleted a file of chk-104; the recovery refused ``restore=latest``
+    (``RestoreRefusedError``: chk-103 is below chk-104's retention floor). The world
+    judged the refusal by the lease's filter alone (``job-output``). By design no
+    reader falls back below the floor: the world now judges by the floor it computes
+    from its own ground truth at each completion (never the manifest's, set wrong
+    here), so the same refusal with num-retained 2 (chk-103 at the floor) is not
+    documented. The mutant ``restore-below-retention-floor`` (a fallback below it)
+    breaks ``job-older-state``."""
+    layout = JobLayout(JOB)
+    world = JobWorld(0)
+    world.setup = replace(world.setup, num_retained=num_retained)
+    try:
+        def put(key: str, data: bytes) -> None:
+            world.objects.put(key, data, 0.0, create_only=False, if_match=None)
+            world.check()
+
+        put(lease_key(layout.lease_prefix, 1), LeaseRecord(
+            1, "o", "h", 1, 0.0, 0.0, adopted=(), first_id=1,
+            adoption_final=True).to_json())
+        for number in (103, 104):
+            data = f"state of chk-{number}".encode()
+            entry = FileEntry("state/1", f"chk-{number}/state-1", len(data),
+                              hashlib.sha256(data).hexdigest(), False)
+            put(layout.root + entry.key, data)
+            put(layout.checkpoint_metadata(number), Manifest(
+                job=JOB, checkpoint_id=number, kind="checkpoint", trigger="periodic",
+                batch_id=number, spark_version="4.2.0", query_id="q",
+                mode="EXACTLY_ONCE", source_offsets=[], operators=(), files=(entry,),
+                state_size=1, checkpointed_size=1, num_subtasks=1,
+                num_acknowledged_subtasks=1, timings=Timings(0, 0, 0, 0, 0, 0, 0),
+                lease_epoch=1, retention_floor=1).to_json())
+        world._damage(f"{JOB}/chk-104/state-1", delete=True)
+        world.check()
+        assert world.reader_floor() == (floor, floor)
+        world.endings.append(("recovery.1", RestoreRefusedError(
+            "chk-104: file 'state/1' is missing", RestoreRefusal.NONE_RESTORABLE)))
+        assert world.check_refusal() is documented
+        assert bool(world.coverage["refused-below-floor"]) is documented
+    finally:
+        shutil.rmtree(world.tmp, ignore_errors=True)
+
+
+def test_a_restore_never_falls_back_below_the_retention_floor() -> None:
+    """Seed 304536's story, drawn apart (``floor_takeover``): with num-retained 1 a
+    holder suspended before chk-3's marker is taken over, its successor killed between
+    its claim and its second look (its record adopts chk-1 only), and chk-3 lands late;
+    the next claimant adopts both, so chk-1 still counts below chk-3's retention floor
+    and the vandal strikes chk-3's files. ``restore=latest`` must not resume chk-1: the
+    mutant ``restore-below-retention-floor`` breaks ``job-older-state`` at this seed."""
+    outcome = run_job_seed(150)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    assert outcome.coverage.components["retention-floor-struck"] == 1
 
 
 def test_a_run_whose_only_checkpoint_marker_was_deleted_never_starts_from_scratch() -> None:

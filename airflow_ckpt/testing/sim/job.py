@@ -51,7 +51,10 @@ with :attr:`JobWorld.older_run`, a later run restores an older checkpoint on pur
 and only such runs are struck). Each drawn from a generator of its own: an operator's
 wrong cleanup damages every object of the newest checkpoint once the drivers are gone
 (:attr:`JobWorld.cleanup`), and an impatient requester gives up at its request's short
-timeout and asks again at once (:attr:`JobWorld.impatient`).
+timeout and asks again at once (:attr:`JobWorld.impatient`). Seed 304536's story
+(:attr:`JobWorld.floor_takeover`): a checkpoint left below the retention floor of a
+deposed writer's marker still counts, and the vandal strikes the checkpoints at or
+above the floor (:meth:`JobWorld.strike_retention_floor`).
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
@@ -61,8 +64,10 @@ can fail, see docs/architecture.md "Deterministic simulation"):
 * ``job-output`` (at the end, against the ground truth): after recovery every record
   is published exactly once (EXACTLY_ONCE; at least once in AT_LEAST_ONCE) with its
   right running sum, or a documented refusal happened (``restore=latest`` found no
-  restorable checkpoint because the vandal damaged every one, or the restored snapshot
-  lists a sink transaction a later run aborted: ``SinkTransactionAbortedError``);
+  restorable checkpoint at or above the retention floor because the vandal damaged
+  every one - one below the floor is no candidate, a design decision: seed 304536 on
+  session 14's code - or the restored snapshot lists a sink transaction a later run
+  aborted: ``SinkTransactionAbortedError``);
 * ``job-uncovered-commit`` (EXACTLY_ONCE): no batch is committed (a sink decision
   exists) unless a checkpoint or savepoint whose batch covers it completed;
 * ``job-checkpoint-changed``: a completed checkpoint's or savepoint's ``_metadata``,
@@ -78,7 +83,9 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   each checkpoint it tries);
 * ``job-older-state``: ``restore=latest`` resumes the newest checkpoint that counts
   and restores (at or above the run's floor), never an older one nor a fresh start,
-  unless every newer one is damaged; an explicit target is taken as asked;
+  unless every newer one is damaged, and never one below the retention floor (judged
+  by the world's own floors, :meth:`JobWorld.reader_floor`); an explicit target is
+  taken as asked;
 * ``job-control``: every control request whose write the client saw succeed is
   answered, exactly once (the answer never changes), by the end (one whose write
   failed may land later unseen: nobody waits for it, it expires by its own clock); the
@@ -796,6 +803,21 @@ class JobWorld(Judged):
             self.setup = replace(self.setup, incremental=True, memory_threshold=0,
                                  num_retained=max(2, self.setup.num_retained))
             self.uploads = replace(self.uploads, file_merging=False)
+        #: job seed 304536's story made common (session 14's code found it once in
+        #: 22,000 schedules): num-retained 1, a holder suspended before its completion
+        #: marker, its successor killed between its claim and its second look (its
+        #: record adopts the checkpoint below, not the marker landing after the claim),
+        #: so the next claimant adopts both: one below the other's retention floor, never
+        #: subsumed (its writer is deposed); then the vandal strikes the checkpoints at
+        #: or above the floor (:meth:`strike_retention_floor`). Not with the older run
+        #: or the wrong cleanup (num-retained >= 2; drawn apart)
+        self.floor_takeover = not (self.older_run or self.cleanup) \
+            and random.Random(seed ^ 0xF102).random() < 0.25
+        if self.floor_takeover:
+            self.setup = replace(self.setup, num_retained=1)
+            self.contention = replace(self.contention, marker_suspend_p=max(
+                self.contention.marker_suspend_p, 0.5))
+        self._retention_struck = False
         self.violations: list[Violation] = []
         self.objects = SimObjects()
         self.table = SimObjects()  # the Parquet table's bucket
@@ -845,6 +867,9 @@ class JobWorld(Judged):
         #: the newest, which is not ``adoption_final`` yet
         self._counted_by_older: set[int] = set()
         self._ever_counted: set[int] = set()  # ids that counted at some step
+        #: checkpoint id -> the retention floor it records, judged by the world when its
+        #: marker first landed (lowest, highest it may be): see :meth:`_note_floor`
+        self._floors: dict[int, tuple[int, int]] = {}
         self._renewed: dict[int, float] = {}  # id(lease) -> when its claim or beat returned
         self._late: set[int] = set()  # checkpoint ids whose markers landed late
         self._settled_epoch = 0  # the newest epoch whose holder finished its takeover
@@ -1001,7 +1026,9 @@ class JobWorld(Judged):
             data = objects[key].data
             if key not in self._markers and key not in self._deleted_markers:
                 self._note_late(key)
-                if (number := _checkpoint_of(key)) is not None \
+                if (number := _checkpoint_of(key)) is not None:
+                    self._note_floor(number)
+                if number is not None \
                         and (first_manifest := self.manifest(key)) is not None:
                     self._marker_epochs[number] = first_manifest.lease_epoch
                     self._arm_floor_strike(number, first_manifest.lease_epoch)
@@ -1018,6 +1045,7 @@ class JobWorld(Judged):
             if key not in self.vandalized:
                 self._check_references(key, manifest)
         self._check_commits()
+        self.strike_retention_floor()
         for key in present:
             if key.startswith(LAYOUT.control_prefix) and key.endswith(".result.json"):
                 first = self._results.setdefault(key, objects[key].data)
@@ -1073,6 +1101,77 @@ class JobWorld(Judged):
         self.coverage["floor-struck"] += 1
         self._damage(key, delete=True)
         return True
+
+    def _note_floor(self, number: int) -> None:
+        """The retention floor of checkpoint ``number``, whose marker first landed in this
+        step, by the design's rule and the world's own ground truth (never the floor its
+        manifest records, which a bug may change): the lowest of the newest
+        ``num-retained`` of it and the checkpoints retained when it completed, those
+        that counted then (:meth:`counted`). Its writer read each older marker before or
+        after the vandal touched it (retaining it or not), so the floor is a range:
+        without the checkpoints whose marker the vandal damaged or deleted, and with
+        them."""
+        counted = {n for n in self._counted_before if n < number}
+        touched = {n for k in self.vandalized if k not in self._late_copies
+                   and (n := _checkpoint_of(k)) is not None and n < number}
+        keep = max(self.num_retained, 1)
+        self._floors[number] = (sorted(counted - touched | {number})[-keep:][0],
+                                sorted(counted | touched | {number})[-keep:][0])
+
+    def reader_floor(self) -> tuple[int, int] | None:
+        """The retention floor every reader applies now (the design's rule: the floor of
+        the newest marker that counts and can be read), as the range (lowest, highest)
+        it may be by the world's ground truth: the floor of the newest checkpoint that
+        counts (:meth:`counted`) with a marker the vandal never touched, and at most
+        that of a newer marker that parses and the runtime's filter counts (a late copy
+        the world does not count). None: no marker is read."""
+        intact = [n for n in self.counted()
+                  if LAYOUT.checkpoint_metadata(n) not in self.vandalized]
+        if not intact:
+            return None
+        newest = max(intact)
+        low, high = self._floors.get(newest, (0, newest))
+        for number in self.counting():
+            if number > newest and self.manifest(LAYOUT.checkpoint_metadata(number)):
+                high = max(high, self._floors.get(number, (0, number))[1])
+        return low, high
+
+    def strike_retention_floor(self) -> None:
+        """With the seed's :attr:`floor_takeover`, once: while a checkpoint below the
+        retention floor still counts (by the design's rule) with its marker stored and
+        intact, because the newest checkpoint's writer was deposed before its retention
+        deleted it (job seed 304536 on session 14's code: the claimant that listed it
+        died before its post-claim look, the next one adopted it with the marker that
+        raised the floor), the vandal deletes every object of the checkpoints at or
+        above the floor that it does not reference. ``restore=latest`` must then refuse
+        (naming the damaged files) rather than fall back below the floor
+        (``job-older-state``; a refusal judged by :meth:`check_refusal`)."""
+        if not self.floor_takeover or self._retention_struck:
+            return
+        floor = self.reader_floor()
+        counted = self._counted_before
+        if floor is None or not self._epochs_seen:
+            return
+        newest = max(n for n in counted if LAYOUT.checkpoint_metadata(n) not in self.vandalized)
+        writer = self._marker_epochs.get(newest)
+        if writer is None or writer >= max(self._epochs_seen):
+            return  # its writer may still delete what is below the floor
+        below = [m for n in counted if n < floor[0]
+                 and (m := self.manifest(LAYOUT.checkpoint_metadata(n))) is not None
+                 and not self.damaged(m, LAYOUT.checkpoint_metadata(n))]
+        if not below:
+            return
+        kept = {f.key for m in below for f in _objects_of(m)}
+        keys = sorted({key for n in counted if n >= floor[0]
+                       and (m := self.manifest(LAYOUT.checkpoint_metadata(n))) is not None
+                       for f in _objects_of(m) if f.key not in kept
+                       and (key := f"{JOB}/{f.key}") in self.objects.objects})
+        if not keys:
+            return
+        self._retention_struck = True
+        self.coverage["retention-floor-struck"] += 1
+        for key in keys:
+            self._damage(key, delete=True)
 
     def _note_late(self, key: str) -> None:
         """A checkpoint marker seen for the first time: late if its writer's epoch is
@@ -1270,6 +1369,11 @@ class JobWorld(Judged):
             self.violate(RESTORED_UNCOUNTED, f"{job.life} restored chk-{restored_id} with "
                          "restore=latest, but it does not count (a marker its holder "
                          "neither adopted nor wrote)")
+        elif restored_id is not None and (retention := self.reader_floor()) is not None \
+                and restored_id < retention[0]:
+            self.violate(OLDER_STATE, f"{job.life} restored chk-{restored_id} with "
+                         f"restore=latest, below the retention floor chk-{retention[0]} "
+                         "of the newest checkpoint that counts (a fallback below it)")
         for number in self.counting():
             if (restored_id is not None and number <= restored_id) or \
                     (floor is not None and number < floor):
@@ -1539,7 +1643,8 @@ class JobWorld(Judged):
             return
         took_over = len(lease_epochs(self.oracle, JOB)) > 1
         if actor.name in self._waited or (took_over and self.claim_crash_p and (
-                self.claim_crash_rng.random() < self.claim_crash_p / 3)):
+                self.claim_crash_rng.random() < self.claim_crash_p / 3)) \
+                or (took_over and self.floor_takeover and self._holder_waking(actor)):
             self._waited.discard(actor.name)
             self.coverage["killed-after-claim"] += 1
             actor.killed = True
@@ -1549,6 +1654,12 @@ class JobWorld(Judged):
             return
         self.coverage["takeover-paused"] += 1
         self.scheduler.sleep(rng.uniform(0.0, 2 * HEARTBEAT_S))
+
+    def _holder_waking(self, actor: Actor) -> bool:
+        """Whether another driver's host is suspended before its completion marker (it
+        lands after this claim when the host wakes)."""
+        now = self.scheduler.now
+        return any(t > now for host, t in self.waking.items() if host != actor.host.name)
 
     def before_beat(self) -> None:
         """At ``lease.before_beat``: with the seed's chance the heartbeat thread stalls
@@ -1919,19 +2030,29 @@ class JobWorld(Judged):
 
     def check_refusal(self) -> bool:
         """Whether the recovery's failure is the documented refusal: no checkpoint that
-        counts is intact (the vandal damaged each)."""
+        counts is intact (the vandal damaged each) at or above the retention floor
+        (:meth:`reader_floor`; its highest): one below it is no candidate of
+        ``restore=latest`` (a design decision, job seed 304536 on session 14's code:
+        the refusal names the damaged files and ``restore=<chk-n>`` takes it)."""
         last = self.endings[-1][1] if self.endings else None
         if isinstance(last, SinkTransactionAbortedError):
             self.coverage["documented-refusal"] += 1
             return True
         if not isinstance(last, RestoreError) or isinstance(last, CorruptCheckpointError):
             return False
+        floor = self.reader_floor()
+        below = False
         for number in self.counting():
             key = LAYOUT.checkpoint_metadata(number)
             manifest = self.manifest(key)
-            if manifest is not None and not self.damaged(manifest, key):
+            if manifest is None or self.damaged(manifest, key):
+                continue
+            if floor is None or number >= floor[1]:
                 return False
+            below = True
         self.coverage["documented-refusal"] += 1
+        if below:
+            self.coverage["refused-below-floor"] += 1
         return True
 
     def check_verifies(self) -> None:
