@@ -675,8 +675,17 @@ def compare_upload(endpoint: S3Endpoint, source: Path, repeats: int) -> dict[str
         with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
             list(pool.map(one, zip(rels, files, strict=True)))
 
+    def clean(name: str, r: int) -> None:  # untimed: the server's memory stays bounded
+        prefix = f"upload-{'full' if name == 'ours_full' else name}-{r}/"
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET,
+                                                                     Prefix=prefix):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=BUCKET, Delete={"Objects": keys})
+
     times = alternate({"ours": ours, "raw": raw,
-                       "ours_full": lambda r: ours(r, "full", incremental=False)}, repeats)
+                       "ours_full": lambda r: ours(r, "full", incremental=False)}, repeats,
+                      after=clean)
     client.close()
     ours_s, raw_s = _median(times["ours"]), _median(times["raw"])
     full_s = _median(times["ours_full"])
