@@ -1,15 +1,15 @@
 """``python -m bench.year [--quick] [--server moto|seaweedfs]``: a year-old job root against
 a fresh one (issue 26).
 
-On a local S3 endpoint (moto in its own process, or SeaweedFS's ``weed mini``) it builds the job root a year of
-running leaves: hourly savepoints (8,760), answered control requests (20,000), history
-events (500,000, compacted into segments with a raw tail, as the driver leaves them),
-checkpoint ids past two million and a lease record reserving them; and a fresh job root
-(no savepoint or request, 20 events; the same two retained checkpoints and lease
-record).
-Savepoints and requests are stored server side on moto (``bulk_load``), by PUTs on
-SeaweedFS, the history's segments by HTTP; building is timed apart from the steps. Then, for each root in the same run, every HTTP request counted at the boto3
-client (pages and retries included):
+On a local S3 endpoint (moto in its own process, or SeaweedFS's ``weed mini``) it builds
+the job root a year of running leaves: hourly savepoints (8,760), answered control
+requests (20,000), history events (500,000, compacted into segments with a raw tail, as
+the driver leaves them), checkpoint ids past two million and a lease record reserving
+them; and a fresh job root (no savepoint or request, 20 events; the same two retained
+checkpoints and lease record). Savepoints and requests are stored server side on moto
+(``bulk_load``), by PUTs on SeaweedFS, the history's segments by HTTP; building is timed
+apart from the steps. Then, for each root in the same run, every HTTP request counted at
+the boto3 client (pages and retries included):
 
 * **start-up**: what a driver does before its first checkpoint: the lease claim with its
   adoption, ``restore(latest)`` (materialised) and the checkpoint store's recovery;
@@ -29,6 +29,7 @@ import argparse
 import hashlib
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -142,17 +143,24 @@ def answer_one(storage: CheckpointStorage, driver: ControlChannel, storage_now: 
     driver.answer(ControlResult(request.request_id, "completed", time.time()))
 
 
-def measured(counter: RequestCounter, fn: Callable[[], Any]) -> dict[str, Any]:
-    """Requests (by kind) and seconds of ``fn``."""
-    before, started = counter.counts(), time.perf_counter()
-    fn()
-    seconds = time.perf_counter() - started
-    sent = counter.counts() - before
-    by_kind: Counter[str] = Counter()
-    for (_area, kind), n in sent.items():
-        by_kind[kind] += n
-    return {"requests": sum(by_kind.values()), "seconds": round(seconds, 3),
-            "by_kind": dict(by_kind)}
+def measured(counter: RequestCounter, fn: Callable[[], Any], repeats: int = 1
+             ) -> dict[str, Any]:
+    """Requests (by kind, of the first call) and seconds (the median of ``repeats``
+    calls, each listed) of ``fn``."""
+    runs: list[tuple[float, Counter[str]]] = []
+    for _ in range(repeats):
+        before, started = counter.counts(), time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - started
+        by_kind: Counter[str] = Counter()
+        for (_area, kind), n in (counter.counts() - before).items():
+            by_kind[kind] += n
+        runs.append((seconds, by_kind))
+    first = runs[0][1]
+    return {"requests": sum(first.values()),
+            "seconds": round(statistics.median(s for s, _ in runs), 3),
+            "seconds_each": [round(s, 3) for s, _ in runs],
+            "requests_each": [sum(k.values()) for _, k in runs], "by_kind": dict(first)}
 
 
 #: the S3 servers a run can use; moto is the default
@@ -187,8 +195,10 @@ def _put_all(endpoint: S3Endpoint, bucket: str, objects: Sequence[tuple[str, byt
         client.close()
 
 
-def run(sizes: dict[str, int], server: str = "moto") -> dict[str, Any]:
-    report: dict[str, Any] = {"sizes": sizes, "server": server,
+def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3) -> dict[str, Any]:
+    """Both roots built and measured on ``server``; each step but the first answer
+    (once by nature) timed ``repeats`` times."""
+    report: dict[str, Any] = {"sizes": sizes, "server": server, "repeats": repeats,
                               "loadavg_1m": {"before": round(os.getloadavg()[0], 2)}}
     now = time.time()
     first_id = 2_000_000
@@ -212,15 +222,15 @@ def run(sizes: dict[str, int], server: str = "moto") -> dict[str, Any]:
             counter.attach(storage)
             driver = ControlChannel(storage, JOB)
             row = {"start_up": measured(counter, lambda s=storage, n=name: start_up(
-                       s, JOB, Path(tmp) / n)),
+                       s, JOB, Path(tmp) / n), repeats),
                    "first_answer": measured(counter, lambda s=storage, d=driver: answer_one(
                        s, d, later))}
             while len(storage.list(JobLayout(JOB).control_prefix)) > 400:
                 driver.look(time.monotonic(), storage_now=later)  # drain the backlog
             row["answer"] = measured(counter, lambda s=storage, d=driver: answer_one(
-                s, d, later))
+                s, d, later), repeats)
             row["history_page"] = measured(counter, lambda s=storage: HistoryReader(
-                s, JOB).newest(50))
+                s, JOB).newest(50), repeats)
             report[name] = row
             storage.close()
     report["loadavg_1m"]["after"] = round(os.getloadavg()[0], 2)
@@ -229,8 +239,9 @@ def run(sizes: dict[str, int], server: str = "moto") -> dict[str, Any]:
 
 def table(report: dict[str, Any]) -> list[str]:
     lines = [f"year-old job root ({report['sizes']}) vs fresh on {report['server']}, same run "
-             f"(goal <= {GOAL}x); built in {report['build_year_s']} s (fresh "
-             f"{report['build_fresh_s']} s); load average {report['loadavg_1m']}",
+             f"(goal <= {GOAL}x; seconds: median of {report['repeats']}); built in "
+             f"{report['build_year_s']} s (fresh {report['build_fresh_s']} s); "
+             f"load average {report['loadavg_1m']}",
              f"{'step':<14} {'fresh req':>9} {'year req':>9} {'ratio':>6} "
              f"{'fresh s':>8} {'year s':>8} {'ratio':>6}"]
     for step in ("start_up", "first_answer", "answer", "history_page"):
@@ -247,13 +258,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--server", choices=SERVERS, default="moto",
                    help="the S3 server (seaweedfs: scripts/build_seaweedfs.sh's weed binary, "
                    "built on first use)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed calls of each repeatable step (seconds: their median)")
     p.add_argument("--out", type=Path, help="also write the JSON report here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    report = run(QUICK if args.quick else FULL, args.server)
+    report = run(QUICK if args.quick else FULL, args.server, args.repeats)
     print("\n".join(table(report)))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))

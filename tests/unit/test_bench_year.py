@@ -29,3 +29,9 @@ def test_the_server_is_moto_unless_seaweedfs_is_chosen() -> None:
         parse_args(["--server", "minio"])
     with pytest.raises(ValueError, match="minio"), year_server("minio"):
         pass
+
+
+def test_repeats_default_to_three_and_are_validated() -> None:
+    assert parse_args([]).repeats == 3
+    with pytest.raises(SystemExit):
+        parse_args(["--repeats", "0"])
