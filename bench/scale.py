@@ -272,12 +272,18 @@ def _upload_rows(c: dict[str, Any]) -> list[Row]:
     """(c) against the raw upload: incremental (hashes, then sends) and full (hashes
     while sending)."""
     runs = c["runs"]
-    return [Row("c upload", f"{c['bytes'] / MiB:.0f} MiB, {c['files']} files", "s",
+    rows = [Row("c upload", f"{c['bytes'] / MiB:.0f} MiB, {c['files']} files", "s",
                 "raw boto3", c["raw_s"], "incremental", c["ours_s"],
                 paired_spread(runs["ours"], runs["raw"])),
             Row("c upload", "the same, full checkpoint", "s", "raw boto3", c["raw_s"],
                 "full (hash sending)", c["full_s"],
                 paired_spread(runs["ours_full"], runs["raw"]))]
+    reads = {name: statistics.median(x) for name, x in c.get("read_per_byte", {}).items()}
+    if reads.get("raw"):  # bytes the client read per byte uploaded (Linux's rchar)
+        rows += [Row("c upload", "bytes read / uploaded", "x", "raw boto3", reads["raw"],
+                     subject, reads[name])
+                 for name, subject in (("ours", "incremental"), ("ours_full", "full"))]
+    return rows
 
 
 def rows_of(out: dict[str, Any]) -> list[Row]:
