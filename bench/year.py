@@ -225,8 +225,10 @@ def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3) -> dict[s
                        s, JOB, Path(tmp) / n), repeats),
                    "first_answer": measured(counter, lambda s=storage, d=driver: answer_one(
                        s, d, later))}
+            started = time.perf_counter()
             while len(storage.list(JobLayout(JOB).control_prefix)) > 400:
                 driver.look(time.monotonic(), storage_now=later)  # drain the backlog
+            report[f"drain_{name}_s"] = round(time.perf_counter() - started, 1)
             row["answer"] = measured(counter, lambda s=storage, d=driver: answer_one(
                 s, d, later), repeats)
             row["history_page"] = measured(counter, lambda s=storage: HistoryReader(
@@ -240,7 +242,8 @@ def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3) -> dict[s
 def table(report: dict[str, Any]) -> list[str]:
     lines = [f"year-old job root ({report['sizes']}) vs fresh on {report['server']}, same run "
              f"(goal <= {GOAL}x; seconds: median of {report['repeats']}); built in "
-             f"{report['build_year_s']} s (fresh {report['build_fresh_s']} s); "
+             f"{report['build_year_s']} s (fresh {report['build_fresh_s']} s), old answers "
+             f"drained in {report['drain_year_s']} s; "
              f"load average {report['loadavg_1m']}",
              f"{'step':<14} {'fresh req':>9} {'year req':>9} {'ratio':>6} "
              f"{'fresh s':>8} {'year s':>8} {'ratio':>6}"]
