@@ -85,6 +85,21 @@ def restore_download(server: Any, work: Path, files: int, file_mib: int,
         storage.close()
 
 
+def upload_synthetic(server: Any, work: Path, files: int, file_mib: int,
+                     repeats: int) -> dict[str, Any]:
+    """(c) on synthetic files (random bytes, the size of a large RocksDB checkpoint's
+    SSTs): the upload paths against the raw pool at a chosen total size."""
+    source = work / "upload-source"
+    for i in range(files):
+        path = source / "state" / "0" / str(i % 4) / "SSTs" / f"{i:06d}.sst"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(file_mib * MiB))
+    try:
+        return compare_upload(server.endpoint, source, repeats)
+    finally:
+        shutil.rmtree(source, ignore_errors=True)
+
+
 # ---------------------------------------------------------------- sink comparison
 
 
@@ -253,6 +268,24 @@ def _restore_rows(d: dict[str, Any]) -> list[Row]:
                 paired_spread(runs["ours"], runs["raw_sha256"]))]
 
 
+def _upload_rows(c: dict[str, Any]) -> list[Row]:
+    """(c) against the raw upload: incremental (hashes, then sends) and full (hashes
+    while sending)."""
+    runs = c["runs"]
+    rows = [Row("c upload", f"{c['bytes'] / MiB:.0f} MiB, {c['files']} files", "s",
+                "raw boto3", c["raw_s"], "incremental", c["ours_s"],
+                paired_spread(runs["ours"], runs["raw"])),
+            Row("c upload", "the same, full checkpoint", "s", "raw boto3", c["raw_s"],
+                "full (hash sending)", c["full_s"],
+                paired_spread(runs["ours_full"], runs["raw"]))]
+    reads = {name: statistics.median(x) for name, x in c.get("read_per_byte", {}).items()}
+    if reads.get("raw"):  # bytes the client read per byte uploaded (Linux's rchar)
+        rows += [Row("c upload", "bytes read / uploaded", "x", "raw boto3", reads["raw"],
+                     subject, reads[name])
+                 for name, subject in (("ours", "incremental"), ("ours_full", "full"))]
+    return rows
+
+
 def rows_of(out: dict[str, Any]) -> list[Row]:
     """The printed table."""
     rows: list[Row] = []
@@ -287,15 +320,14 @@ def rows_of(out: dict[str, Any]) -> list[Row]:
                     b["incremental"]["uploaded_mb_median"], "full",
                     b["full"]["uploaded_mb_median"]),
             ]
-        c, d = s["c_upload"], s["d_restore_download"]
         rows += [
-            Row("c upload", f"{c['bytes'] / MiB:.0f} MiB, {c['files']} files", "s",
-                "raw boto3", c["raw_s"], "upload_snapshot", c["ours_s"],
-                paired_spread(c["runs"]["ours"], c["runs"]["raw"])),
-            *_restore_rows(d),
+            *_upload_rows(s["c_upload"]),
+            *_restore_rows(s["d_restore_download"]),
             Row("e start", "start -> 1st batch", "s", "fresh", e["fresh_s"], "restored",
                 e["restored_s"]),
         ]
+    if "upload" in out:
+        rows += _upload_rows(out["upload"])
     if "restore_download" in out:
         rows += _restore_rows(out["restore_download"])
     if "sink" in out:
@@ -328,7 +360,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                 description=(__doc__ or "").splitlines()[0])
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 300k keys, fewer batches, one repeat (a few minutes)")
-    p.add_argument("--only", choices=["steady", "restore", "sink"])
+    p.add_argument("--only", choices=["steady", "restore", "upload", "sink"])
     p.add_argument("--keys", type=int, help="keys of state (default 3,000,000)")
     p.add_argument("--touched", type=float, default=0.01, help="fraction of keys per batch")
     p.add_argument("--rows", type=int, help="rows per steady batch (default 200,000)")
@@ -338,8 +370,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="skip the full-checkpoint run (benchmark b)")
     p.add_argument("--full-batches", type=int,
                    help="steady batches of the full-checkpoint run (default 10)")
-    p.add_argument("--files", type=int, default=48, help="synthetic restore: files")
-    p.add_argument("--file-mib", type=int, default=2, help="synthetic restore: MiB per file")
+    p.add_argument("--files", type=int, default=48, help="synthetic restore/upload: files")
+    p.add_argument("--file-mib", type=int, default=2,
+                   help="synthetic restore/upload: MiB per file")
     p.add_argument("--repeats-transfer", type=int,
                    help="repeats of each upload/download comparison (c, d; default 9)")
     p.add_argument("--sink-rows", type=int, help="rows per sink batch (default 1,000,000)")
@@ -389,6 +422,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.only in (None, "restore"):
             out["restore_download"] = restore_download(server, work, args.files,
                                                        args.file_mib, args.repeats_transfer)
+        if args.only == "upload":
+            out["upload"] = upload_synthetic(server, work, args.files, args.file_mib,
+                                             args.repeats_transfer)
     if args.only in (None, "sink"):
         out["sink"] = sink_comparison(args.sink_rows, args.sink_batches, args.repeats)
     import pyspark

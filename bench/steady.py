@@ -675,14 +675,43 @@ def compare_upload(endpoint: S3Endpoint, source: Path, repeats: int) -> dict[str
         with ThreadPoolExecutor(UPLOAD_THREADS) as pool:
             list(pool.map(one, zip(rels, files, strict=True)))
 
-    times = alternate({"ours": ours, "raw": raw,
-                       "ours_full": lambda r: ours(r, "full", incremental=False)}, repeats)
+    def clean(name: str, r: int) -> None:  # untimed: the server's memory stays bounded
+        prefix = f"upload-{'full' if name == 'ours_full' else name}-{r}/"
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET,
+                                                                     Prefix=prefix):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                client.delete_objects(Bucket=BUCKET, Delete={"Objects": keys})
+
+    reads: dict[str, list[float]] = {}
+
+    def reading(name: str, fn: Callable[[int], None]) -> Callable[[int], None]:
+        def timed(r: int) -> None:  # the bytes this process read, per byte uploaded
+            before = _bytes_read()
+            fn(r)
+            reads.setdefault(name, []).append(round((_bytes_read() - before) / total, 2))
+        return timed
+
+    variants = {"ours": ours, "raw": raw,
+                "ours_full": lambda r: ours(r, "full", incremental=False)}
+    times = alternate({name: reading(name, fn) for name, fn in variants.items()}, repeats,
+                      after=clean)
     client.close()
     ours_s, raw_s = _median(times["ours"]), _median(times["raw"])
     full_s = _median(times["ours_full"])
     return {"files": len(files), "bytes": total, "ours_s": ours_s, "raw_s": raw_s,
             "ratio": ours_s / raw_s, "full_s": full_s, "full_ratio": full_s / raw_s,
-            "runs": times}
+            "runs": times, "read_per_byte": reads}
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read so far (files, page cache included, and sockets:
+    Linux's ``rchar``); 0 where ``/proc/self/io`` is missing."""
+    try:
+        with open("/proc/self/io") as io:
+            return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
+    except OSError:
+        return 0
 
 
 # ----------------------------------------------------------------------------- figures

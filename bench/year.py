@@ -1,14 +1,15 @@
-"""``python -m bench.year [--quick]``: a year-old job root against a fresh one (issue 26).
+"""``python -m bench.year [--quick] [--server moto|seaweedfs]``: a year-old job root against
+a fresh one (issue 26).
 
-On a local S3 endpoint (moto, in its own process) it builds the job root a year of
-running leaves: hourly savepoints (8,760), answered control requests (20,000), history
-events (500,000, compacted into segments with a raw tail, as the driver leaves them),
-checkpoint ids past two million and a lease record reserving them; and a fresh job root
-(no savepoint or request, 20 events; the same two retained checkpoints and lease
-record).
-Savepoints and requests are stored server side (``bulk_load``), the history's segments
-by HTTP. Then, for each root in the same run, every HTTP request counted at the boto3
-client (pages and retries included):
+On a local S3 endpoint (moto in its own process, or SeaweedFS's ``weed mini``) it builds
+the job root a year of running leaves: hourly savepoints (8,760), answered control
+requests (20,000), history events (500,000, compacted into segments with a raw tail, as
+the driver leaves them), checkpoint ids past two million and a lease record reserving
+them; and a fresh job root (no savepoint or request, 20 events; the same two retained
+checkpoints and lease record). Savepoints and requests are stored server side on moto
+(``bulk_load``), by PUTs on SeaweedFS, the history's segments by HTTP; building is timed
+apart from the steps. Then, for each root in the same run, every HTTP request counted at
+the boto3 client (pages and retries included):
 
 * **start-up**: what a driver does before its first checkpoint: the lease claim with its
   adoption, ``restore(latest)`` (materialised) and the checkpoint store's recovery;
@@ -27,11 +28,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import statistics
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -49,7 +54,7 @@ from airflow_ckpt.runtime.restore.choose import restore
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing.request_count import RequestCounter
-from airflow_ckpt.testing.s3_server import s3_server_process
+from airflow_ckpt.testing.s3_server import S3Endpoint, s3_server_process, seaweedfs_server
 from bench.history import put_compacted, story
 
 BUCKET = "airflow-ckpt-year"
@@ -138,27 +143,67 @@ def answer_one(storage: CheckpointStorage, driver: ControlChannel, storage_now: 
     driver.answer(ControlResult(request.request_id, "completed", time.time()))
 
 
-def measured(counter: RequestCounter, fn: Callable[[], Any]) -> dict[str, Any]:
-    """Requests (by kind) and seconds of ``fn``."""
-    before, started = counter.counts(), time.perf_counter()
-    fn()
-    seconds = time.perf_counter() - started
-    sent = counter.counts() - before
-    by_kind: Counter[str] = Counter()
-    for (_area, kind), n in sent.items():
-        by_kind[kind] += n
-    return {"requests": sum(by_kind.values()), "seconds": round(seconds, 3),
-            "by_kind": dict(by_kind)}
+def measured(counter: RequestCounter, fn: Callable[[], Any], repeats: int = 1
+             ) -> dict[str, Any]:
+    """Requests (by kind, of the first call) and seconds (the median of ``repeats``
+    calls, each listed) of ``fn``."""
+    runs: list[tuple[float, Counter[str]]] = []
+    for _ in range(repeats):
+        before, started = counter.counts(), time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - started
+        by_kind: Counter[str] = Counter()
+        for (_area, kind), n in (counter.counts() - before).items():
+            by_kind[kind] += n
+        runs.append((seconds, by_kind))
+    first = runs[0][1]
+    return {"requests": sum(first.values()),
+            "seconds": round(statistics.median(s for s, _ in runs), 3),
+            "seconds_each": [round(s, 3) for s, _ in runs],
+            "requests_each": [sum(k.values()) for _, k in runs], "by_kind": dict(first)}
 
 
-def run(sizes: dict[str, int]) -> dict[str, Any]:
-    report: dict[str, Any] = {"sizes": sizes}
+#: the S3 servers a run can use; moto is the default
+SERVERS = ("moto", "seaweedfs")
+#: a bulk loader: stores (key, bytes) pairs in a bucket, however the server allows
+Loader = Callable[[str, Sequence[tuple[str, bytes]]], object]
+
+
+@contextmanager
+def year_server(name: str) -> Iterator[tuple[S3Endpoint, Loader]]:
+    """The S3 server ``name`` runs while in the block, and how it stores the year's
+    objects: moto in its own process, straight into its backend (no HTTP); SeaweedFS
+    (``weed mini``, the tests' second server) by PUTs from a pool of threads."""
+    if name == "moto":
+        with s3_server_process(serialize_writes=False) as server:
+            yield server.endpoint, server.bulk_load
+    elif name == "seaweedfs":
+        with seaweedfs_server() as endpoint:
+            yield endpoint, lambda bucket, objects: _put_all(endpoint, bucket, objects)
+    else:
+        raise ValueError(f"server {name!r}: expected one of {', '.join(SERVERS)}")
+
+
+def _put_all(endpoint: S3Endpoint, bucket: str, objects: Sequence[tuple[str, bytes]],
+             threads: int = 10) -> None:
+    client = endpoint.client()  # botocore's pool: 10 connections
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda o: client.put_object(Bucket=bucket, Key=o[0], Body=o[1]),
+                          objects))
+    finally:
+        client.close()
+
+
+def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3) -> dict[str, Any]:
+    """Both roots built and measured on ``server``; each step but the first answer
+    (once by nature) timed ``repeats`` times."""
+    report: dict[str, Any] = {"sizes": sizes, "server": server, "repeats": repeats,
+                              "loadavg_1m": {"before": round(os.getloadavg()[0], 2)}}
     now = time.time()
     first_id = 2_000_000
     later = now + YEAR_S  # the driver's storage clock: a year after the objects were stored
-    with s3_server_process(serialize_writes=False) as server, \
-            tempfile.TemporaryDirectory() as tmp:
-        endpoint = server.endpoint
+    with year_server(server) as (endpoint, load), tempfile.TemporaryDirectory() as tmp:
         for name in ("fresh", "year"):
             bucket = f"{BUCKET}-{name}"
             endpoint.create_bucket(bucket)
@@ -166,7 +211,7 @@ def run(sizes: dict[str, int]) -> dict[str, Any]:
             base_root(storage, JOB, first_id)
             started = time.perf_counter()
             if name == "year":
-                server.bulk_load(bucket, [(f"root/{k}", v) for k, v in year_objects(
+                load(bucket, [(f"root/{k}", v) for k, v in year_objects(
                     JOB, sizes["savepoints"], sizes["requests"], first_id, now)])
             # the fresh job ran an hour: its history is a raw tail as long as the old one's
             events = story(JOB, sizes["events"] if name == "year" else RAW_TAIL,
@@ -177,22 +222,29 @@ def run(sizes: dict[str, int]) -> dict[str, Any]:
             counter.attach(storage)
             driver = ControlChannel(storage, JOB)
             row = {"start_up": measured(counter, lambda s=storage, n=name: start_up(
-                       s, JOB, Path(tmp) / n)),
+                       s, JOB, Path(tmp) / n), repeats),
                    "first_answer": measured(counter, lambda s=storage, d=driver: answer_one(
                        s, d, later))}
+            started = time.perf_counter()
             while len(storage.list(JobLayout(JOB).control_prefix)) > 400:
                 driver.look(time.monotonic(), storage_now=later)  # drain the backlog
+            report[f"drain_{name}_s"] = round(time.perf_counter() - started, 1)
             row["answer"] = measured(counter, lambda s=storage, d=driver: answer_one(
-                s, d, later))
+                s, d, later), repeats)
             row["history_page"] = measured(counter, lambda s=storage: HistoryReader(
-                s, JOB).newest(50))
+                s, JOB).newest(50), repeats)
             report[name] = row
             storage.close()
+    report["loadavg_1m"]["after"] = round(os.getloadavg()[0], 2)
     return report
 
 
 def table(report: dict[str, Any]) -> list[str]:
-    lines = [f"year-old job root ({report['sizes']}) vs fresh, same run (goal <= {GOAL}x)",
+    lines = [f"year-old job root ({report['sizes']}) vs fresh on {report['server']}, same run "
+             f"(goal <= {GOAL}x; seconds: median of {report['repeats']}); built in "
+             f"{report['build_year_s']} s (fresh {report['build_fresh_s']} s), old answers "
+             f"drained in {report['drain_year_s']} s; "
+             f"load average {report['loadavg_1m']}",
              f"{'step':<14} {'fresh req':>9} {'year req':>9} {'ratio':>6} "
              f"{'fresh s':>8} {'year s':>8} {'ratio':>6}"]
     for step in ("start_up", "first_answer", "answer", "history_page"):
@@ -203,12 +255,24 @@ def table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.year", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help=f"a tenth of a year's objects {QUICK}")
+    p.add_argument("--server", choices=SERVERS, default="moto",
+                   help="the S3 server (seaweedfs: scripts/build_seaweedfs.sh's weed binary, "
+                   "built on first use)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed calls of each repeatable step (seconds: their median)")
     p.add_argument("--out", type=Path, help="also write the JSON report here")
     args = p.parse_args(argv)
-    report = run(QUICK if args.quick else FULL)
+    if args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    report = run(QUICK if args.quick else FULL, args.server, args.repeats)
     print("\n".join(table(report)))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))

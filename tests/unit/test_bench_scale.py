@@ -61,3 +61,20 @@ def test_the_table_prints_the_spread_of_paired_ratios() -> None:
                   Row("e start", "y", "s", "fresh", 2.0, "restored", 2.0)])
     assert "paired min-max" in text and "1.10x  0.90-1.30" in text
     assert text.splitlines()[-1].endswith("1.00x")
+
+
+def test_the_upload_rows_show_both_paths_and_the_bytes_read() -> None:
+    from bench.scale import _upload_rows
+
+    assert parse_args(["--only", "upload", "--files", "34", "--file-mib", "34"]).only == "upload"
+    runs = {"ours": [2.0, 2.2], "raw": [2.0, 2.0], "ours_full": [2.1, 1.9]}
+    c = {"bytes": 4 * 1024 * 1024, "files": 2, "raw_s": 2.0, "ours_s": 2.1, "full_s": 2.0,
+         "runs": runs, "read_per_byte": {"raw": [3.0, 3.0], "ours": [4.0, 4.0],
+                                         "ours_full": [3.0, 3.0]}}
+    rows = _upload_rows(c)
+    assert [(r.subject, r.subject_value) for r in rows] == [
+        ("incremental", 2.1), ("full (hash sending)", 2.0), ("incremental", 4.0),
+        ("full", 3.0)]
+    assert rows[1].spread == pytest.approx((0.95, 1.05))
+    del c["read_per_byte"]  # reports written before the column: the timings alone
+    assert len(_upload_rows(c)) == 2
