@@ -237,13 +237,15 @@ class SinkTransactionAbortedError(RestoreError):
     attempt: a run that did not restore this snapshot recovered the sink (aborting
     every transaction its own restore did not list) and deleted the batch's staged
     output. The restored state counts the batch as processed, so it is never replayed:
-    restoring this snapshot would lose the batch's output for good."""
+    restoring this snapshot would lose the batch's output for good. (``other``: the
+    other offsets, committed if ``decided``, else staged by a newer attempt.)"""
 
-    def __init__(self, batch_id: int, sink: str, committed_other: str | None = None) -> None:
+    def __init__(self, batch_id: int, sink: str, other: str | None = None, *,
+                 decided: bool = True) -> None:
         self.batch_id, self.sink = batch_id, sink
-        fate = ("nobody committed" if committed_other is None else
-                f"then committed batch {batch_id} from other source offsets "
-                f"({committed_other})")
+        fate = ("nobody committed" if other is None else
+                f"then {'committed' if decided else 'staged'} batch {batch_id} from other "
+                f"source offsets ({other})")
         super().__init__(
             f"{sink}: the restored checkpoint or savepoint lists the transaction of batch "
             f"{batch_id}, which a later run aborted (its staged output is deleted) and "

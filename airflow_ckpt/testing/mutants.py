@@ -220,6 +220,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "self.transactions.require_committable(",
            "a sink's recovery lists the records before it judges the restored batches "
            "(one aborted in between is committed, and confirmed, or refused)"),
+    Mutant("restored-input-unjudged", TXN,
+           "restored = offsets(batch_id) if offsets is not None else None",
+           "restored = None",
+           "a restored batch is committed only from the input it read: a decision or "
+           "staged record of other offsets (another run's, after it aborted the restored "
+           "attempt) is refused, never recovered onto"),
     Mutant("collect-unconfirmed", STORE,
            "cleared, self._cleared = self._cleared, []",
            "cleared, self._cleared = [*self._cleared, *(k for _, ks in self._stash "

@@ -425,6 +425,58 @@ def test_restoring_a_snapshot_whose_batch_another_start_published_is_refused(
     again.recover([0])  # its own batch 0: the same offsets, recovered as committed
 
 
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_restoring_a_snapshot_whose_batch_another_run_staged_again_is_refused(
+        kind: str, storage: CheckpointStorage, tmp_path: Path) -> None:
+    """Found by the sinks world (seed 308234): checkpoint 2 listed batch 1's staged
+    transaction (numbers 3..4); a run that restored an older checkpoint superseded it
+    with its own staging of batch 1 from other input (number 3) and was deposed before
+    committing; a later explicit restore of checkpoint 2 found that staged record, no
+    decision, and "recovered" it: number 4 was never published. A restored batch is
+    committed only from the input it read; other offsets are the documented refusal,
+    before anything is written."""
+    log = OffsetsLog(tmp_path / "work")
+    run_batch(tracked_sink(kind, storage, log), log, 0, 0, 3, commit=False)  # listed
+    older = OffsetsLog(tmp_path / "older")
+    other = tracked_sink(kind, storage, older)
+    other.recover([])  # its restore did not list batch 0: aborted
+    run_batch(other, older, 0, 0, 1, commit=False)  # staged again, not committed
+    restored = tracked_sink(kind, storage, log)
+    with pytest.raises(SinkTransactionAbortedError, match="staged batch 0 from other"):
+        restored.recover([0])
+    assert published_numbers(restored) == []
+    assert not restored.committed_batches()  # refused before any decision
+    again = tracked_sink(kind, storage, older)  # a restore of the other run's checkpoint
+    again.recover([0])
+    assert published_numbers(again) == [0]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_restored_batch_superseded_after_its_judgement_is_refused_at_its_commit(
+        kind: str, storage: CheckpointStorage, tmp_path: Path) -> None:
+    """The same story with the other run's record swap landing late (a deposed
+    driver's PUT held in the network): after the recovery judged the restored batch,
+    before its commit read the record. The decision then names the other input, and
+    the commit raises before publishing it as the restored batch (a restore of the
+    other run's checkpoint publishes it)."""
+    log = OffsetsLog(tmp_path / "work")
+    run_batch(tracked_sink(kind, storage, log), log, 0, 0, 3, commit=False)  # listed
+    older = OffsetsLog(tmp_path / "older")
+    restored = tracked_sink(kind, storage, log)
+    judge = restored.transactions.require_committable  # type: ignore[attr-defined]
+
+    def judged_then_superseded(batches: Any, offsets: Any = None) -> None:
+        judge(batches, offsets)
+        run_batch(tracked_sink(kind, storage, older), older, 0, 0, 1, commit=False)
+
+    restored.transactions.require_committable = judged_then_superseded  # type: ignore[attr-defined]
+    with pytest.raises(SinkTransactionAbortedError, match="committed batch 0 from other"):
+        restored.recover([0])
+    again = tracked_sink(kind, storage, older)  # the decision is the other run's batch
+    again.recover([0])
+    assert published_numbers(again) == [0]
+
+
 def test_a_deposed_drivers_commit_of_an_aborted_attempt_raises(
         storage: CheckpointStorage) -> None:
     """Found by the simulation (sinks world, seed 58 once the swarm suspends hosts): a

@@ -85,7 +85,8 @@ class StagedSink(TwoPhaseCommitSink):
                      for replay in self._slots(batch_id, self._seeks_extra)]
             decisions = self.transactions.decide_all(slots, self._describe)
             for (batch_id, replay), decision in zip(slots, decisions, strict=True):
-                self._published(batch_id, replay, decision, sweep=self._recovering)
+                self._published(batch_id, replay, decision, sweep=self._recovering,
+                                restored=self._recovering)
 
     def _commit(self, batch_id: int, replay: str, *, sweep: bool) -> None:
         """Decide, publish and clean up one publication of the batch (:meth:`_published`)."""
@@ -93,11 +94,17 @@ class StagedSink(TwoPhaseCommitSink):
                         self.transactions.decide(batch_id, self._describe, replay), sweep=sweep)
 
     def _published(self, batch_id: int, replay: str, decision: dict[str, Any] | None, *,
-                   sweep: bool) -> None:
+                   sweep: bool, restored: bool = False) -> None:
         """Publish and clean up one decided publication of the batch; ``sweep``: also
-        delete the batch's other attempts (abort and recovery: listed, then confirmed)."""
+        delete the batch's other attempts (abort and recovery: listed, then confirmed).
+        ``restored``: the batch is a restored snapshot's, whose decision must be of the
+        input the restored batch read; a record superseded after :meth:`recover` judged
+        it (a deposed driver's swap landing late) raises here, before publishing."""
         if decision is None:
             return  # never staged (aborted, or a crash before its record)
+        if restored and not replay:
+            self.transactions.require_restored_input(batch_id, decision.get("offsets"),
+                                                     self.batch_offsets)
         self._publish(batch_id, replay, decision)
         attempt = decision["attempt"]
         if sweep and not replay:

@@ -300,29 +300,42 @@ class SinkTransactions:
                             offsets: Callable[[int], BatchOffsets | None] | None = None) -> None:
         """Raise :class:`~airflow_ckpt.errors.SinkTransactionAbortedError` for the first
         of ``batches`` (a restored snapshot's transactions, about to be committed) whose
-        record was aborted and that has no decision, or whose decision recorded other
-        source offsets than the restored batch read (``offsets``: the restored working
-        directory's, per batch): its output is gone (another attempt, e.g. of a run
-        started anew, was published in its place), and the restored state will not
-        replay it (unless it is an extra publication of the batch, committed or staged
-        under its offsets' tag). One GET per batch (its decision), two more on a
-        mismatch."""
+        record was aborted and that has no decision, or whose decision, or staged record,
+        holds other source offsets than the restored batch read (``offsets``: the
+        restored working directory's, per batch): its output is gone (another attempt,
+        e.g. of a run started anew, was published or staged in its place, and the
+        restored attempt's staging deleted), and the restored state will not replay it
+        (unless it is an extra publication of the batch, committed or staged under its
+        offsets' tag). One GET per batch (its decision), one more without a decision
+        (its record), two more on a mismatch."""
         for batch_id in sorted(set(batches)):
             decided = self.decision(batch_id)
-            if decided is None:
-                txn = self.current(batch_id)
-                if txn is not None and txn.state == "aborted":
-                    raise SinkTransactionAbortedError(batch_id, self.name)
+            if decided is not None:
+                self.require_restored_input(batch_id, decided.get("offsets"), offsets)
                 continue
-            restored = offsets(batch_id) if offsets is not None else None
-            recorded = decided.get("offsets")
-            if restored is None or recorded is None \
-                    or BatchOffsets.from_dict(recorded).same_input(restored):
-                continue
-            tag = restored.tag  # the restored batch may be an extra publication of it
-            if self.decision(batch_id, tag) is None and self.current(batch_id, tag) is None:
-                raise SinkTransactionAbortedError(
-                    batch_id, self.name, BatchOffsets.from_dict(recorded).describe())
+            txn = self.current(batch_id)
+            if txn is not None and txn.state == "aborted":
+                raise SinkTransactionAbortedError(batch_id, self.name)
+            if txn is not None and txn.offsets is not None:
+                self.require_restored_input(batch_id, txn.offsets.to_dict(), offsets,
+                                            decided=False)
+
+    def require_restored_input(self, batch_id: int, recorded: dict[str, Any] | None,
+                               offsets: Callable[[int], BatchOffsets | None] | None, *,
+                               decided: bool = True) -> None:
+        """Raise :class:`~airflow_ckpt.errors.SinkTransactionAbortedError` if the
+        batch's decision (``decided``) or staged record read ``recorded`` offsets, other
+        than the restored batch's (``offsets``), and the restored batch is no extra
+        publication of it either (no decision nor record under its offsets' tag)."""
+        restored = offsets(batch_id) if offsets is not None else None
+        if restored is None or recorded is None \
+                or BatchOffsets.from_dict(recorded).same_input(restored):
+            return
+        tag = restored.tag  # the restored batch may be an extra publication of it
+        if self.decision(batch_id, tag) is None and self.current(batch_id, tag) is None:
+            raise SinkTransactionAbortedError(
+                batch_id, self.name, BatchOffsets.from_dict(recorded).describe(),
+                decided=decided)
 
     def replays(self, batch_id: int) -> list[str]:
         """Tags of the batch's extra publications that have a transaction record."""
