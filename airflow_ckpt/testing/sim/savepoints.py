@@ -135,6 +135,65 @@ ATTEMPTS = 4
 #: working directories live in memory where the machine offers it (many small files)
 SCRATCH = "/dev/shm" if Path("/dev/shm").is_dir() else None
 _ATTEMPT_DIR = re.compile(r"(/savepoints/sp-[^/]+/)\d+/")
+#: share of the seeds with the marker race (:class:`MarkerRace`, a generator of its own)
+MARKER_RACE_SEEDS = 0.5
+#: the longest a racer's host stays suspended before its marker PUT (true seconds)
+MARKER_HOLD_S = 300.0
+#: the racer's suspension, in steps of this many seconds (it looks for the marker after each)
+SUSPEND_STEP_S = 2.0
+
+
+class MarkerRace:
+    """A deposed driver's savepoint marker racing its successor's (session 15: the
+    mutant ``marker-overwrite`` survived seeds 0-199; savepoint seed 517 was the first
+    to tell it apart). On :data:`MARKER_RACE_SEEDS` of the seeds (drawn on a generator
+    of its own), the first driver about to send the savepoint's ``_metadata`` PUT, past
+    its gate and the confirm before it, has its host suspended (its monotonic clock
+    stands still, so its lease gate passed) until another driver wrote that marker (the
+    successor answering the same request with the same savepoint id), or
+    :data:`MARKER_HOLD_S` at most; then it sends its own. Only the create-only condition
+    of the marker keeps the first marker the one readers counted."""
+
+    def __init__(self, seed: int, scheduler: Scheduler, objects: SimObjects) -> None:
+        self.rng = random.Random(f"savepoints-marker-race-{seed}")
+        self.scheduler = scheduler
+        self.objects = objects
+        self.on = self.rng.random() < MARKER_RACE_SEEDS
+        self.raced = False
+
+    def before_marker(self, key: str) -> None:
+        """Maybe suspend the calling driver's host before it sends the marker ``key``."""
+        if not self.on or self.raced or key in self.objects.objects:
+            return
+        self.raced = True
+        gone = 0.0
+        while gone < MARKER_HOLD_S and key not in self.objects.objects:
+            self.scheduler.suspend(SUSPEND_STEP_S, f"writing {key}")
+            gone += SUSPEND_STEP_S
+        if key in self.objects.objects:
+            self.scheduler.log(f"wakes after {gone:g} s: another driver wrote {key}")
+
+
+class _MarkerRacingView(SimStorage):
+    """A driver's storage view whose savepoint marker PUT races (:class:`MarkerRace`)."""
+
+    race: MarkerRace
+
+    @classmethod
+    def of(cls, view: SimStorage, race: MarkerRace) -> _MarkerRacingView:
+        racing = cls.__new__(cls)
+        racing.__dict__.update(view.__dict__)
+        racing.race = race
+        return racing
+
+    def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
+        return _MarkerRacingView.of(super().checked_view(check), self.race)
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
+        if key == JobLayout(JOB).savepoint_metadata(SAVEPOINT_ID):
+            self.race.before_marker(key)
+        return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
 
 
 class _ManualLease(JobLease):
@@ -208,6 +267,7 @@ class SavepointWorld(Judged):
         self.rng = self.scheduler.rng
         self.setup = SavepointSetup.draw(self.rng, plants, self.scheduler.swarm)
         self.objects = SimObjects()
+        self.race = MarkerRace(seed, self.scheduler, self.objects)
         self.base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True,
                                alias=_shared_dir if PLANT_SHARED_DIR in self.setup.plants
                                else None)
@@ -302,7 +362,8 @@ class SavepointWorld(Judged):
 
     def _drive(self, number: int) -> None:
         sched, rng = self.scheduler, self.rng
-        view = self.base.view(self.setup.faults, f"driver-{number}")
+        view = _MarkerRacingView.of(self.base.view(self.setup.faults, f"driver-{number}"),
+                                    self.race)
         lease = _ManualLease(view, JOB, owner=f"driver-{number}", clock=sched.monotonic,
                              wall_clock=sched.wall_clock, sleep=sched.sleep)
         # the runtime's own adoption, on the two attributes it reads

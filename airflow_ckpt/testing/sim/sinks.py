@@ -179,6 +179,15 @@ RESCALE_P = 0.7
 #: whatever the seed's setup drew, drawn from the ``rescales`` generator: more rescales,
 #: and the schedules of the seeds that draw none unchanged
 RESCALE_OLDER_P = 0.3
+#: the mildest faults a seed draws
+CALM = Faults(0.01, 0.03, 0.01, HOLD_S, HANG_P)
+#: chance per seed (drawn from the world's ``revisits`` generator) of the go-back-and-
+#: return story: a submission goes back to an older checkpoint (its batches planned
+#: again, mostly from other input), and a later one returns, explicitly, to the newest
+#: checkpoint whose pending batch was planned again since: a user going back to the
+#: earlier run's checkpoint (sinks seed 308234, one of 30,000 before: a restored batch
+#: is committed only from the input it read). Such a seed runs three drivers at least.
+REVISIT_P = 0.4
 #: batch ids below a shifted replay where the invariants look for its rows (the sinks'
 #: :data:`~airflow_ckpt.runtime.sinks.transactions.LOOK_DOWN`)
 SHIFT_WINDOW = LOOK_DOWN
@@ -240,6 +249,12 @@ class RecordRace:
         self.racing = False
         #: the drivers' hosts that raced once (woken, a racer runs on undisturbed)
         self.raced: set[str] = set()
+
+    def hold_before_reads(self) -> None:
+        """Race at ``read`` on every chance: the go-back-and-return story of the sinks
+        world needs a completed checkpoint whose batch is not committed yet when
+        another run goes back past it."""
+        self.p, self.place = 1.0, "read"
 
     def _races(self, place: str) -> bool:
         """Whether the calling driver races now, at ``place`` (drawn)."""
@@ -408,7 +423,7 @@ class SinkSetup:
         return cls(
             drivers=drivers,
             skews=tuple(rng.choice(SKEWS) for _ in range(drivers)),
-            faults=rng.choice((Faults(0.01, 0.03, 0.01, HOLD_S, HANG_P),
+            faults=rng.choice((CALM,
                                Faults(0.02, 0.06, 0.02, HOLD_S, HANG_P),
                                Faults(0.02, 0.12, 0.02, HOLD_S, HANG_P))),
             crash_p=rng.choice((0.0, 0.01, 0.03)),
@@ -441,6 +456,17 @@ class SinkWorld(Judged):
         self.setup = SinkSetup.draw(self.rng, plants, self.scheduler.swarm)
         self.objects = SimObjects()
         self.race = RecordRace(seed, self.scheduler, self.objects, self.replace_driver)
+        #: the go-back-and-return story (:data:`REVISIT_P`): a generator of its own, so
+        #: the seeds without it keep their schedules; ``went_back``: its first step done
+        self.revisits = random.Random(seed ^ 0x2E715)
+        self.revisiting = self.revisits.random() < REVISIT_P
+        self.went_back = False
+        if self.revisiting:  # the checkpoint's own driver is held before its commit
+            self.setup = replace(self.setup, drivers=max(self.setup.drivers, 3),
+                                 skews=(*self.setup.skews, 0.0, 0.0)[:max(self.setup.drivers, 3)],
+                                 same_offsets_p=min(self.setup.same_offsets_p, 0.3),
+                                 stall_p=0.0, faults=CALM)  # a story of four steps
+            self.race.hold_before_reads()
         self.started = self.setup.drivers  # drivers started (the supervisor's, replacements)
         if self.race.p:  # the successor lives to work on the racer's batch
             self.setup = replace(self.setup, crash_p=0.0)
@@ -616,7 +642,8 @@ class SinkWorld(Judged):
         return read
 
     def restore_target(self, explicit: bool, floor: int | None = None,
-                       older: bool = False) -> tuple[Checkpoint | None, bool]:
+                       older: bool = False, revisit: bool = False
+                       ) -> tuple[Checkpoint | None, bool]:
         """What a query restores, as :func:`~airflow_ckpt.runtime.restore.choose.restore` picks
         it, and whether it is an explicit (older) target. ``explicit``: this query may
         have been given one (a submission's first query: the operator's ``restore``;
@@ -624,10 +651,17 @@ class SinkWorld(Judged):
         checkpoint found damaged (for good: no later restore uses it), never below
         ``floor`` (the run's initial checkpoint: an in-process restart never resumes an
         older run's state). ``older``: an explicit target goes to an older checkpoint
-        if there is one (the ``rescales`` generator's choice)."""
+        if there is one (the ``rescales`` generator's choice); ``revisit``: to the
+        newest older one with a pending transaction whose batch was planned again from
+        other input since (by a run that restored further back), if there is one."""
         usable = [c for c in self.checkpoints if c.checkpoint_id not in self.damaged
                   and (floor is None or c.checkpoint_id >= floor) and c.shift == self.shift]
         if explicit and len(usable) > 1:
+            # planned again since from other input, by a run that restored further back
+            replanned = [c for c in usable[:-1] if c.staged and any(
+                plan != (c.start, c.end) for plan in self.plans.get(c.batch, ()))]
+            if revisit and replanned:
+                return replanned[-1], True
             if self.rng.random() < self.setup.older_restore_p:
                 return self.rng.choice(usable[:-1]), True
             if older:  # one more, chosen by the rescales generator
@@ -704,6 +738,8 @@ class SinkWorld(Judged):
         rescaled = False
         # an older restore, drawn apart so that seeds without one keep their schedules
         older = first and self.rescales.random() < RESCALE_OLDER_P
+        goback = first and self.revisiting and not older and not self.went_back
+        revisit = first and self.revisiting and not older and self.went_back
         if not first and number in self.origins and number not in self.floors:
             # the run started elsewhere and its initial checkpoint never completed (in
             # the runtime that fails the attempt before any in-process restart, and the
@@ -712,14 +748,18 @@ class SinkWorld(Judged):
             restored, initial, rescaled = self.origins[number]
             explicit = True
             sched.log(f"starts over from its own start {restored} at offset {initial}")
-        elif first and rng.random() < setup.new_start_p and self.shift == 0 and not older:
+        elif (first and rng.random() < setup.new_start_p and self.shift == 0 and not older
+              and not self.revisiting):
             # restore=none into the same output, the source started elsewhere (e.g.
             # Kafka's startingOffsets earliest after a first run from latest)
             restored, explicit, initial = None, True, rng.randint(0, 3)
             sched.log(f"restore=none: starts anew at offset {initial}")
         else:
-            restored, explicit = self.restore_target(first, self.floors.get(number), older)
-            rescaled = (explicit and restored is not None and restored.batch >= 0
+            restored, explicit = self.restore_target(first, self.floors.get(number),
+                                                     older or goback, revisit)
+            self.went_back = self.went_back or (goback and explicit)
+            rescaled = (explicit and not self.revisiting and restored is not None
+                        and restored.batch >= 0
                         and self.rescales.random() < RESCALE_P)
             sched.log(f"restores {restored}" + (" (explicit)" if explicit else "")
                       + (", rescaled" if rescaled else ""))
