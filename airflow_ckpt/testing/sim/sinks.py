@@ -193,8 +193,9 @@ REVISIT_P = 0.4
 SHIFT_WINDOW = LOOK_DOWN
 
 
-#: per seed (a generator of its own): the chance that a batch passes without a
-#: checkpoint (the checkpoint interval spans more batches: the next one commits them all)
+#: per seed (a generator of its own; none in the go-back-and-return story): the chance
+#: that a batch passes without a checkpoint (the checkpoint interval spans more batches:
+#: the next one commits them all)
 SPANS = (0.0, 0.0, 0.5, 0.8)
 
 #: the share of seeds whose drivers race a successor on the same batch's records
@@ -488,9 +489,10 @@ class SinkWorld(Judged):
         self.staging: dict[int, tuple[int, int, int]] = {}
         #: driver -> the restored batches its recovery judges (Spark's restored offsets log)
         self.recovering: dict[int, tuple[tuple[int, int, int], ...]] = {}
-        #: whether a batch passes without a checkpoint: a generator of its own
+        #: whether a batch passes without a checkpoint: a generator of its own (not in
+        #: the go-back-and-return story, whose schedules stay as they were)
         self.spans = random.Random(f"sinks-spans-{seed}")
-        self.span_p = self.spans.choice(SPANS)
+        self.span_p = 0.0 if self.revisiting else self.spans.choice(SPANS)
         #: the world's own coverage counters (``--coverage``)
         self.coverage: Counter[str] = Counter()
         self.frozen: dict[str, str] = {}  # decision / part key -> its first ETag
