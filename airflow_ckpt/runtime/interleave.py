@@ -28,6 +28,7 @@ LEASE_BEFORE_CLAIM = "lease.before_claim"  # judged the lease free, not claimed 
 LEASE_AFTER_CLAIM = "lease.after_claim"  # claimed, older epochs not deleted yet
 SINK_STAGED_BEFORE_RECORD = "sink.staged_before_record"  # executors' files staged, no record
 SINK_BEFORE_PUBLISH_FILE = "sink.before_publish_file"  # decision durable, a file to publish
+SINK_DECIDE_BEFORE_CONFIRM = "sink.decide_before_confirm"  # records read, lease not confirmed
 HISTORY_BEFORE_CREATE = "history.before_create"  # an append chose its number, not created yet
 HISTORY_BEFORE_SEAL_CHECK = "history.before_seal_check"  # created, sealed mark not re-read
 HISTORY_BEFORE_SEGMENT_READ = "history.before_segment_read"  # segments listed, not read yet
@@ -36,7 +37,7 @@ RESTART_BEFORE_DECISION = "restart_log.before_decision"  # decided on a head, no
 POINTS = frozenset({GC_BEFORE_DELETE, COMPLETE_BEFORE_METADATA, COMPLETE_BEFORE_ADD,
                     UPLOAD_BEFORE_FILE, CAPTURE_BEFORE_LINK, LEASE_BEFORE_BEAT, LEASE_BEFORE_SWAP,
                     LEASE_BEFORE_CLAIM, LEASE_AFTER_CLAIM,
-                    SINK_STAGED_BEFORE_RECORD, SINK_BEFORE_PUBLISH_FILE,
+                    SINK_STAGED_BEFORE_RECORD, SINK_BEFORE_PUBLISH_FILE, SINK_DECIDE_BEFORE_CONFIRM,
                     HISTORY_BEFORE_CREATE, HISTORY_BEFORE_SEAL_CHECK,
                     HISTORY_BEFORE_SEGMENT_READ, HISTORY_COMPACTION_BEFORE_READ,
                     RESTART_BEFORE_DECISION})

@@ -224,6 +224,10 @@ def test_the_sink_world_reaches_its_cases() -> None:
                "offsets" in t for t in every)
     assert any("restarts in-process" in t for t in texts)
     assert any(_late_over_a_takeover(o.trace) for o in outcomes)
+    # a checkpoint interval spanning several batches: one completion commits them all
+    # (one lease confirmation for all, issue 26)
+    assert any(o.coverage.components.get("checkpoints committing several batches")
+               for o in outcomes)
 
 
 def test_the_job_world_reaches_its_cases() -> None:

@@ -109,6 +109,15 @@ class TwoPhaseCommitSink(ABC):
     def commit(self, batch_id: int) -> None:
         """Publish a pre-committed batch. A no-op if already committed."""
 
+    def commit_batches(self, batch_ids: Iterable[int]) -> None:
+        """Publish the pre-committed batches a completed checkpoint covers (Flink's
+        ``notifyCheckpointComplete``: every pending transaction up to it). The default
+        calls :meth:`commit` for each, ascending; a sink whose commits each confirm the
+        lease may read what each decision rests on, confirm once and decide each (the
+        built-in sinks: ``SinkTransactions.decide_all``)."""
+        for batch_id in sorted(set(batch_ids)):
+            self.commit(batch_id)
+
     @abstractmethod
     def abort(self, batch_id: int) -> None:
         """Discard a pre-committed batch. A no-op if nothing is staged."""

@@ -7,7 +7,8 @@ the sink (:meth:`StagedSink._publish`: copies or renames named by the decision).
 the two sinks share is how a commit, an abort and a recovery walk a batch's
 publications and clean up after them:
 
-* **commit**: decide, publish, then one delete holding the published attempt's staged
+* **commit**: decide (every batch a checkpoint commits: their records read, the lease
+  confirmed once, each decided), publish, then one delete holding the published attempt's staged
   data, the record and the attempt's outcome (:meth:`SinkTransactions.finish`): the
   attempt's keys are its own and its data is published, so the delete needs no lease
   confirmation and may land late.
@@ -74,19 +75,31 @@ class StagedSink(TwoPhaseCommitSink):
         return [*(self.transactions.replays(batch_id) if extra else ()), ""]
 
     def commit(self, batch_id: int) -> None:
-        with self._lock:
-            for replay in self._slots(batch_id, self._seeks_extra):
-                self._commit(batch_id, replay, sweep=self._recovering,
-                             restored=self._recovering)
+        self.commit_batches((batch_id,))
 
-    def _commit(self, batch_id: int, replay: str, *, sweep: bool,
-                restored: bool = False) -> None:
-        """Decide, publish and clean up one publication of the batch; ``sweep``: also
+    def commit_batches(self, batch_ids: Iterable[int]) -> None:
+        """Every record read, the lease confirmed once, each batch decided, then each
+        published and cleaned up (:meth:`SinkTransactions.decide_all`)."""
+        with self._lock:
+            slots = [(batch_id, replay) for batch_id in sorted(set(batch_ids))
+                     for replay in self._slots(batch_id, self._seeks_extra)]
+            decisions = self.transactions.decide_all(slots, self._describe)
+            for (batch_id, replay), decision in zip(slots, decisions, strict=True):
+                self._published(batch_id, replay, decision, sweep=self._recovering,
+                                restored=self._recovering)
+
+    def _commit(self, batch_id: int, replay: str, *, sweep: bool) -> None:
+        """Decide, publish and clean up one publication of the batch (:meth:`_published`)."""
+        self._published(batch_id, replay,
+                        self.transactions.decide(batch_id, self._describe, replay), sweep=sweep)
+
+    def _published(self, batch_id: int, replay: str, decision: dict[str, Any] | None, *,
+                   sweep: bool, restored: bool = False) -> None:
+        """Publish and clean up one decided publication of the batch; ``sweep``: also
         delete the batch's other attempts (abort and recovery: listed, then confirmed).
         ``restored``: the batch is a restored snapshot's, whose decision must be of the
         input the restored batch read; a record superseded after :meth:`recover` judged
         it (a deposed driver's swap landing late) raises here, before publishing."""
-        decision = self.transactions.decide(batch_id, self._describe, replay)
         if decision is None:
             return  # never staged (aborted, or a crash before its record)
         if restored and not replay:

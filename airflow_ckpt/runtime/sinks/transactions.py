@@ -72,7 +72,7 @@ import enum
 import json
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -82,6 +82,7 @@ from airflow_ckpt.errors import (
     PreconditionFailedError,
     SinkTransactionAbortedError,
 )
+from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.sinks.offsets import REFUSE, BatchOffsets, ReplayPolicy, ReplayVerdict
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
@@ -137,6 +138,17 @@ class Transaction:
         return cls(int(obj["batch"]), str(obj["attempt"]), obj["state"], obj["payload"],
                    BatchOffsets.from_dict(offsets) if offsets else None,
                    str(obj.get("replay", "")))
+
+
+@dataclass(frozen=True, slots=True)
+class _DecisionRead:
+    """What a decision rests on, read before the lease is confirmed: the publication's
+    record, and its decision (read only when the record is not staged)."""
+
+    batch: int
+    replay: str
+    txn: Transaction | None
+    decided: dict[str, Any] | None
 
 
 class SinkTransactions:
@@ -492,33 +504,58 @@ class SinkTransactions:
     def decide(self, batch_id: int, describe: Describe,
                replay: str = "") -> dict[str, Any] | None:
         """The commit decision of the batch (or of its extra publication ``replay``):
-        the existing one, or one taken now (create-only) from its staged record,
-        described by ``describe`` plus the record's ``offsets``. None if nothing is
-        staged. Raises :class:`~airflow_ckpt.errors.SinkTransactionAbortedError` if the
-        staged attempt's outcome is ``abort`` (an earlier driver's recovery aborted it;
-        its record swap may not have landed): its output is lost, never published.
+        :meth:`decide_all` of that one publication."""
+        return self.decide_all([(batch_id, replay)], describe)[0]
 
-        The record is read first: a staged one is decided from (a decision already in
-        place is found by the create-only write, below, or by the outcome); the
-        decision is read only when there is no staged record (a batch committed and
-        finished, or never staged), so a batch's commit reads one object, not two."""
+    def decide_all(self, publications: Sequence[tuple[int, str]],
+                   describe: Describe) -> list[dict[str, Any] | None]:
+        """The commit decision of each publication ``(batch, replay)`` (a checkpoint's
+        pending transactions, committed together), in order: the existing one, or one
+        taken now (create-only) from its staged record, described by ``describe`` plus
+        the record's ``offsets``. None if nothing is staged. Raises
+        :class:`~airflow_ckpt.errors.SinkTransactionAbortedError` for the first whose
+        staged attempt's outcome is ``abort`` (an earlier driver's recovery aborted it;
+        its record swap may not have landed): its output is lost, never published (the
+        ones before it are decided, durable, and published by the next commit).
+
+        Every record is read first, then the lease is confirmed **once**, then each
+        outcome and decision is written: every read a decision rests on precedes the
+        confirm, and every write follows it, for each publication as for one (a LIST
+        of ``lease/`` per checkpoint, not per batch; docs/architecture.md, "What a
+        batch's transaction costs"). The record is read first: a staged one is decided
+        from (a decision already in place is found by the create-only write, below, or
+        by the outcome); the decision is read only when there is no staged record (a
+        batch committed and finished, or never staged), so a batch's commit reads one
+        object, not two."""
+        reads = [self._read_for_decision(batch_id, replay) for batch_id, replay in publications]
+        # A decision found without a staged record may be a successor's (its own staging
+        # of the batch id, after it aborted this driver's: a restore=none or an older
+        # restore), not this driver's batch: the confirm, after the read, raises.
+        decided = any(read.decided is not None for read in reads)
+        # A record read is not a successor's once the confirm after it passed. An aborted
+        # record is a recovery's, and only a holder of the lease aborts, after its claim:
+        # a deposed driver's confirm (a read after the aborted record's) sees that claim
+        # and raises, so its commit never returns as if the batch were published.
+        if decided or any(read.txn is not None for read in reads if read.decided is None):
+            interleave.point(interleave.SINK_DECIDE_BEFORE_CONFIRM)
+            self.confirm()
+        return [self._decide_read(read, describe) for read in reads]
+
+    def _read_for_decision(self, batch_id: int, replay: str) -> _DecisionRead:
+        """What deciding the publication rests on: its record, and its decision when
+        the record is not staged."""
         txn = self.current(batch_id, replay)
+        if txn is not None and txn.state == "staged":
+            return _DecisionRead(batch_id, replay, txn, None)
+        return _DecisionRead(batch_id, replay, txn, self.decision(batch_id, replay))
+
+    def _decide_read(self, read: _DecisionRead, describe: Describe) -> dict[str, Any] | None:
+        """:meth:`decide_all` of one publication, after the confirm: its outcome and
+        decision written, or the decision found."""
+        batch_id, replay, txn = read.batch, read.replay, read.txn
+        if read.decided is not None:
+            return self._noted(batch_id, replay, read.decided)
         if txn is None or txn.state != "staged":
-            existing = self.decision(batch_id, replay)
-            if existing is not None:
-                # A successor's decision (its own staging of the batch id, after it
-                # aborted this driver's: a restore=none or an older restore) is not
-                # this driver's batch: its confirm, after the read, raises.
-                self.confirm()
-                return self._noted(batch_id, replay, existing)
-            if txn is None:
-                return None
-        # The record read above is not a successor's. An aborted record is a recovery's,
-        # and only a holder of the lease aborts, after its claim: a deposed driver's
-        # confirm (a read after the aborted record's) sees that claim and raises, so its
-        # commit never returns as if the batch were published.
-        self.confirm()
-        if txn.state != "staged":
             return None
         if self._settle(txn, AttemptOutcome.COMMIT) is AttemptOutcome.ABORT:
             # The abort outcome, read after the confirm above: a successor's raises

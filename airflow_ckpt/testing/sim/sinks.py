@@ -32,8 +32,13 @@ Airflow declared dead that still runs, a second driver started by hand). Each dr
   has nothing); the others commit the batch they staged, as before;
 * per batch: ``pre_commit`` (the rows are the source's numbers ``start..end-1``), a
   while later (the checkpoint interval) the checkpoint's completion marker (create-only,
-  then ``lease.confirm()``, as the coordinator completes a checkpoint), then ``commit``;
-  a storage error fails the query, which restarts in-process under the same lease.
+  then ``lease.confirm()``, as the coordinator completes a checkpoint), then
+  ``commit_batches`` of the transactions it lists; a storage error fails the query,
+  which restarts in-process under the same lease. On a share of seeds
+  (:data:`SPANS`, drawn on a generator of its own) a checkpoint interval spans several
+  batches: a batch may pass without a checkpoint, and the next checkpoint lists every
+  transaction staged since the last one, committed together (one lease confirmation
+  for all of them, issue 26) and restored together;
 
 A driver's writes may be delayed, get 503s, lose their answers or time out and land up
 to :data:`HOLD_S` later (after a successor took over), and a driver may crash at any
@@ -80,7 +85,8 @@ import builtins
 import json
 import random
 import re
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from airflow_ckpt.errors import (
@@ -186,6 +192,11 @@ REVISIT_P = 0.2
 #: :data:`~airflow_ckpt.runtime.sinks.transactions.LOOK_DOWN`)
 SHIFT_WINDOW = LOOK_DOWN
 
+
+#: per seed (a generator of its own; none in the go-back-and-return story): the chance
+#: that a batch passes without a checkpoint (the checkpoint interval spans more batches:
+#: the next one commits them all)
+SPANS = (0.0, 0.0, 0.5, 0.8)
 
 #: the share of seeds whose drivers race a successor on the same batch's records
 RACE_SEEDS = 0.7
@@ -382,6 +393,14 @@ class Checkpoint:
     #: whether it lists the batch's transaction (not a rescale's repartition batch's,
     #: nor, in a shifted life, a replay the sink skipped)
     staged: bool = True
+    #: the transactions of batches before ``batch`` it lists too, (batch, start, end):
+    #: staged since the life's previous checkpoint (the interval spanned them)
+    earlier: tuple[tuple[int, int, int], ...] = ()
+
+    @property
+    def transactions(self) -> tuple[tuple[int, int, int], ...]:
+        """Every transaction it lists (committed by its completion or by a restore)."""
+        return (*self.earlier, *(((self.batch, self.start, self.end),) if self.staged else ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,8 +487,14 @@ class SinkWorld(Judged):
         self.plans: dict[int, list[tuple[int, int]]] = {}  # batch -> every (start, end)
         #: driver -> the batch it stages now: (batch, start, end)
         self.staging: dict[int, tuple[int, int, int]] = {}
-        #: driver -> the restored batch its recovery judges (Spark's restored offsets log)
-        self.recovering: dict[int, tuple[int, int, int]] = {}
+        #: driver -> the restored batches its recovery judges (Spark's restored offsets log)
+        self.recovering: dict[int, tuple[tuple[int, int, int], ...]] = {}
+        #: whether a batch passes without a checkpoint: a generator of its own (not in
+        #: the go-back-and-return story, whose schedules stay as they were)
+        self.spans = random.Random(f"sinks-spans-{seed}")
+        self.span_p = 0.0 if self.revisiting else self.spans.choice(SPANS)
+        #: the world's own coverage counters (``--coverage``)
+        self.coverage: Counter[str] = Counter()
         self.frozen: dict[str, str] = {}  # decision / part key -> its first ETag
         self.violations: list[Violation] = []
         self._seen_version = -1
@@ -608,8 +633,9 @@ class SinkWorld(Judged):
         def read(batch: int) -> BatchOffsets | None:
             staging = self.staging.get(driver)
             if staging is None or staging[0] != batch:
-                staging = self.recovering.get(driver)
-            if staging is None or staging[0] != batch:
+                staging = next((r for r in self.recovering.get(driver, ()) if r[0] == batch),
+                               None)
+            if staging is None:
                 return None
             _, start, end = staging
             starts = () if PLANT_NO_STARTS in self.setup.plants else (
@@ -656,11 +682,13 @@ class SinkWorld(Judged):
 
     def complete_checkpoint(self, number: int, lease: JobLease, storage: FencedStorage,
                             batch: int, start: int, end: int, shift: int = 0,
-                            staged: bool = True) -> Checkpoint:
+                            staged: bool = True,
+                            earlier: tuple[tuple[int, int, int], ...] = ()) -> Checkpoint:
         """The coordinator's completion: the marker (create-only, a fresh id), then
         ``lease.confirm()``; only then does the checkpoint count."""
         self.last_id += 1  # ids are never reused (the lease reserves them)
-        checkpoint = Checkpoint(self.last_id, batch, start, end, number, shift, staged)
+        checkpoint = Checkpoint(self.last_id, batch, start, end, number, shift, staged,
+                                earlier)
         storage.put_bytes(JobLayout(JOB).checkpoint_metadata(checkpoint.checkpoint_id),
                           json.dumps({"batch": batch}).encode(), create_only=True)
         lease.confirm()
@@ -744,15 +772,16 @@ class SinkWorld(Judged):
         # nothing restored, a new start's initial checkpoint or a repartition batch: no
         # transaction to commit
         listed = restored is not None and restored.batch >= 0 and restored.staged
-        if listed and restored is not None:
-            self.recovering[number] = (restored.batch, restored.start, restored.end)
+        txns = restored.transactions if restored is not None and restored.batch >= 0 else ()
+        self.recovering[number] = txns
         try:
-            sink.recover((restored.batch,) if listed and restored is not None else ())
+            sink.recover(tuple(b for b, _, _ in txns))
         finally:
             self.recovering.pop(number, None)
-        if listed and restored is not None:
-            self.check_published(restored.batch, restored.start, restored.end,
-                                 f"recover of checkpoint {restored.checkpoint_id}", shifted)
+        for txn in txns:
+            assert restored is not None
+            self.check_published(*txn, f"recover of checkpoint {restored.checkpoint_id}",
+                                 shifted)
         if explicit:
             # the runtime's initial checkpoint: a restart with restore=latest resumes
             # this run, never the newer checkpoints it went back past nor (restore=none)
@@ -762,11 +791,15 @@ class SinkWorld(Judged):
                 number, lease, storage, *((restored.batch + rescaled, restored.start,
                                            restored.end) if restored is not None
                                           else (-1, initial, initial)),
-                shift=shift, staged=listed and not rescaled).checkpoint_id
+                shift=shift, staged=listed and not rescaled,
+                earlier=restored.earlier if restored is not None and not rescaled else ()
+            ).checkpoint_id
             if rescaled:
                 self.shift = max(self.shift, shift)
         batch, start = ((0, initial) if restored is None
                         else (restored.batch + 1 + rescaled, restored.end))
+        #: the batches staged since the life's last checkpoint: (batch, start, end)
+        window: list[tuple[int, int, int]] = []
         for _ in range(rng.randint(3, 16)):
             sched.sleep(rng.uniform(0.5, 4.0))
             if self.scheduler.chance(SCHED_PAUSE, setup.stall_p):
@@ -783,32 +816,41 @@ class SinkWorld(Judged):
                 return False  # final for the run
             self.check_replay(batch, start, end, refused=False,
                               offsets=self.offsets_of(number)(batch), shifted=shifted)
+            window.append((batch, start, end))
             sched.sleep(rng.uniform(0.5, 8.0))  # until the checkpoint that covers it
             lease.beat()
-            pending = sink.tracked_pending() if shifted else [batch]
+            if self.span_p and self.spans.random() < self.span_p:
+                sched.log(f"batch {batch} passes without a checkpoint")
+                batch, start = batch + 1, end
+                continue  # the interval spans the next batch too
+            pending = sink.tracked_pending() if shifted else [b for b, _, _ in window]
+            earlier = tuple(w for w in window if w[0] in pending and w[0] != batch)
             self.complete_checkpoint(number, lease, storage, batch, start, end, shift=shift,
-                                     staged=batch in pending)
-            for committed in pending:
-                if committed <= batch:
-                    self.commit(number, sink, committed)
-            self.check_published(batch, start, end, f"driver-{number}'s commit of batch {batch}",
-                                 shifted)
+                                     staged=batch in pending, earlier=earlier)
+            self.commit(number, sink, [b for b in pending if b <= batch])
+            for staged in window:
+                self.check_published(*staged, f"driver-{number}'s commit of batch {staged[0]}",
+                                     shifted)
+            window = []
             batch, start = batch + 1, end
         return True
 
-    def commit(self, number: int, sink: JsonLinesSink, batch: int) -> None:
-        """``sink.commit(batch)`` of a batch the driver staged in this life, which its
-        checkpoint (marker confirmed) lists: ``sink-lost`` if it is refused as aborted.
-        Only a holder aborts an attempt, one it read before its confirm: a successor
-        aborts this attempt after its claim, and then this driver's own confirm raises
-        first; a predecessor's confirm after reading this attempt's record (written
-        after this driver's claim) raises. A refusal is a counted checkpoint's output
-        lost by another driver's abort."""
+    def commit(self, number: int, sink: JsonLinesSink, batches: Sequence[int]) -> None:
+        """``sink.commit_batches(batches)`` of batches the driver staged in this life,
+        which its checkpoint (marker confirmed) lists: ``sink-lost`` if one is refused as
+        aborted. Only a holder aborts an attempt, one it read before its confirm: a
+        successor aborts this attempt after its claim, and then this driver's own
+        confirm raises first; a predecessor's confirm after reading this attempt's
+        record (written after this driver's claim) raises. A refusal is a counted
+        checkpoint's output lost by another driver's abort."""
+        if len(batches) > 1:
+            self.coverage["checkpoints committing several batches"] += 1
+            self.coverage["batches committed by them"] += len(batches)
         try:
-            sink.commit(batch)
+            sink.commit_batches(batches)
         except SinkTransactionAbortedError as exc:
-            self.violate(SINK_LOST, f"driver-{number}'s commit of batch {batch}, which its "
-                         f"completed checkpoint lists, was refused: {exc}")
+            self.violate(SINK_LOST, f"driver-{number}'s commit of batches {list(batches)}, "
+                         f"which its completed checkpoint lists, was refused: {exc}")
             raise
 
     def supervisor(self) -> None:
@@ -836,7 +878,8 @@ class SinkWorld(Judged):
         self.supervise(Host("airflow"), self.supervisor, SINK_ERROR)
         self.check_storage()
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
-                       sched.cut_off, "sinks", Coverage.of(sched, self.objects))
+                       sched.cut_off, "sinks",
+                       Coverage.of(sched, self.objects, dict(self.coverage)))
 
 
 def _span(rows: list[int]) -> str:
