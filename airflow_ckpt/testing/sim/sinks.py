@@ -187,7 +187,7 @@ CALM = Faults(0.01, 0.03, 0.01, HOLD_S, HANG_P)
 #: checkpoint whose pending batch was planned again since: a user going back to the
 #: earlier run's checkpoint (sinks seed 308234, one of 30,000 before: a restored batch
 #: is committed only from the input it read). Such a seed runs three drivers at least.
-REVISIT_P = 0.2
+REVISIT_P = 0.3
 #: batch ids below a shifted replay where the invariants look for its rows (the sinks'
 #: :data:`~airflow_ckpt.runtime.sinks.transactions.LOOK_DOWN`)
 SHIFT_WINDOW = LOOK_DOWN
