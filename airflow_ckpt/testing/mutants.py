@@ -238,6 +238,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "self.transactions.require_committable(",
            "a sink's recovery lists the records before it judges the restored batches "
            "(one aborted in between is committed, and confirmed, or refused)"),
+    Mutant("abort-outcome-unconfirmed", TXN,
+           "self.confirm()\n            existing = self.decision(batch_id, replay)",
+           "existing = self.decision(batch_id, replay)",
+           "a commit that finds its attempt's outcome abort confirms the lease before it "
+           "returns a decision of the batch (a successor's abort and decision come after "
+           "its claim)"),
     Mutant("restored-input-unjudged", TXN,
            "restored = offsets(batch_id) if offsets is not None else None",
            "restored = None",

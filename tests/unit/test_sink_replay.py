@@ -477,6 +477,33 @@ def test_a_restored_batch_superseded_after_its_judgement_is_refused_at_its_commi
     assert published_numbers(again) == [0]
 
 
+def test_a_driver_held_after_its_confirm_never_returns_its_successors_decision(
+        storage: CheckpointStorage) -> None:
+    """Found by the sinks world (seed 310469, session 15): a driver read its staged
+    record of batch 1 and confirmed its lease, then was held before its outcome write;
+    a successor aborted that attempt, staged batch 1 from other input and committed it.
+    The held driver's create-only outcome found ``abort``, and its commit returned the
+    successor's decision as if its own batch were published. It now confirms again
+    after reading an abort outcome: the successor's claim makes that raise."""
+    deposed = [False]
+    successor = SinkTransactions(storage, "t/", lambda: None)
+
+    def confirm() -> None:
+        if deposed[0]:
+            raise ConcurrentDriverError("job 'j': another driver claimed the job")
+        deposed[0] = True  # passes; the successor acts before the held outcome write
+        successor.abort(1)
+        successor.record(Transaction(1, "a2", "staged", {}, BatchOffsets(('{"end": 5}',))))
+        successor.decide(1, lambda txn: {"attempt": txn.attempt})
+
+    held = SinkTransactions(storage, "t/", confirm)
+    held.record(Transaction(1, "a1", "staged", {}, BatchOffsets(('{"end": 4}',))))
+    with pytest.raises(ConcurrentDriverError):
+        held.decide(1, lambda txn: {"attempt": txn.attempt})
+    assert successor.decision(1) == {"attempt": "a2", "offsets": BatchOffsets(
+        ('{"end": 5}',)).to_dict()}
+
+
 def test_a_deposed_drivers_commit_of_an_aborted_attempt_raises(
         storage: CheckpointStorage) -> None:
     """Found by the simulation (sinks world, seed 58 once the swarm suspends hosts): a

@@ -558,15 +558,19 @@ class SinkTransactions:
         if txn is None or txn.state != "staged":
             return None
         if self._settle(txn, AttemptOutcome.COMMIT) is AttemptOutcome.ABORT:
-            # The abort outcome, read after the confirm above: a successor's raises
-            # there. One that passes is a predecessor's (a recovery that did not list
-            # the batch, whose record swap never landed): the batch is aborted, not
-            # "never staged", and a caller committing it must not return as if published.
-            # (A decision in place, of the batch's earlier attempt, is the batch's.)
+            # The abort outcome may be a successor's, written after the confirm above
+            # (this driver held between that confirm and its outcome write: sinks seed
+            # 310469): confirmed again after reading it, a successor's raises here, before
+            # its decision of the batch id (other input, its own attempt) can be returned
+            # as this attempt's. One that passes is a predecessor's (a recovery that did
+            # not list the batch, whose record swap never landed): the batch is aborted,
+            # not "never staged", and a caller committing it must not return as if
+            # published. (A decision in place then, of the batch's earlier attempt, is
+            # the batch's.)
+            self.confirm()
             existing = self.decision(batch_id, replay)
             if existing is not None:
                 return existing
-            self.confirm()
             raise SinkTransactionAbortedError(batch_id, self.name)
         decision = describe(txn)
         if txn.offsets is not None:
