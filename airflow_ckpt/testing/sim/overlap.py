@@ -33,6 +33,11 @@ schedule happen at the runtime's named points, with the coordinator's own method
    clear what ``N`` stashes next (window *b*, ``collect-unconfirmed``), and its own
    collection, after ``N``'s, must leave those keys alone.
 
+A window opens only while no earlier window's phase actor of the same driver lives:
+the driver's thread stands for the pool thread completing ``N``, the phase actor for
+the pool's other thread, and a third async phase would queue (job seed 98: two phase
+actors met on the history's append lock, which the threaded pool never lets happen).
+
 While a phase actor lives the coordinator's lock, the store's collection lock and the
 registry's condition are actor-aware (a thread blocked on a real lock would keep the
 scheduler's baton), the driver's ``tick`` and ``shutdown`` wait for the phase actor
@@ -146,6 +151,12 @@ class CompletionOverlap:
         coordinator = self.coordinator_of(actor)
         if coordinator is None or window is not None or not self.p \
                 or self.rng.random() >= self.p:
+            return
+        if any(w.completing is actor and w.phase is not None and w.phase.alive
+               for w in self.windows.values()):
+            # an earlier window's phase still holds the pool's free thread (the
+            # driver's thread stands for the one completing N): N+1's phase would queue
+            self.coverage["overlap-pool-busy"] += 1
             return
         self._open(actor, coordinator)
 
