@@ -402,3 +402,29 @@ def test_a_deposed_drivers_late_savepoint_marker_names_only_its_own_files(
         new_lease.release()
     finally:
         old.shutdown()
+
+
+def test_a_checkpoint_completing_while_the_next_one_writes_its_marker_stays_counted(
+    storage: CheckpointStorage, workdir: Path
+) -> None:
+    """Job seeds 12 and 30 (session 15, the completion overlap): ``_complete`` drops
+    chk-N from the pending list before the store is told, so the next checkpoint may
+    run its whole async phase in between. Before, its manifest's retention floor was
+    computed from a store without chk-N: floor N+1, so every reader ignored chk-N
+    (never adopted by a successor, swept by ``recover``) although it completed and
+    ``num-retained`` is 2."""
+    coordinator = start(storage, workdir)
+    completing = Pause()  # chk-N: marker durable and confirmed, store not told yet
+    try:
+        with interleave.installed(interleave.COMPLETE_BEFORE_ADD, completing):
+            first = coordinator.trigger("manual")
+            completing.wait_reached()
+            second = coordinator.trigger("manual")  # its phase runs on the pool's 2nd thread
+            assert second.done.wait(10) and second.manifest is not None
+            completing.resume()
+            assert first.done.wait(10) and first.manifest is not None
+        assert second.manifest.retention_floor == first.checkpoint_id
+        assert CheckpointCatalog(storage, JOB).checkpoint_ids() == [
+            first.checkpoint_id, second.checkpoint_id]
+    finally:
+        coordinator.shutdown()

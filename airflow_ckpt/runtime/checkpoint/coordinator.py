@@ -479,6 +479,10 @@ class CheckpointCoordinator:
             # the confirmation after the marker also clears the deletes the store
             # stashed before it (their markers are gone): see store.py
             self.store.confirmed(stashed)
+            if not p.is_savepoint:
+                # counted by the next checkpoint's retention floor from now on: it may
+                # write its marker before _complete tells the store (see store.marked)
+                self.store.marked(p.checkpoint_id)
             return True
         if failure.reason is Reason.CONCURRENT_DRIVER and p.is_savepoint:
             # Another driver's answer to this very request landed first (it was deposed

@@ -137,6 +137,8 @@ class CompletedCheckpointStore:
         self._collecting = threading.Lock()  # one collection at a time
         self.shared = SharedFileRegistry()
         self._retained: list[Manifest] = []
+        #: checkpoints whose marker is durable and confirmed, not added yet (see marked)
+        self._marked: set[int] = set()
         self._pinned: int | None = None  # never subsumed: the checkpoint restored from
         #: keys to delete after a confirmation, by stash number (see the module doc)
         self._stash: list[tuple[int, list[str]]] = []
@@ -217,11 +219,22 @@ class CompletedCheckpointStore:
     def retention_floor(self, checkpoint_id: int) -> int:
         """The lowest checkpoint id still retained once ``checkpoint_id`` completed (its
         manifest records it): the newest ``num_retained`` of the retained ones and it
-        (the pinned one is no longer pinned then). Every marker below it is subsumed,
-        or is about to be, so readers ignore it (a late copy of a deleted marker)."""
+        (the pinned one is no longer pinned then), counting the :meth:`marked` ones as
+        retained. Every marker below it is subsumed, or is about to be, so readers
+        ignore it (a late copy of a deleted marker)."""
         with self._lock:
-            ids = sorted({m.checkpoint_id for m in self._retained} | {checkpoint_id})
+            ids = sorted({m.checkpoint_id for m in self._retained} | self._marked
+                         | {checkpoint_id})
         return ids[-max(self.num_retained, 1):][0]
+
+    def marked(self, checkpoint_id: int) -> None:
+        """The marker of ``checkpoint_id`` is durable and the lease was confirmed after
+        it: it counts from now on, and :meth:`add` follows. Until then the retention
+        floor of a later checkpoint counts it as retained: the threaded coordinator
+        may run the next checkpoint's whole async phase, its manifest included,
+        between this marker and its :meth:`add` (job seeds 12 and 30, session 15)."""
+        with self._lock:
+            self._marked.add(checkpoint_id)
 
     def add(self, manifest: Manifest) -> list[int]:
         """Register a completed checkpoint (its ``_metadata`` is durable); subsume old ones.
@@ -232,6 +245,7 @@ class CompletedCheckpointStore:
             # Appended before the reservations are released: see the module doc.
             self._retained.append(manifest)
             self._retained.sort(key=lambda m: m.checkpoint_id)
+            self._marked.discard(manifest.checkpoint_id)
             if self._pinned is not None and manifest.checkpoint_id > self._pinned:
                 self._pinned = None  # this run has a checkpoint of its own now
         self.shared.release(manifest.checkpoint_id)

@@ -174,6 +174,7 @@ from airflow_ckpt.errors import (
 )
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
+from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
 from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, parse_manifest
 from airflow_ckpt.runtime.checkpoint.savepoint_history import IN_HISTORY, RESTORED_NAME
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest
@@ -204,6 +205,7 @@ from airflow_ckpt.testing.sim.outcome import (
     Outcome,
     Violation,
 )
+from airflow_ckpt.testing.sim.overlap import CompletionOverlap
 from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage, Stored, _outcome
 from airflow_ckpt.testing.simquery import SimulatedQuery, write_file
@@ -891,6 +893,9 @@ class JobWorld(Judged):
         self._run_starts: dict[str, set[int]] = {}
         self._explicit_runs: set[str] = set()  # lives whose run started from a target
         self.scheduler.observers.append(self.check)
+        #: the next checkpoint's async phase overlapping a completion (drawn apart)
+        self.overlap = CompletionOverlap(seed, self.scheduler, self._coordinator_of,
+                                         lambda: SimLock(self.scheduler), self.coverage)
 
     # ------------------------------------------------------------------ ground truth
 
@@ -1707,6 +1712,16 @@ class JobWorld(Judged):
         self.coverage["suspended-before-marker"] += 1
         sched.suspend(gone, "a completion marker")
 
+    def before_marker_overlapped(self) -> None:
+        """At ``coordinator.before_metadata``: :meth:`before_marker`, then the completion
+        overlap's wait (an overlapping phase waits for the collection's decision)."""
+        self.before_marker()
+        self.overlap.before_marker()
+
+    def _coordinator_of(self, actor: Actor) -> CheckpointCoordinator | None:
+        job = None if self.recovering else self._running.get(actor)
+        return job.coordinator if job is not None else None
+
     def before_run(self) -> None:
         """A new holder's run starts (its lease acquired, its takeover over, its restore
         not made yet): while another driver's host is suspended before its completion
@@ -2173,7 +2188,7 @@ class JobWorld(Judged):
         self.requests = {}
         sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}; "
                   f"{self.retention}; {self.uploads.describe()}; {self.landings.describe()}; "
-                  f"{self.claim_race.describe()}")
+                  f"{self.claim_race.describe()}; {self.overlap.describe()}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:
@@ -2191,7 +2206,13 @@ class JobWorld(Judged):
                         interleave.installed(interleave.LEASE_AFTER_CLAIM, self.after_claim), \
                         interleave.installed(interleave.LEASE_BEFORE_BEAT, self.before_beat), \
                         interleave.installed(interleave.COMPLETE_BEFORE_METADATA,
-                                             self.before_marker), \
+                                             self.before_marker_overlapped), \
+                        interleave.installed(interleave.COMPLETE_BEFORE_ADD,
+                                             self.overlap.before_add), \
+                        interleave.installed(interleave.GC_BEFORE_DELETE,
+                                             self.overlap.before_delete), \
+                        interleave.installed(interleave.HISTORY_BEFORE_CREATE,
+                                             self.overlap.before_history), \
                         interleave.installed(interleave.UPLOAD_BEFORE_FILE,
                                              self.lost_in_upload):
                     sched.run()
