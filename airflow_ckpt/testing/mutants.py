@@ -244,6 +244,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "a commit that finds its attempt's outcome abort confirms the lease before it "
            "returns a decision of the batch (a successor's abort and decision come after "
            "its claim)"),
+    Mutant("relist-trusts-late-records", TXN,
+           "self._staged = {k for k, attempt in listed.items() if attempt in self._trusted}",
+           "self._staged = set(listed)",
+           "a sink's listing later in a life counts only attempts its first listing found "
+           "or it recorded (a deposed driver's late record is not its to commit)"),
     Mutant("restored-input-unjudged", TXN,
            "restored = offsets(batch_id) if offsets is not None else None",
            "restored = None",

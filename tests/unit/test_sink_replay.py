@@ -504,6 +504,27 @@ def test_a_driver_held_after_its_confirm_never_returns_its_successors_decision(
         ('{"end": 5}',)).to_dict()}
 
 
+def test_a_listing_later_in_a_life_never_counts_a_deposed_drivers_late_record(
+        storage: CheckpointStorage) -> None:
+    """Found by the sinks world (seed 315040, session 15): a deposed driver's record
+    create for batch 5, held in the network, landed after the holder's recovery had
+    swept that batch's staging; the holder skipped its own replay of batch 5 (a
+    verdict raised through ``record``, which forgets what it knows), listed the
+    records again at its next checkpoint, counted the late record as pending and
+    committed it: ``CorruptCheckpointError``, its staging gone. A listing later in a
+    life counts only the attempts the life's first listing found or it recorded."""
+    holder = SinkTransactions(storage, "t/", lambda: None)
+    assert holder.staged() == []  # the life's first listing (its recovery)
+    deposed = SinkTransactions(storage, "t/", lambda: None)
+    deposed.record(Transaction(5, "late", "staged", {}, BatchOffsets(('{"end": 7}',))))
+    holder.record(Transaction(4, "mine", "staged", {}, BatchOffsets(('{"end": 6}',))))
+    holder.forget()  # e.g. a write whose outcome is unknown
+    assert holder.staged() == [4]
+    assert holder.listed() == [4, 5]  # what storage holds, for any reader
+    holder.restart()  # the next life rolls it forward or aborts it
+    assert holder.staged() == [4, 5]
+
+
 def test_a_deposed_drivers_commit_of_an_aborted_attempt_raises(
         storage: CheckpointStorage) -> None:
     """Found by the simulation (sinks world, seed 58 once the swarm suspends hosts): a

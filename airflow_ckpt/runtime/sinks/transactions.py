@@ -164,6 +164,11 @@ class SinkTransactions:
         #: (batch, replay) of every staged record as this driver knows it: its last
         #: listing plus its own writes since; None: list again (see :meth:`staged`)
         self._staged: set[tuple[int, str]] | None = None
+        #: the attempts this life may commit: those its first listing found (an earlier
+        #: life's) and those it recorded itself; None until the life's first listing.
+        #: A listing later in the life (after a write whose outcome is unknown) counts
+        #: no other record: a deposed driver's late record is not this life's to commit
+        self._trusted: set[str] | None = None
         self._staged_lock = threading.Lock()
         #: the newest batch id whose record or decision this object wrote or read in
         #: this life, with the offsets recorded there: a batch staged next that starts
@@ -238,20 +243,28 @@ class SinkTransactions:
         holder writes records: what else may land is a deposed driver's late record,
         which this driver never staged and so must not commit (the next life's listing
         finds it and rolls it forward or aborts it). A write whose outcome is unknown
-        (it raised) makes the next call list again. :meth:`listed` is what storage
-        holds now, for any reader."""
+        (it raised) makes the next call list again, and that listing counts only the
+        attempts the life's first listing found or the life recorded itself (sinks seed
+        315040: a deposed driver's record create, held in the network, landed after this
+        life's recovery swept its staging; listed again after a skipped replay, it was
+        committed, naming deleted data). :meth:`listed` is what storage holds now, for
+        any reader."""
         with self._staged_lock:
             if self._staged is None:
-                self._staged = self._listed_staged()
+                listed = self._listed_attempts()
+                if self._trusted is None:  # the life's first listing: an earlier life's
+                    self._trusted = set(listed.values())
+                self._staged = {k for k, attempt in listed.items() if attempt in self._trusted}
             return sorted({b for b, _ in self._staged})
 
     def listed(self) -> list[int]:
         """Batches with a staged record not decided, as storage holds them now (a LIST
         of ``_txn/`` and a GET per record; this object's :meth:`staged` is unchanged)."""
-        return sorted({b for b, _ in self._listed_staged()})
+        return sorted({b for b, _ in self._listed_attempts()})
 
-    def _listed_staged(self) -> set[tuple[int, str]]:
-        return {(b, replay) for b, replay in self._records("_txn/")
+    def _listed_attempts(self) -> dict[tuple[int, str], str]:
+        """(batch, replay) -> attempt of every staged record storage holds now."""
+        return {(b, replay): t.attempt for b, replay in self._records("_txn/")
                 if (t := self.current(b, replay)) is not None and t.state == "staged"}
 
     def forget(self) -> None:
@@ -262,10 +275,11 @@ class SinkTransactions:
 
     def restart(self) -> None:
         """A new life of the sink (its recovery): :meth:`forget`, and forget the batch
-        it knew last (a restore may plan any batch next)."""
+        it knew last (a restore may plan any batch next) and the attempts it trusted."""
         self.forget()
         with self._staged_lock:
             self._last = None
+            self._trusted = None
 
     def _note(self, batch_id: int, offsets: BatchOffsets | None) -> None:
         """Storage holds ``offsets`` at ``batch_id`` (its record or decision), as this
@@ -376,6 +390,9 @@ class SinkTransactions:
     def _record(self, txn: Transaction, replays: ReplayPolicy,
                 describe: Describe | None) -> Transaction | None:
         key = self.txn_key(txn.batch, txn.replay)
+        with self._staged_lock:  # this life's own attempt, whatever its write's outcome
+            if self._trusted is not None:
+                self._trusted.add(txn.attempt)
         looked = bool(txn.replay)  # an extra publication is judged by its own decision
         for _ in range(_SWAP_ROUNDS):
             decided = self.decision(txn.batch, txn.replay)
