@@ -162,6 +162,7 @@ from airflow_ckpt.errors import (
     ConcurrentDriverError,
     ControlAnswerLostError,
     CorruptCheckpointError,
+    EndpointUnreachableError,
     LeaseExpiredError,
     MetadataError,
     ObjectAlreadyExistsError,
@@ -517,12 +518,20 @@ class BuriedClaim:
         self.claimant_killed = False
 
     def wants(self, key: str, if_match: str | None) -> bool:
-        """Whether this write is the claim to hold (the seed's first claim PUT)."""
-        return self.epoch is None and if_match is None and _claim_epoch(key) is not None
+        """Whether this write is the claim to hold (the seed's first claim PUT); if so,
+        it is taken (:meth:`hold` or :meth:`missed` follows)."""
+        if self.epoch is not None or if_match is not None or _claim_epoch(key) is None:
+            return False
+        self.epoch = _claim_epoch(key)
+        return True
 
     def hold(self, key: str, apply: Callable[[], str]) -> None:
         """Hold the claim ``apply`` writes until its epoch's record was swept."""
-        self.epoch, self._held = _claim_epoch(key), (key, apply)
+        self._held = (key, apply)
+
+    def missed(self) -> None:
+        """The claim to hold was not sent (a 503): the next claim is held instead."""
+        self.epoch = None
 
     def release(self, objects: dict[str, Stored]) -> None:
         """Told of every change of the store: once the held claim's key was stored and
@@ -592,7 +601,12 @@ class DriverStorage(SimStorage):
     def _late(self, op: str, key: str, hold: float, apply: Callable[[], str]) -> str:
         if self.checked is not None:
             self.checked(op, key)
-        self._enter(op, key)
+        try:
+            self._enter(op, key)
+        except EndpointUnreachableError:
+            if hold < 0 and self.buried is not None:
+                self.buried.missed()
+            raise
         applied = self._tracked(op, key, apply)
         if hold < 0 and self.buried is not None:
             self.buried.hold(key, applied)
@@ -883,16 +897,19 @@ class JobWorld(Judged):
         #: session 15's story (:class:`BuriedClaim`): an older lease record stored again
         #: below a final one, the next claimant killed before its second look, and a
         #: late marker only the buried record counts (session 14's late claims made each
-        #: step, never all four in one schedule). Three drivers at least, three lives
-        #: each (the story kills two drivers, suspends one); not with the floor takeover
+        #: step, never all four in one schedule). Four drivers at least, three lives
+        #: each, no random crashes nor storage faults (the story kills two drivers and
+        #: suspends one; the fourth judges); not with the floor takeover
         #: (its own claimant killed, num-retained 1; drawn apart)
         self.buried = BuriedClaim(self.scheduler) if not self.floor_takeover \
             and random.Random(seed ^ 0xB0C1).random() < 0.33 else None
         if self.buried is not None:
-            extra = max(3 - self.setup.drivers, 0)  # the suspended, the two killed
+            extra = max(4 - self.setup.drivers, 0)  # the suspended, two killed, the judge
             self.setup = replace(self.setup, drivers=self.setup.drivers + extra, lives=3,
                                  skews=(*self.setup.skews, *(0.0,) * extra),
-                                 rates=(*self.setup.rates, *(1.0,) * extra))
+                                 rates=(*self.setup.rates, *(1.0,) * extra), crash_p=0.0,
+                                 faults=Faults(hold_s=HOLD_S))
+            self.claim_crash_p = 0.0  # the story kills its own claimant
         self._retention_struck = False
         self.violations: list[Violation] = []
         self.objects = SimObjects()
