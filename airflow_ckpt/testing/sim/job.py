@@ -902,7 +902,7 @@ class JobWorld(Judged):
         #: suspends one; the fourth judges); not with the floor takeover
         #: (its own claimant killed, num-retained 1; drawn apart)
         self.buried = BuriedClaim(self.scheduler) if not self.floor_takeover \
-            and random.Random(seed ^ 0xB0C1).random() < 0.33 else None
+            and random.Random(seed ^ 0xB03D).random() < 0.33 else None
         if self.buried is not None:
             extra = max(4 - self.setup.drivers, 0)  # the suspended, two killed, the judge
             self.setup = replace(self.setup, drivers=self.setup.drivers + extra, lives=3,
