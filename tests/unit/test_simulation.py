@@ -370,6 +370,21 @@ def test_a_restore_never_falls_back_below_the_retention_floor() -> None:
     assert outcome.coverage.components["retention-floor-struck"] == 1
 
 
+def test_a_late_marker_counted_only_by_a_buried_claim_never_counts() -> None:
+    """The buried claim (``BuriedClaim``, session 15) at job seed 14: the first claim
+    PUT lands after its epoch's record was swept, below the successor's final record;
+    that successor is killed before its first marker and the next claimant after its
+    claim; the suspended first holder's marker lands late. The next claimant's walk
+    stops at the final record: the mutant ``adoption-judges-past-final`` walks on to
+    the buried one, adopts the marker and restores it (``job-restored-uncounted``)."""
+    outcome = run_job_seed(14)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    seen = outcome.coverage.components
+    for step in ("buried-claim-holder-suspended", "buried-claim-final-holder-killed",
+                 "buried-claim-claimant-killed"):
+        assert seen.get(step) == 1, (step, seen)
+
+
 def test_a_run_whose_only_checkpoint_marker_was_deleted_never_starts_from_scratch() -> None:
     """Seed 56 (39 before session 14's claim race, 14 before session 14's one listing
     per takeover, 155 before session 13's draws, 153 before the sink's requests were

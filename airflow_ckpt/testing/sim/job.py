@@ -54,7 +54,10 @@ wrong cleanup damages every object of the newest checkpoint once the drivers are
 timeout and asks again at once (:attr:`JobWorld.impatient`). Seed 304536's story
 (:attr:`JobWorld.floor_takeover`): a checkpoint left below the retention floor of a
 deposed writer's marker still counts, and the vandal strikes the checkpoints at or
-above the floor (:meth:`JobWorld.strike_retention_floor`).
+above the floor (:meth:`JobWorld.strike_retention_floor`). Session 15's
+:class:`BuriedClaim` (:attr:`JobWorld.buried`): a claim PUT landing after the sweep of
+its epoch, below a final record, the claimant above that record killed before its
+second look, and a deposed holder's late marker only the buried record counts.
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
