@@ -502,11 +502,10 @@ class BuriedClaim:
        over;
     3. the first holder of a newer epoch to reach a completion marker (its takeover
        final, the older records swept) is killed there: it leaves the job (unless it
-       crashed on its own before);
+       left before);
     4. the next claimant (its predecessor's record final) is killed between its claim
-       and its second look; the suspended
-       holder wakes after that (its marker lands after the final record's look: late,
-       and after this claim).
+       and its second look; the suspended holder wakes after that (its marker lands
+       after the final record's look: late, and after this claim).
 
     The next claimant's post-claim look must stop at the final record: the buried one
     counts the late marker (the suspended holder's own id)."""
@@ -1755,9 +1754,9 @@ class JobWorld(Judged):
         self.scheduler.sleep(rng.uniform(0.0, 2 * HEARTBEAT_S))
 
     def _buried_claimant_dies(self, actor: Actor) -> bool:
-        """:class:`BuriedClaim` step 4: while the buried claim's holder is suspended,
+        """:class:`BuriedClaim` step 4: once the buried claim's holder was suspended,
         the first claimant whose predecessor's record (newer than the buried one) is
-        final (the holder of step 3 left: killed, or crashed on its own)."""
+        final (the holder of step 3 left: killed, or gone on its own)."""
         story, job = self.buried, self._running.get(actor)
         record = job.lease.record if job is not None else None
         if story is None or story.epoch is None or story.holder is None \
