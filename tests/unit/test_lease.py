@@ -498,24 +498,31 @@ def test_a_claimant_that_dies_before_its_second_look_loses_no_checkpoint(
 def test_a_final_record_is_never_judged_past(store: CheckpointStorage, clock: FakeClock) -> None:
     """A holder whose record is final adopted every marker that landed before its
     second look; one of the deposed holder's that landed later never counts, even while
-    the deposed holder's record is still stored (its successor died before deleting
-    it)."""
+    the deposed holder's record is stored again below the final one (its first claim
+    PUT, held in the network, landed after the sweep) and the claimant above the final
+    record died before its second look (so the next one walks down to the final record,
+    and must stop there). Without that claimant the walk never starts (session 15: the
+    earlier version of this test let the mutant ``adoption-judges-past-final`` pass)."""
     adopt = CheckpointCatalog(store, "job").adopt
     a = lease(store, clock, "run-a")
     a.acquire(adopt=adopt)
+    claim = a.record.to_json() if a.record else b""  # as its first claim PUT sent it
     _marker(store, 1)
     b = lease(store, clock, "run-b")
-    with interleave.installed(interleave.LEASE_AFTER_CLAIM, lambda: None):
-        b_record = b.acquire(adopt=adopt)
+    b_record = b.acquire(adopt=adopt)
     b.release()
-    prefix = JobLayout("job").lease_prefix
-    store.put_bytes(lease_key(prefix, 1), a.record.to_json() if a.record else b"")  # not swept
+    store.put_bytes(lease_key(JobLayout("job").lease_prefix, 1), claim)  # after the sweep
     _marker(store, 2)  # a's late marker, after b's second look
     final = read_lease(store, "job")
     assert final is not None and final.adoption_final and final.adopted == (1,)
     assert b_record.first_id is not None and b_record.first_id > 2
     c = lease(store, clock, "run-c")
-    record = c.acquire(adopt=adopt)
-    assert record.adopted == (1,), record
+    with interleave.installed(interleave.LEASE_AFTER_CLAIM, _die), pytest.raises(Died):
+        c.acquire(adopt=adopt)
+    claimed = read_lease(store, "job")
+    assert claimed is not None and claimed.epoch == 3 and not claimed.adoption_final
+    d = lease(store, clock, "run-d")
+    record = d.acquire(adopt=adopt)
+    assert record.epoch == 4 and record.adopted == (1,), record
     assert CheckpointCatalog(store, "job").checkpoint_ids() == [1]
-    c.release()
+    d.release()

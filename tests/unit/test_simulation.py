@@ -234,8 +234,9 @@ def test_the_job_world_reaches_its_cases() -> None:
     """The real CheckpointedJob's components run in the job world, over non-empty
     sets, and most schedules have a second lease holder."""
     # 64 seeds since session 14's draws (`leasemut`): the first late copy of a
-    # subsumed marker is at seed 63 (52 was redrawn)
-    result = explore(range(64), worlds=["job"])
+    # subsumed marker is at seed 63 (52 was redrawn); and seed 106 since session 15's
+    # buried claim redrew the stopped life of seeds 0-63 (106 is the first after them)
+    result = explore([*range(64), 106], worlds=["job"])
     seen = result.coverage["job"].components
     for case in ("gc-shared-files", "subsumed", "outage-ridden", "parquet-sink",
                  "control-answered", "newer-request-refused", "holder-deposed-alive",
@@ -372,6 +373,21 @@ def test_a_restore_never_falls_back_below_the_retention_floor() -> None:
     outcome = run_job_seed(150)
     assert outcome.violations == [], format_outcome(outcome, 40)
     assert outcome.coverage.components["retention-floor-struck"] == 1
+
+
+def test_a_late_marker_counted_only_by_a_buried_claim_never_counts() -> None:
+    """The buried claim (``BuriedClaim``, session 15) at job seed 14: the first claim
+    PUT lands after its epoch's record was swept, below the successor's final record;
+    that successor is killed before its first marker and the next claimant after its
+    claim; the suspended first holder's marker lands late. The next claimant's walk
+    stops at the final record: the mutant ``adoption-judges-past-final`` walks on to
+    the buried one, adopts the marker and restores it (``job-restored-uncounted``)."""
+    outcome = run_job_seed(14)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    seen = outcome.coverage.components
+    for step in ("buried-claim-holder-suspended", "buried-claim-final-holder-killed",
+                 "buried-claim-claimant-killed"):
+        assert seen.get(step) == 1, (step, seen)
 
 
 def test_a_run_whose_only_checkpoint_marker_was_deleted_never_starts_from_scratch() -> None:

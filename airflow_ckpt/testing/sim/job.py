@@ -54,7 +54,10 @@ wrong cleanup damages every object of the newest checkpoint once the drivers are
 timeout and asks again at once (:attr:`JobWorld.impatient`). Seed 304536's story
 (:attr:`JobWorld.floor_takeover`): a checkpoint left below the retention floor of a
 deposed writer's marker still counts, and the vandal strikes the checkpoints at or
-above the floor (:meth:`JobWorld.strike_retention_floor`).
+above the floor (:meth:`JobWorld.strike_retention_floor`). Session 15's
+:class:`BuriedClaim` (:attr:`JobWorld.buried`): a claim PUT landing after the sweep of
+its epoch, below a final record, the claimant above that record killed before its
+second look, and a deposed holder's late marker only the buried record counts.
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
@@ -162,6 +165,7 @@ from airflow_ckpt.errors import (
     ConcurrentDriverError,
     ControlAnswerLostError,
     CorruptCheckpointError,
+    EndpointUnreachableError,
     LeaseExpiredError,
     MetadataError,
     ObjectAlreadyExistsError,
@@ -476,8 +480,7 @@ class ClaimRace:
     def hold(self, rng: random.Random, key: str, if_match: str | None) -> float | None:
         """How long the network holds this write: a claim (a lease record's PUT that is
         not a swap of the holder's own version)."""
-        if if_match is None and key.startswith(LAYOUT.lease_prefix) \
-                and key[len(LAYOUT.lease_prefix):-5].isdigit() and key.endswith(".json") \
+        if if_match is None and _claim_epoch(key) is not None \
                 and rng.random() < self.late_p:
             return rng.uniform(*self.hold_s)
         return None
@@ -485,6 +488,67 @@ class ClaimRace:
     def describe(self) -> str:
         return (f"claim race: rendezvous {self.rendezvous}, late claims p {self.late_p} "
                 f"held {list(self.hold_s)} s")
+
+
+class BuriedClaim:
+    """Session 15's story (drawn apart, :attr:`JobWorld.buried`): a lease record stored
+    again below a final one, a claimant killed before its second look above it, and a
+    deposed holder's late marker that only the buried record counts. Its order:
+
+    1. a claimant's create-only claim PUT stays in the network (the claimant meets
+       ``OutcomeUnknownError`` and claims again: its repeat creates the record) until
+       a successor's sweep deleted that epoch's record; then it lands, creating the
+       record again behind the newer ones (its bytes: the claim, not final);
+    2. the holder of that epoch is suspended before its first completion marker (its
+       monotonic clock stands still: its gate passes when it wakes) until step 4 is
+       over;
+    3. the first holder of a newer epoch to reach a completion marker (its takeover
+       final, the older records swept) is killed there: it leaves the job (unless it
+       left before);
+    4. the next claimant (its predecessor's record final) is killed between its claim
+       and its second look; the suspended holder wakes after that (its marker lands
+       after the final record's look: late, and after this claim).
+
+    The next claimant's post-claim look must stop at the final record: the buried one
+    counts the late marker (the suspended holder's own id)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.epoch: int | None = None  # the buried claim's epoch
+        self._held: tuple[str, Callable[[], str]] | None = None
+        self._stored = False  # the held claim's key was stored since (its repeat)
+        self.holder: str | None = None  # host of the holder suspended before its marker
+        self.final_killed = False  # the holder above it was killed before a marker
+        self.claimant_killed = False
+
+    def wants(self, key: str, if_match: str | None) -> bool:
+        """Whether this write is the claim to hold (the seed's first claim PUT); if so,
+        it is taken (:meth:`hold` or :meth:`missed` follows)."""
+        if self.epoch is not None or if_match is not None or _claim_epoch(key) is None:
+            return False
+        self.epoch = _claim_epoch(key)
+        return True
+
+    def hold(self, key: str, apply: Callable[[], str]) -> None:
+        """Hold the claim ``apply`` writes until its epoch's record was swept."""
+        self._held = (key, apply)
+
+    def missed(self) -> None:
+        """The claim to hold was not sent (a 503): the next claim is held instead."""
+        self.epoch = None
+
+    def release(self, objects: dict[str, Stored]) -> None:
+        """Told of every change of the store: once the held claim's key was stored and
+        is gone (swept), the network delivers the held claim."""
+        if self._held is None:
+            return
+        key, apply = self._held
+        if key in objects:
+            self._stored = True
+        elif self._stored:
+            self._held = None
+            self.scheduler.defer(f"late put create-only {key} (held past its sweep)",
+                                 lambda: _outcome(apply), self.scheduler.now)
 
 
 class DriverStorage(SimStorage):
@@ -498,11 +562,13 @@ class DriverStorage(SimStorage):
     race_rng: random.Random
     #: told of every write this view issues (op, keys), before it is sent
     observe: Callable[[str, list[str]], None] | None = None
+    #: the seed's :class:`BuriedClaim` (None: the story is not drawn)
+    buried: BuriedClaim | None = None
 
     def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
         view = DriverStorage(self.store, self.scheduler, faults=self.faults, tag=self.tag)
         view.landings, view.rng, view.checked = self.landings, self.rng, check
-        view.race, view.race_rng = self.race, self.race_rng
+        view.race, view.race_rng, view.buried = self.race, self.race_rng, self.buried
         return view
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
@@ -510,7 +576,11 @@ class DriverStorage(SimStorage):
         op = "put" + (" create-only" if create_only else "") + (" if-match" if if_match else "")
         if self.observe is not None:
             self.observe("put", [key])
-        hold = self.race.hold(self.race_rng, key, if_match)
+        hold: float | None = None
+        if self.buried is not None and self.buried.wants(key, if_match) \
+                and self.scheduler.current() is not None:
+            hold = -1.0  # until its epoch's record is swept (BuriedClaim.release)
+        hold = self.race.hold(self.race_rng, key, if_match) if hold is None else hold
         hold = self.landings.hold(self.rng, op, key) if hold is None else hold
         if hold is None or self.scheduler.current() is None:
             return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
@@ -535,11 +605,20 @@ class DriverStorage(SimStorage):
     def _late(self, op: str, key: str, hold: float, apply: Callable[[], str]) -> str:
         if self.checked is not None:
             self.checked(op, key)
-        self._enter(op, key)
+        try:
+            self._enter(op, key)
+        except EndpointUnreachableError:
+            if hold < 0 and self.buried is not None:
+                self.buried.missed()
+            raise
         applied = self._tracked(op, key, apply)
-        self.scheduler.defer(f"late {op} {key}", lambda: _outcome(applied),
-                             self.scheduler.now + hold)
-        self._log(op, key, f"timeout (held {hold:.1f} s in the network)")
+        if hold < 0 and self.buried is not None:
+            self.buried.hold(key, applied)
+            self._log(op, key, "timeout (held in the network until its record is swept)")
+        else:
+            self.scheduler.defer(f"late {op} {key}", lambda: _outcome(applied),
+                                 self.scheduler.now + hold)
+            self._log(op, key, f"timeout (held {hold:.1f} s in the network)")
         raise OutcomeUnknownError(f"sim: {op} {key}: no answer (it may land later)")
 
 
@@ -819,6 +898,22 @@ class JobWorld(Judged):
             self.setup = replace(self.setup, num_retained=1)
             self.contention = replace(self.contention, marker_suspend_p=max(
                 self.contention.marker_suspend_p, 0.5))
+        #: session 15's story (:class:`BuriedClaim`): an older lease record stored again
+        #: below a final one, the next claimant killed before its second look, and a
+        #: late marker only the buried record counts (session 14's late claims made each
+        #: step, never all four in one schedule). Four drivers at least, three lives
+        #: each, no random crashes nor storage faults (the story kills two drivers and
+        #: suspends one; the fourth judges); not with the floor takeover
+        #: (its own claimant killed, num-retained 1; drawn apart)
+        self.buried = BuriedClaim(self.scheduler) if not self.floor_takeover \
+            and random.Random(seed ^ 0xB03D).random() < 0.33 else None
+        if self.buried is not None:
+            extra = max(4 - self.setup.drivers, 0)  # the suspended, two killed, the judge
+            self.setup = replace(self.setup, drivers=self.setup.drivers + extra, lives=3,
+                                 skews=(*self.setup.skews, *(0.0,) * extra),
+                                 rates=(*self.setup.rates, *(1.0,) * extra), crash_p=0.0,
+                                 faults=Faults(hold_s=HOLD_S))
+            self.claim_crash_p = 0.0  # the story kills its own claimant
         self._retention_struck = False
         self.violations: list[Violation] = []
         self.objects = SimObjects()
@@ -992,6 +1087,8 @@ class JobWorld(Judged):
         if any(k.startswith(LAYOUT.control_prefix) for k in gone):
             self.coverage["control-forgotten"] += 1  # answered requests deleted (issue 26)
         self._note_claims(present - self._present_before)
+        if self.buried is not None:
+            self.buried.release(objects)
         self._present_before = present
         self._check_retention(gone)
         self._check_savepoint_history(present, gone)
@@ -1647,8 +1744,9 @@ class JobWorld(Judged):
         if actor is None or not actor.name.startswith("driver"):
             return
         took_over = len(lease_epochs(self.oracle, JOB)) > 1
-        if actor.name in self._waited or (took_over and self.claim_crash_p and (
-                self.claim_crash_rng.random() < self.claim_crash_p / 3)) \
+        if self._buried_claimant_dies(actor) or actor.name in self._waited \
+                or (took_over and self.claim_crash_p and (
+                    self.claim_crash_rng.random() < self.claim_crash_p / 3)) \
                 or (took_over and self.floor_takeover and self._holder_waking(actor)):
             self._waited.discard(actor.name)
             self.coverage["killed-after-claim"] += 1
@@ -1659,6 +1757,23 @@ class JobWorld(Judged):
             return
         self.coverage["takeover-paused"] += 1
         self.scheduler.sleep(rng.uniform(0.0, 2 * HEARTBEAT_S))
+
+    def _buried_claimant_dies(self, actor: Actor) -> bool:
+        """:class:`BuriedClaim` step 4: once the buried claim's holder was suspended,
+        the first claimant whose predecessor's record (newer than the buried one) is
+        final (the holder of step 3 left: killed, or gone on its own)."""
+        story, job = self.buried, self._running.get(actor)
+        record = job.lease.record if job is not None else None
+        if story is None or story.epoch is None or story.holder is None \
+                or story.claimant_killed or record is None:
+            return False
+        older = [e for e in lease_epochs(self.oracle, JOB) if e < record.epoch]
+        previous = read_epoch(self.oracle, JOB, max(older)) if older else None
+        if previous is None or previous.epoch <= story.epoch or not previous.adoption_final:
+            return False
+        story.claimant_killed = True
+        self.coverage["buried-claim-claimant-killed"] += 1
+        return True
 
     def _holder_waking(self, actor: Actor) -> bool:
         """Whether another driver's host is suspended before its completion marker (it
@@ -1704,6 +1819,8 @@ class JobWorld(Judged):
         actor = sched.current()
         if actor is None or not actor.name.startswith("driver"):
             return
+        if self._buried_claim_marker(actor):
+            return
         if rng.random() >= self.contention.marker_suspend_p \
                 and not self._successor_waits(actor) and not self._late_start_waits(actor):
             return
@@ -1721,6 +1838,32 @@ class JobWorld(Judged):
     def _coordinator_of(self, actor: Actor) -> CheckpointCoordinator | None:
         job = None if self.recovering else self._running.get(actor)
         return job.coordinator if job is not None else None
+
+    def _buried_claim_marker(self, actor: Actor) -> bool:
+        """:class:`BuriedClaim` steps 2 and 3 at a completion marker: the holder of the
+        buried claim's epoch is suspended before its first one until the claimant of
+        step 4 was killed (15 lease ttls at most); the first holder of a newer epoch to
+        reach one (its takeover final, the older records swept) is killed there."""
+        story, job = self.buried, self._running.get(actor)
+        record = job.lease.record if job is not None else None
+        if story is None or story.epoch is None or record is None:
+            return False
+        sched = self.scheduler
+        if story.holder is None and record.epoch == story.epoch:
+            story.holder = actor.host.name
+            self.coverage["buried-claim-holder-suspended"] += 1
+            deadline = sched.now + 15 * TTL_S
+            while not story.claimant_killed and sched.now < deadline:
+                sched.suspend(TTL_S / 2, "a completion marker (its claim buried)")
+            return True
+        if story.holder is not None and not story.final_killed \
+                and record.epoch > story.epoch and record.adoption_final:
+            story.final_killed = True
+            self.coverage["buried-claim-final-holder-killed"] += 1
+            actor.killed = True
+            sched.log("killed before its first completion marker (above a buried claim)")
+            sched.yield_point("killed before its marker")
+        return False
 
     def before_run(self) -> None:
         """A new holder's run starts (its lease acquired, its takeover over, its restore
@@ -1828,6 +1971,7 @@ class JobWorld(Judged):
         storage = DriverStorage(self.objects, sched, faults=setup.faults, tag=f"driver-{number}")
         storage.landings, storage.rng = self.landings, self.landings_rng
         storage.race, storage.race_rng = self.claim_race, self.claim_race_rng
+        storage.buried = self.buried
 
         def program() -> None:
             if not setup.together and not self.contention.together:
@@ -2254,6 +2398,13 @@ def _counts_by(record: LeaseRecord, number: int) -> bool:
     if record.adopted is None or record.first_id is None:
         return True
     return number in record.adopted or number >= record.first_id
+
+
+def _claim_epoch(key: str) -> int | None:
+    """``simjob/lease/3.json`` -> 3."""
+    name = key[len(LAYOUT.lease_prefix):-len(".json")]
+    return int(name) if key.startswith(LAYOUT.lease_prefix) and key.endswith(".json") \
+        and name.isdigit() else None
 
 
 def _checkpoint_of(key: str) -> int | None:
