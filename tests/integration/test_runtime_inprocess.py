@@ -4,6 +4,7 @@ in-process restarts, partial and corrupt checkpoints, fresh starts."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -337,6 +338,9 @@ def test_a_sink_registered_inside_build_is_recovered(
 
     class DiesBeforeCommit(JsonLinesSink):
         def commit(self, batch_id: int) -> None:
+            raise RuntimeError("killed before the commit")
+
+        def commit_batches(self, batch_ids: Iterable[int]) -> None:  # a completion's
             raise RuntimeError("killed before the commit")
 
     def build_with(sink: JsonLinesSink, job: CheckpointedJob) -> Any:
