@@ -38,8 +38,8 @@ the driver's thread stands for the pool thread completing ``N``, the phase actor
 the pool's other thread, and a third async phase would queue (job seed 98: two phase
 actors met on the history's append lock, which the threaded pool never lets happen).
 
-While a phase actor lives the coordinator's lock, the store's collection lock and the
-registry's condition are actor-aware (a thread blocked on a real lock would keep the
+While a phase actor lives the coordinator's lock, the store's collection lock, the
+history's locks and the registry's condition are actor-aware (a thread blocked on a real lock would keep the
 scheduler's baton), the driver's ``tick`` and ``shutdown`` wait for the phase actor
 first (what ``wait``'s ``p.done.wait()`` and the pool's ``shutdown(wait=True)`` do).
 """
@@ -235,6 +235,10 @@ class CompletionOverlap:
         store.shared._cond = ActorCondition(self.scheduler)  # type: ignore[assignment]
         store._collecting = self.lock()  # type: ignore[assignment]
         coordinator._lock = self.lock()  # type: ignore[assignment]
+        # the history's locks too: a phase that fails appends while the completing
+        # driver appends its completion (job seed 320590: stuck on the append lock)
+        coordinator.history._append_lock = self.lock()  # type: ignore[assignment]
+        coordinator.history._compacting = self.lock()  # type: ignore[assignment]
         tick, shutdown = coordinator.tick, coordinator.shutdown
         completing = self.scheduler.current()
 
