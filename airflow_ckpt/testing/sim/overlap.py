@@ -40,8 +40,9 @@ actors met on the history's append lock, which the threaded pool never lets happ
 
 While a phase actor lives the coordinator's lock, the store's collection lock, the
 history's locks and the registry's condition are actor-aware (a thread blocked on a
-real lock would keep the scheduler's baton), the driver's ``tick`` and ``shutdown`` wait for the phase actor
-first (what ``wait``'s ``p.done.wait()`` and the pool's ``shutdown(wait=True)`` do).
+real lock would keep the scheduler's baton), the driver's ``tick`` and ``shutdown``
+wait for the phase actor first (what ``wait``'s ``p.done.wait()`` and the pool's
+``shutdown(wait=True)`` do).
 """
 
 from __future__ import annotations
