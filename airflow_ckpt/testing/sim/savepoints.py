@@ -104,7 +104,7 @@ from airflow_ckpt.testing.sim.scheduler import (
     SeededUuid,
     VirtualTime,
 )
-from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
+from airflow_ckpt.testing.sim.storage import Faults, RacingView, SimObjects, SimStorage
 
 JOB = "simjob"
 SAVEPOINT_ID = "v"
@@ -174,20 +174,10 @@ class MarkerRace:
             self.scheduler.log(f"wakes after {gone:g} s: another driver wrote {key}")
 
 
-class _MarkerRacingView(SimStorage):
+class _MarkerRacingView(RacingView):
     """A driver's storage view whose savepoint marker PUT races (:class:`MarkerRace`)."""
 
     race: MarkerRace
-
-    @classmethod
-    def of(cls, view: SimStorage, race: MarkerRace) -> _MarkerRacingView:
-        racing = cls.__new__(cls)
-        racing.__dict__.update(view.__dict__)
-        racing.race = race
-        return racing
-
-    def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
-        return _MarkerRacingView.of(super().checked_view(check), self.race)
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:

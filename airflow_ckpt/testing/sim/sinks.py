@@ -128,7 +128,7 @@ from airflow_ckpt.testing.sim.outcome import (
     Violation,
 )
 from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
-from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
+from airflow_ckpt.testing.sim.storage import Faults, RacingView, SimObjects, SimStorage
 
 JOB = "simjob"
 SINK = "out"
@@ -324,21 +324,11 @@ class RecordRace:
             self.scheduler.sleep(gone)
 
 
-class _RacingView(SimStorage):
+class _RacingView(RacingView):
     """A driver's storage view whose transaction-record reads and writes race
     (:class:`RecordRace`)."""
 
     race: RecordRace
-
-    @classmethod
-    def of(cls, view: SimStorage, race: RecordRace) -> _RacingView:
-        racing = cls.__new__(cls)
-        racing.__dict__.update(view.__dict__)
-        racing.race = race
-        return racing
-
-    def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
-        return _RacingView.of(super().checked_view(check), self.race)
 
     def get_bytes(self, key: str) -> bytes:
         if "/_txn/" in key:  # e.g. a commit about to read the record it decides from

@@ -46,6 +46,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from airflow_ckpt.errors import (
     EndpointUnreachableError,
@@ -405,3 +406,24 @@ def _outcome(apply: Callable[[], str]) -> str:
     except Exception as exc:
         return type(exc).__name__
     return "applied"
+
+
+_View = TypeVar("_View", bound="RacingView")
+
+
+class RacingView(SimStorage):
+    """A driver's storage view that carries a race of its world (``race``: e.g. the
+    sinks world's record race, the savepoints world's marker race) through
+    :meth:`checked_view`, so the fenced view a driver writes through still races."""
+
+    race: Any
+
+    @classmethod
+    def of(cls: type[_View], view: SimStorage, race: Any) -> _View:
+        racing = cls.__new__(cls)
+        racing.__dict__.update(view.__dict__)
+        racing.race = race
+        return racing
+
+    def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
+        return type(self).of(super().checked_view(check), self.race)
