@@ -245,7 +245,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "returns a decision of the batch (a successor's abort and decision come after "
            "its claim)"),
     Mutant("relist-trusts-late-records", TXN,
-           "self._staged = {k for k, attempt in listed.items() if attempt in self._trusted}",
+           "self._staged = {k for k, attempt in listed.items() if trusted.get(k) == attempt}",
            "self._staged = set(listed)",
            "a sink's listing later in a life counts only attempts its first listing found "
            "or it recorded (a deposed driver's late record is not its to commit)"),

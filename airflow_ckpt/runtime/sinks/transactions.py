@@ -164,11 +164,13 @@ class SinkTransactions:
         #: (batch, replay) of every staged record as this driver knows it: its last
         #: listing plus its own writes since; None: list again (see :meth:`staged`)
         self._staged: set[tuple[int, str]] | None = None
-        #: the attempts this life may commit: those its first listing found (an earlier
-        #: life's) and those it recorded itself; None until the life's first listing.
-        #: A listing later in the life (after a write whose outcome is unknown) counts
-        #: no other record: a deposed driver's late record is not this life's to commit
-        self._trusted: set[str] | None = None
+        #: (batch, replay) -> the attempt this life may commit there: what its first
+        #: listing found (an earlier life's) and what it recorded itself, until its own
+        #: finish or abort (so bounded by the pending batches, not the life's length);
+        #: None until the life's first listing. A listing later in the life (after a
+        #: write whose outcome is unknown) counts no other record: a deposed driver's
+        #: late record is not this life's to commit
+        self._trusted: dict[tuple[int, str], str] | None = None
         self._staged_lock = threading.Lock()
         #: the newest batch id whose record or decision this object wrote or read in
         #: this life, with the offsets recorded there: a batch staged next that starts
@@ -253,8 +255,9 @@ class SinkTransactions:
             if self._staged is None:
                 listed = self._listed_attempts()
                 if self._trusted is None:  # the life's first listing: an earlier life's
-                    self._trusted = set(listed.values())
-                self._staged = {k for k, attempt in listed.items() if attempt in self._trusted}
+                    self._trusted = dict(listed)
+                trusted = self._trusted
+                self._staged = {k for k, attempt in listed.items() if trusted.get(k) == attempt}
             return sorted({b for b, _ in self._staged})
 
     def listed(self) -> list[int]:
@@ -309,6 +312,8 @@ class SinkTransactions:
                     self._staged.add((batch_id, replay))
                 else:
                     self._staged.discard((batch_id, replay))
+            if not staged and self._trusted is not None:
+                self._trusted.pop((batch_id, replay), None)
 
     def require_committable(self, batches: Iterable[int],
                             offsets: Callable[[int], BatchOffsets | None] | None = None) -> None:
@@ -392,7 +397,7 @@ class SinkTransactions:
         key = self.txn_key(txn.batch, txn.replay)
         with self._staged_lock:  # this life's own attempt, whatever its write's outcome
             if self._trusted is not None:
-                self._trusted.add(txn.attempt)
+                self._trusted[(txn.batch, txn.replay)] = txn.attempt
         looked = bool(txn.replay)  # an extra publication is judged by its own decision
         for _ in range(_SWAP_ROUNDS):
             decided = self.decision(txn.batch, txn.replay)
