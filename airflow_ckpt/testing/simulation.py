@@ -122,6 +122,7 @@ class Exploration:
     first: dict[str, Outcome] = field(default_factory=dict)
     first_unskewed: dict[str, Outcome] = field(default_factory=dict)  # all clocks agree
     failing_seeds: list[int] = field(default_factory=list)
+    cut_off_schedules: list[tuple[str, int]] = field(default_factory=list)  # (world, seed)
     coverage: dict[str, WorldCoverage] = field(default_factory=dict)
 
     @property
@@ -148,6 +149,8 @@ def explore(seeds: Iterable[int], plants: Iterable[str] = (),
             outcome = run(seed, [p for p in plants if p in own])
             result.schedules += 1
             result.coverage.setdefault(name, WorldCoverage()).add(outcome)
+            if outcome.cut_off:
+                result.cut_off_schedules.append((name, seed))
             if outcome.violations:
                 result.violations += 1
                 if seed not in result.failing_seeds:
@@ -220,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"coverage of seeds {args.start}-{args.start + result.seeds - 1}:")
         for name, covered in result.coverage.items():
             print(covered.describe(name))
-    print(f"{result.cut_off} schedules cut off at the step limit")
+    print(f"{result.cut_off} schedules cut off at the step limit" + "".join(
+        f"; {world} seed {seed}" for world, seed in result.cut_off_schedules[:50]))
     print(f"{result.schedules} simulated schedules explored ({result.seeds} seeds x "
           f"{len(worlds)} worlds: {', '.join(worlds)}), {result.violations} violations "
           f"({real_time.monotonic() - started:.0f} s)")
