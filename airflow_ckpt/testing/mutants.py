@@ -207,6 +207,11 @@ MUTANTS: tuple[Mutant, ...] = (
            equivalent="the claim is create-only; a stale claim of a swept epoch lies below "
            "the newest, which every confirm, reader and later claim go by (the rejudge "
            "is liveness)"),
+    Mutant("marker-out-of-order", "runtime/checkpoint/coordinator.py",
+           "if p.checkpoint_id < self._last_marked:",
+           "if False:",
+           "a checkpoint marker is written only while no higher checkpoint id's marker "
+           "was (with max-concurrent-checkpoints >= 2 the later one subsumes it)"),
     Mutant("marker-unconfirmed", "runtime/checkpoint/marker.py",
            "confirm()  # the marker counts only if no successor claimed before it",
            "pass  # the marker counts only if no successor claimed before it",

@@ -428,3 +428,72 @@ def test_a_checkpoint_completing_while_the_next_one_writes_its_marker_stays_coun
             first.checkpoint_id, second.checkpoint_id]
     finally:
         coordinator.shutdown()
+
+
+def start_concurrent(storage: CheckpointStorage, workdir: Path) -> CheckpointCoordinator:
+    """Two checkpoints in flight at once, every file uploaded (none inline)."""
+    config = CheckpointConfig.from_dict({
+        "execution.checkpointing.interval": "1 h",
+        "execution.checkpointing.timeout": "10 min",
+        "execution.checkpointing.num-retained": 2,
+        "execution.checkpointing.max-concurrent-checkpoints": 2,
+        "state.storage.fs.memory-threshold": "0",
+    })
+    coordinator = CheckpointCoordinator(
+        storage=storage, job=JOB, workdir=workdir, config=config,
+        store=CompletedCheckpointStore(storage, JOB, config.num_retained),
+        history=JobHistory(storage, JOB), next_checkpoint_id=1, spark_version="4.2.0",
+        poll_interval_s=0.005)
+    coordinator.start()
+    return coordinator
+
+
+def test_with_two_checkpoints_in_flight_the_later_floor_counts_the_earlier_marker(
+    storage: CheckpointStorage, workdir: Path
+) -> None:
+    """``max-concurrent-checkpoints`` 2 (session 16, the case session 15 left open):
+    chk-2 builds its manifest while chk-1 is about to write its marker. Before, chk-2's
+    retention floor was computed then, from a store without chk-1 (floor 2), and chk-2's
+    marker, written after chk-1's, made every reader ignore chk-1 although it completed
+    and ``num-retained`` is 2. The floor is now computed with the marker, in id order."""
+    coordinator = start_concurrent(storage, workdir)
+    writing = Pause()  # chk-1: files durable, marker not written
+    try:
+        with interleave.installed(interleave.COMPLETE_BEFORE_METADATA, writing):
+            first = coordinator.trigger("manual")
+            writing.wait_reached()
+            second = coordinator.trigger("manual")
+            assert not second.done.wait(0.5)  # its marker waits for chk-1's
+            writing.resume()
+            assert first.done.wait(10) and first.manifest is not None
+            assert second.done.wait(10) and second.manifest is not None
+        assert (first.checkpoint_id, second.checkpoint_id) == (1, 2)
+        assert second.manifest.retention_floor == 1
+        assert CheckpointCatalog(storage, JOB).checkpoint_ids() == [1, 2]
+    finally:
+        coordinator.shutdown()
+
+
+def test_a_checkpoint_that_reaches_its_marker_after_a_later_one_is_subsumed(
+    storage: CheckpointStorage, workdir: Path
+) -> None:
+    """Flink's ``CHECKPOINT_SUBSUMED``: chk-1 is held in its upload while chk-2
+    completes. chk-1 then never writes its marker (it would lie below chk-2's floor,
+    counted by this driver and ignored by every reader); it fails as subsumed, which
+    does not count toward ``tolerable-failed-checkpoints``."""
+    coordinator = start_concurrent(storage, workdir)
+    uploading = Pause()  # chk-1's first file
+    try:
+        with interleave.installed(interleave.UPLOAD_BEFORE_FILE, uploading):
+            first = coordinator.trigger("manual")
+            uploading.wait_reached()
+            second = coordinator.trigger("manual")
+            assert second.done.wait(10) and second.manifest is not None
+            uploading.resume()
+            assert first.done.wait(10)
+        assert first.manifest is None and first.failure == "checkpoint 2 completed first"
+        assert not storage.exists(L.checkpoint_metadata(1))
+        assert CheckpointCatalog(storage, JOB).checkpoint_ids() == [2]
+        assert coordinator.failures.consecutive == 0
+    finally:
+        coordinator.shutdown()

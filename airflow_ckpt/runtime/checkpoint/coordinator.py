@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from airflow_ckpt.errors import (
     AirflowCkptError,
@@ -153,6 +154,10 @@ class CheckpointCoordinator:
         self.first_id = next_checkpoint_id  # ids from here on are this coordinator's
         self._lock = threading.Lock()
         self._pending: list[PendingCheckpoint] = []
+        # held from a checkpoint's retention floor to its marker's confirmation (and
+        # store.marked): markers count in id order (see _write_marker)
+        self._marking = threading.Lock()
+        self._last_marked = 0
         self._digests = digests if digests is not None else DigestCache()
         # threaded=False: no background thread, uploads and async phases run inline and
         # the caller drives the coordinator with tick(). Every storage mutation then
@@ -406,8 +411,10 @@ class CheckpointCoordinator:
                     or not p.move(PendingState.COMPLETING, allowed=(PendingState.PENDING,))):
                 self._fail(p, Reason.EXPIRED, "checkpoint expired or was cancelled")
                 return
-            if not self._write_marker(p, manifest):
+            written = self._write_marker(p, manifest)
+            if written is None:
                 return
+            manifest = written
         except CheckpointDeclinedError as exc:
             self._fail(p, Reason.ASYNC_EXCEPTION, str(exc), allowed=_UNSETTLED)
             return
@@ -456,22 +463,44 @@ class CheckpointCoordinator:
             restored_from=self.restored_from,
             lease_epoch=self.lease.epoch,
             sources=self._sources,
-            retention_floor=None if p.savepoint_id else self.store.retention_floor(
-                p.checkpoint_id),
         )
 
     def _marker_key(self, p: PendingCheckpoint) -> str:
         return (self.layout.savepoint_metadata(p.savepoint_id) if p.savepoint_id
                 else self.layout.checkpoint_metadata(p.checkpoint_id))
 
-    def _write_marker(self, p: PendingCheckpoint, manifest: Manifest) -> bool:
+    def _write_marker(self, p: PendingCheckpoint, manifest: Manifest) -> Manifest | None:
         """Steps 5 and 6: write ``_metadata`` for ``p`` (``COMPLETING``) and confirm the
         lease after it (:func:`~airflow_ckpt.runtime.checkpoint.marker.write_marker`).
 
-        True: the marker is durable and counts. False: ``p`` is settled: answered by a
-        savepoint that landed first, failed (fatal, but for a savepoint whose id names
-        another request's savepoint: that request fails alone), or abandoned.
+        A checkpoint's marker is written under ``_marking``, with the retention floor
+        computed there: every lower checkpoint id's marker is then either written and
+        counted (:meth:`CompletedCheckpointStore.marked`) or never written, since a
+        checkpoint that reaches its marker after a higher id's is subsumed (Flink's
+        ``CHECKPOINT_SUBSUMED``). So no floor misses a checkpoint that completes, with
+        any ``max-concurrent-checkpoints``.
+
+        The manifest as written: the marker is durable and counts. None: ``p`` is
+        settled: subsumed, answered by a savepoint that landed first, failed (fatal, but
+        for a savepoint whose id names another request's savepoint: that request fails
+        alone), or abandoned.
         """
+        if p.is_savepoint:
+            return manifest if self._write_marker_now(p, manifest) else None
+        with self._marking:
+            if p.checkpoint_id < self._last_marked:
+                self._fail(p, Reason.SUBSUMED, f"checkpoint {self._last_marked} completed "
+                           "first", allowed=_UNSETTLED)
+                return None
+            manifest = replace(manifest,
+                               retention_floor=self.store.retention_floor(p.checkpoint_id))
+            if not self._write_marker_now(p, manifest):
+                return None
+            self._last_marked = p.checkpoint_id
+            return manifest
+
+    def _write_marker_now(self, p: PendingCheckpoint, manifest: Manifest) -> bool:
+        """:meth:`_write_marker`'s write: True when the marker is durable and counts."""
         stashed = self.store.stashed()
         failure = write_marker(self.storage, self._marker_key(p), manifest.to_json(),
                                job=self.layout.job, confirm=self.lease.confirm)

@@ -22,6 +22,8 @@ class CheckpointFailureReason(enum.Enum):
     SAVEPOINT_ID_IN_USE = ("savepoint id in use", False, False)
     #: the savepoint id names a completed savepoint of another request
     SAVEPOINT_EXISTS = ("savepoint exists", False, False)
+    #: a higher checkpoint id wrote its marker first (it subsumes this one)
+    SUBSUMED = ("subsumed", False, False)
     #: the timeout passed (or the checkpoint was cancelled) before its marker write
     EXPIRED = ("expired", True, False)
     #: the snapshot of the working directory could not be taken

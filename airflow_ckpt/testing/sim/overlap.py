@@ -236,6 +236,7 @@ class CompletionOverlap:
         store.shared._cond = ActorCondition(self.scheduler)  # type: ignore[assignment]
         store._collecting = self.lock()  # type: ignore[assignment]
         coordinator._lock = self.lock()  # type: ignore[assignment]
+        coordinator._marking = self.lock()  # type: ignore[assignment]
         # the history's locks too: a phase that fails appends while the completing
         # driver appends its completion (job seed 320590: stuck on the append lock)
         coordinator.history._append_lock = self.lock()  # type: ignore[assignment]
