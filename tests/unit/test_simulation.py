@@ -578,3 +578,14 @@ def test_no_module_is_patched_the_simulated_classes_take_their_clocks() -> None:
     from airflow_ckpt.testing.sim import scheduler
 
     assert not hasattr(scheduler, "patched_modules")
+
+
+def test_a_floor_range_holds_when_a_deleted_marker_came_back_by_its_late_copy() -> None:
+    """Job seed 341087 of session 16's scan: the vandal deleted chk-1's marker and the
+    held first copy of its create-only PUT put it back; chk-2's writer had retained
+    chk-1 (floor 1). The world's floor range for chk-2 was (2, 1), without and with the
+    touched marker, and its lower end taken as 2: the recovery's fallback to the intact
+    chk-1 was judged below the floor (``job-older-state``). The range is now ordered."""
+    outcome = run_job_seed(341087)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    assert outcome.coverage.components["restore-fallback"] > 0  # it did fall back

@@ -1210,15 +1210,20 @@ class JobWorld(Judged):
         manifest records, which a bug may change): the lowest of the newest
         ``num-retained`` of it and the checkpoints retained when it completed, those
         that counted then (:meth:`counted`). Its writer read each older marker before or
-        after the vandal touched it (retaining it or not), so the floor is a range:
-        without the checkpoints whose marker the vandal damaged or deleted, and with
-        them."""
+        after the vandal touched it (retaining it or not), so the floor is a range
+        (lowest, highest): without the checkpoints whose marker the vandal damaged or
+        deleted, and with them."""
         counted = {n for n in self._counted_before if n < number}
         touched = {n for k in self.vandalized if k not in self._late_copies
                    and (n := _checkpoint_of(k)) is not None and n < number}
         keep = max(self.num_retained, 1)
-        self._floors[number] = (sorted(counted - touched | {number})[-keep:][0],
-                                sorted(counted | touched | {number})[-keep:][0])
+        # either may be the lower: without the touched ones the newest num-retained
+        # reach further back, unless fewer than num-retained are left (job seed 341087:
+        # chk-1's marker deleted and put back by its late first copy, chk-2's writer
+        # retained it: floor 1, not 2)
+        floors = (sorted(counted - touched | {number})[-keep:][0],
+                  sorted(counted | touched | {number})[-keep:][0])
+        self._floors[number] = (min(floors), max(floors))
 
     def reader_floor(self) -> tuple[int, int] | None:
         """The retention floor every reader applies now (the design's rule: the floor of
