@@ -161,6 +161,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "self.storage.put_bytes(key, aborted.to_json(), if_match=stored.etag)",
            "self.storage.put_bytes(key, aborted.to_json(), if_match=None)",
            "an abort rewrites the transaction record If-Match the version judged"),
+    Mutant("abort-unfenced", TXN,
+           "if txn.state == \"aborted\":\n                aborted = replace(",
+           "if txn.state == \"aborted\":\n                self._known(batch_id, replay, "
+           "staged=False)\n                return txn\n                aborted = replace(",
+           "an abort that finds the record aborted rewrites it before the caller sweeps "
+           "the batch's staging (a supersede read before it fails its If-Match)"),
     Mutant("restart-decision-not-at-head", JOURNAL,
            "seq = at if at is not None else self._known_head() + 1",
            "seq = self._known_head() + 1",
@@ -226,8 +232,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "a sink decides a commit only after confirming the lease (once for every "
            "batch a checkpoint commits, after all their records were read)"),
     Mutant("abort-unconfirmed", TXN,
-           "return txn\n            self.confirm()",
-           "return txn\n            pass",
+           "else:\n                self.confirm()  # the record read above",
+           "else:\n                pass  # the record read above",
            "a sink aborts an attempt only after confirming the lease"),
     Mutant("discard-unconfirmed", TXN,
            "if keys:\n            self.confirm()",

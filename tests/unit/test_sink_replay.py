@@ -18,6 +18,7 @@ import pytest
 
 from airflow_ckpt.errors import (
     ConcurrentDriverError,
+    PreconditionFailedError,
     SinkReplayMismatchError,
     SinkTransactionAbortedError,
 )
@@ -546,3 +547,28 @@ def test_a_deposed_drivers_commit_of_an_aborted_attempt_raises(
         txns.decide(1, lambda txn: {"attempt": txn.attempt})
     deposed[0] = False  # the holder itself: an aborted attempt has nothing to commit
     assert txns.decide(1, lambda txn: {"attempt": txn.attempt}) is None
+
+
+def test_a_supersede_read_before_an_abort_never_lands_after_the_sweep(
+        storage: CheckpointStorage) -> None:
+    """Found by the sinks world (seed 346417, session 16's scan): a run started anew
+    aborted batch 0's attempt a1, staged a2 and read the aborted record to supersede
+    it; the swap's answer was lost (held in the network) and the query restarted in
+    process. That life's recovery found the record aborted, so it swept batch 0's
+    staging (a2's too) without a write; the held swap then landed, If-Match the
+    unchanged version, and named a2. A later run that restored a checkpoint listing
+    batch 0 committed a2: ``CorruptCheckpointError``, its staging gone. An abort that
+    finds the record aborted now rewrites it (a fence), so the late swap fails."""
+    txns = SinkTransactions(storage, "t/")
+    txns.record(Transaction(0, "a1", "staged", {}, BatchOffsets(('{"end": 2}',))))
+    assert isinstance(txns.abort(0), Transaction)
+    key = txns.txn_key(0)
+    read = storage.get_versioned(key)  # the supersede by a2 reads the aborted record
+    late = Transaction(0, "a2", "staged", {}, BatchOffsets(('{"end": 2}',))).to_json()
+    again = SinkTransactions(storage, "t/")  # the restarted life's recovery
+    aborted = again.abort(0)
+    assert isinstance(aborted, Transaction) and aborted.attempt == "a1"
+    with pytest.raises(PreconditionFailedError):
+        storage.put_bytes(key, late, if_match=read.etag)  # the held swap lands now
+    assert Transaction.from_json(storage.get_bytes(key)).state == "aborted"
+    assert isinstance(again.abort(0), Transaction)  # a second sweep fences again

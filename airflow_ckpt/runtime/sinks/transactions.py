@@ -617,7 +617,14 @@ class SinkTransactions:
         """Mark the staged attempt of the batch (or of its extra publication ``replay``)
         aborted (its outcome ``abort``, then the record by compare-and-swap); returns the
         aborted transaction (its data is garbage now), None if none was staged, or
-        :attr:`AttemptOutcome.COMMIT` if the attempt's commit won (the caller commits it)."""
+        :attr:`AttemptOutcome.COMMIT` if the attempt's commit won (the caller commits it).
+
+        When it returns an aborted transaction, the record's version changed after
+        every read of it made before this call: a supersede computed from such a read
+        (its answer lost, its PUT held in the network) fails its If-Match, so it never
+        names an attempt whose staging the caller deletes next. A record found aborted
+        already is rewritten for that (its ``fence`` counted up: the content, hence an
+        S3 ETag, changes; sinks seed 346417, session 16)."""
         key = self.txn_key(batch_id, replay)
         for _ in range(_SWAP_ROUNDS):
             try:
@@ -627,12 +634,13 @@ class SinkTransactions:
                 return None
             txn = Transaction.from_json(stored.data)
             if txn.state == "aborted":
-                self._known(batch_id, replay, staged=False)
-                return txn
-            self.confirm()  # the record read above is not a successor's
-            if self._settle(txn, AttemptOutcome.ABORT) is AttemptOutcome.COMMIT:
-                return AttemptOutcome.COMMIT
-            aborted = replace(txn, state="aborted", offsets=None)
+                aborted = replace(txn, payload={
+                    **txn.payload, "fence": int(txn.payload.get("fence", 0)) + 1})
+            else:
+                self.confirm()  # the record read above is not a successor's
+                if self._settle(txn, AttemptOutcome.ABORT) is AttemptOutcome.COMMIT:
+                    return AttemptOutcome.COMMIT
+                aborted = replace(txn, state="aborted", offsets=None)
             try:
                 self.storage.put_bytes(key, aborted.to_json(), if_match=stored.etag)
             except PreconditionFailedError:
