@@ -58,6 +58,10 @@ above the floor (:meth:`JobWorld.strike_retention_floor`). Session 15's
 :class:`BuriedClaim` (:attr:`JobWorld.buried`): a claim PUT landing after the sweep of
 its epoch, below a final record, the claimant above that record killed before its
 second look, and a deposed holder's late marker only the buried record counts.
+Session 16's replayed overlap (:mod:`~airflow_ckpt.testing.sim.replay`, drawn apart):
+an executor lost at a checkpoint's last upload unit two batches past the newest
+retained one, and the restarted run's completions overlapping the next checkpoint,
+which reserves the lost checkpoint's keys by content while the collection decides.
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
