@@ -921,8 +921,9 @@ class JobWorld(Judged):
             self.claim_crash_p = 0.0  # the story kills its own claimant
         #: an executor lost at a checkpoint's last upload unit, the restarted run's
         #: completions overlapping the next checkpoint, which meets the lost one's
-        #: files by content (:mod:`~airflow_ckpt.testing.sim.replay`; drawn apart)
-        self.replay = ReplayedOverlap(seed)
+        #: files by content (:mod:`~airflow_ckpt.testing.sim.replay`; drawn apart). Not
+        #: with the buried claim (its schedule is the story of job seed 14)
+        self.replay = ReplayedOverlap(seed, self.buried is None)
         if self.replay.on:
             self.setup = replace(self.setup, incremental=True, memory_threshold=0)
             self.uploads = replace(self.uploads, file_merging=False)

@@ -40,9 +40,9 @@ OVERLAPPED = 2
 class ReplayedOverlap:
     """The story of one seed (see the module doc): ``on`` with a chance of its own."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, allowed: bool = True) -> None:
         self.rng = random.Random(seed ^ 0x0E7B)
-        self.on = self.rng.random() < 0.3
+        self.on = self.rng.random() < 0.3 and allowed
         #: the checkpoint interval of the seed's drivers
         self.interval = self.rng.choice(("2 s", "3 s"))
         #: checkpoint id -> upload units started (of the coordinator it struck last)
