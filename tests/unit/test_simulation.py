@@ -390,6 +390,18 @@ def test_a_late_marker_counted_only_by_a_buried_claim_never_counts() -> None:
         assert seen.get(step) == 1, (step, seen)
 
 
+def test_a_key_only_a_pending_checkpoint_reserved_is_never_collected() -> None:
+    """The replayed overlap (``ReplayedOverlap``, session 16) at job seed 46: an executor
+    is lost at the last upload unit of a checkpoint two batches past the newest retained
+    one; the restarted run's first checkpoint completes while the next one, overlapping
+    it, reserves the lost checkpoint's keys by content. Its collection must leave them
+    (the mutant ``gc-ignores-reservations`` deletes them: ``job-checkpoint-verifies``)."""
+    outcome = run_job_seed(46)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    seen = outcome.coverage.components
+    assert seen.get("replayed-overlap") == 1 and seen.get("completion-overlap"), seen
+
+
 def test_a_run_whose_only_checkpoint_marker_was_deleted_never_starts_from_scratch() -> None:
     """Seed 56 (39 before session 14's claim race, 14 before session 14's one listing
     per takeover, 155 before session 13's draws, 153 before the sink's requests were

@@ -58,6 +58,10 @@ above the floor (:meth:`JobWorld.strike_retention_floor`). Session 15's
 :class:`BuriedClaim` (:attr:`JobWorld.buried`): a claim PUT landing after the sweep of
 its epoch, below a final record, the claimant above that record killed before its
 second look, and a deposed holder's late marker only the buried record counts.
+Session 16's replayed overlap (:mod:`~airflow_ckpt.testing.sim.replay`, drawn apart):
+an executor lost at a checkpoint's last upload unit two batches past the newest
+retained one, and the restarted run's completions overlapping the next checkpoint,
+which reserves the lost checkpoint's keys by content while the collection decides.
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
@@ -210,6 +214,7 @@ from airflow_ckpt.testing.sim.outcome import (
     Violation,
 )
 from airflow_ckpt.testing.sim.overlap import CompletionOverlap
+from airflow_ckpt.testing.sim.replay import OVERLAPPED, ReplayedOverlap
 from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage, Stored, _outcome
 from airflow_ckpt.testing.simquery import SimulatedQuery, write_file
@@ -914,6 +919,14 @@ class JobWorld(Judged):
                                  rates=(*self.setup.rates, *(1.0,) * extra), crash_p=0.0,
                                  faults=Faults(hold_s=HOLD_S))
             self.claim_crash_p = 0.0  # the story kills its own claimant
+        #: an executor lost at a checkpoint's last upload unit, the restarted run's
+        #: completions overlapping the next checkpoint, which meets the lost one's
+        #: files by content (:mod:`~airflow_ckpt.testing.sim.replay`; drawn apart). Not
+        #: with the buried claim (its schedule is the story of job seed 14)
+        self.replay = ReplayedOverlap(seed, self.buried is None)
+        if self.replay.on:
+            self.setup = replace(self.setup, incremental=True, memory_threshold=0)
+            self.uploads = replace(self.uploads, file_merging=False)
         self._retention_struck = False
         self.violations: list[Violation] = []
         self.objects = SimObjects()
@@ -939,6 +952,8 @@ class JobWorld(Judged):
             "execution.checkpointing.file-merging.enabled": self.uploads.file_merging,
             **self.retention.options(),
         }
+        if self.replay.on:  # batches often run past the interval: a lost one's barrier
+            self.config["execution.checkpointing.interval"] = self.replay.interval
         self.tmp = Path(tempfile.mkdtemp(prefix="simjob-", dir=_scratch_dir()))
         self.coverage: Counter[str] = Counter()
         #: key -> ETag after the vandal's damage (None: deleted)
@@ -1916,9 +1931,13 @@ class JobWorld(Judged):
         a threaded one overlaps them, as here.)"""
         actor = self.scheduler.current()
         job = self._running.get(actor) if actor is not None else None
-        if job is None or self.recovering or job.coordinator is None \
-                or self.uploads_rng.random() >= self.uploads.lost_in_upload_p:
+        if job is None or self.recovering or job.coordinator is None:
             return
+        if self.uploads_rng.random() >= self.uploads.lost_in_upload_p:
+            if actor is None or not self.replay.strikes(job.coordinator):
+                return
+            self.coverage["replayed-overlap"] += 1
+            self.overlap.eager[actor] = OVERLAPPED
         query = job.spark.running  # type: ignore[attr-defined]
         if query is None or query.error is not None:
             return
@@ -2337,7 +2356,8 @@ class JobWorld(Judged):
         self.requests = {}
         sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}; "
                   f"{self.retention}; {self.uploads.describe()}; {self.landings.describe()}; "
-                  f"{self.claim_race.describe()}; {self.overlap.describe()}")
+                  f"{self.claim_race.describe()}; {self.overlap.describe()}; "
+                  f"{self.replay.describe()}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:

@@ -131,6 +131,9 @@ class CompletionOverlap:
         self.coverage = coverage
         #: the completing actor and the phase actor -> their window
         self.windows: dict[Actor, _Window] = {}
+        #: a driver's actor -> how many of its next completions overlap whatever the
+        #: draw (a story of the world: :mod:`~airflow_ckpt.testing.sim.replay`)
+        self.eager: dict[Actor, int] = {}
 
     def describe(self) -> str:
         return f"completion overlap p={self.p:g}"
@@ -150,8 +153,12 @@ class CompletionOverlap:
             self._wait(lambda: window.left or not window.completing.alive)
             return
         coordinator = self.coordinator_of(actor)
-        if coordinator is None or window is not None or not self.p \
-                or self.rng.random() >= self.p:
+        if coordinator is None or window is not None:
+            return
+        eager = self.eager.get(actor, 0)
+        if eager:
+            self.eager[actor] = eager - 1
+        elif not self.p or self.rng.random() >= self.p:
             return
         if any(w.completing is actor and w.phase is not None and w.phase.alive
                for w in self.windows.values()):
