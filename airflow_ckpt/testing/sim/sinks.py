@@ -427,9 +427,12 @@ class _RacingView(RacingView):
         if "/_txn/" in key or "/_outcome/" in key:
             # passed its gate (and the confirm before it): the host stops before sending
             swap = "/_txn/" in key and if_match is not None
-            supersede = swap and json.loads(data)["state"] == "staged"
-            self.race.suspend(("swap", "supersede") if supersede else "swap" if swap
-                              else "write", key, f"writing {key}")
+            # a record staged over the one read (whatever the write's condition)
+            supersede = ("/_txn/" in key and not create_only
+                         and json.loads(data)["state"] == "staged")
+            places = ("swap",) if swap else ("write",)
+            self.race.suspend((*places, "supersede") if supersede else places, key,
+                              f"writing {key}")
         if ("/_txn/" in key and if_match is not None) or "/_outcome/" in key:
             self.race.hang(key)
         return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
