@@ -50,8 +50,12 @@ record or outcome write past its gate and confirm, before sweeping a batch's sta
 until another driver changed that object or batch, so its lease gate still passes when
 it wakes at the worst moment; or its transaction writes hang in the network past the
 lease. With no other driver running, Airflow starts a replacement for the silent one.
-Only checkpoints whose marker was confirmed count (the ground truth of what a successor
-may restore).
+Most other seeds (:data:`FRESH_SEEDS`, a generator of their own, few faults) race where
+a successor's own work is at stake (:data:`FRESH_PLACES`): before a record staged over
+the one read, or before sweeping an undecided batch's staging, waking once the
+successor staged that batch afresh; or before listing the records, waking once another
+driver changed one. Only checkpoints whose marker was confirmed count (the ground
+truth of what a successor may restore).
 
 Invariants, checked after every step against the source plan (the ground truth:
 batch ``b`` planned from ``start`` to ``end`` holds exactly those numbers):
@@ -537,8 +541,9 @@ class SinkWorld(Judged):
                                  stall_p=0.0, faults=CALM)  # a story of four steps
             self.race.hold_before_reads()
         self.started = self.setup.drivers  # drivers started (the supervisor's, replacements)
-        if self.race.p and not self.race.fresh:  # the successor lives to work on the
-            self.setup = replace(self.setup, crash_p=0.0)  # racer's batch
+        if self.race.p and not self.race.fresh:
+            # the successor lives to work on the racer's batch
+            self.setup = replace(self.setup, crash_p=0.0)
         if self.race.fresh:  # a story of its own: few faults (a successor waiting out
             # the racer's lease polls the lease for a minute, and a single 503 ends its
             # wait; a hung write deposes it)
