@@ -131,7 +131,7 @@ from airflow_ckpt.testing.sim.outcome import (
     Outcome,
     Violation,
 )
-from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
+from airflow_ckpt.testing.sim.scheduler import Actor, Crash, Host, Scheduler
 from airflow_ckpt.testing.sim.storage import Faults, RacingView, SimObjects, SimStorage
 
 JOB = "simjob"
@@ -219,6 +219,9 @@ RACE_PLACES = ("write", "write", "write", "swap", "swap", "read", "read", "list"
 #: driver changed a record (see :class:`RecordRace`)
 FRESH_SEEDS = 0.8
 FRESH_PLACES = ("supersede", "list", "records")
+#: a ``records`` seed's chance per completed checkpoint that its driver dies before the
+#: commit (the process killed between Flink's completion and ``notifyCheckpointComplete``)
+COMPLETION_CRASH_P = 0.3
 #: the faults of a :data:`FRESH_PLACES` seed: no 503s, a few late writes and lost answers
 FRESH_FAULTS = Faults(0.0, 0.01, 0.01, HOLD_S, 0.01)
 #: how long a :data:`FRESH_PLACES` racer may stay suspended (a successor first waits out
@@ -421,7 +424,7 @@ class _RacingView(RacingView):
             # a recovery or abort about to sweep a batch's staging (a fresh race: a batch
             # a successor will stage again, not one published)
             self.race.suspend("list", prefix, f"listing {prefix}")
-        if prefix.endswith("/_txn/") and self.race.staged(prefix):
+        if prefix.endswith("/_txn/") and self.race.place == "records" and self.race.staged(prefix):
             # e.g. a recovery about to count the pending batches it judged
             self.race.suspend("records", prefix, f"listing {prefix}")
         return super().list(prefix)
@@ -548,6 +551,16 @@ class SinkWorld(Judged):
             # the racer's lease polls the lease for a minute, and a single 503 ends its
             # wait; a hung write deposes it)
             self.setup = replace(self.setup, faults=FRESH_FAULTS, stall_p=0.0)
+        #: a ``records`` seed's drivers may die between a checkpoint's completion and its
+        #: commit (:data:`COMPLETION_CRASH_P`, a generator of its own), so a recovery
+        #: finds the checkpoint's batches staged; the racer's successor goes elsewhere
+        #: (a user's explicit older restore), aborting what the racer's checkpoint lists
+        self.completion_crashes = random.Random(f"sinks-completion-crash-{seed}")
+        self.completion_crash_p = 0.0
+        if self.race.fresh and self.race.place == "records":
+            self.completion_crash_p = COMPLETION_CRASH_P
+            self.setup = replace(self.setup, older_restore_p=0.6, new_start_p=0.5,
+                                 crash_p=0.0)
         self.base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True)
         self.truth = JsonLinesSink(self.base, SINK)  # the harness's faultless reader
         self.checkpoints: list[Checkpoint] = []
@@ -904,6 +917,10 @@ class SinkWorld(Judged):
             earlier = tuple(w for w in window if w[0] in pending and w[0] != batch)
             self.complete_checkpoint(number, lease, storage, batch, start, end, shift=shift,
                                      staged=batch in pending, earlier=earlier)
+            if self.completion_crash_p and (
+                    self.completion_crashes.random() < self.completion_crash_p):
+                sched.log("dies between the checkpoint's completion and its commit")
+                raise Crash("after a checkpoint's completion")
             self.commit(number, sink, [b for b in pending if b <= batch])
             for staged in window:
                 self.check_published(*staged, f"driver-{number}'s commit of batch {staged[0]}",
