@@ -211,9 +211,9 @@ RACE_PLACES = ("write", "write", "write", "swap", "swap", "read", "read", "list"
                "after-read", "hang")
 #: the share of the other seeds (no race drawn, not the go-back-and-return story) whose
 #: drivers race where a successor's own work is at stake, drawn on a generator of their
-#: own (the race seeds keep their places): right before a ``_txn/`` compare-and-swap
-#: that stages an attempt over the record read (``supersede``), before sweeping a
-#: batch's staging (``list``), waking once another driver staged that batch afresh;
+#: own (the race seeds keep their places): right before a ``_txn/`` write that stages
+#: an attempt over the record read (``supersede``), before sweeping an undecided batch's
+#: staging (``list``), waking once another driver staged that batch afresh;
 #: or before listing the ``_txn/`` records (``records``: a recovery about to count the
 #: pending batches, after or before judging its restored ones), waking once another
 #: driver changed a record (see :class:`RecordRace`)
@@ -260,9 +260,9 @@ class RecordRace:
     (:data:`REPLACEMENTS` per seed). Drawn on a generator of its own.
 
     Of the other seeds, :data:`FRESH_SEEDS` race (a generator of their own) at one of
-    :data:`FRESH_PLACES`: ``supersede`` (right before a ``_txn/`` compare-and-swap that
-    stages an attempt over the record it read: a replay of a batch whose record is in
-    place) and ``list`` wake only once another driver staged the batch afresh (its
+    :data:`FRESH_PLACES`: ``supersede`` (right before a ``_txn/`` write that stages an
+    attempt over the record it read, whatever the write's condition: a replay of a
+    batch whose record is in place) and ``list`` (an undecided batch's sweep) wake only once another driver staged the batch afresh (its
     ``_txn/`` record names an attempt whose staged data appeared during the suspension:
     a successor that restored before the batch and replays it, the moment its fresh
     record and data are at stake); ``records`` (right before listing the ``_txn/``
