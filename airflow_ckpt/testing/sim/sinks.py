@@ -262,13 +262,14 @@ class RecordRace:
     Of the other seeds, :data:`FRESH_SEEDS` race (a generator of their own) at one of
     :data:`FRESH_PLACES`: ``supersede`` (right before a ``_txn/`` write that stages an
     attempt over the record it read, whatever the write's condition: a replay of a
-    batch whose record is in place) and ``list`` (an undecided batch's sweep) wake only once another driver staged the batch afresh (its
-    ``_txn/`` record names an attempt whose staged data appeared during the suspension:
-    a successor that restored before the batch and replays it, the moment its fresh
-    record and data are at stake); ``records`` (right before listing the ``_txn/``
-    records: a recovery about to count the pending batches) wakes once another driver
-    changed a record once or twice (a successor that restored elsewhere, aborting the
-    batches its checkpoint does not list)."""
+    batch whose record is in place) and ``list`` (an undecided batch's sweep) wake
+    only once another driver staged the batch afresh (its ``_txn/`` record names an
+    attempt whose staged data appeared during the suspension: a successor that
+    restored before the batch and replays it, the moment its fresh record and data are
+    at stake); ``records`` (right before listing the ``_txn/`` records while one is
+    staged: a recovery about to count the pending batches) wakes once another driver
+    changed a record 1-3 times (a successor that restored elsewhere, aborting the
+    batches the racer's checkpoint lists)."""
 
     def __init__(self, seed: int, scheduler: Scheduler, objects: SimObjects,
                  replace: Callable[[], None]) -> None:
