@@ -50,8 +50,12 @@ record or outcome write past its gate and confirm, before sweeping a batch's sta
 until another driver changed that object or batch, so its lease gate still passes when
 it wakes at the worst moment; or its transaction writes hang in the network past the
 lease. With no other driver running, Airflow starts a replacement for the silent one.
-Only checkpoints whose marker was confirmed count (the ground truth of what a successor
-may restore).
+Most other seeds (:data:`FRESH_SEEDS`, a generator of their own, few faults) race where
+a successor's own work is at stake (:data:`FRESH_PLACES`): before a record staged over
+the one read, or before sweeping an undecided batch's staging, waking once the
+successor staged that batch afresh; or before listing the records, waking once another
+driver changed one. Only checkpoints whose marker was confirmed count (the ground
+truth of what a successor may restore).
 
 Invariants, checked after every step against the source plan (the ground truth:
 batch ``b`` planned from ``start`` to ``end`` holds exactly those numbers):
@@ -127,7 +131,7 @@ from airflow_ckpt.testing.sim.outcome import (
     Outcome,
     Violation,
 )
-from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
+from airflow_ckpt.testing.sim.scheduler import Actor, Crash, Host, Scheduler
 from airflow_ckpt.testing.sim.storage import Faults, RacingView, SimObjects, SimStorage
 
 JOB = "simjob"
@@ -205,6 +209,24 @@ RACE_P = (0.3, 0.6, 1.0)
 #: where a race seed's drivers race (one per seed; see :class:`RecordRace`)
 RACE_PLACES = ("write", "write", "write", "swap", "swap", "read", "read", "list", "list",
                "after-read", "hang")
+#: the share of the other seeds (no race drawn, not the go-back-and-return story) whose
+#: drivers race where a successor's own work is at stake, drawn on a generator of their
+#: own (the race seeds keep their places): right before a ``_txn/`` write that stages
+#: an attempt over the record read (``supersede``), before sweeping an undecided batch's
+#: staging (``list``), waking once another driver staged that batch afresh;
+#: or before listing the ``_txn/`` records (``records``: a recovery about to count the
+#: pending batches, after or before judging its restored ones), waking once another
+#: driver changed a record (see :class:`RecordRace`)
+FRESH_SEEDS = 0.8
+FRESH_PLACES = ("supersede", "list", "records")
+#: a ``records`` seed's chance per completed checkpoint that its driver dies before the
+#: commit (the process killed between Flink's completion and ``notifyCheckpointComplete``)
+COMPLETION_CRASH_P = 0.3
+#: the faults of a :data:`FRESH_PLACES` seed: no 503s, a few late writes and lost answers
+FRESH_FAULTS = Faults(0.0, 0.01, 0.01, HOLD_S, 0.01)
+#: how long a :data:`FRESH_PLACES` racer may stay suspended (a successor first waits out
+#: the racer's lease, then restores and replays up to the batch)
+FRESH_HOLD_S = 3 * HOLD_S
 #: drivers started per race seed in place of one that went silent while no other ran
 REPLACEMENTS = 2
 #: a racing driver's host is suspended in steps of this, until another driver changed
@@ -235,7 +257,19 @@ class RecordRace:
     ``hang``: a record swap or outcome write that passed the gate hangs in the network
     past the lease. A driver races only while another one runs (a successor to race);
     with none, Airflow declares the silent driver dead and starts another
-    (:data:`REPLACEMENTS` per seed). Drawn on a generator of its own."""
+    (:data:`REPLACEMENTS` per seed). Drawn on a generator of its own.
+
+    Of the other seeds, :data:`FRESH_SEEDS` race (a generator of their own) at one of
+    :data:`FRESH_PLACES`: ``supersede`` (right before a ``_txn/`` write that stages an
+    attempt over the record it read, whatever the write's condition: a replay of a
+    batch whose record is in place) and ``list`` (an undecided batch's sweep) wake
+    only once another driver staged the batch afresh (its ``_txn/`` record names an
+    attempt whose staged data appeared during the suspension: a successor that
+    restored before the batch and replays it, the moment its fresh record and data are
+    at stake); ``records`` (right before listing the ``_txn/`` records while one is
+    staged: a recovery about to count the pending batches) wakes once another driver
+    changed a record 1-3 times (a successor that restored elsewhere, aborting the
+    batches the racer's checkpoint lists)."""
 
     def __init__(self, seed: int, scheduler: Scheduler, objects: SimObjects,
                  replace: Callable[[], None]) -> None:
@@ -246,6 +280,11 @@ class RecordRace:
         self.replacements = REPLACEMENTS
         self.p = self.rng.choice(RACE_P) if self.rng.random() < RACE_SEEDS else 0.0
         self.place = self.rng.choice(RACE_PLACES)
+        fresh = random.Random(f"sinks-record-race-fresh-{seed}")
+        #: whether the seed races at one of :data:`FRESH_PLACES` (the other seeds' share)
+        self.fresh = not self.p and fresh.random() < FRESH_SEEDS
+        if self.fresh:
+            self.p, self.place = fresh.choice(RACE_P), fresh.choice(FRESH_PLACES)
         #: whether a driver is suspended racing now (its successor is left to work)
         self.racing = False
         #: the drivers' hosts that raced once (woken, a racer runs on undisturbed)
@@ -255,12 +294,12 @@ class RecordRace:
         """Race at ``read`` on every chance: the go-back-and-return story of the sinks
         world needs a completed checkpoint whose batch is not committed yet when
         another run goes back past it."""
-        self.p, self.place = 1.0, "read"
+        self.p, self.place, self.fresh = 1.0, "read", False
 
-    def _races(self, place: str) -> bool:
-        """Whether the calling driver races now, at ``place`` (drawn)."""
+    def _races(self, places: tuple[str, ...]) -> bool:
+        """Whether the calling driver races now, at one of ``places`` (drawn)."""
         current = self.scheduler.current()
-        if (not self.p or place != self.place or self.racing or current is None
+        if (not self.p or self.place not in places or self.racing or current is None
                 or current.host.name in self.raced):
             return False
         contended = self._contended()
@@ -290,21 +329,58 @@ class RecordRace:
         return {k: stored.etag for k, stored in objects.items()
                 if (m := _BATCH.search(k)) is not None and m.group(2) == found.group(2)}
 
-    def suspend(self, place: str, key: str, what: str) -> None:
-        """Maybe (``place``) suspend the calling driver's host (its monotonic clock
-        stops) until another driver changed ``key`` once or twice, or its batch 1-5
-        times (or :data:`HOLD_S` at most)."""
-        if not self._races(place):
+    def staged(self, prefix: str) -> bool:
+        """Whether a staged ``_txn/`` record is stored under ``prefix`` (a listing of
+        the records with a pending batch to count)."""
+        return any(k.startswith(prefix) and b'"state": "staged"' in stored.data
+                   for k, stored in self.objects.objects.items())
+
+    def undecided(self, key: str) -> bool:
+        """Whether ``key``'s batch has no commit decision."""
+        found = _BATCH.search(key)
+        return found is not None and (
+            f"{key[:found.start()]}/_committed/{found.group(2)}.json" not in self.objects.objects)
+
+    def _restaged(self, key: str, before: dict[str, str]) -> bool:
+        """Whether ``key``'s batch is staged afresh: its ``_txn/`` record is staged and
+        names an attempt with staged data not among ``before`` (the batch's objects
+        when the racer fell asleep)."""
+        found = _BATCH.search(key)
+        if found is None:
+            return False
+        root, batch = key[:found.start()], found.group(2)
+        stored = self.objects.objects.get(f"{root}/_txn/{batch}.json")
+        if stored is None:
+            return False
+        record = json.loads(stored.data)
+        staging = f"{root}/_pending/{batch}/{record['attempt']}"
+        return record["state"] == "staged" and any(
+            k.startswith(staging) and k not in before for k in self.objects.objects)
+
+    def suspend(self, places: str | tuple[str, ...], key: str, what: str) -> None:
+        """Maybe (at one of ``places``) suspend the calling driver's host (its
+        monotonic clock stops) until another driver changed ``key`` once or twice, or
+        its batch 1-5 times, or (a :data:`FRESH_PLACES` seed's ``supersede`` or
+        ``list``) staged its batch afresh (or :data:`HOLD_S` at most)."""
+        if not self._races((places,) if isinstance(places, str) else places):
             return
         whole_batch = self.rng.random() < 0.5
         changes = self.rng.randint(1, 5) if whole_batch else self.rng.randint(1, 3)
-        seen = self._watched(key, whole_batch)
+        restaged = self.fresh and self.place != "records"
+        seen = self._watched(key, whole_batch or restaged)
+        before = seen
         gone = 0.0
         self.racing = True
         try:
-            while gone < HOLD_S:
+            while gone < (FRESH_HOLD_S if self.fresh else HOLD_S):
                 self.scheduler.suspend(SUSPEND_STEP_S, what)
                 gone += SUSPEND_STEP_S
+                if restaged:
+                    if self._restaged(key, before):
+                        self.scheduler.log(f"wakes after {gone:g} s: another driver staged "
+                                           "its batch afresh")
+                        return
+                    continue
                 now = self._watched(key, whole_batch)
                 changes -= sum(now.get(k) != etag for k, etag in seen.items()) + len(
                     now.keys() - seen.keys())
@@ -318,7 +394,7 @@ class RecordRace:
 
     def hang(self, key: str) -> None:
         """Maybe hold a gated write in the network for longer than a lease."""
-        if self._races("hang"):
+        if self._races(("hang",)):
             gone = self.rng.uniform(DEFAULT_TTL_S, HOLD_S)
             self.scheduler.log(f"{key}: the write hangs {gone:.1f} s in the network")
             self.scheduler.sleep(gone)
@@ -345,16 +421,26 @@ class _RacingView(RacingView):
                 self.race.suspend("after-read", key, f"its next request, after reading {key}")
 
     def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
-        if _STAGING.search(prefix):  # a recovery or abort about to sweep a batch's staging
+        if _STAGING.search(prefix) and (not self.race.fresh or self.race.undecided(prefix)):
+            # a recovery or abort about to sweep a batch's staging (a fresh race: a batch
+            # a successor will stage again, not one published)
             self.race.suspend("list", prefix, f"listing {prefix}")
+        if prefix.endswith("/_txn/") and self.race.place == "records" and self.race.staged(prefix):
+            # e.g. a recovery about to count the pending batches it judged
+            self.race.suspend("records", prefix, f"listing {prefix}")
         return super().list(prefix)
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:
         if "/_txn/" in key or "/_outcome/" in key:
             # passed its gate (and the confirm before it): the host stops before sending
-            self.race.suspend("swap" if "/_txn/" in key and if_match is not None else "write",
-                              key, f"writing {key}")
+            swap = "/_txn/" in key and if_match is not None
+            # a record staged over the one read (whatever the write's condition)
+            supersede = ("/_txn/" in key and not create_only
+                         and json.loads(data)["state"] == "staged")
+            places = ("swap",) if swap else ("write",)
+            self.race.suspend((*places, "supersede") if supersede else places, key,
+                              f"writing {key}")
         if ("/_txn/" in key and if_match is not None) or "/_outcome/" in key:
             self.race.hang(key)
         return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
@@ -459,8 +545,23 @@ class SinkWorld(Judged):
                                  stall_p=0.0, faults=CALM)  # a story of four steps
             self.race.hold_before_reads()
         self.started = self.setup.drivers  # drivers started (the supervisor's, replacements)
-        if self.race.p:  # the successor lives to work on the racer's batch
+        if self.race.p and not self.race.fresh:
+            # the successor lives to work on the racer's batch
             self.setup = replace(self.setup, crash_p=0.0)
+        if self.race.fresh:  # a story of its own: few faults (a successor waiting out
+            # the racer's lease polls the lease for a minute, and a single 503 ends its
+            # wait; a hung write deposes it)
+            self.setup = replace(self.setup, faults=FRESH_FAULTS, stall_p=0.0)
+        #: a ``records`` seed's drivers may die between a checkpoint's completion and its
+        #: commit (:data:`COMPLETION_CRASH_P`, a generator of its own), so a recovery
+        #: finds the checkpoint's batches staged; the racer's successor goes elsewhere
+        #: (a user's explicit older restore), aborting what the racer's checkpoint lists
+        self.completion_crashes = random.Random(f"sinks-completion-crash-{seed}")
+        self.completion_crash_p = 0.0
+        if self.race.fresh and self.race.place == "records":
+            self.completion_crash_p = COMPLETION_CRASH_P
+            self.setup = replace(self.setup, older_restore_p=0.6, new_start_p=0.5,
+                                 crash_p=0.0)
         self.base = SimStorage(self.objects, self.scheduler, tag="oracle", oracle=True)
         self.truth = JsonLinesSink(self.base, SINK)  # the harness's faultless reader
         self.checkpoints: list[Checkpoint] = []
@@ -817,6 +918,10 @@ class SinkWorld(Judged):
             earlier = tuple(w for w in window if w[0] in pending and w[0] != batch)
             self.complete_checkpoint(number, lease, storage, batch, start, end, shift=shift,
                                      staged=batch in pending, earlier=earlier)
+            if self.completion_crash_p and (
+                    self.completion_crashes.random() < self.completion_crash_p):
+                sched.log("dies between the checkpoint's completion and its commit")
+                raise Crash("after a checkpoint's completion")
             self.commit(number, sink, [b for b in pending if b <= batch])
             for staged in window:
                 self.check_published(*staged, f"driver-{number}'s commit of batch {staged[0]}",
