@@ -202,6 +202,7 @@ from airflow_ckpt.runtime.sinks.transactions import SinkTransactions
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing import simquery
+from airflow_ckpt.testing.sim.deposed import DeposedMarker, StaleClaim
 from airflow_ckpt.testing.sim.outcome import (
     UNGATED_WRITE,
     Coverage,
@@ -813,6 +814,8 @@ class SimJob(CheckpointedJob):
 class JobWorld(Judged):
     """The job world of one seed (see the module doc)."""
 
+    job, ttl_s, heartbeat_s = JOB, TTL_S, HEARTBEAT_S  # for the story modules
+
     def __init__(self, seed: int, max_steps: int = 30000) -> None:
         self.scheduler = Scheduler(seed, max_steps=max_steps)
         self.rng = self.scheduler.rng
@@ -914,6 +917,20 @@ class JobWorld(Judged):
                                  rates=(*self.setup.rates, *(1.0,) * extra), crash_p=0.0,
                                  faults=Faults(hold_s=HOLD_S))
             self.claim_crash_p = 0.0  # the story kills its own claimant
+        #: session 16's lease stories (:mod:`~airflow_ckpt.testing.sim.deposed`): a
+        #: holder's marker and a claimant's claim made after a successor's takeover
+        #: (drawn apart; not with the buried claim, which plays its own markers). The
+        #: deposed marker's seeds keep one checkpoint (its holder's next completion
+        #: subsumes: not with the older run or the wrong cleanup) and retry each
+        #: driver three times (a successor is there to take over)
+        self.deposed_marker = DeposedMarker(seed, self)
+        self.stale_claim = StaleClaim(seed, self)
+        if self.buried is not None:
+            self.deposed_marker.drawn = self.stale_claim.drawn = False
+        if self.older_run or self.cleanup:
+            self.deposed_marker.drawn = False
+        if self.deposed_marker.drawn:
+            self.setup = replace(self.setup, num_retained=1, lives=3)
         self._retention_struck = False
         self.violations: list[Violation] = []
         self.objects = SimObjects()
@@ -1819,7 +1836,8 @@ class JobWorld(Judged):
         actor = sched.current()
         if actor is None or not actor.name.startswith("driver"):
             return
-        if self._buried_claim_marker(actor):
+        if self._buried_claim_marker(actor) or self.stale_claim.before_marker(actor) \
+                or self.deposed_marker.before_marker(actor) or self.deposed_marker.pending:
             return
         if rng.random() >= self.contention.marker_suspend_p \
                 and not self._successor_waits(actor) and not self._late_start_waits(actor):
@@ -1875,6 +1893,7 @@ class JobWorld(Judged):
         actor, rng = self.scheduler.current(), self.slow_start_rng
         if actor is None or self.recovering:
             return
+        self.deposed_marker.before_run(actor)
         now = self.scheduler.now
         waking = [t for host, t in self.waking.items() if host != actor.host.name and t > now]
         if not waking or rng.random() >= self.slow_start_p:
@@ -2347,6 +2366,8 @@ class JobWorld(Judged):
             sched.spawn("vandal", Host("vandal"), self.vandal)
             try:
                 with interleave.installed(interleave.LEASE_BEFORE_CLAIM, self.before_claim), \
+                        interleave.installed(interleave.LEASE_BEFORE_CLAIM_PUT,
+                                             self.stale_claim.before_claim_put), \
                         interleave.installed(interleave.LEASE_AFTER_CLAIM, self.after_claim), \
                         interleave.installed(interleave.LEASE_BEFORE_BEAT, self.before_beat), \
                         interleave.installed(interleave.COMPLETE_BEFORE_METADATA,
