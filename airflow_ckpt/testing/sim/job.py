@@ -919,18 +919,23 @@ class JobWorld(Judged):
             self.claim_crash_p = 0.0  # the story kills its own claimant
         #: session 16's lease stories (:mod:`~airflow_ckpt.testing.sim.deposed`): a
         #: holder's marker and a claimant's claim made after a successor's takeover
-        #: (drawn apart; not with the buried claim, which plays its own markers). The
+        #: (drawn apart; not with the buried claim, which plays its own markers). Their
+        #: seeds retry each driver three times (a successor is there to take over),
+        #: with no random crashes, pauses nor storage faults (the stories suspend and
+        #: depose on their own; a holder must get to complete checkpoints first); the
         #: deposed marker's seeds keep one checkpoint (its holder's next completion
-        #: subsumes: not with the older run or the wrong cleanup) and retry each
-        #: driver three times (a successor is there to take over)
+        #: subsumes: not with the older run or the wrong cleanup)
         self.deposed_marker = DeposedMarker(seed, self)
         self.stale_claim = StaleClaim(seed, self)
         if self.buried is not None:
             self.deposed_marker.drawn = self.stale_claim.drawn = False
         if self.older_run or self.cleanup:
             self.deposed_marker.drawn = False
+        if self.deposed_marker.drawn or self.stale_claim.drawn:
+            self.setup = replace(self.setup, lives=3, crash_p=0.0, pause_p=0.0,
+                                 faults=Faults(hold_s=HOLD_S))
         if self.deposed_marker.drawn:
-            self.setup = replace(self.setup, num_retained=1, lives=3)
+            self.setup = replace(self.setup, num_retained=1)
         self._retention_struck = False
         self.violations: list[Violation] = []
         self.objects = SimObjects()
