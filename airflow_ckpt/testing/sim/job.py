@@ -58,7 +58,10 @@ above the floor (:meth:`JobWorld.strike_retention_floor`). Session 15's
 :class:`BuriedClaim` (:attr:`JobWorld.buried`): a claim PUT landing after the sweep of
 its epoch, below a final record, the claimant above that record killed before its
 second look, and a deposed holder's late marker only the buried record counts.
-After the chaos, a faultless
+Session 16's stories (:mod:`~airflow_ckpt.testing.sim.deposed`): a holder suspended before
+the marker whose completion subsumes, until a successor claimed (:attr:`JobWorld.deposed_marker`),
+and a claimant suspended after its rejudge, before its claim PUT, until a successor reached a
+marker (:attr:`JobWorld.stale_claim`). After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
 Invariants (checked after every step unless said; each with the mutant that shows it
