@@ -25,6 +25,7 @@ CAPTURE_BEFORE_LINK = "snapshot.before_link"  # the sync phase is about to link 
 LEASE_BEFORE_BEAT = "lease.before_beat"  # the holder is about to renew its lease
 LEASE_BEFORE_SWAP = "lease.before_swap"  # about to rewrite its lease record (beat, ids, ...)
 LEASE_BEFORE_CLAIM = "lease.before_claim"  # judged the lease free, not claimed yet
+LEASE_BEFORE_CLAIM_PUT = "lease.before_claim_put"  # rejudged: no newer epoch; claim not sent
 LEASE_AFTER_CLAIM = "lease.after_claim"  # claimed, older epochs not deleted yet
 SINK_STAGED_BEFORE_RECORD = "sink.staged_before_record"  # executors' files staged, no record
 SINK_BEFORE_PUBLISH_FILE = "sink.before_publish_file"  # decision durable, a file to publish
@@ -36,7 +37,7 @@ HISTORY_COMPACTION_BEFORE_READ = "history.compaction_before_read"  # raw listed,
 RESTART_BEFORE_DECISION = "restart_log.before_decision"  # decided on a head, not appended yet
 POINTS = frozenset({GC_BEFORE_DELETE, COMPLETE_BEFORE_METADATA, COMPLETE_BEFORE_ADD,
                     UPLOAD_BEFORE_FILE, CAPTURE_BEFORE_LINK, LEASE_BEFORE_BEAT, LEASE_BEFORE_SWAP,
-                    LEASE_BEFORE_CLAIM, LEASE_AFTER_CLAIM,
+                    LEASE_BEFORE_CLAIM, LEASE_BEFORE_CLAIM_PUT, LEASE_AFTER_CLAIM,
                     SINK_STAGED_BEFORE_RECORD, SINK_BEFORE_PUBLISH_FILE, SINK_DECIDE_BEFORE_CONFIRM,
                     HISTORY_BEFORE_CREATE, HISTORY_BEFORE_SEAL_CHECK,
                     HISTORY_BEFORE_SEGMENT_READ, HISTORY_COMPACTION_BEFORE_READ,

@@ -415,11 +415,12 @@ def test_a_run_whose_only_checkpoint_marker_was_deleted_never_starts_from_scratc
 
 
 def test_an_in_process_restart_never_takes_a_savepoints_id_again() -> None:
-    """Seeds 940 and 1095 (264 before the sink's requests were cut): a periodic
-    savepoint took an id; the attempt failed and the next one started past the
-    checkpoint directories only, so another savepoint took that id again and the
-    savepoint history, ordering by id, disposed of the newest one."""
-    for seed in (940, 1095):
+    """Seed 1095 (264 before the sink's requests were cut; 940 too before session
+    16's stale-judgement stories, drawn there, redrew it): a periodic savepoint took an
+    id; the attempt failed and the next one started past the checkpoint directories
+    only, so another savepoint took that id again and the savepoint history, ordering
+    by id, disposed of the newest one."""
+    for seed in (1095,):
         outcome = run_job_seed(seed)
         assert not outcome.violations, format_outcome(outcome, 40)
         assert outcome.coverage.components["savepoint-disposed"] > 0

@@ -171,6 +171,7 @@ class JobLease:
                     observer = LeaseObserver(self.storage, self.job, self.clock)
                     first_seen = None
                     continue
+                interleave.point(interleave.LEASE_BEFORE_CLAIM_PUT)
                 epoch = state.epoch + 1
                 me = HolderIdentity.current()
                 now = self.wall_clock()

@@ -62,6 +62,10 @@ Session 16's replayed overlap (:mod:`~airflow_ckpt.testing.sim.replay`, drawn ap
 an executor lost at a checkpoint's last upload unit two batches past the newest
 retained one, and the restarted run's completions overlapping the next checkpoint,
 which reserves the lost checkpoint's keys by content while the collection decides.
+Session 16's stories (:mod:`~airflow_ckpt.testing.sim.deposed`): a holder suspended before
+the marker whose completion subsumes, until a successor claimed (:attr:`JobWorld.deposed_marker`),
+and a claimant suspended after its rejudge, before its claim PUT, until a successor reached a
+marker (:attr:`JobWorld.stale_claim`).
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
@@ -206,6 +210,7 @@ from airflow_ckpt.runtime.sinks.transactions import SinkTransactions
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing import simquery
+from airflow_ckpt.testing.sim.deposed import DeposedMarker, StaleClaim
 from airflow_ckpt.testing.sim.outcome import (
     UNGATED_WRITE,
     Coverage,
@@ -818,6 +823,8 @@ class SimJob(CheckpointedJob):
 class JobWorld(Judged):
     """The job world of one seed (see the module doc)."""
 
+    job, ttl_s, heartbeat_s = JOB, TTL_S, HEARTBEAT_S  # for the story modules
+
     def __init__(self, seed: int, max_steps: int = 30000) -> None:
         self.scheduler = Scheduler(seed, max_steps=max_steps)
         self.rng = self.scheduler.rng
@@ -927,6 +934,25 @@ class JobWorld(Judged):
         if self.replay.on:
             self.setup = replace(self.setup, incremental=True, memory_threshold=0)
             self.uploads = replace(self.uploads, file_merging=False)
+        #: session 16's lease stories (:mod:`~airflow_ckpt.testing.sim.deposed`): a
+        #: holder's marker and a claimant's claim made after a successor's takeover
+        #: (drawn apart; not with the buried claim, which plays its own markers). Their
+        #: seeds retry each driver three times (a successor is there to take over),
+        #: with no random crashes, pauses nor storage faults (the stories suspend and
+        #: depose on their own; a holder must get to complete checkpoints first); the
+        #: deposed marker's seeds keep one checkpoint (its holder's next completion
+        #: subsumes: not with the older run or the wrong cleanup)
+        self.deposed_marker = DeposedMarker(seed, self)
+        self.stale_claim = StaleClaim(seed, self)
+        if self.buried is not None:
+            self.deposed_marker.drawn = self.stale_claim.drawn = False
+        if self.older_run or self.cleanup:
+            self.deposed_marker.drawn = False
+        if self.deposed_marker.drawn or self.stale_claim.drawn:
+            self.setup = replace(self.setup, lives=3, crash_p=0.0, pause_p=0.0,
+                                 faults=Faults(hold_s=HOLD_S))
+        if self.deposed_marker.drawn:
+            self.setup = replace(self.setup, num_retained=1)
         self._retention_struck = False
         self.violations: list[Violation] = []
         self.objects = SimObjects()
@@ -1839,7 +1865,8 @@ class JobWorld(Judged):
         actor = sched.current()
         if actor is None or not actor.name.startswith("driver"):
             return
-        if self._buried_claim_marker(actor):
+        if self._buried_claim_marker(actor) or self.stale_claim.before_marker(actor) \
+                or self.deposed_marker.before_marker(actor) or self.deposed_marker.pending:
             return
         if rng.random() >= self.contention.marker_suspend_p \
                 and not self._successor_waits(actor) and not self._late_start_waits(actor):
@@ -1895,6 +1922,7 @@ class JobWorld(Judged):
         actor, rng = self.scheduler.current(), self.slow_start_rng
         if actor is None or self.recovering:
             return
+        self.deposed_marker.before_run(actor)
         now = self.scheduler.now
         waking = [t for host, t in self.waking.items() if host != actor.host.name and t > now]
         if not waking or rng.random() >= self.slow_start_p:
@@ -2372,6 +2400,8 @@ class JobWorld(Judged):
             sched.spawn("vandal", Host("vandal"), self.vandal)
             try:
                 with interleave.installed(interleave.LEASE_BEFORE_CLAIM, self.before_claim), \
+                        interleave.installed(interleave.LEASE_BEFORE_CLAIM_PUT,
+                                             self.stale_claim.before_claim_put), \
                         interleave.installed(interleave.LEASE_AFTER_CLAIM, self.after_claim), \
                         interleave.installed(interleave.LEASE_BEFORE_BEAT, self.before_beat), \
                         interleave.installed(interleave.COMPLETE_BEFORE_METADATA,
