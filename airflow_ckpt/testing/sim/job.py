@@ -1017,8 +1017,11 @@ class JobWorld(Judged):
         self._restored_marks: set[str] = set()  # savepoint directories ever marked
         self._restored_savepoints: set[str] = set()  # savepoints restored from
         #: (life, its epoch, markers seen by then, damaged keys) per restore: the keys
-        #: the restore found (its own word) and those it must have found (ground truth)
-        self._damage_learnt: list[tuple[str, int | None, frozenset[str], frozenset[str]]] = []
+        #: the restore found (its own word) and those it must have found (ground truth),
+        #: each with when the version found was written (a key written again since,
+        #: even damaged again to the same bytes, is not that damage)
+        self._damage_learnt: list[tuple[str, int | None, frozenset[str],
+                                        dict[str, float | None]]] = []
         self._running: dict[Actor, SimJob] = {}  # a driver actor -> its life's job
         self._life_epochs: dict[str, int] = {}  # life -> its lease epoch when it restored
         #: life -> the checkpoint its latest restore resumed (pinned until it has its own)
@@ -1465,8 +1468,9 @@ class JobWorld(Judged):
         epoch = job.lease.record.epoch if job.lease.record is not None else None
         found = self._damage_found(restored, job._run_floor) if restored.from_latest \
             else frozenset()
-        self._damage_learnt.append((job.life, epoch, frozenset(self._markers),
-                                    restored.damaged_keys | found))
+        self._damage_learnt.append((job.life, epoch, frozenset(self._markers), {
+            key: stored.written if (stored := self.objects.objects.get(key)) else None
+            for key in restored.damaged_keys | found}))
         manifest = restored.manifest
         if manifest is not None and manifest.is_savepoint and manifest.savepoint_id:
             self._restored_savepoints.add(LAYOUT.savepoint_dir(manifest.savepoint_id))
@@ -1582,7 +1586,10 @@ class JobWorld(Judged):
     def check_damaged_references(self) -> None:
         """``job-damaged-reference``: no checkpoint completed after its driver's restore
         found damaged keys (the restore's word, and what it must have found: see
-        :meth:`_damage_found`) references one still damaged."""
+        :meth:`_damage_found`) references one still damaged: the version found, not
+        one the vandal damaged again after the driver wrote the key anew (job seed
+        350374, session 16: an upload repaired the key, the new checkpoint named it
+        intact, and the wrong clean-up damaged it again at the end)."""
         for key in self._markers:
             manifest = self.manifest(key)
             stored = self.objects.objects.get(key)
@@ -1595,7 +1602,8 @@ class JobWorld(Judged):
                 for entry in _objects_of(manifest):
                     full = f"{JOB}/{entry.key}"
                     if full in keys and self.objects.objects.get(full) is not None and \
-                            self.objects.objects[full].etag == self.vandalized.get(full):
+                            self.objects.objects[full].etag == self.vandalized.get(full) and \
+                            self.objects.objects[full].written == keys[full]:
                         self.violate(DAMAGED_REFERENCE, f"{key} references {full}, which "
                                      f"{life}'s restore found damaged")
 
