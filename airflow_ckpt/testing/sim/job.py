@@ -214,6 +214,7 @@ from airflow_ckpt.testing.sim.outcome import (
     Violation,
 )
 from airflow_ckpt.testing.sim.overlap import CompletionOverlap
+from airflow_ckpt.testing.sim.overtake import Overtaking
 from airflow_ckpt.testing.sim.replay import OVERLAPPED, ReplayedOverlap
 from airflow_ckpt.testing.sim.scheduler import Actor, Host, Scheduler
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage, Stored, _outcome
@@ -1006,6 +1007,13 @@ class JobWorld(Judged):
         #: the next checkpoint's async phase overlapping a completion (drawn apart)
         self.overlap = CompletionOverlap(seed, self.scheduler, self._coordinator_of,
                                          lambda: SimLock(self.scheduler), self.coverage)
+        #: ``max-concurrent-checkpoints`` 2 on some seeds, and the next checkpoint's whole
+        #: async phase running while the previous one uploads (drawn apart)
+        self.overtaking = Overtaking(seed, self.scheduler, self.overlap, self._coordinator_of,
+                                     self.coverage)
+        if self.overtaking.on:
+            self.config["execution.checkpointing.max-concurrent-checkpoints"] = \
+                self.overtaking.max_concurrent
 
     # ------------------------------------------------------------------ ground truth
 
@@ -1855,6 +1863,24 @@ class JobWorld(Judged):
         self.before_marker()
         self.overlap.before_marker()
 
+    def before_add(self) -> None:
+        """At ``coordinator.before_store_add``: the overtaking crash, then the completion
+        overlap."""
+        self.overtaking.settled()
+        self.overlap.before_add()
+
+    def before_history(self) -> None:
+        """At ``history.before_create``: the overtaking crash, then the completion
+        overlap."""
+        self.overtaking.settled()
+        self.overlap.before_history()
+
+    def before_upload(self) -> None:
+        """At ``upload.before_file``: an executor lost (:meth:`lost_in_upload`), else
+        the next checkpoint may overtake this one (:class:`Overtaking`)."""
+        self.lost_in_upload()
+        self.overtaking.before_upload()
+
     def _coordinator_of(self, actor: Actor) -> CheckpointCoordinator | None:
         job = None if self.recovering else self._running.get(actor)
         return job.coordinator if job is not None else None
@@ -2357,7 +2383,7 @@ class JobWorld(Judged):
         sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}; "
                   f"{self.retention}; {self.uploads.describe()}; {self.landings.describe()}; "
                   f"{self.claim_race.describe()}; {self.overlap.describe()}; "
-                  f"{self.replay.describe()}")
+                  f"{self.replay.describe()}; {self.overtaking.describe()}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:
@@ -2377,13 +2403,13 @@ class JobWorld(Judged):
                         interleave.installed(interleave.COMPLETE_BEFORE_METADATA,
                                              self.before_marker_overlapped), \
                         interleave.installed(interleave.COMPLETE_BEFORE_ADD,
-                                             self.overlap.before_add), \
+                                             self.before_add), \
                         interleave.installed(interleave.GC_BEFORE_DELETE,
                                              self.overlap.before_delete), \
                         interleave.installed(interleave.HISTORY_BEFORE_CREATE,
-                                             self.overlap.before_history), \
+                                             self.before_history), \
                         interleave.installed(interleave.UPLOAD_BEFORE_FILE,
-                                             self.lost_in_upload):
+                                             self.before_upload):
                     sched.run()
                 if not sched.cut_off:
                     self.recovering = True
