@@ -62,6 +62,10 @@ Session 16's replayed overlap (:mod:`~airflow_ckpt.testing.sim.replay`, drawn ap
 an executor lost at a checkpoint's last upload unit two batches past the newest
 retained one, and the restarted run's completions overlapping the next checkpoint,
 which reserves the lost checkpoint's keys by content while the collection decides.
+Session 16's overtaking checkpoint (:mod:`~airflow_ckpt.testing.sim.overtake`, drawn
+apart): ``max-concurrent-checkpoints`` 2 on some seeds, the next checkpoint's whole async
+phase running while the previous one uploads (which must then fail as subsumed), and
+the driver crashing where the overtaken one settles.
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
@@ -1473,19 +1477,7 @@ class JobWorld(Judged):
         if target != "latest" or record is None or not epochs or epochs[-1] != record.epoch:
             return  # asked for, or deposed already: a successor decides
         floor = job._run_floor
-        counted = self.counted()
-        pool = self._retention_pool(counted)
-        for number in sorted(self._ever_counted - counted):
-            key = LAYOUT.checkpoint_metadata(number)
-            newer = [n for n in pool if n > number]
-            if len(newer) >= self.setup.num_retained:
-                # subsumed: below the retention floor its marker may outlive; a newer
-                # marker the vandal deleted is one of the retained (as for job-retention:
-                # seed 100096, the floor of chk-5 left chk-3 behind chk-4 it retained)
-                continue
-            if key in self.objects.objects and key not in self.vandalized:
-                self.violate(UNCOUNTED, f"chk-{number} counted, but not for {job.life} "
-                             "after its takeover, while its marker exists (not adopted)")
+        counted = self._check_uncounted(job.life)
         restored_key = LAYOUT.checkpoint_metadata(restored_id) if restored_id is not None else ""
         if restored_id is not None and restored_key in self._subsumed_markers \
                 and self._floor_unknown(restored_id):
@@ -1515,6 +1507,25 @@ class JobWorld(Judged):
                              f"{restored.path or 'nothing'} with restore=latest, but "
                              f"checkpoint {number} counts and is intact")
                 return
+
+    def _check_uncounted(self, holder: str) -> set[int]:
+        """``job-uncounted`` for the newest holder (``holder``, its takeover over): every
+        checkpoint that ever counted still counts while its marker exists, unless
+        ``num-retained`` newer ones count. Returns the ids that count now."""
+        counted = self.counted()
+        pool = self._retention_pool(counted)
+        for number in sorted(self._ever_counted - counted):
+            key = LAYOUT.checkpoint_metadata(number)
+            newer = [n for n in pool if n > number]
+            if len(newer) >= self.setup.num_retained:
+                # subsumed: below the retention floor its marker may outlive; a newer
+                # marker the vandal deleted is one of the retained (as for job-retention:
+                # seed 100096, the floor of chk-5 left chk-3 behind chk-4 it retained)
+                continue
+            if key in self.objects.objects and key not in self.vandalized:
+                self.violate(UNCOUNTED, f"chk-{number} counted, but not for {holder} "
+                             "after its takeover, while its marker exists (not adopted)")
+        return counted
 
     def _check_damage_cause(self, job: SimJob, restored: RestoreResult) -> None:
         """``job-gc-damage``: every key a restore found damaged or missing was touched by
@@ -2231,6 +2242,10 @@ class JobWorld(Judged):
         self.check_verifies()
         self.check_control()
         if self.recovered != "finished":
+            # job-uncounted also when the recovery's restore refused (it never got to
+            # on_restored): a refusal judged by what counts must not hide a marker its
+            # claim failed to adopt (job seed 140, marker-out-of-order)
+            self._check_uncounted(self.endings[-1][0] if self.endings else "recovery")
             if self.check_refusal():
                 return
             self.violate(JOB_OUTPUT, f"the recovery ended {self.recovered}")

@@ -19,7 +19,8 @@ ignored by every reader.
 there too, so the seeds it leaves at 1 keep their schedules), makes that schedule happen
 with the coordinator's own methods: at a driver's ``upload.before_file`` for the first
 unit of checkpoint ``N`` (its async phase on the driver's thread, as the unthreaded
-coordinator runs it), the coordinator's ``_tick`` with the phase executor swapped for
+coordinator runs it; at its next units again until ``N+1`` is due), the coordinator's
+``_tick`` with the phase executor swapped for
 one that runs an async phase on a scheduler actor of the driver's process (a pool
 thread); ``N``'s thread waits until that phase ended. With the seed's chance the
 driver's process then crashes where ``N`` settles (its ``coordinator.before_store_add``
@@ -74,7 +75,7 @@ class Overtaking:
                  coordinator_of: Callable[[Actor], CheckpointCoordinator | None],
                  coverage: Counter[str]) -> None:
         self.rng = random.Random(seed ^ 0xC0C2)
-        self.on = self.rng.random() < 0.35
+        self.on = self.rng.random() < 0.5
         self.p = self.rng.choice((0.5, 1.0))
         self.crash_p = self.rng.choice((0.0, 0.5, 1.0))
         self.scheduler = scheduler
@@ -83,6 +84,9 @@ class Overtaking:
         self.coverage = coverage
         #: a coordinator -> the highest checkpoint id whose upload was an opportunity
         self._seen: dict[CheckpointCoordinator, int] = {}
+        #: a coordinator -> the checkpoint drawn to be overtaken, until the next one is
+        #: due (tried again at each of its upload units)
+        self._armed: dict[CheckpointCoordinator, int] = {}
         #: driver actors that crash where their overtaken checkpoint settles
         self._crashing: set[Actor] = set()
 
@@ -96,9 +100,9 @@ class Overtaking:
         return f"max-concurrent 2, overtaking p={self.p:g} crash_p={self.crash_p:g}"
 
     def before_upload(self) -> None:
-        """At ``upload.before_file`` on a driver's thread: for the first unit of the
-        checkpoint it uploads, with the seed's chance, the next checkpoint's async phase
-        runs to its end first."""
+        """At ``upload.before_file`` on a driver's thread: drawn at the first unit of the
+        checkpoint it uploads (with the seed's chance), the next checkpoint's async phase
+        runs to its end first, at this unit or the first later one where it is due."""
         if not self.on:
             return
         actor = self.scheduler.current()
@@ -107,12 +111,15 @@ class Overtaking:
             return
         uploading = [p.checkpoint_id for p in list(coordinator._pending)
                      if p.captured and not p.done.is_set() and not p.is_savepoint]
-        if not uploading or min(uploading) <= self._seen.get(coordinator, 0):
+        if not uploading:
             return
-        self._seen[coordinator] = min(uploading)
-        if self.rng.random() >= self.p:
-            return
-        self._open(actor, coordinator)
+        number = min(uploading)
+        if number > self._seen.get(coordinator, 0):  # its first unit: drawn once
+            self._seen[coordinator] = number
+            if self.rng.random() < self.p:
+                self._armed[coordinator] = number
+        if self._armed.get(coordinator) == number and self._open(actor, coordinator):
+            del self._armed[coordinator]
 
     def settled(self) -> None:
         """At ``coordinator.before_store_add`` and ``history.before_create``: a driver
@@ -126,7 +133,8 @@ class Overtaking:
         actor.killed = True
         self.scheduler.yield_point("crashed after an overtaken checkpoint")
 
-    def _open(self, actor: Actor, coordinator: CheckpointCoordinator) -> None:
+    def _open(self, actor: Actor, coordinator: CheckpointCoordinator) -> bool:
+        """The coordinator thread's step; True if the next checkpoint's phase ran."""
         self.overlap._actor_aware(coordinator)
         phases = coordinator._phases
         second = _SecondThread(self.scheduler, actor, phases)
@@ -138,7 +146,7 @@ class Overtaking:
         phase = second.phase
         if phase is None:
             self.coverage["overtaking-not-due"] += 1
-            return
+            return False
         self.coverage["overtaking-checkpoint"] += 1
         self.scheduler.log(f"{phase.name}: the next checkpoint's async phase runs while "
                            "this one uploads")
@@ -146,3 +154,4 @@ class Overtaking:
             self.scheduler.sleep(0.05)
         if self.crash_p and self.rng.random() < self.crash_p:
             self._crashing.add(actor)
+        return True
