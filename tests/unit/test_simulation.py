@@ -402,6 +402,19 @@ def test_a_key_only_a_pending_checkpoint_reserved_is_never_collected() -> None:
     assert seen.get("replayed-overlap") == 1 and seen.get("completion-overlap"), seen
 
 
+def test_a_checkpoint_overtaken_by_the_next_one_is_subsumed() -> None:
+    """The overtaking checkpoint (``Overtaking``, session 16) at job seed 140:
+    ``max-concurrent-checkpoints`` 2, chk-2's whole async phase runs while chk-1 uploads,
+    with nothing retained before (chk-2's retention floor is 2); chk-1 must fail as
+    subsumed, and the driver crashes where it settles. The mutant ``marker-out-of-order``
+    writes chk-1's marker below chk-2's floor: the recovery's claim never adopts it and
+    refuses, as the vandal damaged chk-2 (``job-uncounted``)."""
+    outcome = run_job_seed(140)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    seen = outcome.coverage.components
+    assert seen.get("overtaking-checkpoint") == 1 and seen.get("overtaken-then-crash") == 1, seen
+
+
 def test_a_run_whose_only_checkpoint_marker_was_deleted_never_starts_from_scratch() -> None:
     """Seed 56 (39 before session 14's claim race, 14 before session 14's one listing
     per takeover, 155 before session 13's draws, 153 before the sink's requests were

@@ -1,0 +1,158 @@
+"""The overtaking checkpoint: with ``max-concurrent-checkpoints`` 2, the next checkpoint's
+whole async phase runs while the previous one still uploads (issue 25, the window of
+``marker-out-of-order``).
+
+With ``max-concurrent-checkpoints`` 1 the completion overlap
+(:mod:`~airflow_ckpt.testing.sim.overlap`) is the only concurrency the threaded
+coordinator has: checkpoint ``N+1`` starts after ``N``'s marker. With 2, the coordinator
+thread's ``_tick`` triggers ``N+1`` while ``N`` is pending (one pending, fewer than
+two), runs its sync phase and hands its async phase to a second thread of the phase
+pool while ``N``'s thread uploads: nothing orders the two uploads, so ``N+1`` may
+upload, build its manifest, write and confirm its marker and complete (store, history,
+sink commits) before ``N``'s thread uploads its next file. ``N`` then reaches its marker
+after a higher id's: it fails as ``SUBSUMED`` (Flink's ``CHECKPOINT_SUBSUMED``), since its
+marker would lie below the retention floor ``N+1``'s manifest recorded without it
+(with nothing retained before, that floor is ``N+1``), counted by this driver and
+ignored by every reader.
+
+:class:`Overtaking`, on a generator of its own (``max-concurrent-checkpoints`` is drawn
+there too, so the seeds it leaves at 1 keep their schedules), makes that schedule happen
+with the coordinator's own methods: at a driver's ``upload.before_file`` for the first
+unit of checkpoint ``N`` (its async phase on the driver's thread, as the unthreaded
+coordinator runs it; at its next units again until ``N+1`` is due), the coordinator's
+``_tick`` with the phase executor swapped for
+one that runs an async phase on a scheduler actor of the driver's process (a pool
+thread); ``N``'s thread waits until that phase ended. With the seed's chance the
+driver's process then crashes where ``N`` settles (its ``coordinator.before_store_add``
+or its next history append, completed or failed): a successor takes over and judges
+what counts while ``N+1`` is the newest checkpoint (``job-uncounted``: a marker below
+its floor is never adopted).
+
+The locks the phase actor may meet are made actor-aware by the completion overlap
+(``CompletionOverlap._actor_aware``); no completion-overlap window is open while the
+phase lives (the driver's thread waits in ``N``'s upload, before any completion).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any
+
+from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
+from airflow_ckpt.testing.sim.overlap import CompletionOverlap
+from airflow_ckpt.testing.sim.scheduler import Actor, Scheduler
+
+
+class _SecondThread(Executor):
+    """The phase pool's second thread as a scheduler actor of the calling driver's
+    process: the first async phase submitted runs there; any further one queues on the
+    coordinator's own executor (its next tick), as the pool would queue it."""
+
+    def __init__(self, scheduler: Scheduler, parent: Actor, pool: Executor) -> None:
+        self.scheduler, self.parent, self.pool = scheduler, parent, pool
+        self.phase: Actor | None = None
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any,
+               **kwargs: Any) -> Future[Any]:
+        if self.phase is not None:
+            return self.pool.submit(fn, *args, **kwargs)
+        parent = self.parent
+        self.phase = self.scheduler.spawn(f"{parent.name}-ckpt-async-2", parent.host,
+                                          lambda: fn(*args, **kwargs), parent=parent)
+        return Future()
+
+
+class Overtaking:
+    """The overtaking checkpoint of a job world (see the module doc). ``on``: the seed
+    runs ``max-concurrent-checkpoints`` 2; ``p``: the chance, per checkpoint a driver
+    starts to upload, that the next one overtakes it; ``crash_p``: the chance that the
+    driver crashes once the overtaken one settled. ``allowed``: False keeps the seed at
+    1 whatever the draw (a story whose schedule a test pins)."""
+
+    def __init__(self, seed: int, scheduler: Scheduler, overlap: CompletionOverlap,
+                 coordinator_of: Callable[[Actor], CheckpointCoordinator | None],
+                 coverage: Counter[str], allowed: bool = True) -> None:
+        self.rng = random.Random(seed ^ 0xCC82)
+        self.on = self.rng.random() < 0.5 and allowed
+        self.p = self.rng.choice((0.5, 1.0))
+        self.crash_p = self.rng.choice((0.0, 0.5, 1.0))
+        self.scheduler = scheduler
+        self.overlap = overlap
+        self.coordinator_of = coordinator_of
+        self.coverage = coverage
+        #: a coordinator -> the highest checkpoint id whose upload was an opportunity
+        self._seen: dict[CheckpointCoordinator, int] = {}
+        #: a coordinator -> the checkpoint drawn to be overtaken, until the next one is
+        #: due (tried again at each of its upload units)
+        self._armed: dict[CheckpointCoordinator, int] = {}
+        #: driver actors that crash where their overtaken checkpoint settles
+        self._crashing: set[Actor] = set()
+
+    @property
+    def max_concurrent(self) -> int:
+        return 2 if self.on else 1
+
+    def describe(self) -> str:
+        if not self.on:
+            return "max-concurrent 1"
+        return f"max-concurrent 2, overtaking p={self.p:g} crash_p={self.crash_p:g}"
+
+    def before_upload(self) -> None:
+        """At ``upload.before_file`` on a driver's thread: drawn at the first unit of the
+        checkpoint it uploads (with the seed's chance), the next checkpoint's async phase
+        runs to its end first, at this unit or the first later one where it is due."""
+        if not self.on:
+            return
+        actor = self.scheduler.current()
+        coordinator = self.coordinator_of(actor) if actor is not None else None
+        if actor is None or coordinator is None or coordinator._stop.is_set():
+            return
+        uploading = [p.checkpoint_id for p in list(coordinator._pending)
+                     if p.captured and not p.done.is_set() and not p.is_savepoint]
+        if not uploading:
+            return
+        number = min(uploading)
+        if number > self._seen.get(coordinator, 0):  # its first unit: drawn once
+            self._seen[coordinator] = number
+            if self.rng.random() < self.p:
+                self._armed[coordinator] = number
+        if self._armed.get(coordinator) == number and self._open(actor, coordinator):
+            del self._armed[coordinator]
+
+    def settled(self) -> None:
+        """At ``coordinator.before_store_add`` and ``history.before_create``: a driver
+        whose checkpoint was overtaken crashes here, with the seed's chance."""
+        actor = self.scheduler.current()
+        if actor is None or actor not in self._crashing:
+            return
+        self._crashing.discard(actor)
+        self.coverage["overtaken-then-crash"] += 1
+        self.scheduler.log("crashes where the overtaken checkpoint settles")
+        actor.killed = True
+        self.scheduler.yield_point("crashed after an overtaken checkpoint")
+
+    def _open(self, actor: Actor, coordinator: CheckpointCoordinator) -> bool:
+        """The coordinator thread's step; True if the next checkpoint's phase ran."""
+        self.overlap._actor_aware(coordinator)
+        phases = coordinator._phases
+        second = _SecondThread(self.scheduler, actor, phases)
+        coordinator._phases = second
+        try:
+            coordinator._tick()  # the coordinator thread's step: N+1 if due, its sync phase
+        finally:
+            coordinator._phases = phases
+        phase = second.phase
+        if phase is None:
+            self.coverage["overtaking-not-due"] += 1
+            return False
+        self.coverage["overtaking-checkpoint"] += 1
+        self.scheduler.log(f"{phase.name}: the next checkpoint's async phase runs while "
+                           "this one uploads")
+        while phase.alive:
+            self.scheduler.sleep(0.05)
+        if self.crash_p and self.rng.random() < self.crash_p:
+            self._crashing.add(actor)
+        return True
