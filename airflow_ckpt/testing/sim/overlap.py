@@ -97,21 +97,26 @@ class _Window:
     left: bool = False  # the driver's thread left N's completion (its next tick)
 
 
-class _ActorPhases(Executor):
-    """The phase pool as scheduler actors: each submitted async phase runs on an actor of
-    the calling driver's process."""
+class ActorPhase(Executor):
+    """The phase pool's free thread as a scheduler actor of the calling driver's process
+    (``parent``): the first async phase submitted runs on an actor named
+    ``<parent>-<suffix>`` (``spawned`` is told of it at once); any further one queues on
+    the coordinator's own executor (its next tick), as the pool would queue it."""
 
-    def __init__(self, overlap: CompletionOverlap, window: _Window, pool: Executor) -> None:
-        self.overlap, self.window, self.pool = overlap, window, pool
+    def __init__(self, scheduler: Scheduler, parent: Actor, pool: Executor, suffix: str,
+                 spawned: Callable[[Actor], None] = lambda actor: None) -> None:
+        self.scheduler, self.parent, self.pool = scheduler, parent, pool
+        self.suffix, self.spawned = suffix, spawned
+        self.phase: Actor | None = None
 
     def submit(self, fn: Callable[..., Any], /, *args: Any,
                **kwargs: Any) -> Future[Any]:
-        sched, parent = self.overlap.scheduler, self.window.completing
-        if self.window.phase is not None:  # the pool's one free thread is taken: queued
+        if self.phase is not None:  # the pool's one free thread is taken: queued
             return self.pool.submit(fn, *args, **kwargs)
-        self.window.phase = sched.spawn(f"{parent.name}-ckpt-async", parent.host,
-                                        lambda: fn(*args, **kwargs), parent=parent)
-        self.overlap.windows[self.window.phase] = self.window
+        parent = self.parent
+        self.phase = self.scheduler.spawn(f"{parent.name}-{self.suffix}", parent.host,
+                                          lambda: fn(*args, **kwargs), parent=parent)
+        self.spawned(self.phase)
         return Future()
 
 
@@ -215,7 +220,11 @@ class CompletionOverlap:
         window = _Window(actor)
         self._actor_aware(coordinator)
         phases = coordinator._phases
-        coordinator._phases = _ActorPhases(self, window, phases)
+
+        def spawned(phase: Actor) -> None:
+            window.phase = phase
+            self.windows[phase] = window
+        coordinator._phases = ActorPhase(self.scheduler, actor, phases, "ckpt-async", spawned)
         try:
             coordinator._tick()  # the coordinator thread's step: N+1 if due, its sync phase
         finally:

@@ -38,31 +38,10 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
-from typing import Any
 
 from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
-from airflow_ckpt.testing.sim.overlap import CompletionOverlap
+from airflow_ckpt.testing.sim.overlap import ActorPhase, CompletionOverlap
 from airflow_ckpt.testing.sim.scheduler import Actor, Scheduler
-
-
-class _SecondThread(Executor):
-    """The phase pool's second thread as a scheduler actor of the calling driver's
-    process: the first async phase submitted runs there; any further one queues on the
-    coordinator's own executor (its next tick), as the pool would queue it."""
-
-    def __init__(self, scheduler: Scheduler, parent: Actor, pool: Executor) -> None:
-        self.scheduler, self.parent, self.pool = scheduler, parent, pool
-        self.phase: Actor | None = None
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any,
-               **kwargs: Any) -> Future[Any]:
-        if self.phase is not None:
-            return self.pool.submit(fn, *args, **kwargs)
-        parent = self.parent
-        self.phase = self.scheduler.spawn(f"{parent.name}-ckpt-async-2", parent.host,
-                                          lambda: fn(*args, **kwargs), parent=parent)
-        return Future()
 
 
 class Overtaking:
@@ -138,7 +117,7 @@ class Overtaking:
         """The coordinator thread's step; True if the next checkpoint's phase ran."""
         self.overlap._actor_aware(coordinator)
         phases = coordinator._phases
-        second = _SecondThread(self.scheduler, actor, phases)
+        second = ActorPhase(self.scheduler, actor, phases, "ckpt-async-2")
         coordinator._phases = second
         try:
             coordinator._tick()  # the coordinator thread's step: N+1 if due, its sync phase
