@@ -236,7 +236,7 @@ FRESH_HOLD_S = 3 * HOLD_S
 #: was swept (:class:`LateRecord`); ``create``: a deposed driver's record create is held
 #: so, and its successor restores two batches below, rescaled; ``sweep``: the fresh
 #: record race at ``list`` (:class:`RecordRace`)
-LATE_STORIES = ("supersede", "create", "sweep")
+LATE_STORIES = ("supersede", "supersede", "create", "sweep")
 #: a ``supersede`` seed's chance that a submission's first query goes to an older
 #: checkpoint besides the ``rescales`` generator's
 LATE_OLDER_P = 0.5
@@ -548,7 +548,6 @@ class _RacingView(RacingView):
             self.late.creating = None
             if held():
                 self.scheduler.log(f"{key}: applied after the sweep of its attempt's staging")
-                self.late.landed(Transaction.from_json(self._holding))
             return result
         if self.checked is not None:
             self.checked(op, key)
@@ -1188,11 +1187,16 @@ class SinkWorld(Judged):
 
     def go_back(self, txn: Transaction) -> None:
         """:class:`LateRecord`'s follow-up, once ``txn`` landed after its attempt's
-        staging was swept: a user submits one more run, restoring (explicitly) the
-        newest checkpoint that lists ``txn.batch``, one whose batch read ``txn``'s input
-        if there is one (none: no run)."""
+        staging was swept: a user stops the running drivers (cancels their runs: the
+        processes end) and submits one more run, restoring (explicitly) the newest
+        checkpoint that lists ``txn.batch``, one whose batch read ``txn``'s input if
+        there is one (none: no run)."""
         if not self.listing(txn.batch):
             return
+        for actor in self.scheduler.actors:
+            if actor.alive and actor.name.startswith("driver-"):
+                self.scheduler.log(f"a user stops {actor.name} (cancels its run)")
+                self.scheduler.kill(actor)
         self.started += 1
         self.gone_back[self.started] = txn
         self.scheduler.log(f"a user submits driver-{self.started}, going back to a checkpoint "
