@@ -172,6 +172,9 @@ SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
 SITES = (STORAGE_503, STORAGE_LOST_ANSWER, STORAGE_LATE, STORAGE_HANG, STORAGE_DAMAGED,
          STORAGE_MISSING, SCHED_PAUSE, SCHED_CRASH, SCHED_CLOCK_JUMP, SCHED_SUSPEND, ACTORS_MORE,
          ACTORS_TOGETHER)
+#: the ``sinks-late`` world's fault sites: its stories run without 503s, stalls and
+#: host suspensions (see :data:`LATE_STORIES`)
+LATE_SITES = tuple(s for s in SITES if s not in (STORAGE_503, SCHED_PAUSE, SCHED_SUSPEND))
 #: base chance per turn of a host's clock stepping (when the seed enables it)
 CLOCK_JUMP_P = 0.002
 #: base chance, per gated write, that it hangs in the network past the lease (a deposed
@@ -681,7 +684,8 @@ class SinkWorld(Judged):
 
     def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 6000,
                  late: bool = False) -> None:
-        self.scheduler = Scheduler(seed, max_steps=max_steps, sites=SITES,
+        self.scheduler = Scheduler(seed, max_steps=max_steps,
+                                   sites=LATE_SITES if late else SITES,
                                    clock_jump_p=CLOCK_JUMP_P)
         self.rng = self.scheduler.rng
         self.setup = SinkSetup.draw(self.rng, plants, self.scheduler.swarm)
