@@ -111,7 +111,8 @@ crash-points: venv
 
 # The deterministic whole-system simulation (docs/architecture.md, "Deterministic
 # simulation"): SIM_SEEDS seeds, each a schedule in every world (history, sinks,
-# savepoints; make test runs 200 in tests/unit/test_simulation.py); prints "N simulated
+# sinks-late, savepoints, job; make test runs 200 in tests/unit/test_simulation.py);
+# prints "N simulated
 # schedules explored, K violations", the first failing seed of each invariant and its
 # trace, then its coverage per world (fault sites fired, schedules with a second lease
 # holder, writes of deposed drivers, cut-offs). Replay one:

@@ -9,7 +9,9 @@ simulated storage that enforces the storage contract and injects faults
   operator, ``Supervisor`` and supervision trigger (blocking and deferred, worker and
   triggerer restarts) over drivers, compactors and late writes sharing the history;
 * **sinks** (:mod:`airflow_ckpt.testing.sim.sinks`): exactly-once output under deposed
-  drivers and older restores;
+  drivers and older restores; **sinks-late**: the same world telling, on every seed,
+  one story of a record held in the network until its staging was swept (or of a
+  deposed driver's sweep), its other draws as the sinks world's;
 * **savepoints** (:mod:`airflow_ckpt.testing.sim.savepoints`): a savepoint request
   answered by drivers deposed mid-way;
 * **job** (:mod:`airflow_ckpt.testing.sim.job`): 2-4 real ``CheckpointedJob`` drivers of
@@ -44,11 +46,13 @@ WORLDS: dict[str, tuple[tuple[str, ...], tuple[str, ...],
                         Callable[[int, Iterable[str]], Outcome]]] = {
     "history": (history.PLANTS, history.INVARIANTS, history.run_seed),
     "sinks": (sinks.PLANTS, sinks.INVARIANTS, sinks.run_sink_seed),
+    # the sink world telling one late-record story per seed (its plants are the sinks')
+    "sinks-late": ((), sinks.INVARIANTS, sinks.run_late_sink_seed),
     "savepoints": (savepoints.PLANTS, savepoints.INVARIANTS, savepoints.run_savepoint_seed),
     "job": (job.PLANTS, job.INVARIANTS, job.run_job_seed),
 }
 PLANTS = tuple(p for plants, _, _ in WORLDS.values() for p in plants)
-INVARIANTS = tuple(i for _, invariants, _ in WORLDS.values() for i in invariants)
+INVARIANTS = tuple(dict.fromkeys(i for _, invariants, _ in WORLDS.values() for i in invariants))
 
 
 def worlds_for(plants: Iterable[str]) -> list[str]:

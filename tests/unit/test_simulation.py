@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 import shutil
 from collections import Counter
 from collections.abc import Callable
@@ -70,6 +71,7 @@ from airflow_ckpt.testing.sim.sinks import (
     SINK_ERROR,
     SINK_LOST,
     SINK_REPLAY,
+    run_late_sink_seed,
     run_sink_seed,
 )
 from airflow_ckpt.testing.sim.storage import Faults, SimObjects, SimStorage
@@ -228,6 +230,26 @@ def test_the_sink_world_reaches_its_cases() -> None:
     # (one lease confirmation for all, issue 26)
     assert any(o.coverage.components.get("checkpoints committing several batches")
                for o in outcomes)
+
+
+def test_the_late_sink_world_tells_its_stories() -> None:
+    """The ``sinks-late`` world (session 17) tells one story per seed; each is reached
+    within seeds 0-44: a staging over an aborted record, held in the network until that
+    attempt's staging was swept, fails its If-Match when it lands (the abort fenced the
+    record; ``abort-unfenced`` dies where it lands); a deposed driver's record create,
+    held so, lands after its successor's sweep, the successor having restored two
+    batches below, rescaled, and skipped the batch's replay under its shifted id
+    (``relist-trusts-late-records``); a deposed driver suspended before a sweep wakes
+    once its successor staged the batch afresh (``discard-unconfirmed``). A seed
+    replays one schedule."""
+    traces = ["\n".join(run_late_sink_seed(seed).trace) for seed in range(45)]
+    assert any(re.search(r"deliver late put if-match out/_txn/\S+: PreconditionFailedError", t)
+               for t in traces)
+    assert any("applied after the sweep of its attempt's staging" in t
+               and "two batches below the held record create" in t
+               and "skipped (shifted id)" in t for t in traces)
+    assert any("another driver staged its batch afresh" in t for t in traces)
+    assert run_late_sink_seed(4).trace == traces[4].split("\n")
 
 
 def test_the_job_world_reaches_its_cases() -> None:

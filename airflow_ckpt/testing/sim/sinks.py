@@ -54,8 +54,10 @@ Most other seeds (:data:`FRESH_SEEDS`, a generator of their own, few faults) rac
 a successor's own work is at stake (:data:`FRESH_PLACES`): before a record staged over
 the one read, or before sweeping an undecided batch's staging, waking once the
 successor staged that batch afresh; or before listing the records, waking once another
-driver changed one. Only checkpoints whose marker was confirmed count (the ground
-truth of what a successor may restore).
+driver changed one. The seeds without a record race hold a driver's record of a
+staging in the network until that batch's staging was swept (:class:`LateRecord`), then
+a user's run goes back to a checkpoint listing the batch. Only checkpoints whose marker
+was confirmed count (the ground truth of what a successor may restore).
 
 Invariants, checked after every step against the source plan (the ground truth:
 batch ``b`` planned from ``start`` to ``end`` holds exactly those numbers):
@@ -97,6 +99,7 @@ from airflow_ckpt.errors import (
     ConcurrentDriverError,
     EndpointUnreachableError,
     LeaseExpiredError,
+    OutcomeUnknownError,
     SinkReplayMismatchError,
     SinkTransactionAbortedError,
 )
@@ -104,7 +107,7 @@ from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.record import DEFAULT_MAX_WRITE_S, DEFAULT_TTL_S
 from airflow_ckpt.runtime.sinks.jsonl import JsonLinesSink
 from airflow_ckpt.runtime.sinks.offsets import BatchOffsets
-from airflow_ckpt.runtime.sinks.transactions import LOOK_DOWN
+from airflow_ckpt.runtime.sinks.transactions import LOOK_DOWN, Transaction
 from airflow_ckpt.runtime.storage.base import ObjectInfo, Versioned
 from airflow_ckpt.runtime.storage.fenced import FencedStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
@@ -169,6 +172,9 @@ SKEWS = (0.0, 0.0, 0.5, -0.5, 3600.0, -3600.0)
 SITES = (STORAGE_503, STORAGE_LOST_ANSWER, STORAGE_LATE, STORAGE_HANG, STORAGE_DAMAGED,
          STORAGE_MISSING, SCHED_PAUSE, SCHED_CRASH, SCHED_CLOCK_JUMP, SCHED_SUSPEND, ACTORS_MORE,
          ACTORS_TOGETHER)
+#: the ``sinks-late`` world's fault sites: its stories run without 503s, stalls and
+#: host suspensions (see :data:`LATE_STORIES`)
+LATE_SITES = tuple(s for s in SITES if s not in (STORAGE_503, SCHED_PAUSE, SCHED_SUSPEND))
 #: base chance per turn of a host's clock stepping (when the seed enables it)
 CLOCK_JUMP_P = 0.002
 #: base chance, per gated write, that it hangs in the network past the lease (a deposed
@@ -227,6 +233,16 @@ FRESH_FAULTS = Faults(0.0, 0.01, 0.01, HOLD_S, 0.01)
 #: how long a :data:`FRESH_PLACES` racer may stay suspended (a successor first waits out
 #: the racer's lease, then restores and replays up to the batch)
 FRESH_HOLD_S = 3 * HOLD_S
+#: the stories of the ``sinks-late`` world (:func:`run_late_sink_seed`), one per seed,
+#: drawn on a generator of its own: ``supersede``: a driver's ``_txn/`` write staging an
+#: attempt over an aborted record is held in the network until that attempt's staging
+#: was swept (:class:`LateRecord`); ``create``: a deposed driver's record create is held
+#: so, and its successor restores two batches below, rescaled; ``sweep``: the fresh
+#: record race at ``list`` (:class:`RecordRace`)
+LATE_STORIES = ("supersede", "supersede", "create", "sweep")
+#: a ``supersede`` seed's chance that a submission's first query goes to an older
+#: checkpoint besides the ``rescales`` generator's
+LATE_OLDER_P = 0.5
 #: drivers started per race seed in place of one that went silent while no other ran
 REPLACEMENTS = 2
 #: a racing driver's host is suspended in steps of this, until another driver changed
@@ -290,6 +306,11 @@ class RecordRace:
         #: the drivers' hosts that raced once (woken, a racer runs on undisturbed)
         self.raced: set[str] = set()
 
+    def race_fresh(self, place: str) -> None:
+        """Race at ``place`` of :data:`FRESH_PLACES` on every chance (the ``sinks-late``
+        world's ``sweep`` story)."""
+        self.p, self.place, self.fresh = 1.0, place, True
+
     def hold_before_reads(self) -> None:
         """Race at ``read`` on every chance: the go-back-and-return story of the sinks
         world needs a completed checkpoint whose batch is not committed yet when
@@ -302,7 +323,7 @@ class RecordRace:
         if (not self.p or self.place not in places or self.racing or current is None
                 or current.host.name in self.raced):
             return False
-        contended = self._contended()
+        contended = self.contended()
         if (not contended and not self.replacements) or self.rng.random() >= self.p:
             return False
         self.raced.add(current.host.name)
@@ -311,7 +332,7 @@ class RecordRace:
             self.replace()
         return True
 
-    def _contended(self) -> bool:
+    def contended(self) -> bool:
         """Whether another driver runs beside the calling one (a successor to race)."""
         current = self.scheduler.current()
         return current is not None and any(
@@ -400,11 +421,144 @@ class RecordRace:
             self.scheduler.sleep(gone)
 
 
+class LateRecord:
+    """A driver's record of a staging whose answer is lost and which the network holds
+    until another life or driver swept that batch's staging (sinks seed 346417 of
+    session 16's scan: a supersede read before an abort landed after the sweep; sinks
+    seed 315040 of session 15's: a deposed driver's record create landed after the
+    holder's recovery swept the batch), then lands, its conditions judged then. One
+    write held per seed of the ``sinks-late`` world, of its story
+    (:data:`LATE_STORIES`):
+
+    * ``supersede``: a staging over an aborted record of a batch a completed checkpoint
+      lists. Its caller meets ``OutcomeUnknownError`` (the query restarts in-process
+      and its recovery sweeps). Once it landed after the sweep, a user submits one more
+      run going back to the newest checkpoint that lists that batch (one that read the
+      input the held record names, if any): a restore that commits the batch from the
+      record, if the record names the swept attempt;
+    * ``create``: a driver's record create of the batch after one it published, while
+      another driver runs: its caller waits for the answer (its lease expires), and the
+      successor's recovery sweeps (:attr:`creating` names the batch meanwhile)."""
+
+    def __init__(self, story: str | None, scheduler: Scheduler, objects: SimObjects,
+                 contended: Callable[[], bool], listed: Callable[[int], bool],
+                 landed: Callable[[Transaction], None]) -> None:
+        self.story = story  # None: no write is held (the ``sinks`` world)
+        self.listed = listed  # whether a completed checkpoint lists a batch
+        self.contended = contended  # whether another driver runs beside the caller
+        self.scheduler = scheduler
+        self.objects = objects
+        self.landed = landed  # the follow-up: a run going back to a checkpoint listing it
+        self.held = False  # one hold per seed
+        #: the batch of a held create not landed yet (its successor restores below it)
+        self.creating: int | None = None
+
+    def holds(self, key: str, data: bytes, create_only: bool) -> Callable[[], bool] | None:
+        """Whether the network holds this ``_txn/`` write: the condition it waits for
+        (the staging of the attempt it records swept), or None."""
+        if (self.story is None or self.held or create_only != (self.story == "create")
+                or "/_txn/" not in key):
+            return None
+        txn = Transaction.from_json(data)
+        if txn.state != "staged":
+            return None
+        root = key[:key.index('/_txn/')]
+        staging = f"{root}/_pending/{txn.batch:012d}/{txn.attempt}"
+        if not any(k.startswith(staging) for k in self.objects.objects):
+            return None
+        if create_only:  # a racer's create (another driver runs: a successor sweeps) of
+            # the batch after one it published (a successor may skip that input's replay)
+            if (not self.contended() or txn.batch < 2
+                    or f"{root}/_committed/{txn.batch - 1:012d}.json" not in self.objects.objects):
+                return None
+            self.creating = txn.batch
+        else:  # a staging over an aborted record (a batch a recovery aborted, replayed)
+            # that a completed checkpoint lists (a later run may restore it)
+            stored = self.objects.objects.get(key)
+            if (stored is None or Transaction.from_json(stored.data).state != "aborted"
+                    or not self.listed(txn.batch)):
+                return None
+        self.held = True
+        return lambda: not any(k.startswith(staging) for k in self.objects.objects)
+
+    def wait(self, key: str, swept: Callable[[], bool]) -> None:
+        """The calling driver waits for its write's answer (the network holds it) until
+        ``swept()``, or :data:`FRESH_HOLD_S` at most; its lease expires meanwhile."""
+        sched = self.scheduler
+        sched.log(f"{key}: the write hangs in the network until its staging is swept")
+        gone = 0.0
+        while not swept() and gone < FRESH_HOLD_S:
+            sched.sleep(SUSPEND_STEP_S)
+            gone += SUSPEND_STEP_S
+
+    def hold(self, label: str, apply: Callable[[], str], swept: Callable[[], bool],
+             data: bytes) -> None:
+        """Hold ``apply`` until ``swept()``: it lands right after the step that swept
+        the staging (the worst moment: before anyone stages the batch again), or after
+        :data:`FRESH_HOLD_S` at most."""
+        sched = self.scheduler
+        landed = [False]
+
+        def land() -> str:
+            landed[0] = True
+            try:
+                apply()
+            except Exception as exc:
+                return type(exc).__name__
+            if not swept():
+                return "applied"
+            self.landed(Transaction.from_json(data))
+            return "applied after the sweep of its attempt's staging"
+
+        def watch() -> None:
+            if not landed[0] and swept():
+                sched.log(f"deliver {label}: {land()}")
+
+        sched.observers.append(watch)
+        sched.defer(label, lambda: "landed already" if landed[0] else land(),
+                    sched.now + FRESH_HOLD_S)
+
+
 class _RacingView(RacingView):
     """A driver's storage view whose transaction-record reads and writes race
     (:class:`RecordRace`)."""
 
     race: RecordRace
+    late: LateRecord
+    #: the condition the next write waits for in the network (:class:`LateRecord`)
+    _held: Callable[[], bool] | None = None
+    _holding = b""  # the bytes of that write
+
+    @classmethod
+    def racing(cls, view: SimStorage, race: RecordRace, late: LateRecord) -> _RacingView:
+        racing = cls.of(view, race)
+        racing.late = late
+        return racing
+
+    def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
+        checked = super().checked_view(check)
+        assert isinstance(checked, _RacingView)
+        checked.late = self.late
+        return checked
+
+    def _write(self, op: str, key: str, apply: Callable[[], str]) -> str:
+        held, self._held = self._held, None
+        if held is None:
+            return super()._write(op, key, apply)
+        if "create-only" in op:  # its caller waits for the answer: a successor sweeps
+            self.late.wait(key, held)
+            result = super()._write(op, key, apply)
+            self.late.creating = None
+            if held():
+                self.scheduler.log(f"{key}: applied after the sweep of its attempt's staging")
+            return result
+        if self.checked is not None:
+            self.checked(op, key)
+        self._enter(op, key)
+        self.late.hold(f"late {op} {key}", self._tracked(op, key, apply), held,
+                       self._holding)
+        self._log(op, key, "timeout (held in the network until its staging is swept)")
+        raise OutcomeUnknownError(f"sim: {op} {key}: no answer (it may land later)")
 
     def get_bytes(self, key: str) -> bytes:
         if "/_txn/" in key:  # e.g. a commit about to read the record it decides from
@@ -443,6 +597,8 @@ class _RacingView(RacingView):
                               f"writing {key}")
         if ("/_txn/" in key and if_match is not None) or "/_outcome/" in key:
             self.race.hang(key)
+        if "/_txn/" in key:
+            self._held, self._holding = self.late.holds(key, data, create_only), data
         return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
 
 
@@ -526,18 +682,32 @@ class SinkSetup:
 class SinkWorld(Judged):
     """The simulated sink system of one seed (see the module doc)."""
 
-    def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 6000) -> None:
-        self.scheduler = Scheduler(seed, max_steps=max_steps, sites=SITES,
+    def __init__(self, seed: int, plants: Iterable[str] = (), max_steps: int = 6000,
+                 late: bool = False) -> None:
+        self.scheduler = Scheduler(seed, max_steps=max_steps,
+                                   sites=LATE_SITES if late else SITES,
                                    clock_jump_p=CLOCK_JUMP_P)
         self.rng = self.scheduler.rng
         self.setup = SinkSetup.draw(self.rng, plants, self.scheduler.swarm)
         self.objects = SimObjects()
         self.race = RecordRace(seed, self.scheduler, self.objects, self.replace_driver)
+        #: the ``sinks-late`` world's story of this seed (:data:`LATE_STORIES`), or None
+        self.story = (random.Random(f"sinks-late-story-{seed}").choice(LATE_STORIES)
+                      if late else None)
+        self.world = "sinks-late" if late else "sinks"
         #: the go-back-and-return story (:data:`REVISIT_P`): a generator of its own, so
         #: the seeds without it keep their schedules; ``went_back``: its first step done
         self.revisits = random.Random(seed ^ 0x2E715)
-        self.revisiting = self.revisits.random() < REVISIT_P
+        self.revisiting = self.revisits.random() < REVISIT_P and not late
         self.went_back = False
+        if late:  # one story per seed (the record race only as the ``sweep`` story's),
+            # with three drivers at least and few faults (a story of several steps)
+            self.race.p, self.race.fresh = 0.0, False
+            if self.story == "sweep":
+                self.race.race_fresh("list")
+            drivers = max(self.setup.drivers, 3)
+            self.setup = replace(self.setup, drivers=drivers, faults=FRESH_FAULTS,
+                                 skews=(*self.setup.skews, 0.0, 0.0)[:drivers], stall_p=0.0)
         if self.revisiting:  # the checkpoint's own driver is held before its commit
             self.setup = replace(self.setup, drivers=max(self.setup.drivers, 3),
                                  skews=(*self.setup.skews, 0.0, 0.0)[:max(self.setup.drivers, 3)],
@@ -552,12 +722,32 @@ class SinkWorld(Judged):
             # the racer's lease polls the lease for a minute, and a single 503 ends its
             # wait; a hung write deposes it)
             self.setup = replace(self.setup, faults=FRESH_FAULTS, stall_p=0.0)
+        #: a record held until its batch's staging was swept (:class:`LateRecord`: the
+        #: ``supersede`` and ``create`` stories), and the runs going back after it
+        #: landed: driver -> the late record (its first query restores a checkpoint
+        #: listing it)
+        self.late = LateRecord(self.story if self.story != "sweep" else None,
+                               self.scheduler, self.objects, self.race.contended,
+                               lambda batch: bool(self.listing(batch)), self.go_back)
+        self.gone_back: dict[int, Transaction] = {}
+        #: a ``supersede`` seed's chance per first query of an older restore (a generator
+        #: of its own)
+        self.older = random.Random(f"sinks-late-older-{seed}")
         #: a ``records`` seed's drivers may die between a checkpoint's completion and its
         #: commit (:data:`COMPLETION_CRASH_P`, a generator of its own), so a recovery
         #: finds the checkpoint's batches staged; the racer's successor goes elsewhere
         #: (a user's explicit older restore), aborting what the racer's checkpoint lists
         self.completion_crashes = random.Random(f"sinks-completion-crash-{seed}")
         self.completion_crash_p = 0.0
+        if self.story == "supersede":  # a checkpoint that lists a batch a later recovery
+            # aborts (a run that went back, or started anew into the same output, as at
+            # sinks seed 346417), replayed from the same input
+            self.completion_crash_p = COMPLETION_CRASH_P
+            self.setup = replace(self.setup, older_restore_p=max(self.setup.older_restore_p,
+                                                                 0.3), same_offsets_p=1.0)
+        if self.story == "create":  # the successor's rescaled life replays the batches
+            # its predecessor published (the same plans): skipped, under shifted ids
+            self.setup = replace(self.setup, same_offsets_p=1.0, crash_p=0.0)
         if self.race.fresh and self.race.place == "records":
             self.completion_crash_p = COMPLETION_CRASH_P
             self.setup = replace(self.setup, older_restore_p=0.6, new_start_p=0.5,
@@ -799,8 +989,8 @@ class SinkWorld(Judged):
 
     def _drive(self, number: int) -> None:
         sched, rng, setup = self.scheduler, self.rng, self.setup
-        view = _RacingView.of(self.base.view(setup.faults, f"driver-{number}", unconditional=(
-            "/_txn/" if PLANT_PLAIN_TXN in setup.plants else None)), self.race)
+        view = _RacingView.racing(self.base.view(setup.faults, f"driver-{number}", unconditional=(
+            "/_txn/" if PLANT_PLAIN_TXN in setup.plants else None)), self.race, self.late)
         lease = _ManualLease(view, JOB, owner=f"driver-{number}", clock=sched.monotonic,
                              wall_clock=sched.wall_clock, sleep=sched.sleep)
         self.acquire(lease)
@@ -830,10 +1020,22 @@ class SinkWorld(Judged):
         initial = 0  # where the source starts a query that restores nothing
         rescaled = False
         # an older restore, drawn apart so that seeds without one keep their schedules
-        older = first and self.rescales.random() < RESCALE_OLDER_P
+        older = first and (self.rescales.random() < RESCALE_OLDER_P or (
+            self.story == "supersede" and self.older.random() < LATE_OLDER_P))
         goback = first and self.revisiting and not older and not self.went_back
         revisit = first and self.revisiting and not older and self.went_back
-        if not first and number in self.origins and number not in self.floors:
+        restored: Checkpoint | None
+        back = self.going_back(self.gone_back[number]) if (
+            first and number in self.gone_back) else None
+        below = self.below_create() if first and back is None else None
+        if back is not None:  # a user's run after a late record
+            restored, explicit = back, True
+            sched.log(f"restores {restored} (explicit: it lists the late record's batch)")
+        elif below is not None:  # a user's rescaled run while a record create is held
+            restored, explicit, rescaled = below, True, True
+            sched.log(f"restores {restored} (explicit, two batches below the held record "
+                      "create), rescaled")
+        elif not first and number in self.origins and number not in self.floors:
             # the run started elsewhere and its initial checkpoint never completed (in
             # the runtime that fails the attempt before any in-process restart, and the
             # supervisor resubmits the run from where it started): it starts over from
@@ -914,7 +1116,10 @@ class SinkWorld(Judged):
                 sched.log(f"batch {batch} passes without a checkpoint")
                 batch, start = batch + 1, end
                 continue  # the interval spans the next batch too
-            pending = sink.tracked_pending() if shifted else [b for b, _, _ in window]
+            # (what the sink has pending, as the runtime commits it; the other seeds'
+            # unshifted lives commit their window, as before)
+            pending = (sink.tracked_pending() if shifted or self.story is not None
+                       else [b for b, _, _ in window])
             earlier = tuple(w for w in window if w[0] in pending and w[0] != batch)
             self.complete_checkpoint(number, lease, storage, batch, start, end, shift=shift,
                                      staged=batch in pending, earlier=earlier)
@@ -967,13 +1172,59 @@ class SinkWorld(Judged):
         self.scheduler.log(f"Airflow starts driver-{self.started} in its place")
         self.spawn_driver(self.started)
 
+    def listing(self, batch: int) -> list[Checkpoint]:
+        """The completed checkpoints a restore may choose that list ``batch``."""
+        return [c for c in self.checkpoints if c.checkpoint_id not in self.damaged
+                and c.shift == self.shift and any(b == batch for b, _, _ in c.transactions)]
+
+    def below_create(self) -> Checkpoint | None:
+        """While a record create of batch ``B`` is held (:class:`LateRecord`'s
+        ``create`` story): the newest checkpoint a restore may choose at batch ``B - 2``
+        or below (a rescaled life from it replays ``B`` under a shifted id, reading what
+        ``B - 1`` published: skipped), or None."""
+        creating = self.late.creating
+        if creating is None:
+            return None
+        below = [c for c in self.checkpoints if c.checkpoint_id not in self.damaged
+                 and c.shift == self.shift and 0 <= c.batch <= creating - 2]
+        return max(below, key=lambda c: (c.batch, c.checkpoint_id), default=None)
+
+    def go_back(self, txn: Transaction) -> None:
+        """:class:`LateRecord`'s follow-up, once ``txn`` landed after its attempt's
+        staging was swept: a user stops the running drivers (cancels their runs: the
+        processes end) and submits one more run, restoring (explicitly) the newest
+        checkpoint that lists ``txn.batch``, one whose batch read ``txn``'s input if
+        there is one (none: no run)."""
+        if not self.listing(txn.batch):
+            return
+        for actor in self.scheduler.actors:
+            if actor.alive and actor.name.startswith("driver-"):
+                self.scheduler.log(f"a user stops {actor.name} (cancels its run)")
+                self.scheduler.kill(actor)
+        self.started += 1
+        self.gone_back[self.started] = txn
+        self.scheduler.log(f"a user submits driver-{self.started}, going back to a checkpoint "
+                           f"listing batch {txn.batch}")
+        self.spawn_driver(self.started)
+
+    def going_back(self, txn: Transaction) -> Checkpoint | None:
+        """The checkpoint a run going back after ``txn`` landed restores (chosen when
+        its query starts, among the checkpoints of the highest shift): the newest that
+        lists ``txn.batch``, one whose batch read ``txn``'s input if there is one."""
+        listing = self.listing(txn.batch)
+        ends = txn.offsets.sources if txn.offsets is not None else ()
+        same = [c for c in listing if any(b == txn.batch and ends == (json.dumps({"end": e}),)
+                                          for b, _, e in c.transactions)]
+        chosen = same or listing
+        return chosen[-1] if chosen else None
+
     def run(self) -> Outcome:
         sched = self.scheduler
         sched.log(f"setup: {self.setup.describe()}")
         self.supervise(Host("airflow"), self.supervisor, SINK_ERROR)
         self.check_storage()
         return Outcome(sched.seed, self.setup, self.violations, sched.trace, sched.step,
-                       sched.cut_off, "sinks",
+                       sched.cut_off, self.world,
                        Coverage.of(sched, self.objects, dict(self.coverage)))
 
 
@@ -987,3 +1238,10 @@ def _span(rows: list[int]) -> str:
 def run_sink_seed(seed: int, plants: Iterable[str] = ()) -> Outcome:
     """Simulate the sink world of one seed."""
     return SinkWorld(seed, plants).run()
+
+
+def run_late_sink_seed(seed: int, plants: Iterable[str] = ()) -> Outcome:
+    """Simulate the ``sinks-late`` world of one seed: the sink world telling one of
+    :data:`LATE_STORIES` (a record held in the network until its staging was swept,
+    or the fresh race before a sweep), its other draws as the sink world's."""
+    return SinkWorld(seed, plants, late=True).run()
