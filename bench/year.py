@@ -32,6 +32,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -53,7 +54,7 @@ from airflow_ckpt.runtime.lease.record import LeaseRecord, lease_key
 from airflow_ckpt.runtime.restore.choose import restore
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
-from airflow_ckpt.testing.request_count import RequestCounter
+from airflow_ckpt.testing.request_count import RequestCounter, area_of, kind_of
 from airflow_ckpt.testing.s3_server import S3Endpoint, s3_server_process, seaweedfs_server
 from bench.history import put_compacted, story
 
@@ -143,24 +144,72 @@ def answer_one(storage: CheckpointStorage, driver: ControlChannel, storage_now: 
     driver.answer(ControlResult(request.request_id, "completed", time.time()))
 
 
-def measured(counter: RequestCounter, fn: Callable[[], Any], repeats: int = 1
-             ) -> dict[str, Any]:
+class RequestTimer:
+    """The seconds of every S3 call a storage makes (botocore's ``before-call`` to
+    ``after-call``: the request, its response and its parsing), summed by
+    ``area kind`` (:func:`~airflow_ckpt.testing.request_count.area_of`), and the keys
+    its listings returned: which request of a step costs its time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seconds: Counter[str] = Counter()
+        self.listed: Counter[str] = Counter()
+
+    def attach(self, storage: CheckpointStorage) -> None:
+        events = storage._client.meta.events  # type: ignore[attr-defined]  # S3Storage's
+        events.register("before-parameter-build.s3", self._key)
+        events.register("before-call.s3", self._before)
+        events.register("after-call.s3", self._after)
+        events.register("after-call-error.s3", self._after)
+
+    @staticmethod
+    def _key(context: dict[str, Any], params: dict[str, Any], **_: Any) -> None:
+        objects = params.get("Delete", {}).get("Objects") or [{}]
+        context["bench_key"] = (params.get("Key") or params.get("Prefix")
+                                or objects[0].get("Key", ""))
+
+    @staticmethod
+    def _before(context: dict[str, Any], **_: Any) -> None:
+        context["bench_started"] = time.perf_counter()
+
+    def _after(self, context: dict[str, Any], event_name: str, parsed: Any = None,
+               **_: Any) -> None:
+        name = f"{area_of(context.get('bench_key', ''))} {kind_of(event_name.rsplit('.', 1)[-1])}"
+        with self._lock:
+            self.seconds[name] += time.perf_counter() - context["bench_started"]
+            if isinstance(parsed, dict) and "KeyCount" in parsed:
+                self.listed[name] += parsed["KeyCount"]
+
+    def snapshot(self) -> tuple[Counter[str], Counter[str]]:
+        with self._lock:
+            return Counter(self.seconds), Counter(self.listed)
+
+
+def measured(counter: RequestCounter, fn: Callable[[], Any], repeats: int = 1,
+             timer: RequestTimer | None = None) -> dict[str, Any]:
     """Requests (by kind, of the first call) and seconds (the median of ``repeats``
-    calls, each listed) of ``fn``."""
-    runs: list[tuple[float, Counter[str]]] = []
+    calls, each listed) of ``fn``; with ``timer``, the seconds of its S3 calls and the
+    keys its listings returned by ``area kind`` (the median call's)."""
+    runs: list[tuple[float, Counter[str], dict[str, float], dict[str, int]]] = []
     for _ in range(repeats):
         before, started = counter.counts(), time.perf_counter()
+        timed_before, listed_before = timer.snapshot() if timer else (Counter(), Counter())
         fn()
         seconds = time.perf_counter() - started
+        timed, listed = timer.snapshot() if timer else (Counter(), Counter())
         by_kind: Counter[str] = Counter()
         for (_area, kind), n in (counter.counts() - before).items():
             by_kind[kind] += n
-        runs.append((seconds, by_kind))
+        runs.append((seconds, by_kind,
+                     {k: round(v, 4) for k, v in (timed - timed_before).items()},
+                     dict(listed - listed_before)))
     first = runs[0][1]
+    middle = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
     return {"requests": sum(first.values()),
-            "seconds": round(statistics.median(s for s, _ in runs), 3),
-            "seconds_each": [round(s, 3) for s, _ in runs],
-            "requests_each": [sum(k.values()) for _, k in runs], "by_kind": dict(first)}
+            "seconds": round(statistics.median(s for s, *_ in runs), 3),
+            "seconds_each": [round(s, 3) for s, *_ in runs],
+            "requests_each": [sum(k.values()) for _, k, *_ in runs], "by_kind": dict(first),
+            "call_seconds": middle[2], "keys_listed": middle[3]}
 
 
 #: the S3 servers a run can use; moto is the default
@@ -218,8 +267,9 @@ def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3) -> dict[s
                            int((now - YEAR_S) * 1000))
             put_compacted(JobHistory(storage, JOB, compaction=None), events, RAW_TAIL, 16)
             report[f"build_{name}_s"] = round(time.perf_counter() - started, 1)
-            counter = RequestCounter()
+            counter, timer = RequestCounter(), RequestTimer()
             counter.attach(storage)
+            timer.attach(storage)
             driver = ControlChannel(storage, JOB)
             row = {"start_up": measured(counter, lambda s=storage, n=name: start_up(
                        s, JOB, Path(tmp) / n), repeats),
@@ -230,9 +280,9 @@ def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3) -> dict[s
                 driver.look(time.monotonic(), storage_now=later)  # drain the backlog
             report[f"drain_{name}_s"] = round(time.perf_counter() - started, 1)
             row["answer"] = measured(counter, lambda s=storage, d=driver: answer_one(
-                s, d, later), repeats)
+                s, d, later), repeats, timer)
             row["history_page"] = measured(counter, lambda s=storage: HistoryReader(
-                s, JOB).newest(50), repeats)
+                s, JOB).newest(50), repeats, timer)
             report[name] = row
             storage.close()
     report["loadavg_1m"]["after"] = round(os.getloadavg()[0], 2)
@@ -252,6 +302,15 @@ def table(report: dict[str, Any]) -> list[str]:
         lines.append(f"{step:<14} {f['requests']:>9} {y['requests']:>9} "
                      f"{y['requests'] / max(f['requests'], 1):>6.2f} {f['seconds']:>8.3f} "
                      f"{y['seconds']:>8.3f} {y['seconds'] / max(f['seconds'], 1e-9):>6.2f}")
+    lines.append("seconds of the S3 calls by area and kind (keys listed), the median call, "
+                 "fresh / year-old:")
+    for step in ("answer", "history_page"):
+        f, y = report["fresh"][step], report["year"][step]
+        for name in sorted(set(f["call_seconds"]) | set(y["call_seconds"])):
+            lines.append(
+                f"  {step:<13} {name:<14} {f['call_seconds'].get(name, 0):>7.4f} "
+                f"({f['keys_listed'].get(name, 0)}) / {y['call_seconds'].get(name, 0):>7.4f} "
+                f"({y['keys_listed'].get(name, 0)})")
     return lines
 
 
