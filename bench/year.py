@@ -4,12 +4,13 @@ a fresh one (issue 26).
 On a local S3 endpoint (moto in its own process, or SeaweedFS's ``weed mini``) it builds
 the job root a year of running leaves: hourly savepoints (8,760), answered control
 requests (20,000), history events (500,000, compacted into segments with a raw tail, as
-the driver leaves them), checkpoint ids past two million and a lease record reserving
-them; and a fresh job root (no savepoint or request, 20 events; the same two retained
-checkpoints and lease record). Savepoints and requests are stored server side on moto
-(``bulk_load``), by PUTs on SeaweedFS, the history's segments by HTTP; building is timed
-apart from the steps. Then, for each root in the same run, every HTTP request counted at
-the boto3 client (pages and retries included):
+the driver leaves them: the checkpoint statistics beyond the default compaction's
+``retain_checkpoint_events`` dropped, unless ``--no-history-retention``), checkpoint ids
+past two million and a lease record reserving them; and a fresh job root (no savepoint or
+request, 20 events; the same two retained checkpoints and lease record). Savepoints and
+requests are stored server side on moto (``bulk_load``), by PUTs on SeaweedFS, the
+history's segments by HTTP; building is timed apart from the steps. Then, for each root in
+the same run, every HTTP request counted at the boto3 client (pages and retries included):
 
 * **start-up**: what a driver does before its first checkpoint: the lease claim with its
   adoption, ``restore(latest)`` (materialised) and the checkpoint store's recovery;
@@ -47,7 +48,7 @@ from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, Operat
 from airflow_ckpt.runtime.checkpoint.savepoint_history import IN_HISTORY
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest, ControlResult
-from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.history.journal import DEFAULT_COMPACTION, JobHistory
 from airflow_ckpt.runtime.history.reader import HistoryReader
 from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.record import LeaseRecord, lease_key
@@ -148,7 +149,8 @@ class RequestTimer:
     """The seconds of every S3 call a storage makes (botocore's ``before-call`` to
     ``after-call``: the request, its response and its parsing), summed by
     ``area kind`` (:func:`~airflow_ckpt.testing.request_count.area_of`), and the keys
-    its listings returned: which request of a step costs its time."""
+    its listings returned: which request of a step costs its time (a history segment's
+    area is ``segment``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -174,7 +176,9 @@ class RequestTimer:
 
     def _after(self, context: dict[str, Any], event_name: str, parsed: Any = None,
                **_: Any) -> None:
-        name = f"{area_of(context.get('bench_key', ''))} {kind_of(event_name.rsplit('.', 1)[-1])}"
+        key = context.get("bench_key", "")
+        area = "segment" if "/history/segments/" in key else area_of(key)
+        name = f"{area} {kind_of(event_name.rsplit('.', 1)[-1])}"
         with self._lock:
             self.seconds[name] += time.perf_counter() - context["bench_started"]
             if isinstance(parsed, dict) and "KeyCount" in parsed:
@@ -244,10 +248,13 @@ def _put_all(endpoint: S3Endpoint, bucket: str, objects: Sequence[tuple[str, byt
         client.close()
 
 
-def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3) -> dict[str, Any]:
+def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3,
+        retention: bool = True) -> dict[str, Any]:
     """Both roots built and measured on ``server``; each step but the first answer
-    (once by nature) timed ``repeats`` times."""
+    (once by nature) timed ``repeats`` times; the history's checkpoint statistics kept
+    as the default compaction keeps them (``retention``) or all of them."""
     report: dict[str, Any] = {"sizes": sizes, "server": server, "repeats": repeats,
+                              "history_retention": retention,
                               "loadavg_1m": {"before": round(os.getloadavg()[0], 2)}}
     now = time.time()
     first_id = 2_000_000
@@ -265,7 +272,8 @@ def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3) -> dict[s
             # the fresh job ran an hour: its history is a raw tail as long as the old one's
             events = story(JOB, sizes["events"] if name == "year" else RAW_TAIL,
                            int((now - YEAR_S) * 1000))
-            put_compacted(JobHistory(storage, JOB, compaction=None), events, RAW_TAIL, 16)
+            put_compacted(JobHistory(storage, JOB, compaction=None), events, RAW_TAIL, 16,
+                          DEFAULT_COMPACTION.retain_checkpoint_events if retention else None)
             report[f"build_{name}_s"] = round(time.perf_counter() - started, 1)
             counter, timer = RequestCounter(), RequestTimer()
             counter.attach(storage)
@@ -293,7 +301,8 @@ def table(report: dict[str, Any]) -> list[str]:
     lines = [f"year-old job root ({report['sizes']}) vs fresh on {report['server']}, same run "
              f"(goal <= {GOAL}x; seconds: median of {report['repeats']}); built in "
              f"{report['build_year_s']} s (fresh {report['build_fresh_s']} s), old answers "
-             f"drained in {report['drain_year_s']} s; "
+             f"drained in {report['drain_year_s']} s; history retention "
+             f"{report.get('history_retention', True)}; "
              f"load average {report['loadavg_1m']}",
              f"{'step':<14} {'fresh req':>9} {'year req':>9} {'ratio':>6} "
              f"{'fresh s':>8} {'year s':>8} {'ratio':>6}"]
@@ -322,6 +331,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "built on first use)")
     p.add_argument("--repeats", type=int, default=3,
                    help="timed calls of each repeatable step (seconds: their median)")
+    p.add_argument("--no-history-retention", dest="retention", action="store_false",
+                   help="keep every checkpoint statistic in the year-old history (the "
+                   "compaction's retain_checkpoint_events=None) instead of the newest "
+                   f"{DEFAULT_COMPACTION.retain_checkpoint_events:,} (the default)")
     p.add_argument("--out", type=Path, help="also write the JSON report here")
     args = p.parse_args(argv)
     if args.repeats < 1:
@@ -331,7 +344,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    report = run(QUICK if args.quick else FULL, args.server, args.repeats)
+    report = run(QUICK if args.quick else FULL, args.server, args.repeats, args.retention)
     print("\n".join(table(report)))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
