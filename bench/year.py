@@ -10,7 +10,12 @@ past two million and a lease record reserving them; and a fresh job root (no sav
 request, 20 events; the same two retained checkpoints and lease record). Savepoints and
 requests are stored server side on moto (``bulk_load``), by PUTs on SeaweedFS, the
 history's segments by HTTP; building is timed apart from the steps. Then, for each root in
-the same run, every HTTP request counted at the boto3 client (pages and retries included):
+the same run, every HTTP request counted at the boto3 client (pages and retries included)
+and the seconds of each S3 call by area and kind; both roots are built before either is
+measured and the repeated steps alternate between them (:func:`interleaved`), so that
+both meet the server in the same state (on SeaweedFS, measuring the fresh root on an
+empty server and the old one after its drain made the old one look 2-10x slower in
+quick runs that, interleaved, measured the two alike):
 
 * **start-up**: what a driver does before its first checkpoint: the lease claim with its
   adoption, ``restore(latest)`` (materialised) and the checkpoint store's recovery;
@@ -189,24 +194,27 @@ class RequestTimer:
             return Counter(self.seconds), Counter(self.listed)
 
 
-def measured(counter: RequestCounter, fn: Callable[[], Any], repeats: int = 1,
-             timer: RequestTimer | None = None) -> dict[str, Any]:
-    """Requests (by kind, of the first call) and seconds (the median of ``repeats``
-    calls, each listed) of ``fn``; with ``timer``, the seconds of its S3 calls and the
-    keys its listings returned by ``area kind`` (the median call's)."""
-    runs: list[tuple[float, Counter[str], dict[str, float], dict[str, int]]] = []
-    for _ in range(repeats):
-        before, started = counter.counts(), time.perf_counter()
-        timed_before, listed_before = timer.snapshot() if timer else (Counter(), Counter())
-        fn()
-        seconds = time.perf_counter() - started
-        timed, listed = timer.snapshot() if timer else (Counter(), Counter())
-        by_kind: Counter[str] = Counter()
-        for (_area, kind), n in (counter.counts() - before).items():
-            by_kind[kind] += n
-        runs.append((seconds, by_kind,
-                     {k: round(v, 4) for k, v in (timed - timed_before).items()},
-                     dict(listed - listed_before)))
+Run = tuple[float, Counter[str], dict[str, float], dict[str, int]]
+
+
+def _call(counter: RequestCounter, fn: Callable[[], Any], timer: RequestTimer | None) -> Run:
+    """One call of ``fn``: its seconds, requests by kind, and (with ``timer``) the
+    seconds of its S3 calls and the keys its listings returned by ``area kind``."""
+    before, started = counter.counts(), time.perf_counter()
+    timed_before, listed_before = timer.snapshot() if timer else (Counter(), Counter())
+    fn()
+    seconds = time.perf_counter() - started
+    timed, listed = timer.snapshot() if timer else (Counter(), Counter())
+    by_kind: Counter[str] = Counter()
+    for (_area, kind), n in (counter.counts() - before).items():
+        by_kind[kind] += n
+    return (seconds, by_kind, {k: round(v, 4) for k, v in (timed - timed_before).items()},
+            dict(listed - listed_before))
+
+
+def _summary(runs: list[Run]) -> dict[str, Any]:
+    """Requests (by kind, of the first call), seconds (the median, each listed) and the
+    median call's S3 seconds and listed keys."""
     first = runs[0][1]
     middle = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
     return {"requests": sum(first.values()),
@@ -214,6 +222,25 @@ def measured(counter: RequestCounter, fn: Callable[[], Any], repeats: int = 1,
             "seconds_each": [round(s, 3) for s, *_ in runs],
             "requests_each": [sum(k.values()) for _, k, *_ in runs], "by_kind": dict(first),
             "call_seconds": middle[2], "keys_listed": middle[3]}
+
+
+def measured(counter: RequestCounter, fn: Callable[[], Any], repeats: int = 1,
+             timer: RequestTimer | None = None) -> dict[str, Any]:
+    """``repeats`` calls of ``fn`` in a row (see :func:`_summary`)."""
+    return _summary([_call(counter, fn, timer) for _ in range(repeats)])
+
+
+def interleaved(steps: dict[str, tuple[RequestCounter, Callable[[], Any], RequestTimer]],
+                repeats: int) -> dict[str, dict[str, Any]]:
+    """Each of ``steps`` (by root) called ``repeats`` times, the roots alternating and
+    their order swapped every round: both see the server in the same state (what one
+    root's building or draining left it doing), and the load of the same minutes."""
+    runs: dict[str, list[Run]] = {name: [] for name in steps}
+    for r in range(repeats):
+        for name in (list(steps) if r % 2 == 0 else list(reversed(steps))):
+            counter, fn, timer = steps[name]
+            runs[name].append(_call(counter, fn, timer))
+    return {name: _summary(found) for name, found in runs.items()}
 
 
 #: the S3 servers a run can use; moto is the default
@@ -250,9 +277,10 @@ def _put_all(endpoint: S3Endpoint, bucket: str, objects: Sequence[tuple[str, byt
 
 def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3,
         retention: bool = True) -> dict[str, Any]:
-    """Both roots built and measured on ``server``; each step but the first answer
-    (once by nature) timed ``repeats`` times; the history's checkpoint statistics kept
-    as the default compaction keeps them (``retention``) or all of them."""
+    """Both roots built on ``server``, then measured: each step but the first answer
+    (once by nature) timed ``repeats`` times, the two roots alternating
+    (:func:`interleaved`); the history's checkpoint statistics kept as the default
+    compaction keeps them (``retention``) or all of them."""
     report: dict[str, Any] = {"sizes": sizes, "server": server, "repeats": repeats,
                               "history_retention": retention,
                               "loadavg_1m": {"before": round(os.getloadavg()[0], 2)}}
@@ -260,7 +288,9 @@ def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3,
     first_id = 2_000_000
     later = now + YEAR_S  # the driver's storage clock: a year after the objects were stored
     with year_server(server) as (endpoint, load), tempfile.TemporaryDirectory() as tmp:
-        for name in ("fresh", "year"):
+        roots: dict[str, tuple[CheckpointStorage, RequestCounter, RequestTimer,
+                               ControlChannel]] = {}
+        for name in ("fresh", "year"):  # both built before either is measured
             bucket = f"{BUCKET}-{name}"
             endpoint.create_bucket(bucket)
             storage = endpoint.storage(f"s3://{bucket}/root", max_workers=16)
@@ -278,20 +308,26 @@ def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3,
             counter, timer = RequestCounter(), RequestTimer()
             counter.attach(storage)
             timer.attach(storage)
-            driver = ControlChannel(storage, JOB)
-            row = {"start_up": measured(counter, lambda s=storage, n=name: start_up(
-                       s, JOB, Path(tmp) / n), repeats),
-                   "first_answer": measured(counter, lambda s=storage, d=driver: answer_one(
-                       s, d, later))}
+            roots[name] = (storage, counter, timer, ControlChannel(storage, JOB))
+            report[name] = {}
+        for step, result in interleaved({name: (c, lambda s=s, n=name: start_up(
+                s, JOB, Path(tmp) / n), t) for name, (s, c, t, _) in roots.items()},
+                repeats).items():
+            report[step]["start_up"] = result
+        for name, (storage, counter, _, driver) in roots.items():
+            report[name]["first_answer"] = measured(counter, lambda s=storage, d=driver:
+                                                    answer_one(s, d, later))
             started = time.perf_counter()
             while len(storage.list(JobLayout(JOB).control_prefix)) > 400:
                 driver.look(time.monotonic(), storage_now=later)  # drain the backlog
             report[f"drain_{name}_s"] = round(time.perf_counter() - started, 1)
-            row["answer"] = measured(counter, lambda s=storage, d=driver: answer_one(
-                s, d, later), repeats, timer)
-            row["history_page"] = measured(counter, lambda s=storage: HistoryReader(
-                s, JOB).newest(50), repeats, timer)
-            report[name] = row
+        for step, fn in (("answer", lambda s, d: answer_one(s, d, later)),
+                         ("history_page", lambda s, d: HistoryReader(s, JOB).newest(50))):
+            for name, result in interleaved({name: (c, lambda s=s, d=d, f=fn: f(s, d), t)
+                                             for name, (s, c, t, d) in roots.items()},
+                                            repeats).items():
+                report[name][step] = result
+        for storage, *_ in roots.values():
             storage.close()
     report["loadavg_1m"]["after"] = round(os.getloadavg()[0], 2)
     return report

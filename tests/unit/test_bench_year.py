@@ -13,8 +13,9 @@ from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.history.reader import HistoryReader
 from airflow_ckpt.runtime.history.segments import Segment
 from airflow_ckpt.runtime.storage import open_storage
+from airflow_ckpt.testing.request_count import RequestCounter
 from bench.history import put_compacted, story
-from bench.year import JOB, parse_args, year_objects, year_server
+from bench.year import JOB, RequestTimer, interleaved, parse_args, year_objects, year_server
 
 
 def test_the_year_objects_are_what_the_runtime_writes() -> None:
@@ -67,3 +68,13 @@ def test_the_year_old_history_keeps_what_the_default_compaction_keeps(tmp_path: 
     assert len(kept[2_000]) < len(kept[None])
     assert sum(held) >= 2_000 > sum(held[1:])
     assert kept[2_000] == kept[None][-len(kept[2_000]):]  # the newest ones
+
+
+def test_the_roots_alternate_and_swap_their_order_every_round() -> None:
+    calls: list[str] = []
+    counter = RequestCounter()
+    steps = {name: (counter, lambda n=name: calls.append(n), RequestTimer())
+             for name in ("fresh", "year")}
+    results = interleaved(steps, 3)
+    assert calls == ["fresh", "year", "year", "fresh", "fresh", "year"]
+    assert all(len(r["seconds_each"]) == 3 and r["requests"] == 0 for r in results.values())
