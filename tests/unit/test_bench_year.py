@@ -78,3 +78,14 @@ def test_the_roots_alternate_and_swap_their_order_every_round() -> None:
     results = interleaved(steps, 3)
     assert calls == ["fresh", "year", "year", "fresh", "fresh", "year"]
     assert all(len(r["seconds_each"]) == 3 and r["requests"] == 0 for r in results.values())
+
+
+def test_the_listing_probe_lists_the_surviving_keys_after_the_deleted_ones() -> None:
+    from bench.listing import keys
+    from bench.listing import parse_args as listing_args
+
+    assert listing_args([]).deleted == 40_000 and listing_args([]).server == "seaweedfs"
+    with pytest.raises(SystemExit):
+        listing_args(["--deleted", "0"])
+    old = keys("old", 10)
+    assert old == sorted(old) and old[0].startswith("old/control/")
