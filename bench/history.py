@@ -168,14 +168,23 @@ def put_raw(storage: CheckpointStorage, events: Sequence[HistoryEvent], threads:
 
 
 def put_compacted(history: JobHistory, events: Sequence[HistoryEvent], raw_tail: int,
-                  threads: int) -> None:
-    """The events as compaction leaves them: segments per stream, plus a raw tail."""
+                  threads: int, retain_checkpoint_events: int | None = None) -> None:
+    """The events as compaction leaves them: segments per stream, plus a raw tail; with
+    ``retain_checkpoint_events`` (the compaction's retention), only the newest segments
+    of the ``checkpoints`` stream that hold that many (as compaction drops them)."""
     segment_events = CompactionPolicy().segment_events
     old, tail = events[: len(events) - raw_tail], events[len(events) - raw_tail:]
     sealed = old[-1].seq if old else 0  # every segment seals up to the last compacted
     for stream in ("checkpoints", "events"):
         mine = [e for e in old if stream_of(e.type) == stream]
         chunks = [mine[i:i + segment_events] for i in range(0, len(mine), segment_events)]
+        if stream == "checkpoints" and retain_checkpoint_events is not None:
+            kept = 0
+            for index in range(len(chunks) - 1, -1, -1):  # newest first, as compaction
+                if kept >= retain_checkpoint_events:
+                    chunks = chunks[index + 1:]
+                    break
+                kept += len(chunks[index])
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(history._write_segment, [stream] * len(chunks), chunks,
                           [sealed] * len(chunks)))

@@ -22,9 +22,9 @@ every figure a ratio to a baseline measured in the same run. Results:
   excluded). Output checked against the ground truth (row count and sum).
 
 The S3 endpoint (moto) runs in its own process
-(:func:`airflow_ckpt.testing.s3_server.s3_server_process`); its CPU time is reported
-per run. Repeated variants run in alternating order; figures are medians, printed with
-the lowest and highest ratio of the repeats paired by index.
+(:func:`airflow_ckpt.testing.s3_server.s3_server_process`; with ``--https`` over TLS);
+its CPU time is reported per run. Repeated variants run in alternating order; figures
+are medians, printed with the lowest and highest ratio of the repeats paired by index.
 """
 
 from __future__ import annotations
@@ -377,6 +377,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="repeats of each upload/download comparison (c, d; default 9)")
     p.add_argument("--sink-rows", type=int, help="rows per sink batch (default 1,000,000)")
     p.add_argument("--sink-batches", type=int, help="sink batches (default 8)")
+    p.add_argument("--https", action="store_true",
+                   help="the S3 endpoint speaks HTTPS (a self-signed certificate made for the "
+                   "run): botocore then reads a PUT's body once (unsigned payload, trailing "
+                   "checksum), as against AWS S3")
     p.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     p.add_argument("--sink-child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -414,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="airflow-ckpt-scale-") as tmp, \
-            s3_server_process(serialize_writes=False) as server:
+            s3_server_process(serialize_writes=False, tls=args.https) as server:
         work = Path(tmp)
         server.endpoint.create_bucket(BUCKET)
         if args.only in (None, "steady"):

@@ -4,12 +4,18 @@ a fresh one (issue 26).
 On a local S3 endpoint (moto in its own process, or SeaweedFS's ``weed mini``) it builds
 the job root a year of running leaves: hourly savepoints (8,760), answered control
 requests (20,000), history events (500,000, compacted into segments with a raw tail, as
-the driver leaves them), checkpoint ids past two million and a lease record reserving
-them; and a fresh job root (no savepoint or request, 20 events; the same two retained
-checkpoints and lease record). Savepoints and requests are stored server side on moto
-(``bulk_load``), by PUTs on SeaweedFS, the history's segments by HTTP; building is timed
-apart from the steps. Then, for each root in the same run, every HTTP request counted at
-the boto3 client (pages and retries included):
+the driver leaves them: the checkpoint statistics beyond the default compaction's
+``retain_checkpoint_events`` dropped, unless ``--no-history-retention``), checkpoint ids
+past two million and a lease record reserving them; and a fresh job root (no savepoint or
+request, 20 events; the same two retained checkpoints and lease record). Savepoints and
+requests are stored server side on moto (``bulk_load``), by PUTs on SeaweedFS, the
+history's segments by HTTP; building is timed apart from the steps. Then, for each root in
+the same run, every HTTP request counted at the boto3 client (pages and retries included)
+and the seconds of each S3 call by area and kind; both roots are built before either is
+measured and the repeated steps alternate between them (:func:`interleaved`), so that
+both meet the server in the same state and the same minutes' load (measured one after
+the other, the fresh root on an almost empty server and the old one after its drain,
+quick runs on SeaweedFS put the steady answer at 0.56x to 10.6x the fresh one's):
 
 * **start-up**: what a driver does before its first checkpoint: the lease claim with its
   adoption, ``restore(latest)`` (materialised) and the checkpoint store's recovery;
@@ -32,6 +38,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -46,14 +53,14 @@ from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, Operat
 from airflow_ckpt.runtime.checkpoint.savepoint_history import IN_HISTORY
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest, ControlResult
-from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.history.journal import DEFAULT_COMPACTION, JobHistory
 from airflow_ckpt.runtime.history.reader import HistoryReader
 from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.lease.record import LeaseRecord, lease_key
 from airflow_ckpt.runtime.restore.choose import restore
 from airflow_ckpt.runtime.storage import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
-from airflow_ckpt.testing.request_count import RequestCounter
+from airflow_ckpt.testing.request_count import RequestCounter, area_of, kind_of
 from airflow_ckpt.testing.s3_server import S3Endpoint, s3_server_process, seaweedfs_server
 from bench.history import put_compacted, story
 
@@ -143,24 +150,97 @@ def answer_one(storage: CheckpointStorage, driver: ControlChannel, storage_now: 
     driver.answer(ControlResult(request.request_id, "completed", time.time()))
 
 
-def measured(counter: RequestCounter, fn: Callable[[], Any], repeats: int = 1
-             ) -> dict[str, Any]:
-    """Requests (by kind, of the first call) and seconds (the median of ``repeats``
-    calls, each listed) of ``fn``."""
-    runs: list[tuple[float, Counter[str]]] = []
-    for _ in range(repeats):
-        before, started = counter.counts(), time.perf_counter()
-        fn()
-        seconds = time.perf_counter() - started
-        by_kind: Counter[str] = Counter()
-        for (_area, kind), n in (counter.counts() - before).items():
-            by_kind[kind] += n
-        runs.append((seconds, by_kind))
+class RequestTimer:
+    """The seconds of every S3 call a storage makes (botocore's ``before-call`` to
+    ``after-call``: the request, its response and its parsing), summed by
+    ``area kind`` (:func:`~airflow_ckpt.testing.request_count.area_of`), and the keys
+    its listings returned: which request of a step costs its time (a history segment's
+    area is ``segment``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seconds: Counter[str] = Counter()
+        self.listed: Counter[str] = Counter()
+
+    def attach(self, storage: CheckpointStorage) -> None:
+        events = storage._client.meta.events  # type: ignore[attr-defined]  # S3Storage's
+        events.register("before-parameter-build.s3", self._key)
+        events.register("before-call.s3", self._before)
+        events.register("after-call.s3", self._after)
+        events.register("after-call-error.s3", self._after)
+
+    @staticmethod
+    def _key(context: dict[str, Any], params: dict[str, Any], **_: Any) -> None:
+        objects = params.get("Delete", {}).get("Objects") or [{}]
+        context["bench_key"] = (params.get("Key") or params.get("Prefix")
+                                or objects[0].get("Key", ""))
+
+    @staticmethod
+    def _before(context: dict[str, Any], **_: Any) -> None:
+        context["bench_started"] = time.perf_counter()
+
+    def _after(self, context: dict[str, Any], event_name: str, parsed: Any = None,
+               **_: Any) -> None:
+        key = context.get("bench_key", "")
+        area = "segment" if "/history/segments/" in key else area_of(key)
+        name = f"{area} {kind_of(event_name.rsplit('.', 1)[-1])}"
+        with self._lock:
+            self.seconds[name] += time.perf_counter() - context["bench_started"]
+            if isinstance(parsed, dict) and "KeyCount" in parsed:
+                self.listed[name] += parsed["KeyCount"]
+
+    def snapshot(self) -> tuple[Counter[str], Counter[str]]:
+        with self._lock:
+            return Counter(self.seconds), Counter(self.listed)
+
+
+Run = tuple[float, Counter[str], dict[str, float], dict[str, int]]
+
+
+def _call(counter: RequestCounter, fn: Callable[[], Any], timer: RequestTimer | None) -> Run:
+    """One call of ``fn``: its seconds, requests by kind, and (with ``timer``) the
+    seconds of its S3 calls and the keys its listings returned by ``area kind``."""
+    before, started = counter.counts(), time.perf_counter()
+    timed_before, listed_before = timer.snapshot() if timer else (Counter(), Counter())
+    fn()
+    seconds = time.perf_counter() - started
+    timed, listed = timer.snapshot() if timer else (Counter(), Counter())
+    by_kind: Counter[str] = Counter()
+    for (_area, kind), n in (counter.counts() - before).items():
+        by_kind[kind] += n
+    return (seconds, by_kind, {k: round(v, 4) for k, v in (timed - timed_before).items()},
+            dict(listed - listed_before))
+
+
+def _summary(runs: list[Run]) -> dict[str, Any]:
+    """Requests (by kind, of the first call), seconds (the median, each listed) and the
+    median call's S3 seconds and listed keys."""
     first = runs[0][1]
+    middle = sorted(runs, key=lambda run: run[0])[len(runs) // 2]
     return {"requests": sum(first.values()),
-            "seconds": round(statistics.median(s for s, _ in runs), 3),
-            "seconds_each": [round(s, 3) for s, _ in runs],
-            "requests_each": [sum(k.values()) for _, k in runs], "by_kind": dict(first)}
+            "seconds": round(statistics.median(s for s, *_ in runs), 3),
+            "seconds_each": [round(s, 3) for s, *_ in runs],
+            "requests_each": [sum(k.values()) for _, k, *_ in runs], "by_kind": dict(first),
+            "call_seconds": middle[2], "keys_listed": middle[3]}
+
+
+def measured(counter: RequestCounter, fn: Callable[[], Any], repeats: int = 1,
+             timer: RequestTimer | None = None) -> dict[str, Any]:
+    """``repeats`` calls of ``fn`` in a row (see :func:`_summary`)."""
+    return _summary([_call(counter, fn, timer) for _ in range(repeats)])
+
+
+def interleaved(steps: dict[str, tuple[RequestCounter, Callable[[], Any], RequestTimer]],
+                repeats: int) -> dict[str, dict[str, Any]]:
+    """Each of ``steps`` (by root) called ``repeats`` times, the roots alternating and
+    their order swapped every round: both see the server in the same state (what one
+    root's building or draining left it doing), and the load of the same minutes."""
+    runs: dict[str, list[Run]] = {name: [] for name in steps}
+    for r in range(repeats):
+        for name in (list(steps) if r % 2 == 0 else list(reversed(steps))):
+            counter, fn, timer = steps[name]
+            runs[name].append(_call(counter, fn, timer))
+    return {name: _summary(found) for name, found in runs.items()}
 
 
 #: the S3 servers a run can use; moto is the default
@@ -195,16 +275,22 @@ def _put_all(endpoint: S3Endpoint, bucket: str, objects: Sequence[tuple[str, byt
         client.close()
 
 
-def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3) -> dict[str, Any]:
-    """Both roots built and measured on ``server``; each step but the first answer
-    (once by nature) timed ``repeats`` times."""
+def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3,
+        retention: bool = True) -> dict[str, Any]:
+    """Both roots built on ``server``, then measured: each step but the first answer
+    (once by nature) timed ``repeats`` times, the two roots alternating
+    (:func:`interleaved`); the history's checkpoint statistics kept as the default
+    compaction keeps them (``retention``) or all of them."""
     report: dict[str, Any] = {"sizes": sizes, "server": server, "repeats": repeats,
+                              "history_retention": retention,
                               "loadavg_1m": {"before": round(os.getloadavg()[0], 2)}}
     now = time.time()
     first_id = 2_000_000
     later = now + YEAR_S  # the driver's storage clock: a year after the objects were stored
     with year_server(server) as (endpoint, load), tempfile.TemporaryDirectory() as tmp:
-        for name in ("fresh", "year"):
+        roots: dict[str, tuple[CheckpointStorage, RequestCounter, RequestTimer,
+                               ControlChannel]] = {}
+        for name in ("fresh", "year"):  # both built before either is measured
             bucket = f"{BUCKET}-{name}"
             endpoint.create_bucket(bucket)
             storage = endpoint.storage(f"s3://{bucket}/root", max_workers=16)
@@ -216,24 +302,32 @@ def run(sizes: dict[str, int], server: str = "moto", repeats: int = 3) -> dict[s
             # the fresh job ran an hour: its history is a raw tail as long as the old one's
             events = story(JOB, sizes["events"] if name == "year" else RAW_TAIL,
                            int((now - YEAR_S) * 1000))
-            put_compacted(JobHistory(storage, JOB, compaction=None), events, RAW_TAIL, 16)
+            put_compacted(JobHistory(storage, JOB, compaction=None), events, RAW_TAIL, 16,
+                          DEFAULT_COMPACTION.retain_checkpoint_events if retention else None)
             report[f"build_{name}_s"] = round(time.perf_counter() - started, 1)
-            counter = RequestCounter()
+            counter, timer = RequestCounter(), RequestTimer()
             counter.attach(storage)
-            driver = ControlChannel(storage, JOB)
-            row = {"start_up": measured(counter, lambda s=storage, n=name: start_up(
-                       s, JOB, Path(tmp) / n), repeats),
-                   "first_answer": measured(counter, lambda s=storage, d=driver: answer_one(
-                       s, d, later))}
+            timer.attach(storage)
+            roots[name] = (storage, counter, timer, ControlChannel(storage, JOB))
+            report[name] = {}
+        for step, result in interleaved({name: (c, lambda s=s, n=name: start_up(
+                s, JOB, Path(tmp) / n), t) for name, (s, c, t, _) in roots.items()},
+                repeats).items():
+            report[step]["start_up"] = result
+        for name, (storage, counter, _, driver) in roots.items():
+            report[name]["first_answer"] = measured(counter, lambda s=storage, d=driver:
+                                                    answer_one(s, d, later))
             started = time.perf_counter()
             while len(storage.list(JobLayout(JOB).control_prefix)) > 400:
                 driver.look(time.monotonic(), storage_now=later)  # drain the backlog
             report[f"drain_{name}_s"] = round(time.perf_counter() - started, 1)
-            row["answer"] = measured(counter, lambda s=storage, d=driver: answer_one(
-                s, d, later), repeats)
-            row["history_page"] = measured(counter, lambda s=storage: HistoryReader(
-                s, JOB).newest(50), repeats)
-            report[name] = row
+        for step, fn in (("answer", lambda s, d: answer_one(s, d, later)),
+                         ("history_page", lambda s, d: HistoryReader(s, JOB).newest(50))):
+            for name, result in interleaved({name: (c, lambda s=s, d=d, f=fn: f(s, d), t)
+                                             for name, (s, c, t, d) in roots.items()},
+                                            repeats).items():
+                report[name][step] = result
+        for storage, *_ in roots.values():
             storage.close()
     report["loadavg_1m"]["after"] = round(os.getloadavg()[0], 2)
     return report
@@ -243,7 +337,8 @@ def table(report: dict[str, Any]) -> list[str]:
     lines = [f"year-old job root ({report['sizes']}) vs fresh on {report['server']}, same run "
              f"(goal <= {GOAL}x; seconds: median of {report['repeats']}); built in "
              f"{report['build_year_s']} s (fresh {report['build_fresh_s']} s), old answers "
-             f"drained in {report['drain_year_s']} s; "
+             f"drained in {report['drain_year_s']} s; history retention "
+             f"{report.get('history_retention', True)}; "
              f"load average {report['loadavg_1m']}",
              f"{'step':<14} {'fresh req':>9} {'year req':>9} {'ratio':>6} "
              f"{'fresh s':>8} {'year s':>8} {'ratio':>6}"]
@@ -252,6 +347,15 @@ def table(report: dict[str, Any]) -> list[str]:
         lines.append(f"{step:<14} {f['requests']:>9} {y['requests']:>9} "
                      f"{y['requests'] / max(f['requests'], 1):>6.2f} {f['seconds']:>8.3f} "
                      f"{y['seconds']:>8.3f} {y['seconds'] / max(f['seconds'], 1e-9):>6.2f}")
+    lines.append("seconds of the S3 calls by area and kind (keys listed), the median call, "
+                 "fresh / year-old:")
+    for step in ("answer", "history_page"):
+        f, y = report["fresh"][step], report["year"][step]
+        for name in sorted(set(f["call_seconds"]) | set(y["call_seconds"])):
+            lines.append(
+                f"  {step:<13} {name:<14} {f['call_seconds'].get(name, 0):>7.4f} "
+                f"({f['keys_listed'].get(name, 0)}) / {y['call_seconds'].get(name, 0):>7.4f} "
+                f"({y['keys_listed'].get(name, 0)})")
     return lines
 
 
@@ -263,6 +367,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "built on first use)")
     p.add_argument("--repeats", type=int, default=3,
                    help="timed calls of each repeatable step (seconds: their median)")
+    p.add_argument("--no-history-retention", dest="retention", action="store_false",
+                   help="keep every checkpoint statistic in the year-old history (the "
+                   "compaction's retain_checkpoint_events=None) instead of the newest "
+                   f"{DEFAULT_COMPACTION.retain_checkpoint_events:,} (the default)")
     p.add_argument("--out", type=Path, help="also write the JSON report here")
     args = p.parse_args(argv)
     if args.repeats < 1:
@@ -272,7 +380,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    report = run(QUICK if args.quick else FULL, args.server, args.repeats)
+    report = run(QUICK if args.quick else FULL, args.server, args.repeats, args.retention)
     print("\n".join(table(report)))
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))

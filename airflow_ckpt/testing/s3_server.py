@@ -22,6 +22,9 @@ built once by ``scripts/build_seaweedfs.sh``) on 127.0.0.1 in a scratch director
 ``s3_server_process()`` runs the same server in a child process
 (:func:`_serve`): what the benchmarks use, so that the
 endpoint's CPU is its own (its own GIL, measurable per process) and not the client's.
+With ``tls=True`` it serves HTTPS with a self-signed certificate made for the run
+(:func:`self_signed_certificate`, in a scratch directory removed after): botocore over
+HTTPS sends an unsigned payload with a trailing checksum, as against AWS S3.
 """
 
 from __future__ import annotations
@@ -303,6 +306,7 @@ def local_s3_server(
     honour_if_none_match: bool = True,
     quiet: bool = True,
     log_requests: bool = False,
+    tls: tuple[Path, Path] | None = None,
 ) -> Iterator[S3Endpoint]:
     """Run moto's S3 server on ``127.0.0.1:<port>`` (0 = a free port) while in the block.
 
@@ -312,6 +316,8 @@ def local_s3_server(
         imitate an S3-compatible server without conditional writes
     :param quiet: do not log every request to stderr
     :param log_requests: note every request for :func:`drain_request_log`
+    :param tls: serve HTTPS with this (certificate, key) pair of PEM files (clients must
+        trust the certificate: ``AWS_CA_BUNDLE``)
     """
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
@@ -336,13 +342,14 @@ def local_s3_server(
     )
     if log_requests:
         app = _RequestLog(app)
-    server = make_server("127.0.0.1", port, app, threaded=True, request_handler=handler)
+    server = make_server("127.0.0.1", port, app, threaded=True, request_handler=handler,
+                         ssl_context=(str(tls[0]), str(tls[1])) if tls else None)
     thread = threading.Thread(
         target=server.serve_forever, name=f"moto-s3-{server.server_port}", daemon=True
     )
     thread.start()
     try:
-        yield S3Endpoint(url=f"http://127.0.0.1:{server.server_port}",
+        yield S3Endpoint(url=f"{'https' if tls else 'http'}://127.0.0.1:{server.server_port}",
                          version=f"moto {_moto_version()}")
     finally:
         server.shutdown()
@@ -555,16 +562,50 @@ class S3ServerProcess:
         return len(objects) / (time.perf_counter() - started)
 
 
+def self_signed_certificate(directory: Path, host: str = "127.0.0.1") -> tuple[Path, Path]:
+    """A fresh self-signed certificate for ``host`` (an IP address) and its key, as PEM
+    files ``cert.pem`` and ``key.pem`` in ``directory``: a local HTTPS endpoint's, valid
+    for a day, trusted by a client that takes ``cert.pem`` as its CA bundle."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address(host))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = directory / "cert.pem", directory / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
 @contextmanager
-def s3_server_process(*, serialize_writes: bool = True,
-                      log_requests: bool = False) -> Iterator[S3ServerProcess]:
+def s3_server_process(*, serialize_writes: bool = True, log_requests: bool = False,
+                      tls: bool = False) -> Iterator[S3ServerProcess]:
     """Run :func:`local_s3_server` in a child process while in the block.
 
     The child prints its URL, then serves until its stdin closes (the end of the block),
     bulk-loading the objects of every JSON-lines file named on a stdin line
     (:meth:`S3ServerProcess.bulk_load`). ``serialize_writes`` as in
     :func:`local_s3_server` (benchmarks with one writer per key may turn it off);
-    ``log_requests``: the server notes every request (:func:`drain_request_log`).
+    ``log_requests``: the server notes every request (:func:`drain_request_log`);
+    ``tls``: the server speaks HTTPS with a certificate made for the block
+    (:func:`self_signed_certificate`), which this process trusts while in the block
+    (``AWS_CA_BUNDLE``, read by every boto3 client and storage made meanwhile).
     """
     # -c, not -m: the package imports this module, which -m would then run a second time
     cmd = [sys.executable, "-c", "from airflow_ckpt.testing.s3_server import _serve; _serve()"]
@@ -572,21 +613,31 @@ def s3_server_process(*, serialize_writes: bool = True,
         cmd.append("--parallel-writes")
     if log_requests:
         cmd.append("--log-requests")
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip()
-        if not url.startswith("http"):
-            raise RuntimeError(f"the S3 server did not start (exit {proc.poll()})")
-        yield S3ServerProcess(proc, url)
-    finally:
-        if proc.stdin:
-            proc.stdin.close()
+    with tempfile.TemporaryDirectory(prefix="airflow-ckpt-tls-") as tmp:
+        bundle = os.environ.get("AWS_CA_BUNDLE")
+        if tls:
+            cert, key = self_signed_certificate(Path(tmp))
+            cmd += ["--tls-cert", str(cert), "--tls-key", str(key)]
+            os.environ["AWS_CA_BUNDLE"] = str(cert)
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            assert proc.stdout is not None
+            url = proc.stdout.readline().strip()
+            if not url.startswith("http"):
+                raise RuntimeError(f"the S3 server did not start (exit {proc.poll()})")
+            yield S3ServerProcess(proc, url)
+        finally:
+            if proc.stdin:
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if tls and bundle is None:
+                os.environ.pop("AWS_CA_BUNDLE", None)
+            elif tls:
+                os.environ["AWS_CA_BUNDLE"] = bundle  # type: ignore[assignment]
 
 
 def _serve(argv: Sequence[str] | None = None) -> None:
@@ -597,12 +648,15 @@ def _serve(argv: Sequence[str] | None = None) -> None:
                    help="do not serialise PUT/POST/DELETE (see the module docstring)")
     p.add_argument("--log-requests", action="store_true",
                    help=f"note every request; GET {REQUEST_LOG_PATH} drains the notes")
+    p.add_argument("--tls-cert", type=Path, help="serve HTTPS with this PEM certificate")
+    p.add_argument("--tls-key", type=Path, help="and this PEM key")
     args = p.parse_args(argv)
     from moto.core import DEFAULT_ACCOUNT_ID
     from moto.s3.models import s3_backends
 
+    tls = (args.tls_cert, args.tls_key) if args.tls_cert and args.tls_key else None
     with local_s3_server(args.port, serialize_writes=not args.parallel_writes,
-                         log_requests=args.log_requests) as endpoint:
+                         log_requests=args.log_requests, tls=tls) as endpoint:
         print(endpoint.url, flush=True)
         backend = s3_backends[DEFAULT_ACCOUNT_ID]["global"]
         for line in sys.stdin:  # until the parent closes our stdin

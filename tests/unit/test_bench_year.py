@@ -3,11 +3,19 @@ and answers that parse, ids below the lease record's reserved range."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from airflow_ckpt.runtime.checkpoint.metadata import parse_manifest
 from airflow_ckpt.runtime.control.channel import ControlRequest, parse_request
-from bench.year import JOB, parse_args, year_objects, year_server
+from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.history.reader import HistoryReader
+from airflow_ckpt.runtime.history.segments import Segment
+from airflow_ckpt.runtime.storage import open_storage
+from airflow_ckpt.testing.request_count import RequestCounter
+from bench.history import put_compacted, story
+from bench.year import JOB, RequestTimer, interleaved, parse_args, year_objects, year_server
 
 
 def test_the_year_objects_are_what_the_runtime_writes() -> None:
@@ -35,3 +43,49 @@ def test_repeats_default_to_three_and_are_validated() -> None:
     assert parse_args([]).repeats == 3
     with pytest.raises(SystemExit):
         parse_args(["--repeats", "0"])
+
+
+def test_history_retention_is_the_default_and_can_be_turned_off() -> None:
+    assert parse_args([]).retention is True
+    assert parse_args(["--no-history-retention"]).retention is False
+
+
+def test_the_year_old_history_keeps_what_the_default_compaction_keeps(tmp_path: Path) -> None:
+    """put_compacted with a retention drops the oldest checkpoint segments as compaction
+    does: the kept ones hold at least the retained count, one fewer would not; the other
+    stream and the raw tail are whole, and the newest page reads the same events."""
+    events = story(JOB, 5_020, 0)
+    kept: dict[int | None, list[Segment]] = {}
+    for retain in (None, 2_000):
+        storage = open_storage(f"file://{tmp_path}/{retain}")
+        put_compacted(JobHistory(storage, JOB, compaction=None), events, 20, 2, retain)
+        listing = HistoryReader(storage, JOB).listing()
+        kept[retain] = [s for s in listing.segments if s.stream == "checkpoints"]
+        assert len(listing.raw) == 20
+        newest, _ = HistoryReader(storage, JOB).newest(50)
+        assert [e.key for e in newest] == [e.key for e in events[-50:]]
+    held = [s.count for s in kept[2_000]]
+    assert len(kept[2_000]) < len(kept[None])
+    assert sum(held) >= 2_000 > sum(held[1:])
+    assert kept[2_000] == kept[None][-len(kept[2_000]):]  # the newest ones
+
+
+def test_the_roots_alternate_and_swap_their_order_every_round() -> None:
+    calls: list[str] = []
+    counter = RequestCounter()
+    steps = {name: (counter, lambda n=name: calls.append(n), RequestTimer())
+             for name in ("fresh", "year")}
+    results = interleaved(steps, 3)
+    assert calls == ["fresh", "year", "year", "fresh", "fresh", "year"]
+    assert all(len(r["seconds_each"]) == 3 and r["requests"] == 0 for r in results.values())
+
+
+def test_the_listing_probe_lists_the_surviving_keys_after_the_deleted_ones() -> None:
+    from bench.listing import keys
+    from bench.listing import parse_args as listing_args
+
+    assert listing_args([]).deleted == 40_000 and listing_args([]).server == "seaweedfs"
+    with pytest.raises(SystemExit):
+        listing_args(["--deleted", "0"])
+    old = keys("old", 10)
+    assert old == sorted(old) and old[0].startswith("old/control/")
