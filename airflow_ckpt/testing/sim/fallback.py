@@ -42,7 +42,7 @@ from airflow_ckpt.testing.sim.overlap import _Window
 from airflow_ckpt.testing.sim.scheduler import Actor
 
 if TYPE_CHECKING:
-    from airflow_ckpt.testing.sim.job import JobWorld
+    from airflow_ckpt.testing.sim.job import JobWorld, SimJob
 
 #: how long (virtual seconds) the successor's read waits for the holder's collections
 #: at most (liveness only: the holder may die or lose its lease first)
@@ -79,7 +79,7 @@ class SubsumedFallback:
     def before_add(self, actor: Actor) -> None:
         """At ``coordinator.before_store_add`` on a holder's thread: what its store
         retains before the add (its collection subsumes some of them)."""
-        job = self.world._running.get(actor)
+        job = self._job_of(actor)
         if self.drawn and self.window is None and job is not None \
                 and job.coordinator is not None:
             self._retained[actor] = {m.checkpoint_id for m in job.coordinator.store.retained}
@@ -88,14 +88,17 @@ class SubsumedFallback:
         """At ``store.gc.before_delete`` on a holder's thread, after the completion
         overlap's wait: step 1 (see the module doc)."""
         world, sched = self.world, self.world.scheduler
-        job = world._running.get(actor)
+        job = self._job_of(actor)
         record = job.lease.record if job is not None else None
         if not self.drawn or self.window is not None or world.recovering \
-                or window is None or not window.confirmed or window.phase is None \
+                or window is None or window.completing is not actor or not window.confirmed \
+                or window.phase is None \
                 or not window.phase.alive or record is None or job is None \
                 or job.coordinator is None \
                 or record.epoch != max(world._epochs_seen, default=0) \
-                or not world._other_drivers(actor):
+                or job.lease.failure is not None or job.lease._in_flight \
+                or job.lease.clock() >= job.lease._valid_until \
+                or not any(a.host is not actor.host for a in world._other_drivers(actor)):
             return
         retained = {m.checkpoint_id for m in job.coordinator.store.retained}
         stored = sorted(n for key in world.objects.objects
@@ -148,8 +151,10 @@ class SubsumedFallback:
     def before_run(self, actor: Actor) -> None:
         """A holder's run starts (its takeover over, its restore next): once struck, the
         first such successor on another host is the one whose restore is watched."""
-        if self.window is not None and self.restorer is None \
-                and actor.host.name != self.host and not self.world.recovering:
+        job = self.world._running.get(actor)
+        if self.window is not None and self.restorer is None and job is not None \
+                and job.restore_target == "latest" and actor.host.name != self.host \
+                and not self.world.recovering:
             self.restorer = actor
 
     def after_get(self, key: str) -> None:
@@ -173,6 +178,12 @@ class SubsumedFallback:
                           f"chk-{self.number} before a deposed holder's collection deleted "
                           f"it, but {gone[0]} it references was deleted by a collection "
                           "before the restore read it")
+
+    def _job_of(self, actor: Actor) -> SimJob | None:
+        """The driver life whose coordinator ``actor`` (its thread, or a phase actor of
+        its pool) runs."""
+        running = self.world._running
+        return running.get(actor) or (running.get(actor.parent) if actor.parent else None)
 
     def _marker_of(self, key: str) -> int | None:
         """The checkpoint id of a ``chk-<n>/_metadata`` key of the job (else None)."""

@@ -980,7 +980,9 @@ class JobWorld(Judged):
         if self.fallback.drawn:
             self.setup = replace(self.setup, lives=3, crash_p=0.0, pause_p=0.0, damages=0,
                                  faults=Faults(hold_s=HOLD_S), memory_threshold=0,
-                                 incremental=False)
+                                 incremental=False, explicit_p=0.0, batches=9)
+            if not (self.older_run or self.cleanup):
+                self.setup = replace(self.setup, num_retained=1)
             self.landings = replace(self.landings, marker_p=0.0)
             self.query_fail_p = 0.0
             self.uploads = replace(self.uploads, lost_in_upload_p=0.0)
