@@ -3,7 +3,7 @@ deposed holder's collection is subsuming (issue 25, ``collect-unconfirmed``).
 
 A collection deletes the markers it subsumes at once and only *stashes* their files;
 they are deleted by a later collection, after a lease confirmation that started after
-the stash was taken (:meth:`~airflow_ckpt.runtime.checkpoint.store.CompletedCheckpointStore.confirmed`).
+the stash was taken (``CompletedCheckpointStore.confirmed``).
 So a successor that read a subsumed marker before its delete (it claimed after the
 holder's last confirmation) finds the files the marker names: the holder's next
 confirmation fails. A successor reads a marker being subsumed only when it falls back
@@ -20,9 +20,8 @@ was taken: it must not clear it.
    retained ones is still stored (about to be deleted: subsumed), the vandal deletes
    every marker above ``m`` (``N+1``'s and ``N``'s among them), and the holder's host is
    suspended (its heartbeat thread with it: its monotonic clock stands still, so its
-   gate passes when it wakes) until a successor's restore read ``m``'s marker and is
-   about to read its files;
-2. the successor waits there (a slow GET) while the holder wakes and completes: its
+   gate passes when it wakes) until a successor's restore read ``m``'s marker;
+2. the successor's next reads wait (slow GETs) while the holder wakes and completes: its
    collection deletes ``m``'s marker and stashes ``m``'s files; then (the holder's thread
    descheduled before its history append, its heartbeat thread starved) ``N+1``'s
    completion runs its collection; only then the successor reads ``m``'s files.
@@ -37,6 +36,8 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
+from airflow_ckpt.runtime.lease.holder import JobLease
 from airflow_ckpt.runtime.storage.layout import METADATA_NAME, JobLayout, parse_checkpoint_dir
 from airflow_ckpt.testing.sim.overlap import _Window
 from airflow_ckpt.testing.sim.scheduler import Actor
@@ -63,10 +64,13 @@ class SubsumedFallback:
         self.files: frozenset[str] = frozenset()  # m's objects
         self.restorer: Actor | None = None  # the successor whose restore is watched
         self.reading = False  # its restore read m's marker
-        self.collected = False  # N+1's collection is over
+        self.read = False  # ... and went on to m's files
+        self.deciding = False  # N+1's collection decided (reached its delete)
+        self.collected = False  # N+1's completion is past its collection
+        self.lease: JobLease | None = None  # the holder's lease
+        self.store: CompletedCheckpointStore | None = None  # the holder's store
         #: a holder's thread -> the ids its store retained before its completion's add
         self._retained: dict[Actor, set[int]] = {}
-        self.read = False  # ... and read it
 
     def describe(self) -> str:
         return f"subsumed fallback {self.drawn}"
@@ -88,6 +92,9 @@ class SubsumedFallback:
         """At ``store.gc.before_delete`` on a holder's thread, after the completion
         overlap's wait: step 1 (see the module doc)."""
         world, sched = self.world, self.world.scheduler
+        if window is not None and window is self.window and actor is window.phase:
+            self.deciding = True  # N+1's collection: its delete is next
+            return
         job = self._job_of(actor)
         record = job.lease.record if job is not None else None
         if not self.drawn or self.window is not None or world.recovering \
@@ -113,7 +120,8 @@ class SubsumedFallback:
         if not files:
             return
         self.window, self.host, self.number = window, actor.host.name, subsumed[-1]
-        self.files = files
+        self.files, self.lease = files, job.lease
+        self.store = job.coordinator.store
         world.coverage["subsumed-fallback"] += 1
         sched.log(f"the vandal deletes every marker above chk-{self.number}, which this "
                   "collection subsumes")
@@ -135,7 +143,7 @@ class SubsumedFallback:
             self.collected = True
         elif actor is window.completing and not window.left:
             window.left = True
-            self._wait_for(window.phase, lambda: self.collected)
+            self._wait_for(window.phase, self._collected)
 
     def before_beat(self, actor: Actor) -> bool:
         """At ``lease.before_beat``: the holder's heartbeat thread starved while the
@@ -169,7 +177,7 @@ class SubsumedFallback:
             return
         self.reading = True
         world.coverage["subsumed-fallback-read"] += 1
-        self._wait_for(window.phase, lambda: self.collected)
+        self._wait_for(window.phase, self._collected)
         gone = sorted(k for k in self.files
                       if k not in world.objects.objects and k not in world.vandalized)
         self.read = True
@@ -178,6 +186,14 @@ class SubsumedFallback:
                           f"chk-{self.number} before a deposed holder's collection deleted "
                           f"it, but {gone[0]} it references was deleted by a collection "
                           "before the restore read it")
+
+    def _collected(self) -> bool:
+        """``N+1``'s collection is over (it decided, and the store's collection lock, an
+        actor-aware one, is free again), or the holder writes no more (its lease lost)."""
+        store = self.store
+        return self.collected or (self.lease is not None and self.lease.failure is not None) \
+            or (self.deciding and store is not None
+                and not getattr(store._collecting, "held", False))
 
     def _job_of(self, actor: Actor) -> SimJob | None:
         """The driver life whose coordinator ``actor`` (its thread, or a phase actor of
