@@ -70,6 +70,11 @@ Session 16's overtaking checkpoint (:mod:`~airflow_ckpt.testing.sim.overtake`, d
 apart): ``max-concurrent-checkpoints`` 2 on some seeds, the next checkpoint's whole async
 phase running while the previous one uploads (which must then fail as subsumed), and
 the driver crashing where the overtaken one settles.
+Session 17's subsumed fallback (:mod:`~airflow_ckpt.testing.sim.fallback`, drawn apart):
+a successor's restore reading the marker of the checkpoint a deposed holder's
+collection subsumes (the vandal deleted every marker above it) while the completion
+overlap's window *b* is open, and its files only after the overlapping checkpoint's
+collection (``job-gc-damage``).
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
