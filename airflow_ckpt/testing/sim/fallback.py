@@ -122,6 +122,10 @@ class SubsumedFallback:
         self.window, self.host, self.number = window, actor.host.name, subsumed[-1]
         self.files, self.lease = files, job.lease
         self.store = job.coordinator.store
+        if job.sink is not None and hasattr(job.sink, "_lock"):
+            # N's and N+1's completions commit the sink at once now (step 2): its lock
+            # made actor-aware, as the overlap does with the others
+            job.sink._lock = world.overlap.lock()
         world.coverage["subsumed-fallback"] += 1
         sched.log(f"the vandal deletes every marker above chk-{self.number}, which this "
                   "collection subsumes")

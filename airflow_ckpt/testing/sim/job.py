@@ -827,6 +827,7 @@ class SimJob(CheckpointedJob):
     life: str
     restores = 0
     alive = True  # its ``run`` has not returned
+    sink: TwoPhaseCommitSink | None = None  # the sink its query commits to
 
     def _run_supervised(self, build: Any) -> Any:
         self.world.before_run()
@@ -1715,6 +1716,7 @@ class JobWorld(Judged):
                 SimStorage(self.table, sched, faults=faults, tag=f"{life}-executors"),
                 sched.uuid4, self.tmp / f"{life}-scratch")
             self.coverage["parquet-sink"] = 1
+        job.sink = sink
         self.jobs.append(job)
         return job, sink
 
