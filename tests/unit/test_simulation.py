@@ -438,6 +438,21 @@ def test_a_checkpoint_overtaken_by_the_next_one_is_subsumed() -> None:
     assert seen.get("overtaking-checkpoint") == 1 and seen.get("overtaken-then-crash") == 1, seen
 
 
+def test_a_successor_falling_back_to_a_subsumed_checkpoint_finds_its_files() -> None:
+    """The subsumed fallback (``SubsumedFallback``, session 17) at job seed 85: chk-8's
+    marker is confirmed during chk-6's completion (window *b* of the completion
+    overlap); at chk-6's collection, which subsumes chk-5, the vandal deletes the markers
+    above chk-5 and the holder is suspended until a successor's restore read chk-5's
+    marker; the holder then deletes that marker, stashes chk-5's files, and chk-8
+    completes. chk-8's confirmation started before that stash, so chk-8's collection
+    must leave them (the mutant ``collect-unconfirmed`` deletes them before the
+    successor reads them: ``job-gc-damage``)."""
+    outcome = run_job_seed(85)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    seen = outcome.coverage.components
+    assert seen.get("subsumed-fallback") == 1 and seen.get("subsumed-fallback-read") == 1, seen
+
+
 def test_a_run_whose_only_checkpoint_marker_was_deleted_never_starts_from_scratch() -> None:
     """Seed 56 (39 before session 14's claim race, 14 before session 14's one listing
     per takeover, 155 before session 13's draws, 153 before the sink's requests were

@@ -70,6 +70,11 @@ Session 16's overtaking checkpoint (:mod:`~airflow_ckpt.testing.sim.overtake`, d
 apart): ``max-concurrent-checkpoints`` 2 on some seeds, the next checkpoint's whole async
 phase running while the previous one uploads (which must then fail as subsumed), and
 the driver crashing where the overtaken one settles.
+Session 17's subsumed fallback (:mod:`~airflow_ckpt.testing.sim.fallback`, drawn apart):
+a successor's restore reading the marker of the checkpoint a deposed holder's
+collection subsumes (the vandal deleted every marker above it) while the completion
+overlap's window *b* is open, and its files only after the overlapping checkpoint's
+collection (``job-gc-damage``).
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
@@ -215,6 +220,7 @@ from airflow_ckpt.runtime.storage.base import CheckpointStorage
 from airflow_ckpt.runtime.storage.layout import JobLayout
 from airflow_ckpt.testing import simquery
 from airflow_ckpt.testing.sim.deposed import DeposedMarker, StaleClaim
+from airflow_ckpt.testing.sim.fallback import SubsumedFallback
 from airflow_ckpt.testing.sim.outcome import (
     UNGATED_WRITE,
     Coverage,
@@ -579,6 +585,8 @@ class DriverStorage(SimStorage):
     observe: Callable[[str, list[str]], None] | None = None
     #: the seed's :class:`BuriedClaim` (None: the story is not drawn)
     buried: BuriedClaim | None = None
+    #: told of every GET this view made (its key), once it returned
+    after_get: Callable[[str], None] | None = None
 
     def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
         view = DriverStorage(self.store, self.scheduler, faults=self.faults, tag=self.tag)
@@ -602,6 +610,12 @@ class DriverStorage(SimStorage):
         return self._late(op, key, hold, lambda: self.store.put(
             key, data, self.scheduler.now, create_only=create_only, if_match=if_match,
             writer=self.tag))
+
+    def get_bytes(self, key: str) -> bytes:
+        data = super().get_bytes(key)
+        if self.after_get is not None:
+            self.after_get(key)
+        return data
 
     def delete_many(self, keys: Iterable[str]) -> None:
         keys = list(keys)
@@ -813,6 +827,7 @@ class SimJob(CheckpointedJob):
     life: str
     restores = 0
     alive = True  # its ``run`` has not returned
+    sink: TwoPhaseCommitSink | None = None  # the sink its query commits to
 
     def _run_supervised(self, build: Any) -> Any:
         self.world.before_run()
@@ -958,6 +973,26 @@ class JobWorld(Judged):
                                  faults=Faults(hold_s=HOLD_S))
         if self.deposed_marker.drawn:
             self.setup = replace(self.setup, num_retained=1)
+        #: session 17's story (:mod:`~airflow_ckpt.testing.sim.fallback`, drawn apart): a
+        #: successor falling back to the checkpoint a deposed holder's collection
+        #: subsumes while the completion overlap's window b is open. Every completion
+        #: overlapped; full checkpoints (every file of the subsumed one is its own,
+        #: stashed) of files of their own (no inline ones), 9 batches, one checkpoint
+        #: kept (two with the older run), three lives per driver, no explicit targets,
+        #: random crashes, pauses, storage faults, lost executors, late markers nor
+        #: random vandal strikes (the story deposes and strikes on its own). Not with
+        #: the stories that play their own takeovers or need incremental checkpoints
+        self.fallback = SubsumedFallback(seed, self, GC_DAMAGE, allowed=not (
+            self.buried is not None or self.replay.on or self.deposed_marker.drawn
+            or self.stale_claim.drawn or self.floor_takeover or self.cleanup))
+        if self.fallback.drawn:
+            self.setup = replace(self.setup, lives=3, crash_p=0.0, pause_p=0.0, damages=0,
+                                 faults=Faults(hold_s=HOLD_S), memory_threshold=0,
+                                 incremental=False, explicit_p=0.0, batches=9,
+                                 num_retained=2 if self.older_run else 1)
+            self.landings = replace(self.landings, marker_p=0.0)
+            self.query_fail_p = 0.0
+            self.uploads = replace(self.uploads, lost_in_upload_p=0.0)
         self._retention_struck = False
         self.violations: list[Violation] = []
         self.objects = SimObjects()
@@ -1048,6 +1083,8 @@ class JobWorld(Judged):
         if self.overtaking.on:
             self.config["execution.checkpointing.max-concurrent-checkpoints"] = \
                 self.overtaking.max_concurrent
+        if self.fallback.drawn:
+            self.overlap.p = 1.0
 
     # ------------------------------------------------------------------ ground truth
 
@@ -1657,6 +1694,7 @@ class JobWorld(Judged):
 
         if isinstance(fenced.inner, DriverStorage):
             fenced.inner.observe = lambda op, keys: self.check_forgotten(life, op, keys)
+            fenced.inner.after_get = self.fallback.after_get
 
         def gate() -> None:
             checked_gate()
@@ -1678,6 +1716,7 @@ class JobWorld(Judged):
                 SimStorage(self.table, sched, faults=faults, tag=f"{life}-executors"),
                 sched.uuid4, self.tmp / f"{life}-scratch")
             self.coverage["parquet-sink"] = 1
+        job.sink = sink
         self.jobs.append(job)
         return job, sink
 
@@ -1863,6 +1902,8 @@ class JobWorld(Judged):
         takeover still keeps the older record (a deposed holder's heartbeat that must
         not extend its validity)."""
         actor, rng = self.scheduler.current(), self.contention_rng
+        if actor is not None and self.fallback.before_beat(actor):
+            return
         if actor is not None and self.starve_rng.random() < self.starve_p:
             self._starve(actor)
             return
@@ -1914,13 +1955,28 @@ class JobWorld(Judged):
         """At ``coordinator.before_store_add``: the overtaking crash, then the completion
         overlap."""
         self.overtaking.settled()
+        actor = self.scheduler.current()
+        if actor is not None:
+            self.fallback.before_add(actor)
         self.overlap.before_add()
 
     def before_history(self) -> None:
         """At ``history.before_create``: the overtaking crash, then the completion
-        overlap."""
+        overlap, then the subsumed fallback."""
         self.overtaking.settled()
         self.overlap.before_history()
+        actor = self.scheduler.current()
+        if actor is not None:
+            self.fallback.before_history(actor)
+
+    def before_delete(self) -> None:
+        """At ``store.gc.before_delete``: the completion overlap's wait (window *b*),
+        then the subsumed fallback."""
+        actor = self.scheduler.current()
+        window = self.overlap.windows.get(actor) if actor is not None else None
+        self.overlap.before_delete()
+        if actor is not None:
+            self.fallback.before_delete(actor, window)
 
     def before_upload(self) -> None:
         """At ``upload.before_file``: an executor lost (:meth:`lost_in_upload`), else
@@ -1969,6 +2025,7 @@ class JobWorld(Judged):
         if actor is None or self.recovering:
             return
         self.deposed_marker.before_run(actor)
+        self.fallback.before_run(actor)
         now = self.scheduler.now
         waking = [t for host, t in self.waking.items() if host != actor.host.name and t > now]
         if not waking or rng.random() >= self.slow_start_p:
@@ -2435,7 +2492,8 @@ class JobWorld(Judged):
         sched.log(f"setup: {self.setup.describe()}; {self.contention.describe()}; "
                   f"{self.retention}; {self.uploads.describe()}; {self.landings.describe()}; "
                   f"{self.claim_race.describe()}; {self.overlap.describe()}; "
-                  f"{self.replay.describe()}; {self.overtaking.describe()}")
+                  f"{self.replay.describe()}; {self.overtaking.describe()}; "
+                  f"{self.fallback.describe()}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:
@@ -2459,7 +2517,7 @@ class JobWorld(Judged):
                         interleave.installed(interleave.COMPLETE_BEFORE_ADD,
                                              self.before_add), \
                         interleave.installed(interleave.GC_BEFORE_DELETE,
-                                             self.overlap.before_delete), \
+                                             self.before_delete), \
                         interleave.installed(interleave.HISTORY_BEFORE_CREATE,
                                              self.before_history), \
                         interleave.installed(interleave.UPLOAD_BEFORE_FILE,
