@@ -165,6 +165,41 @@ def test_one_delete_cleans_up_every_batch_a_completion_commits_kind_by_kind(
                     "part-000000000002.jsonl"]
 
 
+def test_a_publication_that_raises_leaves_the_earlier_batches_to_the_next_commit(
+        storage: CountingStorage) -> None:
+    """The clean-up comes after every publication: when the second batch's copy fails,
+    the first is published and not cleaned up (its decision stands); the next commit
+    of the pending batches publishes each exactly once and leaves no record, outcome or
+    staging."""
+    _, sink = driver(storage, "only")
+    for batch in range(3):
+        sink.pre_commit(batch, rows(3, 10 * batch))
+    failing = [sink.part_key(1)]
+    real_copy = storage.copy
+
+    def copy_failing_once(src_key: str, dst_key: str) -> None:
+        if dst_key in failing:
+            failing.remove(dst_key)
+            raise OSError("copy lost")
+        real_copy(src_key, dst_key)
+
+    storage.copy = copy_failing_once  # type: ignore[method-assign]
+    storage.deletes.clear()
+    with pytest.raises(OSError, match="copy lost"):
+        sink.commit_batches(sink.tracked_pending())
+    assert storage.deletes == []  # nothing cleaned up: batch 0 is published, still pending
+    assert published_numbers(sink) == [0, 1, 2]
+    assert sink.tracked_pending() == [0, 1, 2]
+
+    sink.commit_batches(sink.tracked_pending())
+    assert len(storage.deletes) == 1
+    assert published_numbers(sink) == [n for b in range(3) for n in range(10 * b, 10 * b + 3)]
+    left = sorted({info.key.split("/")[1] for info in storage.list("_out/")})
+    assert left == ["_committed", "part-000000000000.jsonl", "part-000000000001.jsonl",
+                    "part-000000000002.jsonl"]
+    assert sink.pending() == [] and sink.tracked_pending() == []
+
+
 def test_a_single_batch_still_costs_nine_requests(storage: CountingStorage) -> None:
     """One batch: staging PUT, decision GET, record PUT; record GET, confirm LIST,
     outcome PUT, decision PUT, copy, one DELETE."""
