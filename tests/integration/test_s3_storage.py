@@ -460,3 +460,47 @@ def test_a_body_cut_short_is_transient_and_says_so(tmp_path: Path) -> None:
     finally:
         storage.close()
         listener.close()
+
+
+def test_a_key_delete_objects_refuses_raises_naming_it_and_the_keys_left(
+        s3_storage: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeleteObjects answers 200 with per-key ``Errors``: one refused key raises (never
+    a silent success), naming it, how many of its request's keys failed and how many
+    keys were not sent; the keys before it are deleted, the rest left."""
+    storage = _s3(s3_storage)
+    monkeypatch.setattr("airflow_ckpt.runtime.storage.s3.DELETE_BATCH", 2)
+    keys = [f"del/k{i}" for i in range(5)]
+    for key in keys:
+        storage.put_bytes(key, b"x")
+    refused = storage._full("del/k1")
+    sent: list[list[str]] = []
+    refusing = [True]
+
+    def refuse_in_request(params: dict[str, Any], **_: Any) -> None:
+        names = [o["Key"] for o in params["Delete"]["Objects"]]
+        sent.append(names)
+        if refusing[0]:
+            params["Delete"]["Objects"] = [o for o in params["Delete"]["Objects"]
+                                           if o["Key"] != refused]  # the server keeps it
+
+    def answer_refused(parsed: dict[str, Any], **_: Any) -> None:
+        if refusing[0] and refused in sent[-1]:
+            parsed["Errors"] = [{"Key": refused, "Code": "AccessDenied",
+                                 "Message": "Access Denied"}]
+
+    events = storage._client.meta.events
+    events.register("provide-client-params.s3.DeleteObjects", refuse_in_request)
+    events.register("after-call.s3.DeleteObjects", answer_refused)
+
+    with pytest.raises(StorageAccessDeniedError) as err:
+        storage.delete_many(keys)
+    message = str(err.value)
+    assert "del/k1" in message and "1 of 2 keys failed" in message, message
+    assert "3 more keys not sent" in message, message
+    assert len(sent) == 1
+    assert [info.key for info in storage.list("del/")] == ["del/k1", "del/k2", "del/k3",
+                                                           "del/k4"]
+
+    refusing[0] = False
+    storage.delete_many(keys[1:])  # refused no more: every key gone, two requests
+    assert storage.list("del/") == [] and len(sent) == 3

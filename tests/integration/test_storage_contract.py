@@ -402,6 +402,17 @@ def test_delete_many_ignores_missing(storage: CheckpointStorage) -> None:
     assert not storage.exists("a")
 
 
+def test_delete_many_with_an_invalid_key_deletes_nothing(storage: CheckpointStorage) -> None:
+    """The keys are checked before the first request: a bad key among them (here after
+    a full DeleteObjects request's worth) raises with every object still stored."""
+    keys = [f"job/k{i:04d}" for i in range(3)]
+    for key in keys:
+        storage.put_bytes(key, b"x")
+    with pytest.raises(ValueError, match="invalid storage key"):
+        storage.delete_many([*keys, *(f"job/absent{i:04d}" for i in range(1000)), "a//b"])
+    assert _keys(storage) == keys
+
+
 def test_delete_prefix(storage: CheckpointStorage) -> None:
     for key in ["job/chk-1/a", "job/chk-1/b/c", "job/chk-10/a", "job/chk-1x", "other"]:
         storage.put_bytes(key, b"x")

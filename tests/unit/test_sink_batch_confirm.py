@@ -2,7 +2,8 @@
 batch's ``_txn/`` record is read, the lease confirmed (one LIST of ``lease/``), then each
 batch's outcome and decision written, so the order read -> confirm -> write holds for
 every batch (docs/architecture.md, "What a batch's transaction costs"). A batch costs 9
-requests alone; N batches committed by one completion cost 9N - (N-1).
+requests alone; N batches committed by one completion cost 7N + 2 (one confirm, and one
+delete cleaning up all of them).
 
 Real leases and a real ``file://`` storage; the storage below counts the requests (a
 fake: every call one request); the lease's heartbeat is driven by hand."""
@@ -40,6 +41,8 @@ class CountingStorage(DelegatingStorage):
     def __init__(self, inner: CheckpointStorage) -> None:
         super().__init__(inner)
         self.calls: Counter[tuple[str, str]] = Counter()
+        #: the keys of every delete request, in the order sent
+        self.deletes: list[list[str]] = []
 
     def _count(self, kind: str, key: str) -> None:
         parts = key.split("/")
@@ -82,6 +85,7 @@ class CountingStorage(DelegatingStorage):
     def delete_many(self, keys: Any) -> None:
         keys = list(keys)
         self._count("delete", keys[0] if keys else "")
+        self.deletes.append(keys)
         super().delete_many(keys)
 
 
@@ -123,6 +127,7 @@ def stage_and_complete(storage: CountingStorage, sink: JsonLinesSink,
     """Stage ``batches`` batches, then commit them as one checkpoint's completion does
     (its pending transactions, known without a request); the requests counted."""
     storage.calls.clear()
+    storage.deletes.clear()
     for batch in range(batches):
         sink.pre_commit(batch, rows(3, 10 * batch))
     sink.commit_batches(sink.tracked_pending())
@@ -131,16 +136,68 @@ def stage_and_complete(storage: CountingStorage, sink: JsonLinesSink,
 
 def test_a_three_batch_completion_lists_the_lease_once(storage: CountingStorage) -> None:
     """Three batches committed by one completion: one LIST of ``lease/`` (three before
-    the shared confirm), each batch's record read, outcome, decision, copy and clean-up
-    as before: 3 x 9 - 2 = 25 requests, every batch published."""
+    the shared confirm), each batch's record read, outcome, decision and copy as before,
+    one delete for the three clean-ups (three before): 3 x 7 + 2 = 23 requests, every
+    batch published."""
     _, sink = driver(storage, "only")
     calls = stage_and_complete(storage, sink, 3)
     assert calls["list", "lease"] == 1
     assert calls["get", "_txn"] == 3 and calls["put", "_outcome"] == 3
     assert calls["put", "_committed"] == 3 and calls["copy", "part"] == 3
-    assert sum(calls.values()) == 9 * 3 - 2, calls
+    assert sum(calls["delete", area] for area in ("_pending", "_txn", "_outcome")) == 1
+    assert sum(calls.values()) == 7 * 3 + 2, calls
     assert published_numbers(sink) == [n for b in range(3) for n in range(10 * b, 10 * b + 3)]
     assert sink.pending() == []
+
+
+def test_one_delete_cleans_up_every_batch_a_completion_commits_kind_by_kind(
+        storage: CountingStorage) -> None:
+    """The clean-up of a three-batch completion is one delete holding every batch's
+    staged object, then every record, then every outcome, and nothing else: afterwards
+    only the decisions and the published parts are left."""
+    _, sink = driver(storage, "only")
+    stage_and_complete(storage, sink, 3)
+    assert len(storage.deletes) == 1
+    areas = [key.split("/")[1] for key in storage.deletes[0]]
+    assert areas == ["_pending"] * 3 + ["_txn"] * 3 + ["_outcome"] * 3
+    left = sorted({info.key.split("/")[1] for info in storage.list("_out/")})
+    assert left == ["_committed", "part-000000000000.jsonl", "part-000000000001.jsonl",
+                    "part-000000000002.jsonl"]
+
+
+def test_a_publication_that_raises_leaves_the_earlier_batches_to_the_next_commit(
+        storage: CountingStorage) -> None:
+    """The clean-up comes after every publication: when the second batch's copy fails,
+    the first is published and not cleaned up (its decision stands); the next commit
+    of the pending batches publishes each exactly once and leaves no record, outcome or
+    staging."""
+    _, sink = driver(storage, "only")
+    for batch in range(3):
+        sink.pre_commit(batch, rows(3, 10 * batch))
+    failing = [sink.part_key(1)]
+    real_copy = storage.copy
+
+    def copy_failing_once(src_key: str, dst_key: str) -> None:
+        if dst_key in failing:
+            failing.remove(dst_key)
+            raise OSError("copy lost")
+        real_copy(src_key, dst_key)
+
+    storage.copy = copy_failing_once  # type: ignore[method-assign]
+    storage.deletes.clear()
+    with pytest.raises(OSError, match="copy lost"):
+        sink.commit_batches(sink.tracked_pending())
+    assert storage.deletes == []  # nothing cleaned up: batch 0 is published, still pending
+    assert published_numbers(sink) == [0, 1, 2]
+    assert sink.tracked_pending() == [0, 1, 2]
+
+    sink.commit_batches(sink.tracked_pending())
+    assert len(storage.deletes) == 1
+    assert published_numbers(sink) == [n for b in range(3) for n in range(10 * b, 10 * b + 3)]
+    left = sorted({info.key.split("/")[1] for info in storage.list("_out/")})
+    assert left == ["_committed", "part-000000000000.jsonl", "part-000000000001.jsonl",
+                    "part-000000000002.jsonl"]
+    assert sink.pending() == [] and sink.tracked_pending() == []
 
 
 def test_a_single_batch_still_costs_nine_requests(storage: CountingStorage) -> None:

@@ -8,10 +8,10 @@ the two sinks share is how a commit, an abort and a recovery walk a batch's
 publications and clean up after them:
 
 * **commit**: decide (every batch a checkpoint commits: their records read, the lease
-  confirmed once, each decided), publish, then one delete holding the published attempt's staged
-  data, the record and the attempt's outcome (:meth:`SinkTransactions.finish`): the
-  attempt's keys are its own and its data is published, so the delete needs no lease
-  confirmation and may land late.
+  confirmed once, each decided), publish each, then one delete for all of them holding
+  the published attempts' staged data, the records and the attempts' outcomes
+  (:meth:`SinkTransactions.finish_all`): the attempts' keys are their own and their data is
+  published, so the delete needs no lease confirmation and may land late.
 * **abort** and **recovery**: the batch's whole staging (every attempt, a deposed
   driver's included) is listed, the lease confirmed, then deleted
   (:meth:`SinkTransactions.discard`): only there can another driver's data be among the
@@ -30,7 +30,12 @@ from typing import Any
 
 from airflow_ckpt.errors import ObjectAlreadyExistsError, SinkReplayMismatchError
 from airflow_ckpt.runtime.sinks.base import TwoPhaseCommitSink
-from airflow_ckpt.runtime.sinks.transactions import AttemptOutcome, SinkTransactions, Transaction
+from airflow_ckpt.runtime.sinks.transactions import (
+    AttemptOutcome,
+    Finished,
+    SinkTransactions,
+    Transaction,
+)
 from airflow_ckpt.runtime.storage.base import CheckpointStorage
 
 log = logging.getLogger("airflow_ckpt.sinks")
@@ -78,30 +83,37 @@ class StagedSink(TwoPhaseCommitSink):
         self.commit_batches((batch_id,))
 
     def commit_batches(self, batch_ids: Iterable[int]) -> None:
-        """Every record read, the lease confirmed once, each batch decided, then each
-        published and cleaned up (:meth:`SinkTransactions.decide_all`)."""
+        """Every record read, the lease confirmed once, each batch decided
+        (:meth:`SinkTransactions.decide_all`), each published, then all cleaned up in
+        one delete (:meth:`SinkTransactions.finish_all`). If a publication raises, the ones
+        before it are published and not yet cleaned up: their decisions stand, and the
+        next commit or recovery finishes them (a commit is idempotent)."""
         with self._lock:
             slots = [(batch_id, replay) for batch_id in sorted(set(batch_ids))
                      for replay in self._slots(batch_id, self._seeks_extra)]
             decisions = self.transactions.decide_all(slots, self._describe)
-            for (batch_id, replay), decision in zip(slots, decisions, strict=True):
-                self._published(batch_id, replay, decision, sweep=self._recovering,
-                                restored=self._recovering)
+            finished = [self._published(batch_id, replay, decision, sweep=self._recovering,
+                                        restored=self._recovering)
+                        for (batch_id, replay), decision in zip(slots, decisions, strict=True)]
+            self.transactions.finish_all([f for f in finished if f is not None])
 
     def _commit(self, batch_id: int, replay: str, *, sweep: bool) -> None:
         """Decide, publish and clean up one publication of the batch (:meth:`_published`)."""
-        self._published(batch_id, replay,
-                        self.transactions.decide(batch_id, self._describe, replay), sweep=sweep)
+        finished = self._published(batch_id, replay, self.transactions.decide(
+            batch_id, self._describe, replay), sweep=sweep)
+        self.transactions.finish_all([finished] if finished is not None else [])
 
     def _published(self, batch_id: int, replay: str, decision: dict[str, Any] | None, *,
-                   sweep: bool, restored: bool = False) -> None:
-        """Publish and clean up one decided publication of the batch; ``sweep``: also
-        delete the batch's other attempts (abort and recovery: listed, then confirmed).
-        ``restored``: the batch is a restored snapshot's, whose decision must be of the
-        input the restored batch read; a record superseded after :meth:`recover` judged
-        it (a deposed driver's swap landing late) raises here, before publishing."""
+                   sweep: bool, restored: bool = False) -> Finished | None:
+        """Publish one decided publication of the batch and return what cleaning it up
+        deletes (:meth:`SinkTransactions.finish_all`; None: nothing was staged); ``sweep``:
+        first delete the batch's other attempts (abort and recovery: listed, then
+        confirmed). ``restored``: the batch is a restored snapshot's, whose decision must
+        be of the input the restored batch read; a record superseded after
+        :meth:`recover` judged it (a deposed driver's swap landing late) raises here,
+        before publishing."""
         if decision is None:
-            return  # never staged (aborted, or a crash before its record)
+            return None  # never staged (aborted, or a crash before its record)
         if restored and not replay:
             self.transactions.require_restored_input(batch_id, decision.get("offsets"),
                                                      self.batch_offsets)
@@ -109,10 +121,8 @@ class StagedSink(TwoPhaseCommitSink):
         attempt = decision["attempt"]
         if sweep and not replay:
             self.transactions.discard(self._staging(batch_id))
-            staged: list[str] = []
-        else:
-            staged = self._attempt_keys(batch_id, attempt)
-        self.transactions.finish(batch_id, replay, attempt=attempt, staged=staged)
+            return Finished(batch_id, replay, attempt)
+        return Finished(batch_id, replay, attempt, tuple(self._attempt_keys(batch_id, attempt)))
 
     def abort(self, batch_id: int) -> None:
         with self._lock:

@@ -141,6 +141,19 @@ class Transaction:
 
 
 @dataclass(frozen=True, slots=True)
+class Finished:
+    """A committed publication whose records :meth:`SinkTransactions.finish_all`
+    deletes: the batch, its extra publication's tag ("" for the batch itself), the
+    committed attempt (None: its outcome is not deleted) and that attempt's staged keys
+    (none when a sweep deleted them already)."""
+
+    batch: int
+    replay: str
+    attempt: str | None
+    staged: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class _DecisionRead:
     """What a decision rests on, read before the lease is confirmed: the publication's
     record, and its decision (read only when the record is not staged)."""
@@ -665,20 +678,37 @@ class SinkTransactions:
     def finish(self, batch_id: int, replay: str = "", *, attempt: str | None = None,
                staged: Iterable[str] = ()) -> None:
         """Forget the record of a committed batch (or extra publication) and, given
-        its committed ``attempt``, that attempt's outcome: its decision exists, so
-        nothing records it again and this delete may land late without harm.
+        its committed ``attempt``, that attempt's outcome; ``staged``: the published
+        attempt's staged data, deleted in the same request (:meth:`finish_all` of one)."""
+        self.finish_all([Finished(batch_id, replay, attempt, tuple(staged))])
 
-        ``staged``: the published attempt's staged data, deleted first in the same
-        request, without a lease confirmation: its keys are that attempt's alone (no
-        successor writes them) and its data is published already, so nobody needs
-        it, whoever holds the job when the delete lands. (Other attempts of the batch
-        are the next recovery's, which lists and confirms: :meth:`discard`.)"""
-        keys = [*staged, self.txn_key(batch_id, replay)]
-        if attempt is not None:
-            keys.append(self.outcome_key(batch_id, attempt, replay))
+    def finish_all(self, published: Sequence[Finished]) -> None:
+        """Forget the records of committed publications (every one a completion
+        committed, at once): each one's staged data, record and attempt outcome, in one
+        :meth:`~airflow_ckpt.runtime.storage.base.CheckpointStorage.delete_many` (one
+        ``DeleteObjects`` up to 1,000 keys), listed by kind: every staging, then every
+        record, then every outcome. Durable on return.
+
+        No lease confirmation: each decision exists, so nothing records those batches
+        again, and the staged keys are the committed attempts' alone (no successor
+        writes them) with their data published already, so nobody needs any of them,
+        whoever holds the job when the delete lands. Nothing rests on the order of the
+        keys (S3 gives none within one request, and a delete that raises may have
+        deleted any of them): whatever of a publication's three kinds is left, its
+        decision is in place, and the next commit or recovery finishes it (a staging
+        without a record is rolled forward, a record without its outcome decided again
+        to the same bytes). Other attempts of the batches are the next recovery's,
+        which lists and confirms (:meth:`discard`)."""
+        if not published:
+            return
+        keys = [*(key for p in published for key in p.staged),
+                *(self.txn_key(p.batch, p.replay) for p in published),
+                *(self.outcome_key(p.batch, p.attempt, p.replay) for p in published
+                  if p.attempt is not None)]
         try:
             self.storage.delete_many(keys)
         except BaseException:
             self.forget()  # it may have landed
             raise
-        self._known(batch_id, replay, staged=False)
+        for p in published:
+            self._known(p.batch, p.replay, staged=False)

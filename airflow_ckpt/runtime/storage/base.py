@@ -151,7 +151,16 @@ class CheckpointStorage(ABC):
 
     @abstractmethod
     def delete_many(self, keys: Iterable[str]) -> None:
-        """Delete the given keys; absent keys are ignored."""
+        """Delete the given keys; absent keys (and repeats) are ignored.
+
+        When it returns, none of ``keys`` is stored, durably. The keys go out in the
+        order given: on S3 in ``DeleteObjects`` requests of at most 1,000 keys each (one
+        request for up to 1,000: what a caller batches costs one request, not one per
+        key), within which S3 keeps no order; on files one at a time. If it raises, any
+        of the keys may be deleted or left (a request cut off, a key refused, the
+        requests after it not sent): the error names a key left, and on S3 how many of
+        the request's keys failed and how many were not sent. A caller that needs one
+        set of keys gone before another makes two calls."""
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every object under ``prefix``."""

@@ -302,11 +302,12 @@ class LocalStorage(CheckpointStorage):
     def delete_many(self, keys: Iterable[str]) -> None:
         """Delete ``keys`` (absent ones are ignored) and the directories they leave empty.
 
-        Durable on return: every affected directory is fsynced.
+        Durable on return: every affected directory is fsynced. One at a time, in the
+        order given; an invalid key raises before any is deleted.
         """
+        paths = [(key, self._path(key)) for key in keys]
         touched: set[Path] = set()
-        for key in keys:
-            path = self._path(key)
+        for key, path in paths:
             with self._errors("delete", key):
                 try:
                     path.unlink()

@@ -347,18 +347,22 @@ class S3Storage(CheckpointStorage):
             self._transfer.copy(source, self.bucket, self._full(dst_key)).result()
 
     def delete_many(self, keys: Iterable[str]) -> None:
-        """Delete ``keys`` in DeleteObjects batches of 1000; absent keys are ignored.
+        """Delete ``keys`` in DeleteObjects requests of at most 1000, in the order given;
+        absent keys are ignored.
 
-        Durable on return. A key S3 refuses to delete raises (the first error names it).
+        Durable on return. A key S3 refuses to delete (an entry of the answer's
+        ``Errors``) raises: the first error names it, the message says how many of the
+        request's keys failed and how many keys were not sent (the requests after it).
         """
-        batch: list[str] = []
-        for key in dict.fromkeys(keys):
-            batch.append(check_key(key))
-            if len(batch) == DELETE_BATCH:
-                self._delete_batch(batch)
-                batch = []
-        if batch:
-            self._delete_batch(batch)
+        unique = [check_key(key) for key in dict.fromkeys(keys)]
+        for start in range(0, len(unique), DELETE_BATCH):
+            try:
+                self._delete_batch(unique[start:start + DELETE_BATCH])
+            except StorageError as exc:
+                unsent = len(unique) - start - DELETE_BATCH
+                if unsent <= 0:
+                    raise
+                raise type(exc)(f"{exc}; {unsent} more keys not sent") from exc
 
     def _delete_batch(self, keys: list[str]) -> None:
         objects: builtins.list[ObjectIdentifierTypeDef] = [
