@@ -710,6 +710,9 @@ class SinkWorld(Judged):
         366671). The same fate as above: never published as this batch."""
         if not refused and attempt is not None and any(
                 b == batch and attempt.startswith(a) for b, a in self.recorded):
+            current = self.truth.transactions.current(batch)
+            if current is None or not attempt.startswith(current.attempt):
+                self.coverage["pre-commits whose recorded attempt was superseded"] += 1
             return
         if not refused and offsets is not None:
             txn = self.truth.transactions.current(batch)
