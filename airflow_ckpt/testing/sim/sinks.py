@@ -72,7 +72,9 @@ batch ``b`` planned from ``start`` to ``end`` holds exactly those numbers):
 * ``sink-replay``: a replay of a committed batch is skipped only if it read the
   committed batch's offsets, and refused (``SinkReplayMismatchError``) only if it read
   others, never silently dropped (in a shifted life: skipped also when a decision below
-  its id holds exactly its rows; refused only when none does);
+  its id holds exactly its rows; refused only when none does; a ``pre_commit`` whose own
+  attempt storage held as the batch's staged record was staged, not dropped, whatever a
+  successor did to it since: :meth:`SinkWorld.check_replay`);
 * ``sink-error``: a driver dies of nothing but a lost lease, an unreachable storage or
   a refused replay (not, e.g., ``CorruptCheckpointError``: a wedged sink);
 * ``ungated-write``: every write a driver starts through its ``FencedStorage`` passed
