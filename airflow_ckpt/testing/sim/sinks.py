@@ -706,10 +706,10 @@ class SinkWorld(Judged):
 
         Nor was a ``pre_commit`` that returned after storage held its own ``attempt``
         (the id it drew) as the batch's staged record, whatever happened to the record
-        since: a deposed driver recorded its attempt (no decision yet), was suspended
-        before deleting the attempt its record superseded, and a successor aborted its
-        attempt and committed the batch from other input before it returned (sinks seed
-        366671). The same fate as above: never published as this batch."""
+        since: a deposed driver recorded its attempt (no decision yet), was paused past
+        its lease before deleting the attempt its record superseded, and a successor
+        aborted its attempt and committed the batch from other input before it returned
+        (sinks seed 366671). The same fate as above: never published as this batch."""
         if not refused and attempt is not None and any(
                 b == batch and attempt.startswith(a) for b, a in self.recorded):
             current = self.truth.transactions.current(batch)
