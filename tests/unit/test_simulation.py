@@ -582,6 +582,20 @@ def test_a_seed_that_found_a_defect_now_keeps_every_invariant(seed: int, invaria
     assert not outcome.violations, format_outcome(outcome, 40)
 
 
+def test_a_deposed_drivers_staged_replay_aborted_by_its_successor_is_not_dropped() -> None:
+    """Sinks seed 366671 (session 17, one of 30,000 seeds outside make test's): driver 1
+    records its attempt of batch 0 (no decision yet) over the attempt it aborted, and is
+    paused before deleting that attempt's staging, past its lease; driver 2 takes over,
+    aborts driver 1's attempt and commits batch 0 from other input; driver 1's
+    ``pre_commit`` then returns. Its attempt was staged (storage held it as the batch's
+    record), not skipped: the world judged it a silent drop (``sink-replay``). Replay:
+    ``python -m airflow_ckpt.testing.simulation --world sinks --seed 366671 --trace``."""
+    outcome = run_sink_seed(366671)
+    assert outcome.violations == [], "\n".join(str(v) for v in outcome.violations)
+    assert outcome.coverage.components[
+        "pre-commits whose recorded attempt was superseded"] > 0, outcome.trace[-40:]
+
+
 def test_a_savepoint_whose_lease_confirmation_fails_is_never_answered_failed() -> None:
     """Found by the savepoint world (seed 219 of 0..1999, before the fault sites of issue
     25 B redrew the schedules; seed 18 now has the same story): a savepoint's marker was

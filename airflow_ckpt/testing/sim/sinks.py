@@ -74,7 +74,9 @@ batch ``b`` planned from ``start`` to ``end`` holds exactly those numbers):
 * ``sink-replay``: a replay of a committed batch is skipped only if it read the
   committed batch's offsets, and refused (``SinkReplayMismatchError``) only if it read
   others, never silently dropped (in a shifted life: skipped also when a decision below
-  its id holds exactly its rows; refused only when none does);
+  its id holds exactly its rows; refused only when none does; a ``pre_commit`` whose own
+  attempt storage held as the batch's staged record was staged, not dropped, whatever a
+  successor did to it since: :meth:`SinkWorld.check_replay`);
 * ``sink-error``: a driver dies of nothing but a lost lease, an unreachable storage or
   a refused replay (not, e.g., ``CorruptCheckpointError``: a wedged sink);
 * ``ungated-write``: every write a driver starts through its ``FencedStorage`` passed
@@ -91,6 +93,7 @@ import builtins
 import json
 import random
 import re
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -777,9 +780,16 @@ class SinkWorld(Judged):
         #: the world's own coverage counters (``--coverage``)
         self.coverage: Counter[str] = Counter()
         self.frozen: dict[str, str] = {}  # decision / part key -> its first ETag
+        #: driver -> the id its sink drew for its latest ``pre_commit``'s attempt
+        self.attempts: dict[int, str] = {}
+        #: (batch, attempt) of every attempt storage ever held as a batch's staged
+        #: ``_txn/`` record (seen after each step); ``_records``: each record's last ETag
+        self.recorded: set[tuple[int, str]] = set()
+        self._records: dict[str, str] = {}
         self.violations: list[Violation] = []
         self._seen_version = -1
         self.scheduler.observers.append(self.check_storage)
+        self.scheduler.observers.append(self.watch_records)
 
     # ------------------------------------------------------------------ ground truth
 
@@ -827,6 +837,27 @@ class SinkWorld(Judged):
                                      f"and in {key}")
                     seen[n] = key
 
+    def watch_records(self) -> None:
+        """Note every attempt a batch's ``_txn/`` record names as staged (the ground
+        truth of whether a ``pre_commit`` recorded its attempt, whatever happened to
+        the record since)."""
+        for key, stored in self.objects.objects.items():
+            if (key.startswith(f"{SINK}/_txn/") and key.endswith(".json")
+                    and self._records.get(key) != stored.etag):
+                self._records[key] = stored.etag
+                record = json.loads(stored.data)
+                if record["state"] == "staged" and not record.get("replay"):
+                    self.recorded.add((record["batch"], record["attempt"]))
+
+    def attempt_ids(self, driver: int) -> Callable[[], uuid.UUID]:
+        """The sink's id source for ``driver`` (the scheduler's): notes the id each
+        ``pre_commit`` draws for its attempt."""
+        def fresh() -> uuid.UUID:
+            drawn = self.scheduler.uuid4()
+            self.attempts[driver] = drawn.hex
+            return drawn
+        return fresh
+
     def decided_below(self, batch: int, rows: list[int], *, start_only: bool = False
                       ) -> int | None:
         """The batch id below ``batch`` (within :data:`SHIFT_WINDOW`) whose decision
@@ -851,7 +882,8 @@ class SinkWorld(Judged):
                             f"part-{batch} holds {_span(rows)}"))
 
     def check_replay(self, batch: int, start: int, end: int, refused: bool,
-                     offsets: BatchOffsets | None = None, shifted: bool = False) -> None:
+                     offsets: BatchOffsets | None = None, shifted: bool = False,
+                     attempt: str | None = None) -> None:
         """``sink-replay``: a skip only over the same numbers, a refusal only over
         others. A ``pre_commit`` that returned while the batch's record is its own
         staging (``offsets``: what it read) was staged, not dropped: a deposed driver
@@ -860,7 +892,20 @@ class SinkWorld(Judged):
         never published as this batch: the driver's next checkpoint confirms the lease
         and raises, and a commit of it would publish the decided attempt, which
         ``sink-lost`` judges against the plan; a later recovery rolls the decision
-        forward over the stale record."""
+        forward over the stale record.
+
+        Nor was a ``pre_commit`` that returned after storage held its own ``attempt``
+        (the id it drew) as the batch's staged record, whatever happened to the record
+        since: a deposed driver recorded its attempt (no decision yet), was paused past
+        its lease before deleting the attempt its record superseded, and a successor
+        aborted its attempt and committed the batch from other input before it returned
+        (sinks seed 366671). The same fate as above: never published as this batch."""
+        if not refused and attempt is not None and any(
+                b == batch and attempt.startswith(a) for b, a in self.recorded):
+            current = self.truth.transactions.current(batch)
+            if current is None or not attempt.startswith(current.attempt):
+                self.coverage["pre-commits whose recorded attempt was superseded"] += 1
+            return
         if not refused and offsets is not None:
             txn = self.truth.transactions.current(batch)
             if txn is not None and txn.state == "staged" and txn.offsets == offsets:
@@ -995,7 +1040,7 @@ class SinkWorld(Judged):
                              wall_clock=sched.wall_clock, sleep=sched.sleep)
         self.acquire(lease)
         storage = FencedStorage(*self.fence(view, lease.gate, f"driver-{number}"))
-        sink = JsonLinesSink(storage, SINK, ids=sched.uuid4)
+        sink = JsonLinesSink(storage, SINK, ids=self.attempt_ids(number))
         sink.fence(lease.gate, lease.confirm)
         if PLANT_NO_OFFSETS not in setup.plants:
             sink.track_offsets(self.offsets_of(number))
@@ -1108,7 +1153,8 @@ class SinkWorld(Judged):
                 self.check_replay(batch, start, end, refused=True, shifted=shifted)
                 return False  # final for the run
             self.check_replay(batch, start, end, refused=False,
-                              offsets=self.offsets_of(number)(batch), shifted=shifted)
+                              offsets=self.offsets_of(number)(batch), shifted=shifted,
+                              attempt=self.attempts.get(number))
             window.append((batch, start, end))
             sched.sleep(rng.uniform(0.5, 8.0))  # until the checkpoint that covers it
             lease.beat()
