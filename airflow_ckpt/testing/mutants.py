@@ -218,6 +218,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "if False:",
            "a checkpoint marker is written only while no higher checkpoint id's marker "
            "was (with max-concurrent-checkpoints >= 2 the later one subsumes it)"),
+    Mutant("abandoned-marker-not-subsuming", "runtime/checkpoint/coordinator.py",
+           "if written or p.state is PendingState.ABANDONED:",
+           "if written:",
+           "a checkpoint whose marker's outcome is unknown (abandoned: it may count) "
+           "subsumes every lower id, as a written marker does"),
     Mutant("marker-unconfirmed", "runtime/checkpoint/marker.py",
            "confirm()  # the marker counts only if no successor claimed before it",
            "pass  # the marker counts only if no successor claimed before it",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_ckpt.errors import ConcurrentDriverError, LeaseExpiredError
+from airflow_ckpt.errors import ConcurrentDriverError, LeaseExpiredError, OutcomeUnknownError
 from airflow_ckpt.runtime import interleave
 from airflow_ckpt.runtime.checkpoint.catalog import CheckpointCatalog
 from airflow_ckpt.runtime.checkpoint.completion import CompletionListener
@@ -21,6 +21,7 @@ from airflow_ckpt.runtime.checkpoint.coordinator import NO_LEASE, CheckpointCoor
 from airflow_ckpt.runtime.checkpoint.executors import BACKGROUND_NICENESS
 from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
+from airflow_ckpt.runtime.checkpoint.pending import PendingState
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.interleave import Pause
@@ -493,9 +494,54 @@ def test_a_checkpoint_that_reaches_its_marker_after_a_later_one_is_subsumed(
             assert second.done.wait(10) and second.manifest is not None
             uploading.resume()
             assert first.done.wait(10)
-        assert first.manifest is None and first.failure == "checkpoint 2 completed first"
+        assert first.manifest is None and first.failure == "checkpoint 2 reached its marker first"
         assert not storage.exists(L.checkpoint_metadata(1))
         assert CheckpointCatalog(storage, JOB).checkpoint_ids() == [2]
         assert coordinator.failures.consecutive == 0
+    finally:
+        coordinator.shutdown()
+
+
+class LostMarkerAnswer(FencedStorage):
+    """``inner`` whose put of ``key`` lands but its answer is lost
+    (``OutcomeUnknownError``, as when a connection resets after the request was sent)."""
+
+    def __init__(self, inner: CheckpointStorage, key: str) -> None:
+        super().__init__(inner, lambda: None)
+        self.key = key
+
+    def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
+                  if_match: str | None = None) -> str:
+        etag = self.inner.put_bytes(key, data, create_only=create_only, if_match=if_match)
+        if key == self.key:
+            raise OutcomeUnknownError(f"answer of PUT {key} lost")
+        return etag
+
+
+def test_a_checkpoint_overtaken_by_an_abandoned_marker_is_subsumed(
+    storage: CheckpointStorage, workdir: Path
+) -> None:
+    """Job world seed 383105 (session 17): chk-1 is held in its upload while chk-2's
+    marker PUT lands but its answer is lost: chk-2 is abandoned (its marker may count
+    for a successor, with a retention floor of 2: chk-1 was not marked). Before, only a
+    marker written and confirmed made a lower id subsumed, so chk-1 then wrote its marker
+    below chk-2's floor, counted by this driver and ignored by every successor that
+    restores chk-2. An abandoned marker now subsumes a lower id as a written one does."""
+    coordinator = start_concurrent(LostMarkerAnswer(storage, L.checkpoint_metadata(2)),
+                                   workdir)
+    uploading = Pause()  # chk-1's first file
+    try:
+        with interleave.installed(interleave.UPLOAD_BEFORE_FILE, uploading):
+            first = coordinator.trigger("manual")
+            uploading.wait_reached()
+            second = coordinator.trigger("manual")
+            assert second.done.wait(10)
+            assert second.state is PendingState.ABANDONED
+            assert storage.exists(L.checkpoint_metadata(2))  # it landed after all
+            uploading.resume()
+            assert first.done.wait(10)
+        assert first.manifest is None and first.state is PendingState.FAILED
+        assert first.failure == "checkpoint 2 reached its marker first"
+        assert not storage.exists(L.checkpoint_metadata(1))
     finally:
         coordinator.shutdown()

@@ -438,6 +438,19 @@ def test_a_checkpoint_overtaken_by_the_next_one_is_subsumed() -> None:
     assert seen.get("overtaking-checkpoint") == 1 and seen.get("overtaken-then-crash") == 1, seen
 
 
+def test_a_checkpoint_overtaken_by_an_abandoned_marker_is_subsumed() -> None:
+    """Job seed 383105 (session 17's scan; outside make test's seeds, pinned here): the
+    overtaking chk-3's marker PUT meets lost answers for the whole outage budget (it is
+    abandoned) but lands, with retention floor 3; chk-2, whose upload it overtook, must
+    then fail as subsumed. Before, it wrote its marker below chk-3's floor, counted by
+    its driver, and the recovery restoring chk-3 dropped it (``job-uncounted``)."""
+    outcome = run_job_seed(383105)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    seen = outcome.coverage.components
+    assert seen.get("overtaking-checkpoint") == 1 and seen.get("overtaken-then-crash") == 1, seen
+    assert not any("put create-only simjob/chk-2/_metadata" in line for line in outcome.trace)
+
+
 def test_a_successor_falling_back_to_a_subsumed_checkpoint_finds_its_files() -> None:
     """The subsumed fallback (``SubsumedFallback``, session 17) at job seed 85: chk-8's
     marker is confirmed during chk-6's completion (window *b* of the completion

@@ -477,8 +477,9 @@ class CheckpointCoordinator:
         computed there: every lower checkpoint id's marker is then either written and
         counted (:meth:`CompletedCheckpointStore.marked`) or never written, since a
         checkpoint that reaches its marker after a higher id's is subsumed (Flink's
-        ``CHECKPOINT_SUBSUMED``). So no floor misses a checkpoint that completes, with
-        any ``max-concurrent-checkpoints``.
+        ``CHECKPOINT_SUBSUMED``), also after an abandoned one's (its marker may count).
+        So no floor misses a checkpoint that completes, with any
+        ``max-concurrent-checkpoints``.
 
         The manifest as written: the marker is durable and counts. None: ``p`` is
         settled: subsumed, answered by a savepoint that landed first, failed (fatal, but
@@ -489,15 +490,17 @@ class CheckpointCoordinator:
             return manifest if self._write_marker_now(p, manifest) else None
         with self._marking:
             if p.checkpoint_id < self._last_marked:
-                self._fail(p, Reason.SUBSUMED, f"checkpoint {self._last_marked} completed "
-                           "first", allowed=_UNSETTLED)
+                self._fail(p, Reason.SUBSUMED, f"checkpoint {self._last_marked} reached its "
+                           "marker first", allowed=_UNSETTLED)
                 return None
             manifest = replace(manifest,
                                retention_floor=self.store.retention_floor(p.checkpoint_id))
-            if not self._write_marker_now(p, manifest):
-                return None
-            self._last_marked = p.checkpoint_id
-            return manifest
+            written = self._write_marker_now(p, manifest)
+            if written or p.state is PendingState.ABANDONED:
+                # an abandoned marker may count too (a successor adopts it if it landed
+                # before its claim), with a floor above every id not marked yet
+                self._last_marked = p.checkpoint_id
+            return manifest if written else None
 
     def _write_marker_now(self, p: PendingCheckpoint, manifest: Manifest) -> bool:
         """:meth:`_write_marker`'s write: True when the marker is durable and counts."""
