@@ -21,7 +21,7 @@ from airflow_ckpt.runtime.checkpoint.coordinator import NO_LEASE, CheckpointCoor
 from airflow_ckpt.runtime.checkpoint.executors import BACKGROUND_NICENESS
 from airflow_ckpt.runtime.checkpoint.lease_view import LeaseView
 from airflow_ckpt.runtime.checkpoint.metadata import Manifest
-from airflow_ckpt.runtime.checkpoint.pending import PendingState
+from airflow_ckpt.runtime.checkpoint.pending import PendingCheckpoint, PendingState
 from airflow_ckpt.runtime.checkpoint.store import CompletedCheckpointStore
 from airflow_ckpt.runtime.history.journal import JobHistory
 from airflow_ckpt.runtime.interleave import Pause
@@ -477,6 +477,21 @@ def test_with_two_checkpoints_in_flight_the_later_floor_counts_the_earlier_marke
         coordinator.shutdown()
 
 
+def _overtaken(coordinator: CheckpointCoordinator
+               ) -> tuple[PendingCheckpoint, PendingCheckpoint]:
+    """chk-1 held at its first file's upload while chk-2 runs to its end; then chk-1
+    goes on to its end. Returns both, settled."""
+    uploading = Pause()
+    with interleave.installed(interleave.UPLOAD_BEFORE_FILE, uploading):
+        first = coordinator.trigger("manual")
+        uploading.wait_reached()
+        second = coordinator.trigger("manual")
+        assert second.done.wait(10)
+        uploading.resume()
+        assert first.done.wait(10)
+    return first, second
+
+
 def test_a_checkpoint_that_reaches_its_marker_after_a_later_one_is_subsumed(
     storage: CheckpointStorage, workdir: Path
 ) -> None:
@@ -485,15 +500,9 @@ def test_a_checkpoint_that_reaches_its_marker_after_a_later_one_is_subsumed(
     counted by this driver and ignored by every reader); it fails as subsumed, which
     does not count toward ``tolerable-failed-checkpoints``."""
     coordinator = start_concurrent(storage, workdir)
-    uploading = Pause()  # chk-1's first file
     try:
-        with interleave.installed(interleave.UPLOAD_BEFORE_FILE, uploading):
-            first = coordinator.trigger("manual")
-            uploading.wait_reached()
-            second = coordinator.trigger("manual")
-            assert second.done.wait(10) and second.manifest is not None
-            uploading.resume()
-            assert first.done.wait(10)
+        first, second = _overtaken(coordinator)
+        assert second.manifest is not None
         assert first.manifest is None and first.failure == "checkpoint 2 reached its marker first"
         assert not storage.exists(L.checkpoint_metadata(1))
         assert CheckpointCatalog(storage, JOB).checkpoint_ids() == [2]
@@ -529,17 +538,10 @@ def test_a_checkpoint_overtaken_by_an_abandoned_marker_is_subsumed(
     restores chk-2. An abandoned marker now subsumes a lower id as a written one does."""
     coordinator = start_concurrent(LostMarkerAnswer(storage, L.checkpoint_metadata(2)),
                                    workdir)
-    uploading = Pause()  # chk-1's first file
     try:
-        with interleave.installed(interleave.UPLOAD_BEFORE_FILE, uploading):
-            first = coordinator.trigger("manual")
-            uploading.wait_reached()
-            second = coordinator.trigger("manual")
-            assert second.done.wait(10)
-            assert second.state is PendingState.ABANDONED
-            assert storage.exists(L.checkpoint_metadata(2))  # it landed after all
-            uploading.resume()
-            assert first.done.wait(10)
+        first, second = _overtaken(coordinator)
+        assert second.state is PendingState.ABANDONED
+        assert storage.exists(L.checkpoint_metadata(2))  # it landed after all
         assert first.manifest is None and first.state is PendingState.FAILED
         assert first.failure == "checkpoint 2 reached its marker first"
         assert not storage.exists(L.checkpoint_metadata(1))
