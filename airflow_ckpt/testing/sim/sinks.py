@@ -789,7 +789,6 @@ class SinkWorld(Judged):
         self.violations: list[Violation] = []
         self._seen_version = -1
         self.scheduler.observers.append(self.check_storage)
-        self.scheduler.observers.append(self.watch_records)
 
     # ------------------------------------------------------------------ ground truth
 
@@ -815,10 +814,12 @@ class SinkWorld(Judged):
         return self._rows(self.truth._staging(batch, decision["attempt"]))
 
     def check_storage(self) -> None:
-        """``decision-changed`` and ``sink-duplicate`` over what storage holds."""
+        """``decision-changed`` and ``sink-duplicate`` over what storage holds, and the
+        records it names (:meth:`watch_records`): once per change of storage."""
         if self.objects.version == self._seen_version:
             return
         self._seen_version = self.objects.version
+        self.watch_records()
         objects = self.objects.objects
         for key, stored in objects.items():
             if key.startswith((f"{SINK}/_committed/", f"{SINK}/part-")):
