@@ -216,20 +216,30 @@ class CompletionOverlap:
         while not done() and self.scheduler.now < deadline:
             self.scheduler.sleep(0.05)
 
-    def _open(self, actor: Actor, coordinator: CheckpointCoordinator) -> None:
-        window = _Window(actor)
+    def tick_on_actors(self, actor: Actor, coordinator: CheckpointCoordinator, suffix: str,
+                       spawned: Callable[[Actor], None] = lambda phase: None
+                       ) -> Actor | None:
+        """The coordinator thread's step (``_tick``: the next checkpoint if due, its sync
+        phase) run by ``actor``, the async phase it hands the pool on an
+        :class:`ActorPhase` named ``suffix``. Returns that phase's actor (None: nothing
+        was due)."""
         self._actor_aware(coordinator)
         phases = coordinator._phases
+        free = ActorPhase(self.scheduler, actor, phases, suffix, spawned)
+        coordinator._phases = free
+        try:
+            coordinator._tick()
+        finally:
+            coordinator._phases = phases
+        return free.phase
+
+    def _open(self, actor: Actor, coordinator: CheckpointCoordinator) -> None:
+        window = _Window(actor)
 
         def spawned(phase: Actor) -> None:
             window.phase = phase
             self.windows[phase] = window
-        coordinator._phases = ActorPhase(self.scheduler, actor, phases, "ckpt-async", spawned)
-        try:
-            coordinator._tick()  # the coordinator thread's step: N+1 if due, its sync phase
-        finally:
-            coordinator._phases = phases
-        phase = window.phase
+        phase = self.tick_on_actors(actor, coordinator, "ckpt-async", spawned)
         if phase is None:
             self.coverage["overlap-not-due"] += 1
             return

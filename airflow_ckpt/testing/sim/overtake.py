@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
-from airflow_ckpt.testing.sim.overlap import ActorPhase, CompletionOverlap
+from airflow_ckpt.testing.sim.overlap import CompletionOverlap
 from airflow_ckpt.testing.sim.scheduler import Actor, Scheduler
 
 
@@ -115,15 +115,7 @@ class Overtaking:
 
     def _open(self, actor: Actor, coordinator: CheckpointCoordinator) -> bool:
         """The coordinator thread's step; True if the next checkpoint's phase ran."""
-        self.overlap._actor_aware(coordinator)
-        phases = coordinator._phases
-        second = ActorPhase(self.scheduler, actor, phases, "ckpt-async-2")
-        coordinator._phases = second
-        try:
-            coordinator._tick()  # the coordinator thread's step: N+1 if due, its sync phase
-        finally:
-            coordinator._phases = phases
-        phase = second.phase
+        phase = self.overlap.tick_on_actors(actor, coordinator, "ckpt-async-2")
         if phase is None:
             self.coverage["overtaking-not-due"] += 1
             return False
