@@ -249,6 +249,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "decided = False",
            "a commit that finds a decision and no staged record returns it only after "
            "confirming the lease (a successor's decision of the batch id is not its batch)"),
+    Mutant("aborted-record-committed-as-nothing", TXN,
+           'if txn is not None and txn.state == "aborted" and not replay:',
+           "if False:",
+           "a commit that reads its batch's record aborted with no decision refuses it "
+           "(its output is lost), never returns as if nothing were staged"),
     Mutant("recover-judges-unlisted", "runtime/sinks/staged.py",
            "self.tracked_pending()\n        self.transactions.require_committable(",
            "self.transactions.require_committable(",

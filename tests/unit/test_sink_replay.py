@@ -545,8 +545,37 @@ def test_a_deposed_drivers_commit_of_an_aborted_attempt_raises(
     deposed[0] = True
     with pytest.raises(ConcurrentDriverError):
         txns.decide(1, lambda txn: {"attempt": txn.attempt})
-    deposed[0] = False  # the holder itself: an aborted attempt has nothing to commit
-    assert txns.decide(1, lambda txn: {"attempt": txn.attempt}) is None
+    deposed[0] = False  # the holder itself: the aborted attempt's output is lost
+    with pytest.raises(SinkTransactionAbortedError):
+        txns.decide(1, lambda txn: {"attempt": txn.attempt})
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_a_restored_batch_aborted_after_its_judgement_is_refused_at_its_commit(
+        kind: str, storage: CheckpointStorage, tmp_path: Path) -> None:
+    """Found by the sinks world (seed 401637, session 18's scan): a run that went back
+    to an older checkpoint aborted batch 0 (its outcome ``abort``), its record swap held
+    in the network; a later run restored the newer checkpoint that lists batch 0 and
+    judged it committable (the record still read staged). The swap then landed, and the
+    commit read the record aborted with no decision and returned as if nothing were
+    staged: the restored batch was never published and nothing was refused. It is
+    refused now (``SinkTransactionAbortedError``), as when the recovery reads it
+    aborted."""
+    log = OffsetsLog(tmp_path / "work")
+    run_batch(tracked_sink(kind, storage, log), log, 0, 0, 3, commit=False)  # listed
+    older = OffsetsLog(tmp_path / "older")
+    restored = tracked_sink(kind, storage, log)
+    judge = restored.transactions.require_committable  # type: ignore[attr-defined]
+
+    def judged_then_aborted(batches: Any, offsets: Any = None) -> None:
+        judge(batches, offsets)
+        tracked_sink(kind, storage, older).recover([])  # its restore does not list batch 0
+
+    restored.transactions.require_committable = judged_then_aborted  # type: ignore[attr-defined]
+    with pytest.raises(SinkTransactionAbortedError):
+        restored.recover([0])
+    assert published_numbers(restored) == []
+    assert not restored.committed_batches()
 
 
 def test_a_supersede_read_before_an_abort_never_lands_after_the_sweep(

@@ -547,11 +547,14 @@ class SinkTransactions:
         """The commit decision of each publication ``(batch, replay)`` (a checkpoint's
         pending transactions, committed together), in order: the existing one, or one
         taken now (create-only) from its staged record, described by ``describe`` plus
-        the record's ``offsets``. None if nothing is staged. Raises
+        the record's ``offsets``. None if nothing is staged (an extra publication's
+        aborted record included). Raises
         :class:`~airflow_ckpt.errors.SinkTransactionAbortedError` for the first whose
-        staged attempt's outcome is ``abort`` (an earlier driver's recovery aborted it;
-        its record swap may not have landed): its output is lost, never published (the
-        ones before it are decided, durable, and published by the next commit).
+        staged attempt's outcome is ``abort``, or whose record is aborted without a
+        decision (an earlier driver's recovery aborted it; its record swap may not have
+        landed, or landed after the caller judged the batch): its output is lost, never
+        published (the ones before it are decided, durable, and published by the next
+        commit).
 
         Every record is read first, then the lease is confirmed **once**, then each
         outcome and decision is written: every read a decision rests on precedes the
@@ -590,6 +593,13 @@ class SinkTransactions:
         batch_id, replay, txn = read.batch, read.replay, read.txn
         if read.decided is not None:
             return self._noted(batch_id, replay, read.decided)
+        if txn is not None and txn.state == "aborted" and not replay:
+            # Aborted by a predecessor's recovery (a successor's abort would have made
+            # the confirm above raise), possibly after the caller judged the batch
+            # committable: its record swap held in the network, landing late (sinks
+            # seed 401637). Its output is lost, not "never staged": a caller committing
+            # it must not return as if it were published.
+            raise SinkTransactionAbortedError(batch_id, self.name)
         if txn is None or txn.state != "staged":
             return None
         if self._settle(txn, AttemptOutcome.COMMIT) is AttemptOutcome.ABORT:
