@@ -223,6 +223,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "if written:",
            "a checkpoint whose marker's outcome is unknown (abandoned: it may count) "
            "subsumes every lower id, as a written marker does"),
+    Mutant("outage-forgets-unknown", "runtime/storage/outage.py",
+           "unknown = exc",
+           "unknown = None",
+           "a write whose answer was lost once stays of unknown outcome through the "
+           "outage budget: a repetition refused without evidence (the lease's gate) or "
+           "a spent budget never makes it a definite failure"),
     Mutant("marker-unconfirmed", "runtime/checkpoint/marker.py",
            "confirm()  # the marker counts only if no successor claimed before it",
            "pass  # the marker counts only if no successor claimed before it",

@@ -680,3 +680,18 @@ def test_a_floor_range_holds_when_a_deleted_marker_came_back_by_its_late_copy() 
     outcome = run_job_seed(341087)
     assert outcome.violations == [], format_outcome(outcome, 40)
     assert outcome.coverage.components["restore-fallback"] > 0  # it did fall back
+
+
+def test_a_marker_whose_answer_was_lost_before_its_lease_lapsed_is_never_failed() -> None:
+    """The lapsed marker (``LapsedMarker``, session 18) at job seed 93: chk-301's marker
+    PUT lands but its answer is lost, and driver-2's storage stays unreachable for 20.7 s:
+    its lease lapses, and the outage wrapper's repetition is refused by the gate. The
+    checkpoint is abandoned (its outcome unknown), never recorded failed: the driver's
+    in-process re-take adopts the marker. With the mutant ``outage-forgets-unknown`` the
+    refusal said "nothing was written" and the history recorded chk-301 failed
+    (``job-failed-counted``)."""
+    outcome = run_job_seed(93)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    assert outcome.coverage.components.get("lapsed-marker") == 1
+    assert any("chk-301/_metadata -> applied, answer lost; unreachable" in line
+               for line in outcome.trace)

@@ -25,7 +25,15 @@ delete of a deleted key is done. So a write whose outcome was unknown is *resolv
 repeating it when the storage is back: done (our bytes), or a real conflict on evidence
 (``ObjectAlreadyExistsError``, ``PreconditionFailedError``). It is never declared
 failed without evidence; if the budget runs out first, it stays unknown
-(:class:`~airflow_ckpt.errors.OutageOutcomeUnknownError`).
+(:class:`~airflow_ckpt.errors.OutageOutcomeUnknownError`, also when the last attempt
+was a plain unreachable error after an earlier lost answer). Nor does a repetition
+that is *refused* without being sent or judged on the key (the lease's gate:
+``LeaseExpiredError``, ``ConcurrentDriverError``; any error but a conflict) say the
+first copy did not land: the write's outcome stays unknown
+(``OutcomeUnknownError``, chained from the refusal). Otherwise a completion marker
+whose answer was lost, then refused by a lease that lapsed in the outage, was
+recorded ``FAILED`` while its first copy counted for the successor's adoption. Only
+for writes: a read's later answer is the truth.
 
 **No guarantee rests on the budget.** It is a timeout, so it is for liveness only:
 how long a job waits before it fails. Safety against a second driver stays with the
@@ -48,6 +56,7 @@ from airflow_ckpt.errors import (
     EndpointUnreachableError,
     OutageOutcomeUnknownError,
     OutcomeUnknownError,
+    PreconditionFailedError,
     StorageOutageError,
 )
 from airflow_ckpt.runtime.storage.base import CheckpointStorage, ObjectInfo, Versioned
@@ -98,30 +107,46 @@ class OutageBudget:
         """The current outage's first error (None outside an outage)."""
         return self._first
 
-    def call(self, what: str, fn: Callable[[], T]) -> T:
+    def call(self, what: str, fn: Callable[[], T], *, write: bool = False) -> T:
         """``fn()``, repeated while it fails with ``EndpointUnreachableError`` and the
         outage is within the budget; then ``StorageOutageError`` naming the first cause
-        (``OutageOutcomeUnknownError`` if the last attempt's outcome was unknown).
-        A budget of 0 waits for nothing: ``fn``'s error is raised as it is."""
+        (``OutageOutcomeUnknownError`` if an attempt's outcome was unknown: the last
+        one, or for a ``write`` any one). A ``write`` whose outcome was unknown once
+        stays unknown when a repetition is refused with anything but a conflict
+        (``PreconditionFailedError``): ``OutcomeUnknownError``, chained from the
+        refusal (see the module doc). A budget of 0 waits for nothing: ``fn``'s error
+        is raised as it is."""
         if self.budget_s <= 0:
             return fn()
         backoff = FIRST_BACKOFF_S
         own_since: float | None = None  # clock() at this request's first failure
+        unknown: OutcomeUnknownError | None = None  # a write's first lost answer
         while True:
             try:
                 result = fn()
             except EndpointUnreachableError as exc:
                 if isinstance(exc, StorageOutageError):
-                    raise  # an inner call gave up already: this outage is spent
+                    # an inner call gave up already: this outage is spent
+                    if unknown is not None and not isinstance(exc, OutcomeUnknownError):
+                        raise OutageOutcomeUnknownError(str(exc)) from exc
+                    raise
+                if write and unknown is None and isinstance(exc, OutcomeUnknownError):
+                    unknown = exc
                 lasted = self._failed(what, exc)
                 now = self.clock()
                 own_since = now if own_since is None else own_since
                 lasted = max(lasted, now - own_since)
                 if lasted >= self.budget_s:
-                    raise self._spent(what, exc, lasted) from exc
+                    raise self._spent(what, exc, lasted, unknown) from exc
                 self.sleep(min(backoff, max(self.budget_s - lasted, 0.0)))
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
+            except Exception as exc:
+                if unknown is None or isinstance(exc, PreconditionFailedError):
+                    raise  # no lost answer before, or evidence about the key
+                raise OutcomeUnknownError(
+                    f"{what}: the first attempt's answer was lost ({unknown}) and the "
+                    f"repetition was refused: {type(exc).__name__}: {exc}") from exc
             self._succeeded()
             return result
 
@@ -156,14 +181,16 @@ class OutageBudget:
             self.ridden_out += 1
         log.warning("storage reachable again after an outage of %.1f s", lasted)
 
-    def _spent(self, what: str, exc: EndpointUnreachableError,
-               lasted: float) -> StorageOutageError:
+    def _spent(self, what: str, exc: EndpointUnreachableError, lasted: float,
+               unknown: OutcomeUnknownError | None) -> StorageOutageError:
         message = (f"the storage stayed unreachable for {lasted:.0f} s, longer than "
                    f"execution.checkpointing.tolerable-storage-outage ({self.budget_s:g} s); "
                    f"first error: {self._first}; last: {what}: {exc}")
+        if unknown is not None and unknown is not exc:
+            message += f"; an earlier attempt's answer was lost: {unknown}"
         with self._lock:
             self._spent_message = message
-        if isinstance(exc, OutcomeUnknownError):
+        if unknown is not None or isinstance(exc, OutcomeUnknownError):
             return OutageOutcomeUnknownError(message)
         return StorageOutageError(message)
 
@@ -187,7 +214,7 @@ class OutageRidingStorage(DelegatingStorage):
         self.writes = writes
 
     def _write(self, what: str, fn: Callable[[], T]) -> T:
-        return self.budget.call(what, fn) if self.writes else fn()
+        return self.budget.call(what, fn, write=True) if self.writes else fn()
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:

@@ -75,6 +75,10 @@ a successor's restore reading the marker of the checkpoint a deposed holder's
 collection subsumes (the vandal deleted every marker above it) while the completion
 overlap's window *b* is open, and its files only after the overlapping checkpoint's
 collection (``job-gc-damage``).
+Session 18's lapsed marker (:class:`LapsedMarker`, drawn apart): a completion marker's
+PUT lands, its answer lost, at the start of an outage of its driver's storage that
+outlasts the lease but not the outage budget: the wrapper's repetition is refused by
+the lapsed lease's gate (``job-failed-counted``).
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
@@ -155,7 +159,11 @@ can fail, see docs/architecture.md "Deterministic simulation"):
   read through, ignores it (below the newer markers' retention floor), unless the
   vandal damaged or deleted a marker above it (the floor may be unreadable then: seed
   101367). Such a marker is judged as damaged by the other invariants (its files are
-  gone).
+  gone);
+* ``job-failed-counted`` (at the end): a checkpoint the history records failed
+  (``checkpoint_failed``) never counted at any step (its driver released its shared
+  files and counted a failure; a marker whose outcome is unknown is abandoned, never
+  failed).
 
 :class:`~airflow_ckpt.testing.sim.outcome.Outcome.coverage` counts what each schedule
 exercised (GC over a non-empty set, adoption filtering a marker, a restore fallback,
@@ -200,6 +208,7 @@ from airflow_ckpt.runtime.checkpoint.metadata import FileEntry, Manifest, parse_
 from airflow_ckpt.runtime.checkpoint.savepoint_history import IN_HISTORY, RESTORED_NAME
 from airflow_ckpt.runtime.control.channel import ControlChannel, ControlRequest
 from airflow_ckpt.runtime.control.savepoints import expire_request
+from airflow_ckpt.runtime.history.events import CHECKPOINT_FAILED
 from airflow_ckpt.runtime.job import CheckpointedJob
 from airflow_ckpt.runtime.job import checkpointed_job as job_module
 from airflow_ckpt.runtime.lease.holder import JobLease
@@ -274,11 +283,12 @@ RENEWED_DEPOSED = "job-renewed-deposed"
 GC_DAMAGE = "job-gc-damage"
 SAVEPOINT_KEPT = "job-savepoint-kept"
 ONE_HOLDER = "job-one-holder"
+FAILED_COUNTED = "job-failed-counted"
 INVARIANTS = (JOB_OUTPUT, UNCOVERED_COMMIT, CHECKPOINT_CHANGED, CHECKPOINT_VERIFIES,
               DAMAGED_REFERENCE, OLDER_STATE, CONTROL, DRIVER_ERROR, CUT_OFF,
               MARKER_RESURRECTED, RESTORED_UNCOUNTED, RETENTION, UNGATED_WRITE,
               WRITE_AFTER_EXPIRY, UNCOUNTED, RENEWED_DEPOSED, GC_DAMAGE, SAVEPOINT_KEPT,
-              ONE_HOLDER)
+              ONE_HOLDER, FAILED_COUNTED)
 #: invariants the runtime still breaks (a defect found, not fixed yet): reported by every
 #: run, not failed on by the seeds of ``make test`` (see docs/architecture.md)
 KNOWN_DEFECTS: frozenset[str] = frozenset()
@@ -572,6 +582,36 @@ class BuriedClaim:
                                  lambda: _outcome(apply), self.scheduler.now)
 
 
+class LapsedMarker:
+    """Session 18's story (drawn apart, :attr:`JobWorld.lapsed_marker`): a completion
+    marker's PUT lands but its answer is lost, at the start of a storage outage of its
+    driver (every request of its views refused, 503) that outlasts the lease's validity
+    (``ttl - max_write``) but not the outage budget (30 s). The outage wrapper repeats
+    the PUT; by then the lease lapsed, so the lease's gate refuses the repetition before
+    anything is sent. The marker landed: the driver's claim-then-adopt after the lapse
+    (in process) or a successor's counts it, so the checkpoint must not be recorded
+    failed (``job-failed-counted``; mutant ``outage-forgets-unknown``). Played once per
+    seed (never by the recovery: its storage is faultless)."""
+
+    def __init__(self, seed: int, allowed: bool) -> None:
+        rng = random.Random(seed ^ 0x1A95ED)
+        self.drawn = rng.random() < 0.3 and allowed
+        #: how long the driver's storage stays unreachable after the lost answer: past
+        #: the repetition at 17.5 s of the wrapper's backoff (the lease lapses within
+        #: 16 s of its last renewal), within the 30 s budget
+        self.outage_s = rng.uniform(TTL_S, 26.0)
+        self.played = False
+        #: driver storage tag -> when (scheduler time) its outage ends
+        self.down: dict[str, float] = {}
+
+    def wants(self, key: str, create_only: bool) -> bool:
+        return (self.drawn and not self.played and create_only
+                and key.endswith("/_metadata") and _checkpoint_of(key) is not None)
+
+    def describe(self) -> str:
+        return f"lapsed marker {self.drawn} (outage {self.outage_s:.1f} s)"
+
+
 class DriverStorage(SimStorage):
     """A driver's view whose writes :class:`Landings` and :class:`ClaimRace` pick land
     late: the caller meets ``OutcomeUnknownError`` and the request is applied (its
@@ -587,18 +627,40 @@ class DriverStorage(SimStorage):
     buried: BuriedClaim | None = None
     #: told of every GET this view made (its key), once it returned
     after_get: Callable[[str], None] | None = None
+    #: the seed's :class:`LapsedMarker` (None: not drawn)
+    lapsed: LapsedMarker | None = None
 
     def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
         view = DriverStorage(self.store, self.scheduler, faults=self.faults, tag=self.tag)
         view.landings, view.rng, view.checked = self.landings, self.rng, check
         view.race, view.race_rng, view.buried = self.race, self.race_rng, self.buried
+        view.lapsed = self.lapsed
         return view
+
+    def _enter(self, op: str, key: str) -> None:
+        lapsed = self.lapsed
+        if lapsed is not None and self.tag in lapsed.down \
+                and self.scheduler.current() is not None:
+            if self.scheduler.now < lapsed.down[self.tag]:
+                self.scheduler.yield_point(f"{op} {key}")
+                self._log(op, key, "503 (the lapsed marker's outage)")
+                raise EndpointUnreachableError(f"sim: {op} {key}: 503 (outage)")
+            del lapsed.down[self.tag]
+        super()._enter(op, key)
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:
         op = "put" + (" create-only" if create_only else "") + (" if-match" if if_match else "")
         if self.observe is not None:
             self.observe("put", [key])
+        lapsed = self.lapsed
+        if lapsed is not None and self.scheduler.current() is not None \
+                and lapsed.wants(key, create_only):
+            super().put_bytes(key, data, create_only=create_only, if_match=if_match)
+            lapsed.played = True
+            lapsed.down[self.tag] = self.scheduler.now + lapsed.outage_s
+            self._log(op, key, f"applied, answer lost; unreachable for {lapsed.outage_s:.1f} s")
+            raise OutcomeUnknownError(f"sim: {op} {key}: answer lost (an outage begins)")
         hold: float | None = None
         if self.buried is not None and self.buried.wants(key, if_match) \
                 and self.scheduler.current() is not None:
@@ -990,6 +1052,11 @@ class JobWorld(Judged):
             self.buried is not None or self.replay.on or self.deposed_marker.drawn
             or self.stale_claim.drawn or self.floor_takeover or self.cleanup
             or self.older_run))
+        #: session 18's story (:class:`LapsedMarker`, drawn apart): not with the stories
+        #: that play their own markers and takeovers
+        self.lapsed_marker = LapsedMarker(seed, allowed=not (
+            self.buried is not None or self.deposed_marker.drawn or self.stale_claim.drawn
+            or self.fallback.drawn))
         if self.fallback.drawn:
             self.setup = replace(self.setup, lives=3, crash_p=0.0, pause_p=0.0, damages=0,
                                  faults=Faults(hold_s=HOLD_S), memory_threshold=0,
@@ -2132,6 +2199,7 @@ class JobWorld(Judged):
         storage.landings, storage.rng = self.landings, self.landings_rng
         storage.race, storage.race_rng = self.claim_race, self.claim_race_rng
         storage.buried = self.buried
+        storage.lapsed = self.lapsed_marker if self.lapsed_marker.drawn else None
 
         def program() -> None:
             if not setup.together and not self.contention.together:
@@ -2337,6 +2405,9 @@ class JobWorld(Judged):
     # ------------------------------------------------------------------ the end
 
     def check_end(self) -> None:
+        if self.lapsed_marker.played:
+            self.coverage["lapsed-marker"] += 1
+        self.check_failed_counted()
         self.check_damaged_references()
         self.check_verifies()
         self.check_control()
@@ -2350,6 +2421,25 @@ class JobWorld(Judged):
             self.violate(JOB_OUTPUT, f"the recovery ended {self.recovered}")
             return
         self.check_output()
+
+    def check_failed_counted(self) -> None:
+        """``job-failed-counted``: a checkpoint the history records failed
+        (``checkpoint_failed``) never counted (by the design's rule, at any step): its
+        driver released its shared files and counted a failure, so a marker of it that
+        a holder or a successor's adoption counts contradicts the history (a marker
+        whose outcome is unknown is abandoned, never failed)."""
+        for key, stored in self.objects.objects.items():
+            if not (key.startswith(LAYOUT.history_prefix) and key.endswith(".json")):
+                continue
+            try:
+                event = json.loads(stored.data)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("type") == CHECKPOINT_FAILED \
+                    and event.get("id") in self._ever_counted:
+                self.violate(FAILED_COUNTED, f"chk-{event['id']} is recorded failed "
+                             f"({str(event.get('failure_message'))[:120]}) but its marker "
+                             "counted")
 
     def check_refusal(self) -> bool:
         """Whether the recovery's failure is the documented refusal: no checkpoint that
@@ -2498,7 +2588,7 @@ class JobWorld(Judged):
                   f"{self.retention}; {self.uploads.describe()}; {self.landings.describe()}; "
                   f"{self.claim_race.describe()}; {self.overlap.describe()}; "
                   f"{self.replay.describe()}; {self.overtaking.describe()}; "
-                  f"{self.fallback.describe()}")
+                  f"{self.fallback.describe()}; {self.lapsed_marker.describe()}")
         previous = job_module.CONTROL_POLL_S
         job_module.CONTROL_POLL_S = 20.0  # virtual seconds; the doorbell is heard sooner
         try:
