@@ -309,6 +309,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "keep = [m for m in self._retained if m.checkpoint_id != self._pinned]",
            "keep = list(self._retained)",
            "the checkpoint a run restored from is not subsumed before the run has its own"),
+    Mutant("base-files-unpinned", STORE,
+           "            self._base = base",
+           "            self._base = None",
+           "the files of a run's base below the retention floor stay while its marker is "
+           "stored (its marker is subsumed first, once the run has a checkpoint of its own)"),
     # ---------------------------------------------------------------- adoption filter
     Mutant("late-markers-count", "runtime/lease/record.py",
            "return [n for n in ids if n in adopted or n >= lease.first_id]",

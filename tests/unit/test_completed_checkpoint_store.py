@@ -134,6 +134,37 @@ def test_the_restored_checkpoint_is_never_swept_when_it_no_longer_counts(
     assert [m.checkpoint_id for m in store.retained] == [6, 8]
 
 
+def test_a_base_below_the_floor_keeps_its_files_while_its_marker_is_stored(
+    tmp_path: Path,
+) -> None:
+    """Found by the job world (seed 413159, session 18's scan): the run's base below the
+    retention floor (an operator's explicit target) was pinned against the sweep, but
+    its shared files, named by no retained checkpoint, were stashed at ``recover`` and
+    collected once the run's first checkpoint was confirmed, its marker left in place: a
+    completed checkpoint whose files were gone. Its files now stay while its marker is
+    stored; the run's own checkpoint subsumes it, marker first, files after the next
+    confirmation."""
+    storage = open_storage((tmp_path / "s").as_uri())
+    put_checkpoint(storage, 4, ["aa1"])
+    put_checkpoint(storage, 6, ["bb1"])
+    put_checkpoint(storage, 8, ["cc1"], retention_floor=6)
+    store = CompletedCheckpointStore(storage, "j", num_retained=2)
+    assert store.recover(pinned=4) == 9
+    assert [m.checkpoint_id for m in store.retained] == [6, 8]  # adds nothing to a floor
+    settle(store)  # a confirmation and a collection before the run's first checkpoint
+    assert storage.exists(L.shared_file("aa1"))
+    for f in (m9 := put_checkpoint(storage, 9, ["dd1"], retention_floor=8)).files:
+        if f.shared:
+            store.shared.uploaded(L.root + f.key)
+    assert store.add(m9) == [4, 6]  # the run's own: its base is subsumed, marker first
+    assert not storage.exists(L.checkpoint_metadata(4))
+    assert storage.exists(L.shared_file("aa1")), "a file deleted with its marker"
+    settle(store)
+    assert not storage.exists(L.shared_file("aa1"))
+    assert not storage.list(L.checkpoint_dir(4))
+    assert [m.checkpoint_id for m in store.retained] == [8, 9]
+
+
 def test_a_damaged_marker_is_not_retained_and_fails_no_driver(tmp_path: Path) -> None:
     """Found by the job world of the simulation (seed 6): a vandalised ``_metadata``
     made ``recover`` raise ``MetadataError`` in every later driver (the job wedged for

@@ -140,6 +140,9 @@ class CompletedCheckpointStore:
         #: checkpoints whose marker is durable and confirmed, not added yet (see marked)
         self._marked: set[int] = set()
         self._pinned: int | None = None  # never subsumed: the checkpoint restored from
+        #: the pinned checkpoint when it is not retained (below the retention floor: an
+        #: operator's explicit target): its files stay until its marker is deleted
+        self._base: Manifest | None = None
         #: keys to delete after a confirmation, by stash number (see the module doc)
         self._stash: list[tuple[int, list[str]]] = []
         self._stashes = 0
@@ -195,8 +198,15 @@ class CompletedCheckpointStore:
             log.info("removing abandoned checkpoint chk-%d (no _metadata)", n)
             self.storage.delete_prefix(self.layout.checkpoint_dir(n))
         readable = [m for n in completed if (m := self._readable(n)) is not None]
+        # The run's base below the retention floor is no retained checkpoint (it adds
+        # nothing to a floor), but its files are kept like one's while its marker is
+        # stored: then subsumed, marker first, once the run has a checkpoint of its own
+        # (job seed 413159, session 18: its files were collected, its marker left).
+        base = self._readable(pinned) if pinned is not None and pinned in every \
+            and pinned not in completed else None
         with self._lock:
             self._retained = readable
+            self._base = base
         stored = self.storage.list(self.layout.shared_prefix)
         bad = set(distrust)
         self.shared = SharedFileRegistry(i.key for i in stored if i.key not in bad
@@ -280,10 +290,11 @@ class CompletedCheckpointStore:
             excess = max(len(keep) - self.num_retained, 0)
             subsumed = keep[:excess]
             self._retained = [m for m in self._retained if m not in subsumed]
+            if self._base is not None and self._pinned is None:
+                subsumed.insert(0, self._base)  # the run has a checkpoint of its own
+                self._base = None
             cleared, self._cleared = self._cleared, []
-            referenced = {
-                self.layout.root + f.key for m in self._retained for f in m.files if f.shared
-            }
+            referenced = self._referenced()
         maybe_stored = self.shared.stored()
         shared = sorted({k for k in cleared if k in maybe_stored})
         own = sorted({k for k in cleared if not k.startswith(self.layout.shared_prefix)})
@@ -308,6 +319,12 @@ class CompletedCheckpointStore:
             )
         return [m.checkpoint_id for m in subsumed]
 
+    def _referenced(self) -> set[str]:
+        """The shared keys the retained checkpoints name, and the run's base while it
+        is pinned (under ``_lock``)."""
+        kept = [*self._retained, *([self._base] if self._base is not None else [])]
+        return {self.layout.root + f.key for m in kept for f in m.files if f.shared}
+
     def _stash_unreferenced(self, subsumed: list[Manifest]) -> None:
         """Stash, for deletion after the next confirmation, the own objects of the
         ``subsumed`` checkpoints (their markers are deleted) and every shared key that
@@ -315,9 +332,7 @@ class CompletedCheckpointStore:
         own = [self.layout.root + f.key for m in subsumed for f in m.files
                if not f.shared and not f.is_inline]
         with self._lock:
-            referenced = {
-                self.layout.root + f.key for m in self._retained for f in m.files if f.shared
-            }
+            referenced = self._referenced()
             waiting = set(self._cleared).union(*(keys for _, keys in self._stash))
             stored = [k for k in self.shared.stored() if k not in referenced
                       and k not in waiting and self._own_epoch_or_older(k)]
