@@ -11,7 +11,8 @@ simulated storage that enforces the storage contract and injects faults
 * **sinks** (:mod:`airflow_ckpt.testing.sim.sinks`): exactly-once output under deposed
   drivers and older restores; **sinks-late**: the same world telling, on every seed,
   one story of a record held in the network until its staging was swept (or of a
-  deposed driver's sweep), its other draws as the sinks world's;
+  deposed driver's sweep, or of an abort's record swap landing after a later run
+  judged the batch), its other draws as the sinks world's;
 * **savepoints** (:mod:`airflow_ckpt.testing.sim.savepoints`): a savepoint request
   answered by drivers deposed mid-way;
 * **job** (:mod:`airflow_ckpt.testing.sim.job`): 2-4 real ``CheckpointedJob`` drivers of

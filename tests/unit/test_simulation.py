@@ -240,8 +240,11 @@ def test_the_late_sink_world_tells_its_stories() -> None:
     held so, lands after its successor's sweep, the successor having restored two
     batches below, rescaled, and skipped the batch's replay under its shifted id
     (``relist-trusts-late-records``); a deposed driver suspended before a sweep wakes
-    once its successor staged the batch afresh (``discard-unconfirmed``). A seed
-    replays one schedule."""
+    once its successor staged the batch afresh (``discard-unconfirmed``); a run that
+    went back aborts a batch the newest checkpoint lists, its record swap held in the
+    network until the next run (``restore=latest``) judged the batch committable, and
+    that run's commit refuses the batch (session 18: ``aborted-record-committed-as-nothing``
+    returned as if it were published). A seed replays one schedule."""
     traces = ["\n".join(run_late_sink_seed(seed).trace) for seed in range(45)]
     assert any(re.search(r"deliver late put if-match out/_txn/\S+: PreconditionFailedError", t)
                for t in traces)
@@ -249,6 +252,10 @@ def test_the_late_sink_world_tells_its_stories() -> None:
                and "two batches below the held record create" in t
                and "skipped (shifted id)" in t for t in traces)
     assert any("another driver staged its batch afresh" in t for t in traces)
+    assert any(re.search(r"(driver-\d+) judged batch (\d+) committable[^\n]*\n[^\n]*deliver "
+                         r"late put if-match out/_txn/0*\2\.json: applied after a recovery "
+                         r"judged.*?\1: stops: SinkTransactionAbortedError", t, re.S)
+               for t in traces)
     assert run_late_sink_seed(4).trace == traces[4].split("\n")
 
 

@@ -56,7 +56,9 @@ the one read, or before sweeping an undecided batch's staging, waking once the
 successor staged that batch afresh; or before listing the records, waking once another
 driver changed one. The seeds without a record race hold a driver's record of a
 staging in the network until that batch's staging was swept (:class:`LateRecord`), then
-a user's run goes back to a checkpoint listing the batch. Only checkpoints whose marker
+a user's run goes back to a checkpoint listing the batch (the ``sinks-late`` world, also:
+a run that went back aborts a batch the newest checkpoint lists, its record swap held
+until the next run judged that batch committable). Only checkpoints whose marker
 was confirmed count (the ground truth of what a successor may restore).
 
 Invariants, checked after every step against the source plan (the ground truth:
@@ -243,6 +245,12 @@ FRESH_HOLD_S = 3 * HOLD_S
 #: so, and its successor restores two batches below, rescaled; ``sweep``: the fresh
 #: record race at ``list`` (:class:`RecordRace`)
 LATE_STORIES = ("supersede", "supersede", "create", "sweep")
+#: the share of ``sinks-late`` seeds telling the ``abort`` story instead (drawn on a
+#: generator of its own, so the other seeds keep their stories and schedules): a run
+#: that went back aborts a batch the newest completed checkpoint lists, its record swap
+#: held in the network until a later run restoring that checkpoint judged the batch
+#: committable (:class:`LateRecord`; sinks seed 401637 of session 18's scan)
+LATE_ABORT_P = 0.25
 #: a ``supersede`` seed's chance that a submission's first query goes to an older
 #: checkpoint besides the ``rescales`` generator's
 LATE_OLDER_P = 0.5
@@ -441,13 +449,27 @@ class LateRecord:
       record, if the record names the swept attempt;
     * ``create``: a driver's record create of the batch after one it published, while
       another driver runs: its caller waits for the answer (its lease expires), and the
-      successor's recovery sweeps (:attr:`creating` names the batch meanwhile)."""
+      successor's recovery sweeps (:attr:`creating` names the batch meanwhile);
+    * ``abort``: a recovery's record swap aborting a batch the newest completed
+      checkpoint lists (a run that went back: an explicit older restore). Its caller
+      waits for the answer (its lease expires); the next run to start restores the
+      newest checkpoint (``restore=latest``; :attr:`aborting` names the batch
+      meanwhile, and Airflow starts a driver if none runs), and the swap lands right
+      after that run's recovery judged the batch committable (``require_committable``
+      read the record staged: :meth:`judge`), before its commit reads the record
+      (sinks seed 401637 of session 18's scan). The commit must refuse the batch
+      (``SinkTransactionAbortedError``), never return as if it were published."""
 
     def __init__(self, story: str | None, scheduler: Scheduler, objects: SimObjects,
                  contended: Callable[[], bool], listed: Callable[[int], bool],
-                 landed: Callable[[Transaction], None]) -> None:
+                 landed: Callable[[Transaction], None],
+                 newest_lists: Callable[[int], bool] = lambda batch: False,
+                 takeover: Callable[[], None] = lambda: None) -> None:
         self.story = story  # None: no write is held (the ``sinks`` world)
         self.listed = listed  # whether a completed checkpoint lists a batch
+        #: whether the newest completed checkpoint (``restore=latest``'s) lists a batch
+        self.newest_lists = newest_lists
+        self.takeover = takeover  # Airflow starts a driver if none runs (``abort``)
         self.contended = contended  # whether another driver runs beside the caller
         self.scheduler = scheduler
         self.objects = objects
@@ -455,6 +477,10 @@ class LateRecord:
         self.held = False  # one hold per seed
         #: the batch of a held create not landed yet (its successor restores below it)
         self.creating: int | None = None
+        #: the batch of a held abort swap not landed yet (the next run restores latest)
+        self.aborting: int | None = None
+        #: the batches a recovery judged committable while an abort swap was held
+        self.judged: set[int] = set()
 
     def holds(self, key: str, data: bytes, create_only: bool) -> Callable[[], bool] | None:
         """Whether the network holds this ``_txn/`` write: the condition it waits for
@@ -463,6 +489,16 @@ class LateRecord:
                 or "/_txn/" not in key):
             return None
         txn = Transaction.from_json(data)
+        if self.story == "abort":  # a staged record swapped to aborted (not one found
+            # aborted already, its fence counted up) of a batch restore=latest judges
+            stored = self.objects.objects.get(key)
+            if (txn.state != "aborted" or stored is None or txn.replay
+                    or Transaction.from_json(stored.data).state != "staged"
+                    or not self.newest_lists(txn.batch)):
+                return None
+            self.held, self.aborting = True, txn.batch
+            self.takeover()
+            return lambda: txn.batch in self.judged
         if txn.state != "staged":
             return None
         root = key[:key.index('/_txn/')]
@@ -483,6 +519,49 @@ class LateRecord:
                 return None
         self.held = True
         return lambda: not any(k.startswith(staging) for k in self.objects.objects)
+
+    def judge(self, driver: str, batches: Iterable[int]) -> None:
+        """``driver``'s recovery judged ``batches`` committable (its
+        ``require_committable`` returned): a held abort swap of one of them lands right
+        after this step."""
+        if self.aborting is not None and self.aborting in batches:
+            self.judged.add(self.aborting)
+            self.scheduler.log(f"{driver} judged batch {self.aborting} committable (its "
+                               "record read staged; the abort swap is in the network)")
+
+    def hold_answer(self, label: str, apply: Callable[[], str],
+                    judged: Callable[[], bool]) -> str:
+        """Hold ``apply`` (an abort's record swap) until ``judged()``: it lands right
+        after the step that judged its batch, or after :data:`FRESH_HOLD_S` at most.
+        The calling driver waits for its answer meanwhile (its lease expires); returns
+        what ``apply`` returned, or raises what it raised."""
+        sched = self.scheduler
+        answer: list[str | Exception] = []
+
+        def land() -> str:
+            self.aborting = None
+            try:
+                answer.append(apply())
+            except Exception as exc:
+                answer.append(exc)
+                return type(exc).__name__
+            return ("applied after a recovery judged its batch committable" if judged()
+                    else "applied")
+
+        def watch() -> None:
+            if not answer and judged():
+                sched.log(f"deliver {label}: {land()}")
+
+        sched.log(f"{label}: the write hangs in the network until a recovery judges its "
+                  "batch")
+        sched.observers.append(watch)
+        sched.defer(label, lambda: "landed already" if answer else land(),
+                    sched.now + FRESH_HOLD_S)
+        while not answer:
+            sched.sleep(SUSPEND_STEP_S)
+        if isinstance(answer[0], Exception):
+            raise answer[0]
+        return answer[0]
 
     def wait(self, key: str, swept: Callable[[], bool]) -> None:
         """The calling driver waits for its write's answer (the network holds it) until
@@ -548,6 +627,19 @@ class _RacingView(RacingView):
         held, self._held = self._held, None
         if held is None:
             return super()._write(op, key, apply)
+        if self.late.story == "abort":  # its caller waits for the answer: a later run
+            # restores the checkpoint listing the batch and judges it
+            if self.checked is not None:
+                self.checked(op, key)
+            self._enter(op, key)
+            try:
+                result = self.late.hold_answer(f"late {op} {key}",
+                                               self._tracked(op, key, apply), held)
+            except Exception as exc:
+                self._log(op, key, f"{type(exc).__name__} (landed late)")
+                raise
+            self._log(op, key, "ok (landed late)")
+            return result
         if "create-only" in op:  # its caller waits for the answer: a successor sweeps
             self.late.wait(key, held)
             result = super()._write(op, key, apply)
@@ -697,6 +789,8 @@ class SinkWorld(Judged):
         #: the ``sinks-late`` world's story of this seed (:data:`LATE_STORIES`), or None
         self.story = (random.Random(f"sinks-late-story-{seed}").choice(LATE_STORIES)
                       if late else None)
+        if late and random.Random(f"sinks-late-abort-{seed}").random() < LATE_ABORT_P:
+            self.story = "abort"
         self.world = "sinks-late" if late else "sinks"
         #: the go-back-and-return story (:data:`REVISIT_P`): a generator of its own, so
         #: the seeds without it keep their schedules; ``went_back``: its first step done
@@ -731,7 +825,8 @@ class SinkWorld(Judged):
         #: listing it)
         self.late = LateRecord(self.story if self.story != "sweep" else None,
                                self.scheduler, self.objects, self.race.contended,
-                               lambda batch: bool(self.listing(batch)), self.go_back)
+                               lambda batch: bool(self.listing(batch)), self.go_back,
+                               self.newest_lists, self.take_over)
         self.gone_back: dict[int, Transaction] = {}
         #: a ``supersede`` seed's chance per first query of an older restore (a generator
         #: of its own)
@@ -748,6 +843,11 @@ class SinkWorld(Judged):
             self.completion_crash_p = COMPLETION_CRASH_P
             self.setup = replace(self.setup, older_restore_p=max(self.setup.older_restore_p,
                                                                  0.3), same_offsets_p=1.0)
+        if self.story == "abort":  # the newest checkpoint lists a batch not committed
+            # yet (its driver died before the commit), and a run goes back past it
+            self.completion_crash_p = COMPLETION_CRASH_P
+            self.setup = replace(self.setup, older_restore_p=max(self.setup.older_restore_p,
+                                                                 0.3), new_start_p=0.0)
         if self.story == "create":  # the successor's rescaled life replays the batches
             # its predecessor published (the same plans): skipped, under shifted ids
             self.setup = replace(self.setup, same_offsets_p=1.0, crash_p=0.0)
@@ -1043,6 +1143,16 @@ class SinkWorld(Judged):
         storage = FencedStorage(*self.fence(view, lease.gate, f"driver-{number}"))
         sink = JsonLinesSink(storage, SINK, ids=self.attempt_ids(number))
         sink.fence(lease.gate, lease.confirm)
+        if self.story == "abort":  # the harness notes each judgement (a held abort swap
+            # lands right after it: :class:`LateRecord`)
+            judge = sink.transactions.require_committable
+
+            def judged(batches: Iterable[int],
+                       offsets: Callable[[int], BatchOffsets | None] | None = None) -> None:
+                batches = tuple(batches)
+                judge(batches, offsets)
+                self.late.judge(f"driver-{number}", batches)
+            sink.transactions.require_committable = judged  # type: ignore[method-assign]
         if PLANT_NO_OFFSETS not in setup.plants:
             sink.track_offsets(self.offsets_of(number))
         for life in range(1, QUERY_LIVES + 1):
@@ -1067,13 +1177,15 @@ class SinkWorld(Judged):
         rescaled = False
         # an older restore, drawn apart so that seeds without one keep their schedules
         older = first and (self.rescales.random() < RESCALE_OLDER_P or (
-            self.story == "supersede" and self.older.random() < LATE_OLDER_P))
+            self.story in ("supersede", "abort") and self.older.random() < LATE_OLDER_P))
         goback = first and self.revisiting and not older and not self.went_back
         revisit = first and self.revisiting and not older and self.went_back
         restored: Checkpoint | None
         back = self.going_back(self.gone_back[number]) if (
             first and number in self.gone_back) else None
         below = self.below_create() if first and back is None else None
+        latest = (self.newest() if first and back is None and below is None
+                  and self.late.aborting is not None else None)
         if back is not None:  # a user's run after a late record
             restored, explicit = back, True
             sched.log(f"restores {restored} (explicit: it lists the late record's batch)")
@@ -1081,6 +1193,10 @@ class SinkWorld(Judged):
             restored, explicit, rescaled = below, True, True
             sched.log(f"restores {restored} (explicit, two batches below the held record "
                       "create), rescaled")
+        elif latest is not None:  # the next run while an abort swap is held (restore=latest)
+            restored, explicit = latest, False
+            sched.log(f"restores {restored} (latest: it lists batch {self.late.aborting}, "
+                      "whose abort is in the network)")
         elif not first and number in self.origins and number not in self.floors:
             # the run started elsewhere and its initial checkpoint never completed (in
             # the runtime that fails the attempt before any in-process restart, and the
@@ -1223,6 +1339,25 @@ class SinkWorld(Judged):
         """The completed checkpoints a restore may choose that list ``batch``."""
         return [c for c in self.checkpoints if c.checkpoint_id not in self.damaged
                 and c.shift == self.shift and any(b == batch for b, _, _ in c.transactions)]
+
+    def newest(self) -> Checkpoint | None:
+        """The newest completed checkpoint a restore may choose (``restore=latest``'s
+        when none is found damaged), or None."""
+        usable = [c for c in self.checkpoints if c.checkpoint_id not in self.damaged
+                  and c.shift == self.shift]
+        return usable[-1] if usable else None
+
+    def newest_lists(self, batch: int) -> bool:
+        """Whether :meth:`newest` lists ``batch``'s transaction."""
+        newest = self.newest()
+        return newest is not None and any(b == batch for b, _, _ in newest.transactions)
+
+    def take_over(self) -> None:
+        """:class:`LateRecord`'s ``abort`` story: the aborting driver waits for its
+        swap's answer; if no other driver runs, Airflow declares it dead (it went
+        silent) and starts another."""
+        if not self.race.contended():
+            self.replace_driver()
 
     def below_create(self) -> Checkpoint | None:
         """While a record create of batch ``B`` is held (:class:`LateRecord`'s
