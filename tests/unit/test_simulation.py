@@ -458,6 +458,22 @@ def test_a_checkpoint_overtaken_by_an_abandoned_marker_is_subsumed() -> None:
     assert not any("put create-only simjob/chk-2/_metadata" in line for line in outcome.trace)
 
 
+def test_an_overtaking_marker_whose_answers_are_lost_subsumes_the_overtaken_one() -> None:
+    """Job seed 141 (session 18): the overtaking story with its marker's answers lost
+    (``Overtaking.lost``): chk-2's whole async phase runs while chk-1 uploads, nothing
+    retained before, every PUT of chk-2's marker loses its answer until the outage
+    budget is spent (chk-2 abandoned; its first copy landed, floor 2), and the driver
+    crashes where chk-1 settles. chk-1 must fail as subsumed and never write a marker
+    (the mutant ``abandoned-marker-not-subsuming`` writes it below chk-2's floor: the
+    recovery's claim does not adopt it, ``job-uncounted``; job seed 383105's schedule)."""
+    outcome = run_job_seed(141)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    seen = outcome.coverage.components
+    assert seen.get("overtaking-marker-lost") == 1 and seen.get("overtaken-then-crash") == 1, seen
+    assert any("put create-only simjob/chk-2/_metadata" in line for line in outcome.trace)
+    assert not any("put create-only simjob/chk-1/_metadata" in line for line in outcome.trace)
+
+
 def test_a_successor_falling_back_to_a_subsumed_checkpoint_finds_its_files() -> None:
     """The subsumed fallback (``SubsumedFallback``, session 17) at job seed 85: chk-8's
     marker is confirmed during chk-6's completion (window *b* of the completion

@@ -629,12 +629,15 @@ class DriverStorage(SimStorage):
     after_get: Callable[[str], None] | None = None
     #: the seed's :class:`LapsedMarker` (None: not drawn)
     lapsed: LapsedMarker | None = None
+    #: the overtaking checkpoint's held completion markers (None: not such a marker)
+    overtaken: Callable[[str], float | None] | None = None
 
     def checked_view(self, check: Callable[[str, str], None]) -> SimStorage:
         view = DriverStorage(self.store, self.scheduler, faults=self.faults, tag=self.tag)
         view.landings, view.rng, view.checked = self.landings, self.rng, check
         view.race, view.race_rng, view.buried = self.race, self.race_rng, self.buried
         view.lapsed = self.lapsed
+        view.overtaken = self.overtaken
         return view
 
     def _enter(self, op: str, key: str) -> None:
@@ -667,6 +670,10 @@ class DriverStorage(SimStorage):
             hold = -1.0  # until its epoch's record is swept (BuriedClaim.release)
         hold = self.race.hold(self.race_rng, key, if_match) if hold is None else hold
         hold = self.landings.hold(self.rng, op, key) if hold is None else hold
+        if self.overtaken is not None and op == "put create-only" \
+                and _checkpoint_of(key) is not None:
+            held = self.overtaken(key)  # after the draws above: they keep their order
+            hold = hold if held is None else held
         if hold is None or self.scheduler.current() is None:
             return super().put_bytes(key, data, create_only=create_only, if_match=if_match)
         return self._late(op, key, hold, lambda: self.store.put(
@@ -1976,6 +1983,8 @@ class JobWorld(Judged):
         actor, rng = self.scheduler.current(), self.contention_rng
         if actor is not None and self.fallback.before_beat(actor):
             return
+        if actor is not None and self.overtaking.losing(actor.parent):
+            return  # the overtaking marker's lost answers keep a healthy lease
         if actor is not None and self.starve_rng.random() < self.starve_p:
             self._starve(actor)
             return
@@ -2200,6 +2209,7 @@ class JobWorld(Judged):
         storage.race, storage.race_rng = self.claim_race, self.claim_race_rng
         storage.buried = self.buried
         storage.lapsed = self.lapsed_marker if self.lapsed_marker.drawn else None
+        storage.overtaken = self.overtaking.hold
 
         def program() -> None:
             if not setup.together and not self.contention.together:

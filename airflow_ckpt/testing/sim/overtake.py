@@ -28,6 +28,19 @@ or its next history append, completed or failed): a successor takes over and jud
 what counts while ``N+1`` is the newest checkpoint (``job-uncounted``: a marker below
 its floor is never adopted).
 
+On a share of the seeds that overtake (``lost``, drawn on a generator of its own, so the
+draws above keep their order and a seed without a window keeps its schedule), every PUT
+of the overtaking checkpoint's marker loses its answer (:meth:`Overtaking.hold`, asked
+by the driver's storage view): its first copy lands within seconds, the outage wrapper
+repeats it until ``tolerable-storage-outage`` is spent, and ``N+1`` is *abandoned* (its
+marker may count: a successor adopts it, with retention floor ``N+1`` when nothing was
+retained). ``N`` must then fail as ``SUBSUMED``, as after a written marker
+(``abandoned-marker-not-subsuming``: job seed 383105's schedule, made common). While
+such a phase runs the driver's heartbeat neither stalls nor starves and the driver's
+thread waits for it in :data:`LOSING_WAIT_S` steps: the story is a healthy lease whose
+one marker's answers are lost, and a minute of 0.05 s polls drew a process pause, a
+crash or a lapsed lease on nearly every such seed.
+
 The locks the phase actor may meet are made actor-aware by the completion overlap
 (``CompletionOverlap._actor_aware``); no completion-overlap window is open while the
 phase lives (the driver's thread waits in ``N``'s upload, before any completion).
@@ -42,6 +55,10 @@ from collections.abc import Callable
 from airflow_ckpt.runtime.checkpoint.coordinator import CheckpointCoordinator
 from airflow_ckpt.testing.sim.overlap import CompletionOverlap
 from airflow_ckpt.testing.sim.scheduler import Actor, Scheduler
+
+#: how long (virtual seconds) the driver's thread sleeps between looks at a phase whose
+#: marker loses its answers (it lasts ``tolerable-storage-outage``)
+LOSING_WAIT_S = 5.0
 
 
 class Overtaking:
@@ -58,6 +75,10 @@ class Overtaking:
         self.on = self.rng.random() < 0.5 and allowed
         self.p = self.rng.choice((0.5, 1.0))
         self.crash_p = self.rng.choice((0.0, 0.5, 1.0))
+        #: the overtaking marker's lost answers, on a generator of their own (the draws
+        #: above keep their order: a seed that does not lose them keeps its schedule)
+        self.lost_rng = random.Random(seed ^ 0x3E7E)
+        self.lost = self.on and self.lost_rng.random() < 0.5
         self.scheduler = scheduler
         self.overlap = overlap
         self.coordinator_of = coordinator_of
@@ -69,6 +90,9 @@ class Overtaking:
         self._armed: dict[CheckpointCoordinator, int] = {}
         #: driver actors that crash where their overtaken checkpoint settles
         self._crashing: set[Actor] = set()
+        #: overtaking phases whose marker PUTs lose their answers (``lost``) -> the
+        #: markers they sent so far
+        self._losing: dict[Actor, set[str]] = {}
 
     @property
     def max_concurrent(self) -> int:
@@ -77,7 +101,8 @@ class Overtaking:
     def describe(self) -> str:
         if not self.on:
             return "max-concurrent 1"
-        return f"max-concurrent 2, overtaking p={self.p:g} crash_p={self.crash_p:g}"
+        return (f"max-concurrent 2, overtaking p={self.p:g} crash_p={self.crash_p:g}"
+                + (", its marker's answers lost" if self.lost else ""))
 
     def before_upload(self) -> None:
         """At ``upload.before_file`` on a driver's thread: drawn at the first unit of the
@@ -113,17 +138,46 @@ class Overtaking:
         actor.killed = True
         self.scheduler.yield_point("crashed after an overtaken checkpoint")
 
+    def losing(self, driver: Actor | None) -> bool:
+        """Whether a phase of ``driver``'s process whose marker loses its answers is
+        still running (its heartbeat then neither stalls nor starves: the story is a
+        healthy lease whose one marker's answers are lost)."""
+        return any(phase.alive and phase.parent is driver for phase in self._losing)
+
+    def hold(self, key: str) -> float | None:
+        """How long the network holds a completion marker's PUT that an overtaking phase
+        sends with ``lost`` drawn (None: not such a PUT): every answer is lost, so the
+        outage wrapper repeats it until its budget is spent and the checkpoint is
+        abandoned; its first copy lands within seconds (a successor adopts it), the
+        repeats later (create-only: they find it there)."""
+        actor = self.scheduler.current()
+        sent = self._losing.get(actor) if actor is not None else None
+        if sent is None:
+            return None
+        first = key not in sent
+        sent.add(key)
+        if first:
+            self.coverage["overtaking-marker-lost"] += 1
+        return self.lost_rng.uniform(0.5, 3.0) if first else self.lost_rng.uniform(1.0, 10.0)
+
     def _open(self, actor: Actor, coordinator: CheckpointCoordinator) -> bool:
         """The coordinator thread's step; True if the next checkpoint's phase ran."""
-        phase = self.overlap.tick_on_actors(actor, coordinator, "ckpt-async-2")
+        def spawned(phase: Actor) -> None:
+            if self.lost:
+                self._losing[phase] = set()
+        phase = self.overlap.tick_on_actors(actor, coordinator, "ckpt-async-2", spawned)
         if phase is None:
             self.coverage["overtaking-not-due"] += 1
             return False
         self.coverage["overtaking-checkpoint"] += 1
         self.scheduler.log(f"{phase.name}: the next checkpoint's async phase runs while "
                            "this one uploads")
+        # a phase whose marker loses its answers lasts the outage budget: the driver's
+        # thread waits for it in long steps (each yield point is a chance for the
+        # process to pause or crash, and a pause also stops the heartbeat)
+        step = LOSING_WAIT_S if phase in self._losing else 0.05
         while phase.alive:
-            self.scheduler.sleep(0.05)
+            self.scheduler.sleep(step)
         if self.crash_p and self.rng.random() < self.crash_p:
             self._crashing.add(actor)
         return True
