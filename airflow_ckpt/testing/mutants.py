@@ -229,6 +229,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "a write whose answer was lost once stays of unknown outcome through the "
            "outage budget: a repetition refused without evidence (the lease's gate) or "
            "a spent budget never makes it a definite failure"),
+    Mutant("restart-ignores-decision", "runtime/job/checkpointed_job.py",
+           "if (decided := self._decided_to_stop(coordinator)) is not None:",
+           "if (decided := None) is not None:",
+           "a driver whose coordinator decided to stop (a marker of unknown outcome, "
+           "another driver) or whose lease another driver took stops, also when its "
+           "query failed for another reason first: no restart in process"),
     Mutant("marker-unconfirmed", "runtime/checkpoint/marker.py",
            "confirm()  # the marker counts only if no successor claimed before it",
            "pass  # the marker counts only if no successor claimed before it",

@@ -718,3 +718,28 @@ def test_a_marker_whose_answer_was_lost_before_its_lease_lapsed_is_never_failed(
     assert outcome.coverage.components.get("lapsed-marker") == 1
     assert any("chk-301/_metadata -> applied, answer lost; unreachable" in line
                for line in outcome.trace)
+
+
+def test_a_deposed_driver_whose_query_fails_in_a_spent_outage_stops() -> None:
+    """Job seed 423723 (session 18's scan; outside make test's seeds, pinned here): the
+    lapsed marker story. driver-2's chk-1 marker lands with its answer lost, an outage
+    begins, and a successor claimed the job meanwhile: the repetition is refused, chk-1
+    abandoned (the coordinator's fatal decision), the lease lost to another driver.
+    The query then fails on the spent outage. Before, the driver skipped the lease's
+    confirmation (the outage was the failure), counted a restart and restored in
+    process as if it still held the job (``restore=latest`` found nothing under the
+    successor's record: ``job-older-state``). It stops now, on the decision taken."""
+    outcome = run_job_seed(423723)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    assert outcome.coverage.components.get("lapsed-marker") == 1
+
+
+def test_a_marker_the_vandal_damaged_before_its_repetition_is_no_failed_count() -> None:
+    """Job seed 420262 (session 18's scan, a fault of the world's model): chk-1's marker
+    PUTs lose their answers, one copy lands, the vandal damages it, and the next
+    repetition meets other bytes than its own: the driver cannot tell them from another
+    driver's marker and fails the checkpoint (``CONCURRENT_DRIVER``). A damaged marker
+    is no evidence for ``job-failed-counted``."""
+    outcome = run_job_seed(420262)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    assert any("vandal damages simjob/chk-1/_metadata" in line for line in outcome.trace)

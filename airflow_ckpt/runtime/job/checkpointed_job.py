@@ -342,6 +342,8 @@ class CheckpointedJob:
                     raise  # a storage fault in the query itself: no marker involved
                 raise coordinator.fatal from None  # only a new epoch settles the marker
             except Exception as exc:  # the query failed (StreamingQueryException, ...)
+                if (decided := self._decided_to_stop(coordinator)) is not None:
+                    raise decided from exc
                 if self.unit is not None and (lost := self.unit.lost()) is not None:
                     # No query failure: the driver died with its JVM. The supervisor
                     # counts that once; a restart here would have nothing to run on.
@@ -373,6 +375,21 @@ class CheckpointedJob:
                 # epoch, adopting what completed) and resume from the latest checkpoint.
                 self._retake_lease()
             target = "latest"
+
+    def _decided_to_stop(self, coordinator: CheckpointCoordinator) -> AirflowCkptError | None:
+        """What stops this driver though its query failed for another reason first (the
+        order :meth:`_run_once` judges them in): the coordinator's fatal decision that
+        no restart in this process can settle (a marker of unknown outcome: only a new
+        epoch settles it; another driver), or the lease taken by another driver. Job
+        seed 423723 (session 18): a deposed driver whose marker was abandoned met a
+        spent outage in its query, skipped the lease's confirmation (the outage was the
+        failure) and restarted in process, restoring as if it still held the job."""
+        fatal = coordinator.fatal
+        if isinstance(fatal, (FinalError, OutcomeUnknownError)):
+            return fatal
+        if isinstance(self.lease.failure, ConcurrentDriverError):
+            return self.lease.failure
+        return None
 
     def _note_renewal(self) -> None:
         self._outages_at_renewal = self.outage.outages

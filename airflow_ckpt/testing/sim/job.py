@@ -2437,7 +2437,10 @@ class JobWorld(Judged):
         (``checkpoint_failed``) never counted (by the design's rule, at any step): its
         driver released its shared files and counted a failure, so a marker of it that
         a holder or a successor's adoption counts contradicts the history (a marker
-        whose outcome is unknown is abandoned, never failed)."""
+        whose outcome is unknown is abandoned, never failed). A marker the vandal
+        touched is no evidence: a repetition of the marker's create-only PUT that meets
+        its own first copy damaged cannot tell it from another driver's, and fails the
+        checkpoint as ``CONCURRENT_DRIVER`` (job seed 420262)."""
         for key, stored in self.objects.objects.items():
             if not (key.startswith(LAYOUT.history_prefix) and key.endswith(".json")):
                 continue
@@ -2446,7 +2449,8 @@ class JobWorld(Judged):
             except ValueError:
                 continue
             if isinstance(event, dict) and event.get("type") == CHECKPOINT_FAILED \
-                    and event.get("id") in self._ever_counted:
+                    and event.get("id") in self._ever_counted \
+                    and LAYOUT.checkpoint_metadata(event["id"]) not in self.vandalized:
                 self.violate(FAILED_COUNTED, f"chk-{event['id']} is recorded failed "
                              f"({str(event.get('failure_message'))[:120]}) but its marker "
                              "counted")
