@@ -493,6 +493,22 @@ def test_a_base_below_the_retention_floor_keeps_its_files_while_its_marker_is_st
                for line in outcome.trace)
 
 
+def test_a_run_restoring_the_base_below_the_floor_leaves_its_files_while_its_marker_counts(
+) -> None:
+    """The base below the floor (``JobWorld.base_below``, session 18) at job seed 0: the
+    floor takeover leaves chk-N below the newest marker's retention floor, its marker
+    stored and counted (its writer deposed before its retention); the next run restores
+    it on purpose, incremental with memory-threshold 0 (some of its shared files named
+    by no retained checkpoint) and completes checkpoints of its own. The mutant
+    ``base-files-unpinned`` collects the base's files with its marker left
+    (``job-checkpoint-verifies``); job seed 413159's schedule."""
+    outcome = run_job_seed(0)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    seen = outcome.coverage.components
+    assert seen.get("base-below-floor-restore") == 1 and seen.get("gc-shared-files"), seen
+    assert not seen.get("retention-floor-struck"), seen
+
+
 def test_a_successor_falling_back_to_a_subsumed_checkpoint_finds_its_files() -> None:
     """The subsumed fallback (``SubsumedFallback``, session 17) at job seed 85: chk-8's
     marker is confirmed during chk-6's completion (window *b* of the completion
