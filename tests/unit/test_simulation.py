@@ -474,6 +474,41 @@ def test_an_overtaking_marker_whose_answers_are_lost_subsumes_the_overtaken_one(
     assert not any("put create-only simjob/chk-1/_metadata" in line for line in outcome.trace)
 
 
+def test_a_base_below_the_retention_floor_keeps_its_files_while_its_marker_is_stored() -> None:
+    """Job seed 413159 (session 18's scan; outside make test's seeds, pinned here):
+    driver-1 (epoch 1) completed chk-1, chk-2 and chk-4 (num-retained 2, incremental,
+    memory-threshold 0; chk-4's retention floor 2) and was deposed before it collected
+    chk-1; its next life restored chk-1 on purpose (an explicit target below the floor),
+    claimed epoch 3 (adopting chk-1, chk-2, chk-4) and completed chk-201. Before, chk-1's
+    shared files, named by no retained checkpoint, were stashed at ``recover`` and
+    collected after chk-201's confirmation, chk-1's marker left in place (the mutant
+    ``base-files-unpinned``: ``job-checkpoint-verifies``). Now chk-201 subsumes chk-1,
+    marker first, its files after the next confirmation."""
+    outcome = run_job_seed(413159)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    seen = outcome.coverage.components
+    assert seen.get("explicit-restore") and seen.get("gc-shared-files"), seen
+    assert any("driver-1.2 starts, restore=chk-1" in line for line in outcome.trace)
+    assert any("put create-only simjob/chk-201/_metadata -> ok" in line
+               for line in outcome.trace)
+
+
+def test_a_run_restoring_the_base_below_the_floor_leaves_its_files_while_its_marker_counts(
+) -> None:
+    """The base below the floor (``JobWorld.base_below``, session 18) at job seed 0: the
+    floor takeover leaves chk-N below the newest marker's retention floor, its marker
+    stored and counted (its writer deposed before its retention); the next run restores
+    it on purpose, incremental with memory-threshold 0 (some of its shared files named
+    by no retained checkpoint) and completes checkpoints of its own. The mutant
+    ``base-files-unpinned`` collects the base's files with its marker left
+    (``job-checkpoint-verifies``); job seed 413159's schedule."""
+    outcome = run_job_seed(0)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    seen = outcome.coverage.components
+    assert seen.get("base-below-floor-restore") == 1 and seen.get("gc-shared-files"), seen
+    assert not seen.get("retention-floor-struck"), seen
+
+
 def test_a_successor_falling_back_to_a_subsumed_checkpoint_finds_its_files() -> None:
     """The subsumed fallback (``SubsumedFallback``, session 17) at job seed 85: chk-8's
     marker is confirmed during chk-6's completion (window *b* of the completion

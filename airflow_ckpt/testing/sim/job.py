@@ -253,6 +253,10 @@ KEYS = ("a", "b", "c")
 TTL_S, HEARTBEAT_S, MAX_WRITE_S = 20.0, 3.0, 4.0
 #: a late write is held up to this long: past a successor's takeover
 HOLD_S = 40.0
+BASE_BELOW_P = 0.5  # the base below the floor (session 18): its share of the floor takeovers
+#: ... and its least batch: its oldest offsets, commits and state versions (the query keeps
+#: four) are then named by no newer checkpoint
+BASE_BATCH = 3
 PAUSE_S = (5.0, 40.0)
 #: a request's timeout: it never expires on the job's side in a schedule
 REQUEST_TIMEOUT_S = 150.0  # past every client's patience (5-120 s): it expires first
@@ -999,6 +1003,22 @@ class JobWorld(Judged):
             self.setup = replace(self.setup, num_retained=1)
             self.contention = replace(self.contention, marker_suspend_p=max(
                 self.contention.marker_suspend_p, 0.5))
+        #: session 18's story, the base below the floor (job seed 413159; drawn apart,
+        #: ``seed ^ 0xBA5E``, on a share of the floor takeover's seeds): the checkpoint
+        #: the takeover leaves below the newest marker's retention floor, its marker
+        #: stored and counted, is no vandal's target but the restore of the next run
+        #: that can take it (:meth:`before_run`: an operator's explicit target), with
+        #: incremental checkpoints and memory-threshold 0 (its files are shared, some
+        #: named by no retained checkpoint); that run's own checkpoint is collected
+        #: while the base's marker may still be stored: its files must stay until its
+        #: marker is deleted (the mutant ``base-files-unpinned``:
+        #: ``job-checkpoint-verifies``)
+        self.base_below = self.floor_takeover \
+            and random.Random(seed ^ 0xBA5E).random() < BASE_BELOW_P
+        if self.base_below:
+            self.setup = replace(self.setup, incremental=True, memory_threshold=0,
+                                 batches=max(self.setup.batches, 8))
+        self._base_runs: set[Actor] = set()  # drivers whose run restored the base
         #: session 15's story (:class:`BuriedClaim`): an older lease record stored again
         #: below a final one, the next claimant killed before its second look, and a
         #: late marker only the buried record counts (session 14's late claims made each
@@ -1426,7 +1446,7 @@ class JobWorld(Judged):
         above the floor that it does not reference. ``restore=latest`` must then refuse
         (naming the damaged files) rather than fall back below the floor
         (``job-older-state``; a refusal judged by :meth:`check_refusal`)."""
-        if not self.floor_takeover or self._retention_struck:
+        if not self.floor_takeover or self._retention_struck or self.base_below:
             return
         floor = self.reader_floor()
         counted = self._counted_before
@@ -2016,7 +2036,11 @@ class JobWorld(Judged):
         if actor is None or not actor.name.startswith("driver"):
             return
         if self._buried_claim_marker(actor) or self.stale_claim.before_marker(actor) \
-                or self.deposed_marker.before_marker(actor) or self.deposed_marker.pending:
+                or self.deposed_marker.before_marker(actor) or self.deposed_marker.pending \
+                or (actor.parent or actor) in self._base_runs \
+                or (self.base_below and self._covered < BASE_BATCH):
+            # a run that restored the base below the floor keeps its lease; the base is
+            # past its query's first batches (some of its files then are its own)
             return
         if rng.random() >= self.contention.marker_suspend_p \
                 and not self._successor_waits(actor) and not self._late_start_waits(actor):
@@ -2105,6 +2129,7 @@ class JobWorld(Judged):
         actor, rng = self.scheduler.current(), self.slow_start_rng
         if actor is None or self.recovering:
             return
+        self._restore_the_base(actor)
         self.deposed_marker.before_run(actor)
         self.fallback.before_run(actor)
         now = self.scheduler.now
@@ -2115,6 +2140,24 @@ class JobWorld(Judged):
         self.scheduler.log("starts its run only after a suspended holder wakes")
         until = min(waking) + rng.uniform(0.5, 2 * HEARTBEAT_S)
         self.scheduler.sleep((until - now) * actor.host.rate)
+
+    def _restore_the_base(self, actor: Actor) -> None:
+        """With :attr:`base_below`: a run starting (its takeover over) while a checkpoint
+        below the retention floor counts, its marker and files intact, restores it on
+        purpose (an operator's explicit target: session 14's case, job seed 108)."""
+        job = self._running.get(actor)
+        floor = self.reader_floor() if self.base_below and job is not None else None
+        if job is None or floor is None:
+            return
+        below = [n for n in self.counted() if n < floor[0]
+                 and (m := self.manifest(LAYOUT.checkpoint_metadata(n))) is not None
+                 and not self.damaged(m, LAYOUT.checkpoint_metadata(n))]
+        if below:
+            self._base_runs.add(actor)
+            job.restore_target = f"chk-{max(below)}"
+            self.coverage["base-below-floor-restore"] += 1
+            self.scheduler.log(f"restores {job.restore_target} on purpose, below the "
+                               f"retention floor chk-{floor[0]}")
 
     def _late_start_waits(self, actor: Actor) -> bool:
         """With the seed's :attr:`slow_start_p`, now and then a driver whose marker is due
