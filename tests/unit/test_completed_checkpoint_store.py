@@ -117,6 +117,18 @@ def test_the_restored_checkpoint_is_pinned_until_the_run_has_its_own(tmp_path: P
     assert not storage.exists(L.shared_file("aa1"))
 
 
+def restored_below_the_floor(tmp_path: Path) -> tuple[CheckpointStorage, CompletedCheckpointStore]:
+    """chk-4, chk-6 and chk-8 (floor 6) stored; a store that restored chk-4 (below the
+    floor) and recovered, ``num-retained`` 2."""
+    storage = open_storage((tmp_path / "s").as_uri())
+    put_checkpoint(storage, 4, ["aa1"])
+    put_checkpoint(storage, 6, ["bb1"])
+    put_checkpoint(storage, 8, ["cc1"], retention_floor=6)
+    store = CompletedCheckpointStore(storage, "j", num_retained=2)
+    assert store.recover(pinned=4) == 9
+    return storage, store
+
+
 def test_the_restored_checkpoint_is_never_swept_when_it_no_longer_counts(
     tmp_path: Path,
 ) -> None:
@@ -124,12 +136,7 @@ def test_the_restored_checkpoint_is_never_swept_when_it_no_longer_counts(
     counted when chosen; the takeover then adopted chk-8, whose retention floor (6)
     leaves chk-4 below it, so the run's own ``recover`` swept chk-4 as never completed:
     the run's base gone before it had a checkpoint of its own (``job-retention``)."""
-    storage = open_storage((tmp_path / "s").as_uri())
-    put_checkpoint(storage, 4, ["aa1"])
-    put_checkpoint(storage, 6, ["bb1"])
-    put_checkpoint(storage, 8, ["cc1"], retention_floor=6)
-    store = CompletedCheckpointStore(storage, "j", num_retained=2)
-    assert store.recover(pinned=4) == 9
+    storage, store = restored_below_the_floor(tmp_path)
     assert storage.exists(L.checkpoint_metadata(4)), "the run's restored base was swept"
     assert [m.checkpoint_id for m in store.retained] == [6, 8]
 
@@ -144,12 +151,7 @@ def test_a_base_below_the_floor_keeps_its_files_while_its_marker_is_stored(
     completed checkpoint whose files were gone. Its files now stay while its marker is
     stored; the run's own checkpoint subsumes it, marker first, files after the next
     confirmation."""
-    storage = open_storage((tmp_path / "s").as_uri())
-    put_checkpoint(storage, 4, ["aa1"])
-    put_checkpoint(storage, 6, ["bb1"])
-    put_checkpoint(storage, 8, ["cc1"], retention_floor=6)
-    store = CompletedCheckpointStore(storage, "j", num_retained=2)
-    assert store.recover(pinned=4) == 9
+    storage, store = restored_below_the_floor(tmp_path)
     assert [m.checkpoint_id for m in store.retained] == [6, 8]  # adds nothing to a floor
     settle(store)  # a confirmation and a collection before the run's first checkpoint
     assert storage.exists(L.shared_file("aa1"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -452,6 +452,26 @@ def test_restoring_a_snapshot_whose_batch_another_run_staged_again_is_refused(
     assert published_numbers(again) == [0]
 
 
+def restored_then(kind: str, storage: CheckpointStorage, tmp_path: Path,
+                  then: Callable[[OffsetsLog], object]) -> tuple[TwoPhaseCommitSink, OffsetsLog]:
+    """A sink that staged batch 0 (listed by the checkpoint it restores), restored by a
+    sink whose recovery runs ``then`` with another run's offsets log right after it
+    judged the restored batches, before their commit reads the records: another run's
+    write held in the network, landing late."""
+    log = OffsetsLog(tmp_path / "work")
+    run_batch(tracked_sink(kind, storage, log), log, 0, 0, 3, commit=False)  # listed
+    older = OffsetsLog(tmp_path / "older")
+    restored = tracked_sink(kind, storage, log)
+    judge = restored.transactions.require_committable  # type: ignore[attr-defined]
+
+    def judged_then(batches: Any, offsets: Any = None) -> None:
+        judge(batches, offsets)
+        then(older)
+
+    restored.transactions.require_committable = judged_then  # type: ignore[attr-defined]
+    return restored, older
+
+
 @pytest.mark.parametrize("kind", ["parquet", "jsonl"])
 def test_a_restored_batch_superseded_after_its_judgement_is_refused_at_its_commit(
         kind: str, storage: CheckpointStorage, tmp_path: Path) -> None:
@@ -460,17 +480,8 @@ def test_a_restored_batch_superseded_after_its_judgement_is_refused_at_its_commi
     before its commit read the record. The decision then names the other input, and
     the commit raises before publishing it as the restored batch (a restore of the
     other run's checkpoint publishes it)."""
-    log = OffsetsLog(tmp_path / "work")
-    run_batch(tracked_sink(kind, storage, log), log, 0, 0, 3, commit=False)  # listed
-    older = OffsetsLog(tmp_path / "older")
-    restored = tracked_sink(kind, storage, log)
-    judge = restored.transactions.require_committable  # type: ignore[attr-defined]
-
-    def judged_then_superseded(batches: Any, offsets: Any = None) -> None:
-        judge(batches, offsets)
-        run_batch(tracked_sink(kind, storage, older), older, 0, 0, 1, commit=False)
-
-    restored.transactions.require_committable = judged_then_superseded  # type: ignore[attr-defined]
+    restored, older = restored_then(kind, storage, tmp_path, lambda older: run_batch(
+        tracked_sink(kind, storage, older), older, 0, 0, 1, commit=False))
     with pytest.raises(SinkTransactionAbortedError, match="committed batch 0 from other"):
         restored.recover([0])
     again = tracked_sink(kind, storage, older)  # the decision is the other run's batch
@@ -561,17 +572,9 @@ def test_a_restored_batch_aborted_after_its_judgement_is_refused_at_its_commit(
     staged: the restored batch was never published and nothing was refused. It is
     refused now (``SinkTransactionAbortedError``), as when the recovery reads it
     aborted."""
-    log = OffsetsLog(tmp_path / "work")
-    run_batch(tracked_sink(kind, storage, log), log, 0, 0, 3, commit=False)  # listed
-    older = OffsetsLog(tmp_path / "older")
-    restored = tracked_sink(kind, storage, log)
-    judge = restored.transactions.require_committable  # type: ignore[attr-defined]
-
-    def judged_then_aborted(batches: Any, offsets: Any = None) -> None:
-        judge(batches, offsets)
-        tracked_sink(kind, storage, older).recover([])  # its restore does not list batch 0
-
-    restored.transactions.require_committable = judged_then_aborted  # type: ignore[attr-defined]
+    # the other run's restore does not list batch 0
+    restored, _ = restored_then(kind, storage, tmp_path,
+                                lambda older: tracked_sink(kind, storage, older).recover([]))
     with pytest.raises(SinkTransactionAbortedError):
         restored.recover([0])
     assert published_numbers(restored) == []
