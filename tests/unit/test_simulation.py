@@ -778,3 +778,21 @@ def test_a_marker_the_vandal_damaged_before_its_repetition_is_no_failed_count() 
     outcome = run_job_seed(420262)
     assert outcome.violations == [], format_outcome(outcome, 40)
     assert any("vandal damages simjob/chk-1/_metadata" in line for line in outcome.trace)
+
+
+@pytest.mark.parametrize("seed", [70, 125])
+def test_a_fallback_past_a_checkpoint_of_several_damaged_objects_reuses_none(seed: int) -> None:
+    """The operator's wrong cleanup (``JobWorld.cleanup``; since session 18 its objects
+    are damaged, never deleted) at job seeds 70 and 125: every shared object the newest
+    checkpoint uploaded (chk-302 at 125) is damaged once the drivers are gone, the
+    recovery's ``restore=latest`` falls back past it, and its replay meets those bytes
+    again by content: its next checkpoint must upload every damaged key anew. With the
+    mutant ``fallback-distrusts-first-key`` the restore distrusted only the first, and a
+    later checkpoint referenced another (``job-damaged-reference``: chk-507 at 70,
+    chk-401 at 125)."""
+    outcome = run_job_seed(seed)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    assert outcome.coverage.components["wrong-cleanup"] == 1
+    assert outcome.coverage.components["restore-fallback"] > 0
+    assert sum("vandal deletes" in line for line in outcome.trace) < \
+        sum("vandal damages" in line for line in outcome.trace)

@@ -2404,7 +2404,9 @@ class JobWorld(Judged):
     def _wrong_cleanup(self) -> None:
         """An operator's wrong cleanup once the drivers are gone: every object of the
         newest checkpoint is damaged, so the recovery falls back past it, finding
-        several keys damaged."""
+        several keys damaged. Other bytes, never deleted (session 18): a deleted key is
+        uploaded again anyway, so only stored damaged keys tell a fallback that distrusts
+        some of them (``fallback-distrusts-first-key``) from one that distrusts all."""
         sched = self.scheduler
         while any(a.alive for a in sched.actors if a.name.startswith("driver")):
             sched.sleep(5.0)
@@ -2412,7 +2414,7 @@ class JobWorld(Judged):
         if len(keys) > 1:
             self.coverage["wrong-cleanup"] += 1
         for key in keys:
-            self._damage(key)
+            self._damage(key, keep=True)
 
     def _newest_checkpoint_objects(self) -> list[str]:
         """The objects the newest checkpoint uploaded (referenced by no older marker):
@@ -2427,10 +2429,11 @@ class JobWorld(Judged):
         return sorted({key for f in _objects_of(manifests[-1]) if f.key not in older
                        and (key := f"{JOB}/{f.key}") in self.objects.objects})
 
-    def _damage(self, key: str, delete: bool = False) -> None:
-        """Other bytes of the same size (60 %), or the object deleted (or ``delete``)."""
+    def _damage(self, key: str, delete: bool = False, keep: bool = False) -> None:
+        """Other bytes of the same size (60 %), or the object deleted (or ``delete``);
+        ``keep``: never deleted (the draw is made all the same: the schedule stays)."""
         sched = self.scheduler
-        if not delete and self.rng.random() < 0.6:
+        if not delete and (self.rng.random() < 0.6 or keep):
             data = self.objects.objects[key].data
             etag = self.objects.put(key, bytes((b + 1) & 0xFF for b in data) or b"x",
                                     sched.now, create_only=False, if_match=None,
