@@ -106,10 +106,10 @@ def test_the_restored_checkpoint_is_pinned_until_the_run_has_its_own(tmp_path: P
     """Issue 8 defect 2: after falling back past a damaged chk-5 to chk-4, retention 1
     must not delete chk-4 (the only good one) in favour of the damaged newest."""
     storage = open_storage((tmp_path / "s").as_uri())
-    put_checkpoint(storage, 4, ["aa1"])
+    restored = put_checkpoint(storage, 4, ["aa1"])
     put_checkpoint(storage, 5, ["bb1"])
     store = CompletedCheckpointStore(storage, "j", num_retained=1)
-    store.recover(pinned=4)
+    store.recover(pinned=restored)
     assert [m.checkpoint_id for m in store.retained] == [4, 5]
     assert storage.exists(L.shared_file("aa1"))
     add(store, put_checkpoint(storage, 6, ["cc1"]))  # the run's own: the pin is released
@@ -121,11 +121,11 @@ def restored_below_the_floor(tmp_path: Path) -> tuple[CheckpointStorage, Complet
     """chk-4, chk-6 and chk-8 (floor 6) stored; a store that restored chk-4 (below the
     floor) and recovered, ``num-retained`` 2."""
     storage = open_storage((tmp_path / "s").as_uri())
-    put_checkpoint(storage, 4, ["aa1"])
+    restored = put_checkpoint(storage, 4, ["aa1"])
     put_checkpoint(storage, 6, ["bb1"])
     put_checkpoint(storage, 8, ["cc1"], retention_floor=6)
     store = CompletedCheckpointStore(storage, "j", num_retained=2)
-    assert store.recover(pinned=4) == 9
+    assert store.recover(pinned=restored) == 9
     return storage, store
 
 

@@ -164,13 +164,14 @@ class CompletedCheckpointStore:
         with self._lock:
             return {f.sha256: f for m in self._retained for f in m.files if f.shared}
 
-    def recover(self, pinned: int | None = None, distrust: Iterable[str] = ()) -> int:
+    def recover(self, pinned: Manifest | None = None, distrust: Iterable[str] = ()) -> int:
         """Load what storage holds; remove abandoned (marker-less) checkpoint directories.
 
         Must run before any checkpoint of this driver starts (the runtime holds the
-        job exclusively then). ``pinned``: the checkpoint the run restored from; it is
-        never subsumed until a checkpoint of this run completes (after a fallback past
-        damaged newer ones it may not be among the newest ``num_retained``).
+        job exclusively then). ``pinned``: the manifest of the checkpoint the run
+        restored from (as the restore read it); it is never subsumed until a checkpoint
+        of this run completes (after a fallback past damaged newer ones it may not be
+        among the newest ``num_retained``).
         ``distrust``: shared keys found damaged; they are uploaded again when next
         needed (content addressing would otherwise reuse the bad bytes). Returns
         one more than every checkpoint directory's id, completed or not; the driver
@@ -179,7 +180,7 @@ class CompletedCheckpointStore:
         the start-up reads are bounded by the retained checkpoints, whatever the job's
         age).
         """
-        self._pinned = pinned
+        self._pinned = pinned.checkpoint_id if pinned is not None else None
         aborted = self.storage.abort_incomplete_uploads(self.layout.root)
         if aborted:
             log.info("aborted %d incomplete multipart uploads of a previous driver", aborted)
@@ -188,7 +189,7 @@ class CompletedCheckpointStore:
         # The run's own base is never swept, also when it does not count (an operator's
         # explicit target below the retention floor of markers that count since: job
         # seed 108, session 14): a restart before the run's first checkpoint needs it.
-        abandoned = sorted(set(every) - set(completed) - {pinned})
+        abandoned = sorted(set(every) - set(completed) - {self._pinned})
         if abandoned:
             # A successor's marker may land between the two listings (this driver deposed,
             # its gate passing on a drifting clock): confirm before sweeping. A successor
@@ -202,8 +203,7 @@ class CompletedCheckpointStore:
         # nothing to a floor), but its files are kept like one's while its marker is
         # stored: then subsumed, marker first, once the run has a checkpoint of its own
         # (job seed 413159, session 18: its files were collected, its marker left).
-        base = self._readable(pinned) if pinned is not None and pinned in every \
-            and pinned not in completed else None
+        base = pinned if self._pinned in set(every) - set(completed) else None
         with self._lock:
             self._retained = readable
             self._base = base

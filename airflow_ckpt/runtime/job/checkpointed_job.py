@@ -501,7 +501,7 @@ class CheckpointedJob:
                                   restored.manifest.sources if restored.manifest else None)
         # Past every checkpoint directory, the lease's first id and what this driver's
         # earlier attempts took (their savepoints have no checkpoint directory).
-        next_id = max(store.recover(pinned=own.checkpoint_id if own else None,
+        next_id = max(store.recover(pinned=own,
                                     distrust=restored.damaged_keys),
                       record.first_id or 1 if record else 1,
                       self.coordinator.next_checkpoint_id if self.coordinator else 1)
