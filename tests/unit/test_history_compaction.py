@@ -256,6 +256,23 @@ def test_append_compacts_in_the_background(storage: Counting) -> None:
     assert [e.data["id"] for e in history.events()] == list(range(10))
 
 
+def test_append_compacts_inline_without_background(storage: Counting) -> None:
+    """``background=False`` (a driver without threads): the append that triggers the
+    compaction returns with the segment written and no compaction thread started, so the
+    order of storage requests is one (the crash-point enumeration replays it)."""
+    policy = CompactionPolicy(every=5, segment_events=100, background=False)
+    history = JobHistory(storage, "job", compaction=policy)  # type: ignore[arg-type]
+    threads = threading.active_count()
+    for i in range(4):
+        history.append(ev.CHECKPOINT_COMPLETED, id=i)
+    assert not history.listing().segments
+    history.append(ev.CHECKPOINT_COMPLETED, id=4)
+    assert threading.active_count() == threads
+    assert history.listing().segments
+    assert _raw_keys(storage) == []
+    assert [e.data["id"] for e in history.events()] == list(range(5))
+
+
 def test_a_landed_event_is_found_when_its_segment_is_merged_while_read(
         storage: Counting) -> None:
     """Issue 25 item 6: an appender asks whether a compaction took its event into a

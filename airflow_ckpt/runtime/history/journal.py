@@ -105,11 +105,15 @@ class CompactionPolicy:
         up until it holds this many
     :param retain_checkpoint_events: ``checkpoint_completed``/``_failed`` events kept in
         segments (whole segments are dropped, oldest first); None keeps all
+    :param background: automatic compaction runs on a thread of its own (the append
+        returns at once); False runs it inside the append that triggers it (one order of
+        storage requests, for a driver that runs no threads)
     """
 
     every: int = 50
     segment_events: int = 1000
     retain_checkpoint_events: int | None = 20_000
+    background: bool = True
 
     def __post_init__(self) -> None:
         if self.every < 0 or self.segment_events < 1 or (
@@ -275,7 +279,7 @@ class JobHistory(HistoryReader):
             self._appends % policy.every == 0
             or (self._appends == 1 and event_type == JOB_STARTED)
         ):
-            self._compact_in_background()
+            self._compact_automatically(policy.background)
 
     def _known_head(self) -> int:
         if self._head is None:
@@ -313,7 +317,7 @@ class JobHistory(HistoryReader):
                             return True
         return False
 
-    def _compact_in_background(self) -> None:
+    def _compact_automatically(self, background: bool) -> None:
         if not self._compacting.acquire(blocking=False):
             return  # one is running; the next trigger catches up
 
@@ -326,7 +330,10 @@ class JobHistory(HistoryReader):
             finally:
                 self._compacting.release()
 
-        threading.Thread(target=run, name="ckpt-history-compact", daemon=True).start()
+        if background:
+            threading.Thread(target=run, name="ckpt-history-compact", daemon=True).start()
+        else:
+            run()
 
     # ------------------------------------------------------------------ compaction
 

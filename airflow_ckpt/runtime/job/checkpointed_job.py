@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,7 +52,7 @@ from airflow_ckpt.runtime.control.channel import (
 )
 from airflow_ckpt.runtime.driver.unit import DriverUnit
 from airflow_ckpt.runtime.history import events as ev
-from airflow_ckpt.runtime.history.journal import JobHistory
+from airflow_ckpt.runtime.history.journal import DEFAULT_COMPACTION, JobHistory
 from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.job.ending import JobResult, QueryEnding
 from airflow_ckpt.runtime.job.requests import SavepointRequests
@@ -170,7 +171,10 @@ class CheckpointedJob:
         self.storage: CheckpointStorage = self._driver_view(raw_storage)
         # History events are create-only and unique: a deposed driver may still record
         # why it stopped.
-        self.history = JobHistory(OutageRidingStorage(raw_storage, self.outage), self.job)
+        # Without threads (``threaded=False``) the history compacts inside the append.
+        self.history = JobHistory(
+            OutageRidingStorage(raw_storage, self.outage), self.job,
+            compaction=replace(DEFAULT_COMPACTION, background=threaded))
         #: digests of the working directory's files, shared by restore and every
         #: coordinator of this driver (restored files are never hashed again)
         self._digests = DigestCache()
@@ -209,8 +213,9 @@ class CheckpointedJob:
         self._cancel = threading.Event()
         #: the driver's Python process and JVM as one unit (installed by ``run``)
         self.unit: DriverUnit | None = None
-        #: False: the coordinator runs no threads and is ticked by the run loop (one
-        #: deterministic order of storage mutations, for crash-point enumeration)
+        #: False: the coordinator runs no threads and is ticked by the run loop, and the
+        #: history compacts inline (one deterministic order of storage mutations, for
+        #: crash-point enumeration)
         self.threaded = threaded
         #: the driver's monotonic clock: when periodic checkpoints and control polls are
         #: due (a test that needs one order of events injects a clock that always says
