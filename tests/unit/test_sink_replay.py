@@ -31,6 +31,7 @@ from airflow_ckpt.runtime.sinks.offsets import (
 )
 from airflow_ckpt.runtime.sinks.transactions import SinkTransactions, Transaction
 from airflow_ckpt.runtime.storage import CheckpointStorage, open_storage
+from airflow_ckpt.runtime.storage.base import ObjectInfo
 from airflow_ckpt.testing.published import published_numbers
 
 
@@ -249,8 +250,12 @@ def test_only_at_least_once_commits_list_the_extra_publications(
     the job publishes them (recovery and abort always look)."""
     listed: list[str] = []
     real_list = storage.list
-    monkeypatch.setattr(storage, "list", lambda prefix="": listed.append(prefix)
-                        or real_list(prefix))
+
+    def tracked_list(prefix: str = "") -> list[ObjectInfo]:
+        listed.append(prefix)
+        return real_list(prefix)
+
+    monkeypatch.setattr(storage, "list", tracked_list)
     log = OffsetsLog(tmp_path / "work")
     sink = tracked_sink("jsonl", storage, log, ReplayPolicy(mode == "AT_LEAST_ONCE"))
     for b in range(3):
