@@ -16,7 +16,7 @@ import pytest
 
 from airflow_ckpt.runtime.control.savepoints import last_lifecycle_event
 from airflow_ckpt.runtime.history import events as ev
-from airflow_ckpt.runtime.history.journal import CompactionPolicy, JobHistory
+from airflow_ckpt.runtime.history.journal import CompactionPolicy, CompactionResult, JobHistory
 from airflow_ckpt.runtime.history.reader import EventCache
 from airflow_ckpt.runtime.history.restart_log import RestartLog
 from airflow_ckpt.runtime.storage import open_storage
@@ -256,18 +256,26 @@ def test_append_compacts_in_the_background(storage: Counting) -> None:
     assert [e.data["id"] for e in history.events()] == list(range(10))
 
 
-def test_append_compacts_inline_without_background(storage: Counting) -> None:
+def test_append_compacts_inline_without_background(
+        storage: Counting, monkeypatch: pytest.MonkeyPatch) -> None:
     """``background=False`` (a driver without threads): the append that triggers the
-    compaction returns with the segment written and no compaction thread started, so the
-    order of storage requests is one (the crash-point enumeration replays it)."""
+    compaction runs it on the appending thread and returns with the segment written, so
+    the order of storage requests is one (the crash-point enumeration replays it)."""
     policy = CompactionPolicy(every=5, segment_events=100, background=False)
     history = JobHistory(storage, "job", compaction=policy)  # type: ignore[arg-type]
-    threads = threading.active_count()
+    compacting_threads: list[threading.Thread] = []
+    real_compact = history.compact
+
+    def compact(policy: CompactionPolicy | None = None) -> CompactionResult:
+        compacting_threads.append(threading.current_thread())
+        return real_compact(policy)
+
+    monkeypatch.setattr(history, "compact", compact)
     for i in range(4):
         history.append(ev.CHECKPOINT_COMPLETED, id=i)
-    assert not history.listing().segments
+    assert compacting_threads == []
     history.append(ev.CHECKPOINT_COMPLETED, id=4)
-    assert threading.active_count() == threads
+    assert compacting_threads == [threading.current_thread()]
     assert history.listing().segments
     assert _raw_keys(storage) == []
     assert [e.data["id"] for e in history.events()] == list(range(5))
