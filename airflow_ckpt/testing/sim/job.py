@@ -2072,9 +2072,10 @@ class JobWorld(Judged):
         driver alive to take over): its host is suspended (in one go: its heartbeat
         thread stands still throughout) long enough for another driver to claim; this
         life's next marker is the lapsed one."""
-        story, job = self.lapsed_marker, self._running.get(actor)
+        driver = actor.parent or actor  # an overlapping phase runs on a thread of its own
+        story, job = self.lapsed_marker, self._running.get(driver)
         if not story.deposed or story.holder is not None or job is None \
-                or job.lease.record is None or not self._other_drivers(actor):
+                or job.lease.record is None or not self._other_drivers(driver):
             return False
         story.holder = actor.host.name
         story.holder_job = job
@@ -2087,16 +2088,16 @@ class JobWorld(Judged):
 
     def _deposed_marker_lands(self) -> None:
         """The deposed holder's marker PUT stays in the network until the holder's
-        heartbeat learnt of the takeover (a lost lease; 3 heartbeats of its clock at
+        heartbeat learnt of the takeover (a lost lease; a lease ttl of its clock at
         most), then lands with its answer lost."""
         sched = self.scheduler
         actor = sched.current()
-        job = self._running.get(actor) if actor is not None else None
+        job = self._running.get(actor.parent or actor) if actor is not None else None
         if actor is None or job is None:
             return
         sched.log("the marker's PUT stays in the network until its holder's heartbeat "
                   "looked at the lease")
-        deadline = sched.now + 3 * HEARTBEAT_S / actor.host.rate
+        deadline = sched.now + TTL_S / actor.host.rate
         while job.lease.failure is None and sched.now < deadline:
             sched.sleep(0.05)
 
