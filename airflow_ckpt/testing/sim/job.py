@@ -627,9 +627,11 @@ class LapsedMarker:
         self.deposed = allowed and not self.drawn \
             and deposed_rng.random() < DEPOSED_LAPSE_P
         self.on = self.drawn or self.deposed
-        #: the deposed holder's outage on its own clock: past the budget, and past it
-        #: by less than the budget the failure's recording gets (it is recorded)
-        self.deposed_outage_s = deposed_rng.uniform(OUTAGE_BUDGET_S + 3.0, 45.0)
+        #: the deposed holder's outage on its own clock: past the budget (spent before
+        #: its query's next batch reads the table), and past it by less than the
+        #: budget the failure's recording gets afresh
+        self.deposed_outage_s = deposed_rng.uniform(OUTAGE_BUDGET_S + 10.0,
+                                                    OUTAGE_BUDGET_S + 25.0)
         #: how long the holder's host is suspended (true seconds): for the lease to
         #: look dead and another driver to claim (its judgement takes a ttl)
         self.suspend_s = deposed_rng.uniform(5 * TTL_S, 10 * TTL_S)
