@@ -613,16 +613,18 @@ class LapsedMarker:
         #: driver storage tag -> when (scheduler time) its outage ends
         self.down: dict[str, float] = {}
         #: session 19, the deposed holder (drawn apart, ``seed ^ 0xDE905E``, on a share of
-        #: the seeds that allow the story and did not draw it; job seed 423723's story): the marker's holder is suspended
-        #: before it until a claimant took the lease and was killed right after its
+        #: the seeds that allow the story and did not draw it; job seed 423723's story):
+        #: the holder's host is suspended before its first marker long enough for
+        #: another driver to claim, and each claimant meanwhile is killed right after its
         #: claim (nobody adopts the marker); the marker's PUT, sent when the host wakes
-        #: (its monotonic clock stood still: its gate passes), stays in the network
-        #: until the holder's heartbeat learnt of the takeover, then lands with its
-        #: answer lost; the repetition is refused (another driver: the marker is
-        #: abandoned, the coordinator's decision is to stop), and the outage outlasts
-        #: the budget on the holder's own clock, so what its query meets next is a
-        #: spent outage. The driver must stop on the decision, never restart in process
-        #: (``job-older-state``; mutant ``restart-ignores-decision``)
+        #: (its monotonic clock stood still: its gate passes), stays in the network until
+        #: the holder's heartbeat learnt of the takeover, then lands with its answer
+        #: lost; the repetition is refused (another driver: the marker is abandoned, the
+        #: coordinator's decision is to stop), and the outage (the driver's view of the
+        #: sink's table too) outlasts the budget on the holder's own clock, so its
+        #: query's next batch fails on a spent outage. The driver must stop on the
+        #: decision, never restart in process (``job-older-state``; mutant
+        #: ``restart-ignores-decision``)
         deposed_rng = random.Random(seed ^ 0xDE905E)
         self.deposed = allowed and not self.drawn \
             and deposed_rng.random() < DEPOSED_LAPSE_P
