@@ -79,6 +79,12 @@ Session 18's lapsed marker (:class:`LapsedMarker`, drawn apart): a completion ma
 PUT lands, its answer lost, at the start of an outage of its driver's storage that
 outlasts the lease but not the outage budget: the wrapper's repetition is refused by
 the lapsed lease's gate (``job-failed-counted``).
+Session 19's deposed holder (``LapsedMarker.deposed``, drawn apart): the same marker
+written by a holder suspended past a takeover whose claimant dies right after its claim,
+its answer lost once the holder's heartbeat saw the takeover; the repetition is refused
+(the marker abandoned: the coordinator decides to stop) and the outage, the driver's view
+of the sink's table included, outlasts the budget, so the next batch fails on a spent
+outage: the driver must stop, not restart in process (``job-older-state``).
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
