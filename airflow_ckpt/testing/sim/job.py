@@ -608,7 +608,7 @@ class LapsedMarker:
     failed (``job-failed-counted``; mutant ``outage-forgets-unknown``). Played once per
     seed (never by the recovery: its storage is faultless)."""
 
-    def __init__(self, seed: int, allowed: bool) -> None:
+    def __init__(self, seed: int, allowed: bool, deposable: bool = True) -> None:
         rng = random.Random(seed ^ 0x1A95ED)
         self.drawn = rng.random() < 0.3 and allowed
         #: how long the driver's storage stays unreachable after the lost answer: past
@@ -618,8 +618,9 @@ class LapsedMarker:
         self.played = False
         #: driver storage tag -> when (scheduler time) its outage ends
         self.down: dict[str, float] = {}
-        #: session 19, the deposed holder (drawn apart, ``seed ^ 0xDE905E``, on a share of
-        #: the seeds that allow the story and did not draw it; job seed 423723's story):
+        #: session 19, the deposed holder (drawn apart, ``seed ^ 0xD3905E``, on a share of
+        #: the seeds that allow the story, did not draw it and are ``deposable``; job seed
+        #: 423723's story):
         #: the holder's host is suspended before its first marker long enough for
         #: another driver to claim, and each claimant meanwhile is killed right after its
         #: claim (nobody adopts the marker); the marker's PUT, sent when the host wakes
@@ -631,8 +632,8 @@ class LapsedMarker:
         #: query's next batch fails on a spent outage. The driver must stop on the
         #: decision, never restart in process (``job-older-state``; mutant
         #: ``restart-ignores-decision``)
-        deposed_rng = random.Random(seed ^ 0xDE905E)
-        self.deposed = allowed and not self.drawn \
+        deposed_rng = random.Random(seed ^ 0xD3905E)
+        self.deposed = allowed and deposable and not self.drawn \
             and deposed_rng.random() < DEPOSED_LAPSE_P
         self.on = self.drawn or self.deposed
         #: the deposed holder's outage on its own clock: past the budget (spent before
@@ -1147,10 +1148,12 @@ class JobWorld(Judged):
             or self.stale_claim.drawn or self.floor_takeover or self.cleanup
             or self.older_run))
         #: session 18's story (:class:`LapsedMarker`, drawn apart): not with the stories
-        #: that play their own markers and takeovers
+        #: that play their own markers and takeovers; its deposed holder (session 19) not
+        #: with the replayed overlap either (its executors lost at an upload fail the
+        #: query on their own, and its seeds pin that story)
         self.lapsed_marker = LapsedMarker(seed, allowed=not (
             self.buried is not None or self.deposed_marker.drawn or self.stale_claim.drawn
-            or self.fallback.drawn))
+            or self.fallback.drawn), deposable=not self.replay.on)
         if self.lapsed_marker.deposed:
             # a successor is there to claim (three lives per driver), no random crashes,
             # pauses nor storage faults: the story deposes and fails on its own; the
