@@ -768,7 +768,7 @@ def test_a_deposed_driver_whose_query_fails_in_a_spent_outage_stops() -> None:
     process as if it still held the job (``restore=latest`` found nothing under the
     successor's record: ``job-older-state``). It stops now, on the decision taken. (The
     later stories redrew this seed: it no longer kills ``restart-ignores-decision``;
-    seed 45's deposed holder does, below.)"""
+    seed 3's deposed holder does, below.)"""
     outcome = run_job_seed(423723)
     assert outcome.violations == [], format_outcome(outcome, 40)
     assert outcome.coverage.components.get("lapsed-marker") == 1
