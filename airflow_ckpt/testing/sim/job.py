@@ -618,7 +618,7 @@ class LapsedMarker:
         self.played = False
         #: driver storage tag -> when (scheduler time) its outage ends
         self.down: dict[str, float] = {}
-        #: session 19, the deposed holder (drawn apart, ``seed ^ 0xD3905E``, on a share of
+        #: session 19, the deposed holder (drawn apart, ``seed ^ 0xD3A1B3``, on a share of
         #: the seeds that allow the story, did not draw it and are ``deposable``; job seed
         #: 423723's story):
         #: the holder's host is suspended before its first marker long enough for
@@ -632,7 +632,7 @@ class LapsedMarker:
         #: query's next batch fails on a spent outage. The driver must stop on the
         #: decision, never restart in process (``job-older-state``; mutant
         #: ``restart-ignores-decision``)
-        deposed_rng = random.Random(seed ^ 0xD3905E)
+        deposed_rng = random.Random(seed ^ 0xD3A1B3)
         self.deposed = allowed and deposable and not self.drawn \
             and deposed_rng.random() < DEPOSED_LAPSE_P
         self.on = self.drawn or self.deposed
