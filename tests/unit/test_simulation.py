@@ -766,10 +766,36 @@ def test_a_deposed_driver_whose_query_fails_in_a_spent_outage_stops() -> None:
     The query then fails on the spent outage. Before, the driver skipped the lease's
     confirmation (the outage was the failure), counted a restart and restored in
     process as if it still held the job (``restore=latest`` found nothing under the
-    successor's record: ``job-older-state``). It stops now, on the decision taken."""
+    successor's record: ``job-older-state``). It stops now, on the decision taken. (The
+    later stories redrew this seed: it no longer kills ``restart-ignores-decision``;
+    seed 9's deposed holder does, below.)"""
     outcome = run_job_seed(423723)
     assert outcome.violations == [], format_outcome(outcome, 40)
     assert outcome.coverage.components.get("lapsed-marker") == 1
+
+
+def test_a_deposed_holder_whose_next_batch_meets_the_spent_outage_stops() -> None:
+    """The lapsed marker's deposed holder (``LapsedMarker.deposed``, session 19: job seed
+    423723's story made common) at job seed 9, the first of seeds 0-199 where the mutant
+    ``restart-ignores-decision`` dies. driver-3 (its clock at twice the true rate) is
+    suspended 123 s before chk-5's marker; driver-1 claims the lease meanwhile and is
+    killed right after its claim. The marker's PUT, sent when driver-3 wakes, lands with
+    its answer lost once its heartbeat saw the takeover; the repetition is refused
+    (chk-5 abandoned: the coordinator decides to stop), and the next batch's read of the
+    table fails on the spent outage (the driver's other reads spent its 30 s). driver-3.1
+    stops on the decision (``OutcomeUnknownError``). With the mutant it took the read's
+    failure for a query failure, skipped the lease's confirmation (the outage was the
+    failure) and restored in process under another driver's epoch
+    (``job-older-state``)."""
+    outcome = run_job_seed(9)
+    assert outcome.violations == [], format_outcome(outcome, 40)
+    components = outcome.coverage.components
+    assert components.get("lapsed-marker") == 1
+    assert components.get("lapsed-marker-holder-suspended") == 1
+    assert components.get("lapsed-marker-claimant-killed") == 1
+    assert any("driver-3.1-table] get _committed/000000000002.json -> 503 (the lapsed "
+               "marker's outage)" in line for line in outcome.trace)
+    assert any("driver-3.1 ended: OutcomeUnknownError" in line for line in outcome.trace)
 
 
 def test_a_marker_the_vandal_damaged_before_its_repetition_is_no_failed_count() -> None:

@@ -79,6 +79,12 @@ Session 18's lapsed marker (:class:`LapsedMarker`, drawn apart): a completion ma
 PUT lands, its answer lost, at the start of an outage of its driver's storage that
 outlasts the lease but not the outage budget: the wrapper's repetition is refused by
 the lapsed lease's gate (``job-failed-counted``).
+Session 19's deposed holder (``LapsedMarker.deposed``, drawn apart): the same marker
+written by a holder suspended past a takeover whose claimant dies right after its claim,
+its answer lost once the holder's heartbeat saw the takeover; the repetition is refused
+(the marker abandoned: the coordinator decides to stop) and the outage, the driver's view
+of the sink's table included, outlasts the budget, so the next batch fails on a spent
+outage: the driver must stop, not restart in process (``job-older-state``).
 After the chaos, a faultless
 *recovery* driver runs the job to its end (``restore=latest``; again after a stop).
 
@@ -254,6 +260,11 @@ TTL_S, HEARTBEAT_S, MAX_WRITE_S = 20.0, 3.0, 4.0
 #: a late write is held up to this long: past a successor's takeover
 HOLD_S = 40.0
 BASE_BELOW_P = 0.5  # the base below the floor (session 18): its share of the floor takeovers
+#: the lapsed marker's deposed holder (session 19): its share of the seeds that allow the
+#: lapsed marker and did not draw it
+DEPOSED_LAPSE_P = 0.5
+#: the outage budget (``tolerable-storage-outage`` below)
+OUTAGE_BUDGET_S = 30.0
 #: ... and its least batch: its oldest offsets, commits and state versions (the query keeps
 #: four) are then named by no newer checkpoint
 BASE_BATCH = 3
@@ -597,7 +608,7 @@ class LapsedMarker:
     failed (``job-failed-counted``; mutant ``outage-forgets-unknown``). Played once per
     seed (never by the recovery: its storage is faultless)."""
 
-    def __init__(self, seed: int, allowed: bool) -> None:
+    def __init__(self, seed: int, allowed: bool, deposable: bool = True) -> None:
         rng = random.Random(seed ^ 0x1A95ED)
         self.drawn = rng.random() < 0.3 and allowed
         #: how long the driver's storage stays unreachable after the lost answer: past
@@ -607,13 +618,68 @@ class LapsedMarker:
         self.played = False
         #: driver storage tag -> when (scheduler time) its outage ends
         self.down: dict[str, float] = {}
+        #: session 19, the deposed holder (drawn apart, ``seed ^ 0xD3A1B3``, on a share of
+        #: the seeds that allow the story, did not draw it and are ``deposable``; job seed
+        #: 423723's story):
+        #: the holder's host is suspended before its first marker long enough for
+        #: another driver to claim, and each claimant meanwhile is killed right after its
+        #: claim (nobody adopts the marker); the marker's PUT, sent when the host wakes
+        #: (its monotonic clock stood still: its gate passes), stays in the network until
+        #: the holder's heartbeat learnt of the takeover, then lands with its answer
+        #: lost; the repetition is refused (another driver: the marker is abandoned, the
+        #: coordinator's decision is to stop), and the outage (the driver's view of the
+        #: sink's table too) outlasts the budget on the holder's own clock, so its
+        #: query's next batch fails on a spent outage. The driver must stop on the
+        #: decision, never restart in process (``job-older-state``; mutant
+        #: ``restart-ignores-decision``)
+        deposed_rng = random.Random(seed ^ 0xD3A1B3)
+        self.deposed = allowed and deposable and not self.drawn \
+            and deposed_rng.random() < DEPOSED_LAPSE_P
+        self.on = self.drawn or self.deposed
+        #: the deposed holder's outage on its own clock: past the budget (spent before
+        #: its query's next batch reads the table), and past it by less than the
+        #: budget the failure's recording gets afresh
+        self.deposed_outage_s = deposed_rng.uniform(OUTAGE_BUDGET_S + 10.0,
+                                                    OUTAGE_BUDGET_S + 25.0)
+        #: how long the holder's host is suspended (true seconds): for the lease to
+        #: look dead and another driver to claim (its judgement takes a ttl)
+        self.suspend_s = deposed_rng.uniform(5 * TTL_S, 10 * TTL_S)
+        self.holder: str | None = None  # the deposed holder's host, once suspended
+        self.missed = False  # the holder's life ended without sending the marker
+        self.claimed = False  # a claimant took the lease meanwhile and was killed
+        self.holder_job: object | None = None  # the deposed holder's life (its job)
+        self.woke = False  # the deposed holder's host woke
+        #: called before the deposed holder's marker lands (the world's hold)
+        self.before_landing: Callable[[], None] | None = None
 
-    def wants(self, key: str, create_only: bool) -> bool:
-        return (self.drawn and not self.played and create_only
-                and key.endswith("/_metadata") and _checkpoint_of(key) is not None)
+    def wants(self, key: str, create_only: bool, tag: str) -> bool:
+        return (self.on and not self.played and create_only
+                and key.endswith("/_metadata") and _checkpoint_of(key) is not None
+                and (not self.deposed or (self.woke and not self.missed
+                                          and tag == self.holder)))
 
     def describe(self) -> str:
-        return f"lapsed marker {self.drawn} (outage {self.outage_s:.1f} s)"
+        deposed = f", deposed holder (outage {self.deposed_outage_s:.1f} s on its clock)" \
+            if self.deposed else ""
+        return f"lapsed marker {self.drawn} (outage {self.outage_s:.1f} s{deposed})"
+
+
+class DriverTable(SimStorage):
+    """A driver's own view of the sink's table bucket (not its executors'): with the
+    lapsed marker's deposed holder, unreachable in that driver's outage as well (one
+    object store's endpoint, as seen from the driver's host)."""
+
+    lapsed: LapsedMarker | None = None
+    driver = ""  # the driver's storage tag, whose outage this view shares
+
+    def _enter(self, op: str, key: str) -> None:
+        lapsed = self.lapsed
+        if lapsed is not None and self.scheduler.current() is not None \
+                and self.scheduler.now < lapsed.down.get(self.driver, 0.0):
+            self.scheduler.yield_point(f"{op} {key}")
+            self._log(op, key, "503 (the lapsed marker's outage)")
+            raise EndpointUnreachableError(f"sim: {op} {key}: 503 (outage)")
+        super()._enter(op, key)
 
 
 class DriverStorage(SimStorage):
@@ -662,7 +728,9 @@ class DriverStorage(SimStorage):
             self.observe("put", [key])
         lapsed = self.lapsed
         if lapsed is not None and self.scheduler.current() is not None \
-                and lapsed.wants(key, create_only):
+                and lapsed.wants(key, create_only, self.tag):
+            if lapsed.before_landing is not None:
+                lapsed.before_landing()
             super().put_bytes(key, data, create_only=create_only, if_match=if_match)
             lapsed.played = True
             lapsed.down[self.tag] = self.scheduler.now + lapsed.outage_s
@@ -1080,10 +1148,20 @@ class JobWorld(Judged):
             or self.stale_claim.drawn or self.floor_takeover or self.cleanup
             or self.older_run))
         #: session 18's story (:class:`LapsedMarker`, drawn apart): not with the stories
-        #: that play their own markers and takeovers
+        #: that play their own markers and takeovers; its deposed holder (session 19) not
+        #: with the replayed overlap either (its executors lost at an upload fail the
+        #: query on their own, and its seeds pin that story)
         self.lapsed_marker = LapsedMarker(seed, allowed=not (
             self.buried is not None or self.deposed_marker.drawn or self.stale_claim.drawn
-            or self.fallback.drawn))
+            or self.fallback.drawn), deposable=not self.replay.on)
+        if self.lapsed_marker.deposed:
+            # a successor is there to claim (three lives per driver), no random crashes,
+            # pauses nor storage faults: the story deposes and fails on its own; the
+            # Parquet sink, whose driver reads the table before its first write of a
+            # batch (the JSON lines sink writes first: the gate stops it at once)
+            self.lapsed_marker.before_landing = self._deposed_marker_lands
+            self.setup = replace(self.setup, lives=3, crash_p=0.0, pause_p=0.0,
+                                 faults=Faults(hold_s=HOLD_S), sink="parquet")
         if self.fallback.drawn:
             self.setup = replace(self.setup, lives=3, crash_p=0.0, pause_p=0.0, damages=0,
                                  faults=Faults(hold_s=HOLD_S), memory_threshold=0,
@@ -1810,8 +1888,11 @@ class JobWorld(Judged):
             sink = JsonLinesSink(job.storage, SINK_PREFIX, ids=sched.uuid4)
         else:
             faults = Faults() if self.recovering else self.setup.faults
+            table = DriverTable(self.table, sched, faults=faults, tag=f"{life}-table")
+            if self.lapsed_marker.deposed:
+                table.lapsed, table.driver = self.lapsed_marker, storage.tag
             sink = SimParquetSink(
-                SimStorage(self.table, sched, faults=faults, tag=f"{life}-table"),
+                table,
                 SimStorage(self.table, sched, faults=faults, tag=f"{life}-executors"),
                 sched.uuid4, self.tmp / f"{life}-scratch")
             self.coverage["parquet-sink"] = 1
@@ -1959,7 +2040,8 @@ class JobWorld(Judged):
         if self._buried_claimant_dies(actor) or actor.name in self._waited \
                 or (took_over and self.claim_crash_p and (
                     self.claim_crash_rng.random() < self.claim_crash_p / 3)) \
-                or (took_over and self.floor_takeover and self._holder_waking(actor)):
+                or (took_over and self.floor_takeover and self._holder_waking(actor)) \
+                or (took_over and self._deposed_claimant_dies(actor)):
             self._waited.discard(actor.name)
             self.coverage["killed-after-claim"] += 1
             actor.killed = True
@@ -1986,6 +2068,51 @@ class JobWorld(Judged):
         story.claimant_killed = True
         self.coverage["buried-claim-claimant-killed"] += 1
         return True
+
+    def _deposed_claimant_dies(self, actor: Actor) -> bool:
+        """:class:`LapsedMarker`'s deposed holder: a claimant taking the lease while that
+        holder's host is suspended before its marker dies right after its claim."""
+        story = self.lapsed_marker
+        if not story.deposed or story.holder is None or story.woke \
+                or actor.host.name == story.holder:
+            return False
+        story.claimed = True
+        self.coverage["lapsed-marker-claimant-killed"] += 1
+        return True
+
+    def _deposed_holder_suspended(self, actor: Actor) -> bool:
+        """:class:`LapsedMarker`'s deposed holder at its first completion marker (another
+        driver alive to take over): its host is suspended (in one go: its heartbeat
+        thread stands still throughout) long enough for another driver to claim; this
+        life's next marker is the lapsed one."""
+        driver = actor.parent or actor  # an overlapping phase runs on a thread of its own
+        story, job = self.lapsed_marker, self._running.get(driver)
+        if not story.deposed or story.holder is not None or job is None \
+                or job.lease.record is None or not self._other_drivers(driver):
+            return False
+        story.holder = actor.host.name
+        story.holder_job = job
+        story.outage_s = story.deposed_outage_s / actor.host.rate  # true seconds
+        self.coverage["lapsed-marker-holder-suspended"] += 1
+        self.scheduler.suspend(story.suspend_s, "a completion marker (the lapsed marker's "
+                               "holder)")
+        story.woke = True
+        return True
+
+    def _deposed_marker_lands(self) -> None:
+        """The deposed holder's marker PUT stays in the network until the holder's
+        heartbeat learnt of the takeover (a lost lease; a lease ttl of its clock at
+        most), then lands with its answer lost."""
+        sched = self.scheduler
+        actor = sched.current()
+        job = self._running.get(actor.parent or actor) if actor is not None else None
+        if actor is None or job is None:
+            return
+        sched.log("the marker's PUT stays in the network until its holder's heartbeat "
+                  "looked at the lease")
+        deadline = sched.now + TTL_S / actor.host.rate
+        while job.lease.failure is None and sched.now < deadline:
+            sched.sleep(0.05)
 
     def _holder_waking(self, actor: Actor) -> bool:
         """Whether another driver's host is suspended before its completion marker (it
@@ -2041,6 +2168,8 @@ class JobWorld(Judged):
                 or (self.base_below and self._covered < BASE_BATCH):
             # a run that restored the base below the floor keeps its lease; the base is
             # past its query's first batches (some of its files then are its own)
+            return
+        if self._deposed_holder_suspended(actor):
             return
         if rng.random() >= self.contention.marker_suspend_p \
                 and not self._successor_waits(actor) and not self._late_start_waits(actor):
@@ -2219,6 +2348,8 @@ class JobWorld(Judged):
                 ending = job.lease.failure  # e.g. the checkpoint it awaited failed for it
         finally:
             job.alive = False
+            if self.lapsed_marker.holder_job is job and not self.lapsed_marker.played:
+                self.lapsed_marker.missed = True  # its marker was never sent
             if job.outage.outages:
                 self.coverage["outage-ridden" if job.outage.ridden_out else "outage-met"] += 1
         self.endings.append((life, ending))
@@ -2251,7 +2382,7 @@ class JobWorld(Judged):
         storage.landings, storage.rng = self.landings, self.landings_rng
         storage.race, storage.race_rng = self.claim_race, self.claim_race_rng
         storage.buried = self.buried
-        storage.lapsed = self.lapsed_marker if self.lapsed_marker.drawn else None
+        storage.lapsed = self.lapsed_marker if self.lapsed_marker.on else None
         storage.overtaken = self.overtaking.hold
 
         def program() -> None:
