@@ -646,7 +646,6 @@ class LapsedMarker:
         self.suspend_s = deposed_rng.uniform(5 * TTL_S, 10 * TTL_S)
         self.holder: str | None = None  # the deposed holder's host, once suspended
         self.missed = False  # the holder's life ended without sending the marker
-        self.claimed = False  # a claimant took the lease meanwhile and was killed
         self.holder_job: object | None = None  # the deposed holder's life (its job)
         self.woke = False  # the deposed holder's host woke
         #: called before the deposed holder's marker lands (the world's hold)
@@ -2076,7 +2075,6 @@ class JobWorld(Judged):
         if not story.deposed or story.holder is None or story.woke \
                 or actor.host.name == story.holder:
             return False
-        story.claimed = True
         self.coverage["lapsed-marker-claimant-killed"] += 1
         return True
 
