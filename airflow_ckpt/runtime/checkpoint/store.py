@@ -189,7 +189,8 @@ class CompletedCheckpointStore:
         # The run's own base is never swept, also when it does not count (an operator's
         # explicit target below the retention floor of markers that count since: job
         # seed 108, session 14): a restart before the run's first checkpoint needs it.
-        abandoned = sorted(set(every) - set(completed) - {self._pinned})
+        uncounted = set(every) - set(completed)  # marker-less, or below the floor
+        abandoned = sorted(uncounted - {self._pinned})
         if abandoned:
             # A successor's marker may land between the two listings (this driver deposed,
             # its gate passing on a drifting clock): confirm before sweeping. A successor
@@ -203,7 +204,7 @@ class CompletedCheckpointStore:
         # nothing to a floor), but its files are kept like one's while its marker is
         # stored: then subsumed, marker first, once the run has a checkpoint of its own
         # (job seed 413159, session 18: its files were collected, its marker left).
-        base = pinned if self._pinned in set(every) - set(completed) else None
+        base = pinned if self._pinned in uncounted else None
         with self._lock:
             self._retained = readable
             self._base = base
