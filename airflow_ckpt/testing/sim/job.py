@@ -663,25 +663,30 @@ class LapsedMarker:
         return f"lapsed marker {self.drawn} (outage {self.outage_s:.1f} s{deposed})"
 
 
-class DriverTable(SimStorage):
-    """A driver's own view of the sink's table bucket (not its executors'): with the
-    lapsed marker's deposed holder, unreachable in that driver's outage as well (one
-    object store's endpoint, as seen from the driver's host)."""
+class DriverHostView(SimStorage):
+    """A view of the storage from one driver's host: unreachable while the lapsed
+    marker's outage of that driver lasts. The driver's own storage (``driver`` empty: its
+    tag), and, with the lapsed marker's deposed holder, the driver's view of the sink's
+    table bucket (not its executors': one object store's endpoint, as seen from the
+    driver's host)."""
 
+    #: the seed's :class:`LapsedMarker` (None: not drawn)
     lapsed: LapsedMarker | None = None
-    driver = ""  # the driver's storage tag, whose outage this view shares
+    driver = ""  # the driver's storage tag, whose outage this view shares ("": its own)
 
     def _enter(self, op: str, key: str) -> None:
-        lapsed = self.lapsed
-        if lapsed is not None and self.scheduler.current() is not None \
-                and self.scheduler.now < lapsed.down.get(self.driver, 0.0):
-            self.scheduler.yield_point(f"{op} {key}")
-            self._log(op, key, "503 (the lapsed marker's outage)")
-            raise EndpointUnreachableError(f"sim: {op} {key}: 503 (outage)")
+        lapsed, driver = self.lapsed, self.driver or self.tag
+        if lapsed is not None and driver in lapsed.down \
+                and self.scheduler.current() is not None:
+            if self.scheduler.now < lapsed.down[driver]:
+                self.scheduler.yield_point(f"{op} {key}")
+                self._log(op, key, "503 (the lapsed marker's outage)")
+                raise EndpointUnreachableError(f"sim: {op} {key}: 503 (outage)")
+            del lapsed.down[driver]
         super()._enter(op, key)
 
 
-class DriverStorage(SimStorage):
+class DriverStorage(DriverHostView):
     """A driver's view whose writes :class:`Landings` and :class:`ClaimRace` pick land
     late: the caller meets ``OutcomeUnknownError`` and the request is applied (its
     conditions judged then) when the network delivers it."""
@@ -696,8 +701,6 @@ class DriverStorage(SimStorage):
     buried: BuriedClaim | None = None
     #: told of every GET this view made (its key), once it returned
     after_get: Callable[[str], None] | None = None
-    #: the seed's :class:`LapsedMarker` (None: not drawn)
-    lapsed: LapsedMarker | None = None
     #: the overtaking checkpoint's held completion markers (None: not such a marker)
     overtaken: Callable[[str], float | None] | None = None
 
@@ -708,17 +711,6 @@ class DriverStorage(SimStorage):
         view.lapsed = self.lapsed
         view.overtaken = self.overtaken
         return view
-
-    def _enter(self, op: str, key: str) -> None:
-        lapsed = self.lapsed
-        if lapsed is not None and self.tag in lapsed.down \
-                and self.scheduler.current() is not None:
-            if self.scheduler.now < lapsed.down[self.tag]:
-                self.scheduler.yield_point(f"{op} {key}")
-                self._log(op, key, "503 (the lapsed marker's outage)")
-                raise EndpointUnreachableError(f"sim: {op} {key}: 503 (outage)")
-            del lapsed.down[self.tag]
-        super()._enter(op, key)
 
     def put_bytes(self, key: str, data: bytes, *, create_only: bool = False,
                   if_match: str | None = None) -> str:
@@ -1887,7 +1879,7 @@ class JobWorld(Judged):
             sink = JsonLinesSink(job.storage, SINK_PREFIX, ids=sched.uuid4)
         else:
             faults = Faults() if self.recovering else self.setup.faults
-            table = DriverTable(self.table, sched, faults=faults, tag=f"{life}-table")
+            table = DriverHostView(self.table, sched, faults=faults, tag=f"{life}-table")
             if self.lapsed_marker.deposed:
                 table.lapsed, table.driver = self.lapsed_marker, storage.tag
             sink = SimParquetSink(
